@@ -1,0 +1,135 @@
+"""Ring attention: each rank keeps its queries and the key/value blocks travel around the ring.
+
+Layout ``(B, S, H, D)`` throughout. Forward merges per-block ``(out, lse)`` in fp32 while the next
+block is in flight. Backward re-runs the kernel's backward per block with the *global* ``out``/``lse``,
+accumulates ``dq`` at home and sends each block's ``dk``/``dv`` accumulator along with the block, so it
+arrives back at its owner after the last hop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dit_sp.attention.kernels import AttentionKernel, lse_dtype
+from dit_sp.parallel.comm import RingComm
+from dit_sp.parallel.state import ParallelState
+
+Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class RingSpec:
+    """The non-tensor arguments of one ring attention call."""
+
+    parallel: ParallelState
+    kernel: AttentionKernel
+    scale: float
+    block_valid: tuple[int, ...]
+    """Number of real (unpadded) keys at the start of each ring rank's block, by ring rank."""
+
+
+def merge_block(out: Tensor | None, lse: Tensor | None, block_out: Tensor, block_lse: Tensor) -> tuple[Tensor, Tensor]:
+    """Fold one block's ``(out (B,S,H,D), lse (B,H,S))`` into the running pair, in the merge dtype."""
+    dtype = lse_dtype(block_out.dtype)
+    block_out, block_lse = block_out.to(dtype), block_lse.to(dtype)
+    if out is None or lse is None:
+        return block_out, block_lse
+    new_lse = torch.logaddexp(lse, block_lse)
+    weight = lambda x: (x - new_lse).exp().transpose(1, 2).unsqueeze(-1)  # (B, S, H, 1)
+    return out * weight(lse) + block_out * weight(block_lse), new_lse
+
+
+def _block_keys(kv: Tensor, valid: int, joint_kv: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Keys and values of one visiting block: its real keys, plus the joint ones when given."""
+    k, v = kv[0, :, :valid], kv[1, :, :valid]
+    if joint_kv is not None:
+        k, v = torch.cat([k, joint_kv[0]], 1), torch.cat([v, joint_kv[1]], 1)
+    return k, v
+
+
+class RingAttention(torch.autograd.Function):
+    """Non-causal attention of this rank's ``q`` over every ring rank's ``k``/``v`` block (+ joint k/v).
+
+    ``q``: ``(B, Sq, H, D)``; ``k``, ``v``: ``(B, Sk, H, D)``, equal ``Sk`` on every ring rank;
+    ``joint_k``, ``joint_v``: ``(B, T, H, D)`` or ``None``, the same on every rank and attended once.
+    Returns ``(B, Sq, H, D)``.
+    """
+
+    @staticmethod
+    def forward(ctx, spec: RingSpec, q: Tensor, k: Tensor, v: Tensor, joint_k: Tensor | None, joint_v: Tensor | None):
+        parallel, kernel = spec.parallel, spec.kernel
+        joint_kv = None if joint_k is None else torch.stack([joint_k, joint_v])
+        comm = RingComm(parallel) if parallel.ring > 1 else None
+        kv = torch.stack([k, v])  # one message per hop
+        spare = torch.empty_like(kv) if comm else None
+        out = lse = None
+        for step in range(parallel.ring):
+            if comm and step + 1 < parallel.ring:
+                comm.step(kv, spare)
+            block = (parallel.ring_rank - step) % parallel.ring
+            bk, bv = _block_keys(kv, spec.block_valid[block], joint_kv if step == 0 else None)
+            if bk.shape[1]:
+                out, lse = merge_block(out, lse, *kernel.forward(q, bk, bv, spec.scale))
+            if comm and step + 1 < parallel.ring:
+                kv, spare = comm.wait(), kv
+        assert out is not None and lse is not None, "every query sees at least its own block or a joint key"
+        out = out.to(q.dtype)
+        ctx.spec = spec
+        ctx.has_joint = joint_kv is not None
+        ctx.save_for_backward(q, k, v, joint_k, joint_v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout: Tensor):
+        spec: RingSpec = ctx.spec
+        parallel, kernel = spec.parallel, spec.kernel
+        q, k, v, joint_k, joint_v, out, lse = ctx.saved_tensors
+        joint_kv = torch.stack([joint_k, joint_v]) if ctx.has_joint else None
+        acc_dtype = lse_dtype(q.dtype)
+        kv_comm = RingComm(parallel, tag=0) if parallel.ring > 1 else None
+        dkv_comm = RingComm(parallel, tag=1) if parallel.ring > 1 else None
+        kv = torch.stack([k, v])
+        spare = torch.empty_like(kv) if kv_comm else None
+        dq = torch.zeros_like(q, dtype=acc_dtype)
+        djoint = None
+        dkv = None
+        for step in range(parallel.ring):
+            last = step + 1 == parallel.ring
+            if kv_comm and not last:
+                kv_comm.step(kv, spare)
+            block = (parallel.ring_rank - step) % parallel.ring
+            valid = spec.block_valid[block]
+            bk, bv = _block_keys(kv, valid, joint_kv if step == 0 else None)
+            grads = kernel.backward(dout, q, bk, bv, out, lse, spec.scale) if bk.shape[1] else None
+            # The accumulator of this block arrives from the previous rank (first step: start one).
+            dkv = torch.zeros_like(kv, dtype=acc_dtype) if step == 0 else dkv_comm.wait()
+            if grads is not None:
+                dq_b, dk_b, dv_b = grads
+                dq += dq_b
+                dkv[0, :, :valid] += dk_b[:, :valid]
+                dkv[1, :, :valid] += dv_b[:, :valid]
+                if step == 0 and joint_kv is not None:
+                    djoint = (dk_b[:, valid:], dv_b[:, valid:])
+            if dkv_comm:
+                dkv_comm.step(dkv)  # after the last hop it reaches its owner
+            if kv_comm and not last:
+                kv, spare = kv_comm.wait(), kv
+        if dkv_comm:
+            dkv = dkv_comm.wait()
+        dk, dv = dkv[0].to(k.dtype), dkv[1].to(v.dtype)
+        djk, djv = (None, None) if djoint is None else (djoint[0].to(k.dtype), djoint[1].to(v.dtype))
+        return None, dq.to(q.dtype), dk, dv, djk, djv
+
+
+def ring_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    spec: RingSpec,
+    joint_k: Tensor | None = None,
+    joint_v: Tensor | None = None,
+) -> Tensor:
+    """Differentiable ring attention; see ``RingAttention`` for layouts."""
+    return RingAttention.apply(spec, q, k, v, joint_k, joint_v)

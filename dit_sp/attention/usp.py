@@ -1,0 +1,124 @@
+"""USP: Ulysses all-to-all inside, ring attention across, for non-causal (DiT) attention."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from dit_sp.attention import ulysses
+from dit_sp.attention.kernels import get_kernel
+from dit_sp.attention.ring import RingSpec, ring_attention
+from dit_sp.parallel.state import ParallelState
+
+Tensor = torch.Tensor
+JointPosition = Literal["front", "rear"]
+
+
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, joint_len: int, joint_position: str) -> None:
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(
+            "usp_attention expects q, k, v in layout (B, S_local, H, D); got shapes "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if not (q.shape == k.shape and k.shape[:3] == v.shape[:3]):
+        raise ValueError(
+            "usp_attention is self-attention: q and k must have the same shape (B, S_local, H, D) and v the "
+            f"same (B, S_local, H); got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}. "
+            "For cross-attention to replicated text, call plain attention on the local queries: it needs no "
+            "communication."
+        )
+    if v.shape[-1] != q.shape[-1]:
+        raise ValueError(f"v head size {v.shape[-1]} differs from q/k head size {q.shape[-1]}; not supported")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if joint_position not in ("front", "rear"):
+        raise ValueError(f"joint_position must be 'front' or 'rear', got {joint_position!r}")
+    if not 0 <= joint_len <= q.shape[1]:
+        raise ValueError(f"joint_len={joint_len} must be between 0 and the local sequence length {q.shape[1]}")
+
+
+def _split_joint(x: Tensor, joint_len: int, position: str) -> tuple[Tensor, Tensor]:
+    """``(B, S_local, ...)`` -> (video part, joint part)."""
+    if position == "front":
+        return x[:, joint_len:], x[:, :joint_len]
+    return x[:, : x.shape[1] - joint_len], x[:, x.shape[1] - joint_len :]
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+    """torch SDPA in layout (B, S, H, D); native autograd."""
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale)
+    return out.transpose(1, 2)
+
+
+def usp_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    parallel: ParallelState,
+    *,
+    seq_len: int | None = None,
+    joint_len: int = 0,
+    joint_position: JointPosition = "front",
+    scale: float | None = None,
+    kernel: str | None = None,
+) -> Tensor:
+    """Sequence-parallel, non-causal attention over the whole sequence of the SP group.
+
+    Args:
+        q, k, v: this rank's shard, ``(B, S_local, H, D)``; SP rank ``i`` holds shard ``i`` of the
+            sequence (see ``shard_sequence``). With ``joint_len > 0`` the first (``"front"``) or last
+            (``"rear"``) ``joint_len`` positions are joint tokens (e.g. text), identical on every rank,
+            attended together with the whole video sequence and attending to it.
+        parallel: the layout (``init_parallel``).
+        seq_len: the true number of sharded (video) tokens over all ranks when the shards are padded
+            (``shard_sequence`` of a length not divisible by the SP degree); padded keys are masked.
+        scale: softmax scale, default ``1/sqrt(D)``.
+        kernel: local attention kernel name (``dit_sp.attention.KERNELS``); default: best for the
+            device and dtype, and torch SDPA where no ring is needed.
+
+    Returns:
+        This rank's output shard, ``(B, S_local, H, D)``, joint tokens in the same place. Outputs on padded
+        positions are unspecified. Gradients of the joint tokens are per-rank partials: their sum over
+        the SP group is the full gradient (as for replicated parameters).
+    """
+    _check_inputs(q, k, v, joint_len, joint_position)
+    batch, local_len, heads, head_dim = q.shape
+    video_len = local_len - joint_len
+    padded_len = video_len * parallel.sp
+    seq_len = padded_len if seq_len is None else seq_len
+    if not 0 < seq_len <= padded_len:
+        raise ValueError(
+            f"seq_len={seq_len} does not fit {parallel.sp} shards of {video_len} tokens: it must be in "
+            f"[1, {padded_len}] (use shard_sequence to cut a full sequence into shards)"
+        )
+    scale = head_dim**-0.5 if scale is None else scale
+
+    (qv, kv_, vv), joint = zip(*(_split_joint(x, joint_len, joint_position) for x in (q, k, v)))
+    qkv = ulysses.pad_heads(torch.stack([qv, kv_, vv]), parallel)  # (3, B, S_local, H_pad, D)
+    qkv = ulysses.scatter_heads(qkv, parallel)  # (3, B, U*S_local, H_pad/U, D)
+    bq, bk, bv = qkv.unbind(0)
+    block_len = bq.shape[1]
+    if joint_len:
+        jq, jk, jv = (ulysses.local_heads(ulysses.pad_heads(x, parallel), parallel) for x in joint)
+        bq = torch.cat([bq, jq], 1)
+    else:
+        jk = jv = None
+
+    block_valid = tuple(min(max(seq_len - r * block_len, 0), block_len) for r in range(parallel.ring))
+    if parallel.ring == 1 and kernel is None:
+        keys, values = bk[:, : block_valid[0]], bv[:, : block_valid[0]]
+        if joint_len:
+            keys, values = torch.cat([keys, jk], 1), torch.cat([values, jv], 1)
+        out = _sdpa(bq, keys, values, scale)
+    else:
+        spec = RingSpec(parallel, get_kernel(kernel, q.device, q.dtype, head_dim), scale, block_valid)
+        out = ring_attention(bq, bk, bv, spec, jk, jv)
+
+    video_out = ulysses.gather_heads(out[:, :block_len].contiguous(), parallel)[:, :, :heads]
+    if not joint_len:
+        return video_out
+    joint_out = ulysses.all_heads(out[:, block_len:].contiguous(), parallel)[:, :, :heads]
+    parts = [joint_out, video_out] if joint_position == "front" else [video_out, joint_out]
+    return torch.cat(parts, 1)

@@ -1,0 +1,165 @@
+"""Process groups of one ``(dp, ring, ulysses)`` layout, and their set-up from torchrun's environment."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from dit_sp.parallel.config import ParallelConfig
+from dit_sp.parallel.device import default_backend, default_device
+
+MESH_DIM_NAMES = ("dp", "ring", "ulysses")
+DEFAULT_TIMEOUT = timedelta(minutes=10)
+
+
+@dataclass(frozen=True, eq=False)
+class ParallelState:
+    """Everything a rank needs to know about one parallel layout.
+
+    Rank layout: ``global = dp_rank * (ring*ulysses) + ring_rank * ulysses + ulysses_rank`` (ulysses
+    innermost, so Ulysses peers are neighbouring ranks, i.e. the same node on GPUs). The sequence shard
+    a rank holds is ``sp_rank = ring_rank * ulysses + ulysses_rank``.
+
+    Groups are ``None`` in a single process without ``torch.distributed``; every degree is then 1.
+    Several states (layouts) can live in one process side by side: nothing here is global.
+    """
+
+    config: ParallelConfig
+    device: torch.device
+    mesh: DeviceMesh | None
+    dp_group: dist.ProcessGroup | None
+    ring_group: dist.ProcessGroup | None
+    ulysses_group: dist.ProcessGroup | None
+    sp_group: dist.ProcessGroup | None
+    rank: int
+    dp_rank: int
+    ring_rank: int
+    ulysses_rank: int
+    timeout: timedelta = DEFAULT_TIMEOUT
+
+    @property
+    def dp(self) -> int:
+        return self.config.dp
+
+    @property
+    def ring(self) -> int:
+        return self.config.ring
+
+    @property
+    def ulysses(self) -> int:
+        return self.config.ulysses
+
+    @property
+    def sp(self) -> int:
+        return self.config.sp
+
+    @property
+    def sp_rank(self) -> int:
+        """Index of this rank's sequence shard within its sample."""
+        return self.ring_rank * self.ulysses + self.ulysses_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.config.world_size
+
+    def ring_peer(self, offset: int) -> int:
+        """Global rank of the ring peer ``offset`` steps ahead (negative: behind)."""
+        assert self.ring_group is not None
+        return dist.get_global_rank(self.ring_group, (self.ring_rank + offset) % self.ring)
+
+    def dp_seed(self, seed: int) -> int:
+        """A seed shared by the sequence-parallel peers of one sample and distinct across dp ranks."""
+        return seed + self.dp_rank
+
+    def __repr__(self) -> str:
+        return (
+            f"ParallelState(rank={self.rank}, dp={self.dp_rank}/{self.dp}, ring={self.ring_rank}/{self.ring}, "
+            f"ulysses={self.ulysses_rank}/{self.ulysses}, device={self.device})"
+        )
+
+
+def single_process_state(device: torch.device | None = None) -> ParallelState:
+    """The trivial layout of one process, usable without ``torch.distributed``."""
+    return ParallelState(
+        config=ParallelConfig(),
+        device=device or default_device(),
+        mesh=None,
+        dp_group=None,
+        ring_group=None,
+        ulysses_group=None,
+        sp_group=None,
+        rank=0,
+        dp_rank=0,
+        ring_rank=0,
+        ulysses_rank=0,
+    )
+
+
+def _group_options(backend: str, timeout: timedelta) -> tuple[str, object]:
+    """Backend options that carry ``timeout``: DeviceMesh sub-groups otherwise wait 30 minutes."""
+    options = dist.ProcessGroupNCCL.Options() if backend == "nccl" else dist.ProcessGroupGloo._Options()
+    options._timeout = timeout
+    return backend, options
+
+
+def init_parallel(
+    config: ParallelConfig,
+    *,
+    backend: str | None = None,
+    device: torch.device | str | None = None,
+    timeout: timedelta = DEFAULT_TIMEOUT,
+) -> ParallelState:
+    """Join (or start) the process group and build the ``(dp, ring, ulysses)`` mesh.
+
+    The process group comes from torchrun's environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+    ``MASTER_PORT``), or is reused if already initialised. A single process with nothing launched gets
+    a state without process groups. Every group created here uses ``timeout``, so a lost peer raises
+    instead of hanging.
+    """
+    device = torch.device(device) if device is not None else default_device()
+    backend = backend or default_backend(device)
+    if not dist.is_initialized():
+        if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+            if config.world_size == 1:
+                return single_process_state(device)
+            raise RuntimeError(
+                f"{config} needs {config.world_size} processes, but this process was not started by a "
+                "launcher (RANK/WORLD_SIZE are unset). Run it with `torchrun --nproc-per-node "
+                f"{config.world_size} ...`, or use dit_sp.parallel.spawn to start local workers."
+            )
+        config.check_world_size(int(os.environ["WORLD_SIZE"]))
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend=backend, timeout=timeout)
+    config.check_world_size(dist.get_world_size())
+
+    override = {name: _group_options(backend, timeout) for name in MESH_DIM_NAMES}
+    mesh = init_device_mesh(
+        device.type,
+        (config.dp, config.ring, config.ulysses),
+        mesh_dim_names=MESH_DIM_NAMES,
+        backend_override=override,
+    )
+    # The SP group (ring x ulysses flattened) is what FSDP and the sequence gather/shard work on.
+    sp_mesh = mesh["ring", "ulysses"]._flatten("sp", backend_override=_group_options(backend, timeout))
+    coords = mesh.get_coordinate()
+    assert coords is not None
+    return ParallelState(
+        config=config,
+        device=device,
+        mesh=mesh,
+        dp_group=mesh.get_group("dp"),
+        ring_group=mesh.get_group("ring"),
+        ulysses_group=mesh.get_group("ulysses"),
+        sp_group=sp_mesh.get_group(),
+        rank=dist.get_rank(),
+        dp_rank=coords[0],
+        ring_rank=coords[1],
+        ulysses_rank=coords[2],
+        timeout=timeout,
+    )

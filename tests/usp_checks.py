@@ -1,0 +1,106 @@
+"""Worker-side checks of usp_attention against a single-process SDPA reference (run in spawned ranks)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from dit_sp import ParallelConfig, gather_sequence, init_parallel, shard_sequence, usp_attention
+
+
+@dataclass(frozen=True)
+class Case:
+    seq: int
+    heads: int
+    joint: int = 0
+    position: str = "front"
+    dtype: torch.dtype = torch.float32
+    batch: int = 2
+    head_dim: int = 16
+    kernel: str | None = None
+
+    @property
+    def name(self) -> str:
+        dt = str(self.dtype).removeprefix("torch.")
+        j = f"-joint{self.joint}{self.position}" if self.joint else ""
+        k = f"-{self.kernel}" if self.kernel else ""
+        return f"S{self.seq}-H{self.heads}{j}-{dt}{k}"
+
+
+def reference(case: Case, seed: int):
+    """Full-sequence tensors, their SDPA output and gradients of ``sum(out * grad_out)``."""
+    g = torch.Generator().manual_seed(seed)
+    rand = lambda n: torch.randn(case.batch, n, case.heads, case.head_dim, generator=g).to(case.dtype)
+    video = [rand(case.seq) for _ in range(3)]
+    joint = [rand(case.joint) for _ in range(3)]
+    grad_video, grad_joint = rand(case.seq), rand(case.joint)
+    full = [
+        (torch.cat([j, x], 1) if case.position == "front" else torch.cat([x, j], 1)).double().requires_grad_()
+        for x, j in zip(video, joint)
+    ]
+    out = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in full)).transpose(1, 2)
+    grad_full = (
+        torch.cat([grad_joint, grad_video], 1) if case.position == "front" else torch.cat([grad_video, grad_joint], 1)
+    )
+    out.backward(grad_full.double())
+    return video, joint, grad_video, grad_joint, out.detach(), [x.grad for x in full]
+
+
+def _split(x: torch.Tensor, case: Case) -> tuple[torch.Tensor, torch.Tensor]:
+    """(video, joint) parts of a tensor holding both."""
+    if case.position == "front":
+        return x[:, case.joint :], x[:, : case.joint]
+    return x[:, : x.shape[1] - case.joint], x[:, x.shape[1] - case.joint :]
+
+
+def run_case(case: Case, parallel) -> dict[str, float]:
+    """Max abs errors of output and q/k/v/joint gradients vs. the reference, for one layout."""
+    video, joint, grad_video, grad_joint, ref_out, ref_grads = reference(case, seed=parallel.dp_seed(1234))
+    local = []
+    for x, j in zip(video, joint):
+        shard = shard_sequence(x, parallel)
+        local.append(
+            (torch.cat([j, shard], 1) if case.position == "front" else torch.cat([shard, j], 1)).requires_grad_()
+        )
+    out = usp_attention(*local, parallel, seq_len=case.seq, joint_len=case.joint, joint_position=case.position,
+                        kernel=case.kernel)  # fmt: skip
+    out_video, out_joint = _split(out, case)
+    # Every rank holds the joint output: count it once over the SP group, as the reference does.
+    loss = (out_video.float() * shard_sequence(grad_video, parallel).float()).sum()
+    loss = loss + (out_joint.float() * grad_joint.float()).sum() / parallel.sp
+    loss.backward()
+
+    ref_video, ref_joint = _split(ref_out, case)
+    errors = {"out": (gather_sequence(out_video.detach(), parallel, seq_len=case.seq).double() - ref_video).abs().max()}
+    if case.joint:
+        errors["out_joint"] = (out_joint.detach().double() - ref_joint).abs().max()
+    for name, x, ref in zip("qkv", local, ref_grads):
+        grad_video_part, grad_joint_part = _split(x.grad, case)
+        ref_video_part, ref_joint_part = _split(ref, case)
+        full = gather_sequence(grad_video_part, parallel, seq_len=case.seq)
+        errors[f"d{name}"] = (full.double() - ref_video_part).abs().max()
+        if case.joint:
+            summed = grad_joint_part.double()
+            if parallel.sp_group is not None:
+                dist.all_reduce(summed, group=parallel.sp_group)
+            errors[f"d{name}_joint"] = (summed - ref_joint_part).abs().max()
+    scale = max(ref_out.abs().max().item(), max(r.abs().max().item() for r in ref_grads))
+    return {k: float(v) for k, v in errors.items()} | {"scale": scale}
+
+
+def check_layouts(layouts: list[tuple[int, int, int]], cases: list[Case]) -> dict[str, dict[str, float]]:
+    """Run every case under every ``(dp, ring, ulysses)`` layout in this world; errors keyed by name."""
+    torch.manual_seed(0)
+    results = {}
+    for dp, ring, ulysses in layouts:
+        parallel = init_parallel(ParallelConfig(dp=dp, ring=ring, ulysses=ulysses))
+        for case in cases:
+            errors = run_case(case, parallel)
+            # Report the worst rank so that every rank's shard is checked.
+            worst = torch.tensor([errors[k] for k in sorted(errors)], dtype=torch.float64)
+            dist.all_reduce(worst, op=dist.ReduceOp.MAX) if dist.is_initialized() else None
+            results[f"dp{dp}-r{ring}-u{ulysses}/{case.name}"] = dict(zip(sorted(errors), worst.tolist()))
+    return results
