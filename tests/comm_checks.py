@@ -1,0 +1,65 @@
+"""Worker-side checks of the communication primitives (run in spawned ranks)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from dit_sp import ParallelConfig, gather_sequence, init_parallel, shard_sequence
+from dit_sp.attention import ulysses
+from dit_sp.parallel.comm import RingComm
+
+
+def _full(seed: int, *shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def check_comm(ring: int, uly: int) -> dict[str, float]:
+    """Max abs errors of each primitive against independent expectations built from full tensors."""
+    world = dist.get_world_size() if dist.is_initialized() else int(__import__("os").environ["WORLD_SIZE"])
+    bad_config_error = ""
+    try:
+        init_parallel(ParallelConfig(ring=world + 1))
+    except ValueError as e:
+        bad_config_error = str(e)
+    p = init_parallel(ParallelConfig(ring=ring, ulysses=uly))
+    errors: dict[str, float] = {
+        "bad_config_message": float(f"dp*ring*ulysses = {world + 1} processes" not in bad_config_error),
+        "rank_layout": float(p.rank != p.ring_rank * uly + p.ulysses_rank or p.sp_rank != p.rank),
+        "dp_seed": float(p.dp_seed(7) != 7),
+    }
+
+    # Ulysses all-to-all: (B, S/N, H, D) -> (B, S/R, H/U, D), forward and backward.
+    full, weight = _full(0, 2, 8 * p.sp, 4 * uly, 3), _full(1, 2, 8 * p.sp, 4 * uly, 3)
+    x = shard_sequence(full, p).clone().requires_grad_()
+    out = ulysses.scatter_heads(x, p)
+    block = slice(p.ring_rank * 8 * uly, (p.ring_rank + 1) * 8 * uly)
+    heads = slice(p.ulysses_rank * 4, (p.ulysses_rank + 1) * 4)
+    errors["a2a_forward"] = (out - full[:, block, heads]).abs().max().item()
+    (out * weight[:, block, heads]).sum().backward()
+    # Every rank holds the heads of its ring block: the sequence shard's gradient covers all heads.
+    errors["a2a_backward"] = (x.grad - shard_sequence(weight, p)).abs().max().item()
+    errors["a2a_roundtrip"] = (ulysses.gather_heads(out.detach(), p) - x.detach()).abs().max().item()
+
+    # gather_sequence with an uneven length, both backward modes.
+    seq = 4 * p.sp - 1
+    full = _full(2, 2, seq, 3)
+    for mode in ("sum", "slice"):
+        x = shard_sequence(full, p).clone().requires_grad_()
+        gathered = gather_sequence(x, p, seq_len=seq, grad=mode)
+        errors[f"gather_{mode}_forward"] = (gathered - full).abs().max().item()
+        (gathered * _full(100 + p.sp_rank, 2, seq, 3)).sum().backward()  # a different loss per rank
+        if mode == "sum":
+            expected = sum(_full(100 + r, 2, seq, 3) for r in range(p.sp))
+        else:
+            expected = _full(100 + p.sp_rank, 2, seq, 3)
+        errors[f"gather_{mode}_backward"] = (x.grad - shard_sequence(expected, p)).abs().max().item()
+    errors["gather_padding_zero_grad"] = float(p.sp_rank == p.sp - 1 and x.grad[:, -1].abs().max().item() != 0)
+
+    # Ring exchange: each rank receives its predecessor's tensor.
+    if ring > 1:
+        comm = RingComm(p)
+        comm.step(torch.full((3,), float(p.ring_rank)))
+        got = comm.wait()
+        errors["ring_exchange"] = (got - float((p.ring_rank - 1) % ring)).abs().max().item()
+    return errors

@@ -1,0 +1,67 @@
+"""Collectives with autograd, process-group layout and the local launcher, on gloo workers."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from comm_checks import check_comm
+
+from dit_sp import spawn
+from dit_sp.parallel import WorkerError
+
+
+@pytest.fixture(scope="module")
+def comm_results() -> dict[str, dict[str, float]]:
+    res = {"r1u2": spawn(check_comm, 2, args=(1, 2), timeout=120)}
+    res["r2u2"] = spawn(check_comm, 4, args=(2, 2), timeout=120)
+    return res
+
+
+@pytest.mark.parametrize("layout", ["r1u2", "r2u2"])
+@pytest.mark.parametrize(
+    "check",
+    [
+        "bad_config_message",
+        "rank_layout",
+        "dp_seed",
+        "a2a_forward",
+        "a2a_backward",
+        "a2a_roundtrip",
+        "gather_sum_forward",
+        "gather_sum_backward",
+        "gather_slice_forward",
+        "gather_slice_backward",
+        "gather_padding_zero_grad",
+    ],
+)
+def test_comm_primitives(comm_results, layout, check):
+    for rank, errors in enumerate(comm_results[layout]):
+        assert errors[check] < 1e-12, f"rank {rank}: {check} error {errors[check]}"
+
+
+def test_ring_exchange(comm_results):
+    assert all(errors["ring_exchange"] == 0 for errors in comm_results["r2u2"])
+
+
+def _raise_on_rank_one() -> None:
+    import os
+
+    if os.environ["RANK"] == "1":
+        raise RuntimeError("boom from rank one")
+
+
+def _hang() -> None:
+    time.sleep(120)
+
+
+def test_spawn_reports_a_worker_error():
+    with pytest.raises(WorkerError, match="boom from rank one"):
+        spawn(_raise_on_rank_one, 2, timeout=60)
+
+
+def test_spawn_kills_workers_past_the_timeout():
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match="ran past the 3 s limit"):
+        spawn(_hang, 2, timeout=3)
+    assert time.monotonic() - start < 30
