@@ -61,11 +61,15 @@ def all_to_all(x: torch.Tensor, group: dist.ProcessGroup | None, scatter_dim: in
     return AllToAll.apply(x, group, scatter_dim, gather_dim)
 
 
+# torch >= 2.12 renamed all_gather_into_tensor; keep working on the older releases we support.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 def _all_gather(x: torch.Tensor, group: dist.ProcessGroup, dim: int) -> torch.Tensor:
     world = dist.get_world_size(group)
     # gloo wants the output as the inputs concatenated along dim 0; view it as (world, *x.shape).
     out = torch.empty((world * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
-    dist.all_gather_into_tensor(out, x.contiguous(), group=group)
+    _all_gather_single(out, x.contiguous(), group=group)
     return out.unflatten(0, (world, -1)).movedim(0, dim).flatten(dim, dim + 1)
 
 

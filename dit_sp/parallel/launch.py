@@ -76,11 +76,14 @@ def spawn(
     Each worker sees torchrun's environment variables (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
     ``MASTER_PORT`` on a free port, ``LOCAL_RANK``), so ``init_parallel`` works in it unchanged.
     ``fn`` must be importable (defined at module level) and its result picklable by ``torch.save``.
-    If any worker fails, the others are killed and a ``WorkerError`` carries its traceback; a run
+    ``threads`` (torch intra-op threads per worker) defaults to the CPU cores divided among the workers,
+    so they do not oversubscribe the machine. If any worker fails, the others are killed and a ``WorkerError`` carries its traceback; a run
     past ``timeout`` seconds is killed too, so nothing can hang.
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if threads is None:
+        threads = max(1, (os.cpu_count() or 1) // world_size)
     ctx = mp.get_context("spawn")
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="dit_sp_spawn_") as out_dir:

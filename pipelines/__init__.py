@@ -1,0 +1,1 @@
+"""Runnable entry points of dit-sp (``python -m pipelines.<name>``)."""
