@@ -96,9 +96,12 @@ def usp_attention(
     scale = head_dim**-0.5 if scale is None else scale
 
     (qv, kv_, vv), joint = zip(*(_split_joint(x, joint_len, joint_position) for x in (q, k, v)))
-    qkv = ulysses.pad_heads(torch.stack([qv, kv_, vv]), parallel)  # (3, B, S_local, H_pad, D)
-    qkv = ulysses.scatter_heads(qkv, parallel)  # (3, B, U*S_local, H_pad/U, D)
-    bq, bk, bv = qkv.unbind(0)
+    if parallel.ulysses > 1:
+        # q, k, v travel in one collective: (3, B, S_local, H_pad, D) -> (3, B, U*S_local, H_pad/U, D)
+        qkv = ulysses.scatter_heads(ulysses.pad_heads(torch.stack([qv, kv_, vv]), parallel), parallel)
+        bq, bk, bv = qkv.unbind(0)
+    else:
+        bq, bk, bv = qv, kv_, vv
     block_len = bq.shape[1]
     if joint_len:
         jq, jk, jv = (ulysses.local_heads(ulysses.pad_heads(x, parallel), parallel) for x in joint)
@@ -116,9 +119,9 @@ def usp_attention(
         spec = RingSpec(parallel, get_kernel(kernel, q.device, q.dtype, head_dim), scale, block_valid)
         out = ring_attention(bq, bk, bv, spec, jk, jv)
 
-    video_out = ulysses.gather_heads(out[:, :block_len].contiguous(), parallel)[:, :, :heads]
     if not joint_len:
-        return video_out
-    joint_out = ulysses.all_heads(out[:, block_len:].contiguous(), parallel)[:, :, :heads]
+        return ulysses.gather_heads(out, parallel)[:, :, :heads]
+    video_out = ulysses.gather_heads(out[:, :block_len], parallel)[:, :, :heads]
+    joint_out = ulysses.all_heads(out[:, block_len:], parallel)[:, :, :heads]
     parts = [joint_out, video_out] if joint_position == "front" else [video_out, joint_out]
     return torch.cat(parts, 1)
