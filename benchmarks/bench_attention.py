@@ -64,9 +64,11 @@ def worker(method: str, seq: int, heads: int, head_dim: int, iters: int) -> dict
     full = [torch.randn(1, seq, heads, head_dim) for _ in range(4)]
     if world > 1:
         rank, size = dist.get_rank(), dist.get_world_size()
-        full = [x.chunk(size, dim=1)[rank].contiguous() for x in full] if parallel is None else [
-            shard_sequence(x, parallel).contiguous() for x in full
-        ]
+        full = (
+            [x.chunk(size, dim=1)[rank].contiguous() for x in full]
+            if parallel is None
+            else [shard_sequence(x, parallel).contiguous() for x in full]
+        )
     q, k, v, grad = full
     q, k, v = (x.requires_grad_() for x in (q, k, v))
 

@@ -24,7 +24,7 @@ def check_comm(ring: int, uly: int) -> dict[str, float]:
         bad_config_error = str(e)
     p = init_parallel(ParallelConfig(ring=ring, ulysses=uly))
     errors: dict[str, float] = {
-        "bad_config_message": float(f"dp*ring*ulysses = {world + 1} processes" not in bad_config_error),
+        "bad_config_message": float(f"dp*cfg*ring*ulysses = {world + 1} processes" not in bad_config_error),
         "rank_layout": float(p.rank != p.ring_rank * uly + p.ulysses_rank or p.sp_rank != p.rank),
         "dp_seed": float(p.dp_seed(7) != 7),
     }

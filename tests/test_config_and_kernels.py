@@ -20,8 +20,16 @@ def test_config_rejects_non_positive_integers(bad):
         ParallelConfig(**bad)
 
 
+def test_config_cfg_is_one_or_two():
+    with pytest.raises(ValueError, match="cfg must be 1 or 2"):
+        ParallelConfig(cfg=3)
+    assert ParallelConfig(cfg=2, ulysses=2).world_size == 4
+
+
 def test_config_world_size_mismatch_names_the_numbers():
-    with pytest.raises(ValueError, match=r"dp=2, ring=2, ulysses=2\) needs dp\*ring\*ulysses = 8 .* world size is 4"):
+    with pytest.raises(
+        ValueError, match=r"dp=2, ring=2, ulysses=2, cfg=1\) needs dp\*cfg\*ring\*ulysses = 8 .* world size is 4"
+    ):
         ParallelConfig(dp=2, ring=2, ulysses=2).check_world_size(4)
     assert ParallelConfig.for_world(8, ring=2, ulysses=2) == ParallelConfig(dp=2, ring=2, ulysses=2)
     with pytest.raises(ValueError, match="does not divide the world size 6"):

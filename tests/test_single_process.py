@@ -45,6 +45,25 @@ def test_equals_sdpa(parallel, kernel, joint):
         torch.testing.assert_close(x.grad, r.grad, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("kernel", [None, "cpu_flash"])
+@pytest.mark.parametrize("joint_valid", [(4, 4), (4, 1), (0, 2), (0, 0)])
+def test_joint_padding_is_masked(parallel, kernel, joint_valid):
+    """Per-sample padded joint tokens (a padded prompt) are not attended; outputs and grads match SDPA."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 11, 2, 8, requires_grad=True) for _ in range(3))
+    out = usp_attention(q, k, v, parallel, joint_len=4, joint_position="rear", joint_valid=joint_valid, kernel=kernel)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    for b, n in enumerate(joint_valid):
+        ref_in = [x[b : b + 1].detach().clone().requires_grad_() for x in (q, k, v)]
+        keys = [x[:, : 7 + n] for x in ref_in[1:]]
+        ref = _sdpa(ref_in[0], *keys)
+        torch.testing.assert_close(out[b : b + 1], ref, atol=1e-6, rtol=1e-5)
+        ref.backward(grad[b : b + 1])
+        for x, r in zip((q, k, v), ref_in):
+            torch.testing.assert_close(x.grad[b : b + 1], r.grad, atol=1e-6, rtol=1e-5)
+
+
 def test_padded_keys_are_masked(parallel):
     """seq_len < local length: the tail is padding and must not be attended."""
     torch.manual_seed(0)
@@ -75,6 +94,8 @@ def test_gradcheck_ring_function(parallel, kernel):
         (((2, 8, 2, 4),) * 3, {"seq_len": 9}, r"seq_len=9 does not fit"),
         (((2, 8, 2, 4),) * 3, {"seq_len": 0}, r"seq_len=0 does not fit"),
         (((2, 8, 2, 4),) * 3, {"kernel": "nope"}, "unknown attention kernel 'nope'"),
+        (((2, 8, 2, 4),) * 3, {"joint_len": 2, "joint_valid": (1,)}, "for each of the 2 batch elements"),
+        (((2, 8, 2, 4),) * 3, {"joint_len": 2, "joint_valid": (1, 3)}, "between 0 and joint_len=2"),
         (((2, 8, 2, 4),) * 3, {"kernel": "flash_attn2"}, "flash_attn2' cannot be used"),
         (((2, 8, 2, 4),) * 3, {"kernel": "torch_flash"}, "CUDA is not available"),
     ],

@@ -21,13 +21,15 @@ class Case:
     batch: int = 2
     head_dim: int = 16
     kernel: str | None = None
+    joint_valid: tuple[int, ...] | None = None
 
     @property
     def name(self) -> str:
         dt = str(self.dtype).removeprefix("torch.")
         j = f"-joint{self.joint}{self.position}" if self.joint else ""
         k = f"-{self.kernel}" if self.kernel else ""
-        return f"S{self.seq}-H{self.heads}{j}-{dt}{k}"
+        jv = "-valid" + "_".join(map(str, self.joint_valid)) if self.joint_valid else ""
+        return f"S{self.seq}-H{self.heads}{j}{jv}-{dt}{k}"
 
 
 def reference(case: Case, seed: int):
@@ -41,7 +43,13 @@ def reference(case: Case, seed: int):
         (torch.cat([j, x], 1) if case.position == "front" else torch.cat([x, j], 1)).double().requires_grad_()
         for x, j in zip(video, joint)
     ]
-    out = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in full)).transpose(1, 2)
+    mask = None
+    if case.joint_valid is not None:  # per-sample real joint keys; the rest is padding
+        real_joint = torch.arange(case.joint) < torch.tensor(case.joint_valid).unsqueeze(1)
+        video_keys = torch.ones(case.batch, case.seq, dtype=torch.bool)
+        parts = [real_joint, video_keys] if case.position == "front" else [video_keys, real_joint]
+        mask = torch.cat(parts, 1)[:, None, None]
+    out = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in full), attn_mask=mask).transpose(1, 2)
     grad_full = (
         torch.cat([grad_joint, grad_video], 1) if case.position == "front" else torch.cat([grad_video, grad_joint], 1)
     )
@@ -66,7 +74,7 @@ def run_case(case: Case, parallel) -> dict[str, float]:
             (torch.cat([j, shard], 1) if case.position == "front" else torch.cat([shard, j], 1)).requires_grad_()
         )
     out = usp_attention(*local, parallel, seq_len=case.seq, joint_len=case.joint, joint_position=case.position,
-                        kernel=case.kernel)  # fmt: skip
+                        joint_valid=case.joint_valid, kernel=case.kernel)  # fmt: skip
     out_video, out_joint = _split(out, case)
     # Every rank holds the joint output: count it once over the SP group, as the reference does.
     loss = (out_video.float() * shard_sequence(grad_video, parallel).float()).sum()

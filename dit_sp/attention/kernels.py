@@ -97,9 +97,10 @@ def _cuda_flash_forward(q, k, v, scale):
 
 def _cuda_flash_backward(dout, q, k, v, out, lse, scale):
     empty = _empty_i64(q)
+    # cum_seq_q/k must be undefined (None): defined ones select the variable-length kernel.
     dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
         _bhsd(dout), _bhsd(q), _bhsd(k), _bhsd(v), _bhsd(out), lse.float().contiguous(),
-        empty, empty, q.shape[1], k.shape[1], 0.0, False, empty, empty, scale=scale,
+        None, None, q.shape[1], k.shape[1], 0.0, False, empty, empty, scale=scale,
     )  # fmt: skip
     return _bhsd(dq), _bhsd(dk), _bhsd(dv)
 
@@ -115,6 +116,8 @@ def _cuda_efficient_backward(dout, q, k, v, out, lse, scale):
     sq = q.shape[1]
     lse = torch.nn.functional.pad(lse.float(), (0, -sq % 32)).contiguous()
     empty = _empty_i64(q)
+    # The kernel assumes out is contiguous in (B, S, H, D) (its row stride is fixed to H * D).
+    out, dout = out.contiguous(), dout.contiguous()
     dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
         _bhsd(dout), _bhsd(q), _bhsd(k), _bhsd(v), None, _bhsd(out), lse, empty, empty, 0.0,
         [True, True, True, False], False, scale=scale,
@@ -137,8 +140,9 @@ def _module_missing(module: str, extra: str) -> Callable[[], str | None]:
 
 
 def _call(fn: Callable, **kwargs):
-    """Call a flash-attn internal with the keyword arguments its installed version accepts."""
-    params = inspect.signature(fn).parameters
+    """Call a flash-attn internal with the keyword arguments its installed version accepts (recent
+    releases wrap them in ``torch.library.custom_op``, whose own signature is ``(*args, **kwargs)``)."""
+    params = inspect.signature(getattr(fn, "_init_fn", fn)).parameters
     if "window_size" in params:
         kwargs["window_size"] = (-1, -1)
     return fn(**{name: value for name, value in kwargs.items() if name in params})
@@ -155,7 +159,8 @@ def _flash_attn_forward(version: int):
             dropout_p=0.0, softmax_scale=scale, causal=False, window_size_left=-1, window_size_right=-1,
             softcap=0.0, alibi_slopes=None, return_softmax=False,
         )  # fmt: skip
-        return res[0], res[1]
+        # flash-attn < 2.7 returns (out, q, k, v, out_padded, lse, S_dmask, rng_state)
+        return res[0], res[5] if len(res) == 8 else res[1]
 
     return forward
 

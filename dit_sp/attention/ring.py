@@ -28,24 +28,34 @@ class RingSpec:
     scale: float
     block_valid: tuple[int, ...]
     """Number of real (unpadded) keys at the start of each ring rank's block, by ring rank."""
+    joint_valid: tuple[int, ...] | None = None
+    """Per batch element, the number of real joint keys (the rest is padding); ``None``: all real."""
+
+    def joint_groups(self, batch: int, joint_len: int) -> list[tuple[slice | Tensor, int]]:
+        """``(batch index, real joint keys)`` groups; a single group when every element agrees."""
+        valid = self.joint_valid or (joint_len,) * batch
+        if len(set(valid)) == 1:
+            return [(slice(None), valid[0])] if valid[0] else []
+        groups: dict[int, list[int]] = {}
+        for b, n in enumerate(valid):
+            groups.setdefault(n, []).append(b)
+        return [(torch.tensor(index), n) for n, index in groups.items() if n]
 
 
-def merge_block(out: Tensor | None, lse: Tensor | None, block_out: Tensor, block_lse: Tensor) -> tuple[Tensor, Tensor]:
-    """Fold one block's ``(out (B,S,H,D), lse (B,H,S))`` into the running pair, in the merge dtype."""
-    dtype = lse_dtype(block_out.dtype)
-    block_out, block_lse = block_out.to(dtype), block_lse.to(dtype)
-    if out is None or lse is None:
-        return block_out, block_lse
+def merge_block(out: Tensor, lse: Tensor, block_out: Tensor, block_lse: Tensor) -> tuple[Tensor, Tensor]:
+    """Fold one block's ``(out (B,S,H,D), lse (B,H,S))`` into the running pair (merge dtype; start from
+    zeros and ``-inf``)."""
+    block_out, block_lse = block_out.to(out.dtype), block_lse.to(lse.dtype)
     new_lse = torch.logaddexp(lse, block_lse)
     weight = lambda x: (x - new_lse).exp().transpose(1, 2).unsqueeze(-1)  # (B, S, H, 1)
     return out * weight(lse) + block_out * weight(block_lse), new_lse
 
 
-def _block_keys(kv: Tensor, valid: int, joint_kv: Tensor | None) -> tuple[Tensor, Tensor]:
-    """Keys and values of one visiting block: its real keys, plus the joint ones when given."""
+def _block_keys(kv: Tensor, valid: int, joint_kv: Tensor | None, joint_n: int = 0) -> tuple[Tensor, Tensor]:
+    """Keys and values of one visiting block: its real keys, plus the first ``joint_n`` joint ones."""
     k, v = kv[0, :, :valid], kv[1, :, :valid]
-    if joint_kv is not None:
-        k, v = torch.cat([k, joint_kv[0]], 1), torch.cat([v, joint_kv[1]], 1)
+    if joint_kv is not None and joint_n:
+        k, v = torch.cat([k, joint_kv[0, :, :joint_n]], 1), torch.cat([v, joint_kv[1, :, :joint_n]], 1)
     return k, v
 
 
@@ -61,20 +71,28 @@ class RingAttention(torch.autograd.Function):
     def forward(ctx, spec: RingSpec, q: Tensor, k: Tensor, v: Tensor, joint_k: Tensor | None, joint_v: Tensor | None):
         parallel, kernel = spec.parallel, spec.kernel
         joint_kv = None if joint_k is None else torch.stack([joint_k, joint_v])
+        groups = spec.joint_groups(q.shape[0], 0 if joint_k is None else joint_k.shape[1])
+        # Joint keys shared by the whole batch join the own block in one kernel call.
+        uniform_joint = groups[0][1] if groups and isinstance(groups[0][0], slice) else 0
         comm = RingComm(parallel) if parallel.ring > 1 else None
         kv = torch.stack([k, v])  # one message per hop
         spare = torch.empty_like(kv) if comm else None
-        out = lse = None
+        dtype = lse_dtype(q.dtype)
+        out = torch.zeros(q.shape, dtype=dtype, device=q.device)
+        lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), -torch.inf, dtype=dtype, device=q.device)
         for step in range(parallel.ring):
             if comm and step + 1 < parallel.ring:
                 comm.step(kv, spare)
             block = (parallel.ring_rank - step) % parallel.ring
-            bk, bv = _block_keys(kv, spec.block_valid[block], joint_kv if step == 0 else None)
+            bk, bv = _block_keys(kv, spec.block_valid[block], joint_kv if step == 0 else None, uniform_joint)
             if bk.shape[1]:
                 out, lse = merge_block(out, lse, *kernel.forward(q, bk, bv, spec.scale))
+            if step == 0 and joint_kv is not None and not uniform_joint:
+                for index, n in groups:  # joint keys with per-sample padding
+                    o, o_lse = kernel.forward(q[index], joint_kv[0, index, :n], joint_kv[1, index, :n], spec.scale)
+                    out[index], lse[index] = merge_block(out[index], lse[index], o, o_lse)
             if comm and step + 1 < parallel.ring:
                 kv, spare = comm.wait(), kv
-        assert out is not None and lse is not None, "every query sees at least its own block or a joint key"
         out = out.to(q.dtype)
         ctx.spec = spec
         ctx.has_joint = joint_kv is not None
@@ -87,13 +105,15 @@ class RingAttention(torch.autograd.Function):
         parallel, kernel = spec.parallel, spec.kernel
         q, k, v, joint_k, joint_v, out, lse = ctx.saved_tensors
         joint_kv = torch.stack([joint_k, joint_v]) if ctx.has_joint else None
+        groups = spec.joint_groups(q.shape[0], 0 if joint_kv is None else joint_kv.shape[2])
+        uniform_joint = groups[0][1] if groups and isinstance(groups[0][0], slice) else 0
         acc_dtype = lse_dtype(q.dtype)
         kv_comm = RingComm(parallel, tag=0) if parallel.ring > 1 else None
         dkv_comm = RingComm(parallel, tag=1) if parallel.ring > 1 else None
         kv = torch.stack([k, v])
         spare = torch.empty_like(kv) if kv_comm else None
         dq = torch.zeros_like(q, dtype=acc_dtype)
-        djoint = None
+        djoint = None if joint_kv is None else torch.zeros_like(joint_kv, dtype=acc_dtype)
         dkv = None
         for step in range(parallel.ring):
             last = step + 1 == parallel.ring
@@ -101,7 +121,7 @@ class RingAttention(torch.autograd.Function):
                 kv_comm.step(kv, spare)
             block = (parallel.ring_rank - step) % parallel.ring
             valid = spec.block_valid[block]
-            bk, bv = _block_keys(kv, valid, joint_kv if step == 0 else None)
+            bk, bv = _block_keys(kv, valid, joint_kv if step == 0 else None, uniform_joint)
             grads = kernel.backward(dout, q, bk, bv, out, lse, spec.scale) if bk.shape[1] else None
             # The accumulator of this block arrives from the previous rank (first step: start one).
             dkv = torch.zeros_like(kv, dtype=acc_dtype) if step == 0 else dkv_comm.wait()
@@ -110,8 +130,16 @@ class RingAttention(torch.autograd.Function):
                 dq += dq_b
                 dkv[0, :, :valid] += dk_b[:, :valid]
                 dkv[1, :, :valid] += dv_b[:, :valid]
-                if step == 0 and joint_kv is not None:
-                    djoint = (dk_b[:, valid:], dv_b[:, valid:])
+                if step == 0 and uniform_joint:
+                    djoint[:, :, :uniform_joint] = torch.stack([dk_b[:, valid:], dv_b[:, valid:]])
+            if step == 0 and joint_kv is not None and not uniform_joint:
+                for index, n in groups:
+                    dq_j, dk_j, dv_j = kernel.backward(
+                        dout[index], q[index], joint_kv[0, index, :n], joint_kv[1, index, :n], out[index],
+                        lse[index], spec.scale,
+                    )  # fmt: skip
+                    dq[index] += dq_j
+                    djoint[0, index, :n], djoint[1, index, :n] = dk_j.to(acc_dtype), dv_j.to(acc_dtype)
             if dkv_comm:
                 dkv_comm.step(dkv)  # after the last hop it reaches its owner
             if kv_comm and not last:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
@@ -46,10 +47,17 @@ def _split_joint(x: Tensor, joint_len: int, position: str) -> tuple[Tensor, Tens
     return x[:, : x.shape[1] - joint_len], x[:, x.shape[1] - joint_len :]
 
 
-def _sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor | None = None) -> Tensor:
     """torch SDPA in layout (B, S, H, D); native autograd."""
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale)
-    return out.transpose(1, 2)
+    q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale).transpose(1, 2)
+
+
+def _joint_key_mask(video_keys: int, joint_len: int, joint_valid: tuple[int, ...], device) -> Tensor:
+    """``(B, 1, 1, video_keys + joint_len)`` bool: every video key, and each sample's real joint keys."""
+    joint = torch.arange(joint_len, device=device) < torch.tensor(joint_valid, device=device).unsqueeze(1)
+    video = torch.ones(len(joint_valid), video_keys, dtype=torch.bool, device=device)
+    return torch.cat([video, joint], 1)[:, None, None]
 
 
 def usp_attention(
@@ -61,6 +69,7 @@ def usp_attention(
     seq_len: int | None = None,
     joint_len: int = 0,
     joint_position: JointPosition = "front",
+    joint_valid: Sequence[int] | None = None,
     scale: float | None = None,
     kernel: str | None = None,
 ) -> Tensor:
@@ -71,6 +80,8 @@ def usp_attention(
             sequence (see ``shard_sequence``). With ``joint_len > 0`` the first (``"front"``) or last
             (``"rear"``) ``joint_len`` positions are joint tokens (e.g. text), identical on every rank,
             attended together with the whole video sequence and attending to it.
+        joint_valid: per batch element, how many of the joint tokens are real (they come first; the
+            rest is padding, e.g. of a tokenized prompt) and may be attended as keys. Default: all.
         parallel: the layout (``init_parallel``).
         seq_len: the true number of sharded (video) tokens over all ranks when the shards are padded
             (``shard_sequence`` of a length not divisible by the SP degree); padded keys are masked.
@@ -94,6 +105,15 @@ def usp_attention(
             f"[1, {padded_len}] (use shard_sequence to cut a full sequence into shards)"
         )
     scale = head_dim**-0.5 if scale is None else scale
+    if joint_valid is not None:
+        joint_valid = tuple(int(n) for n in joint_valid)
+        if len(joint_valid) != batch or not all(0 <= n <= joint_len for n in joint_valid):
+            raise ValueError(
+                f"joint_valid={joint_valid} must give, for each of the {batch} batch elements, a count of real "
+                f"joint tokens between 0 and joint_len={joint_len}"
+            )
+        if all(n == joint_len for n in joint_valid):
+            joint_valid = None
 
     (qv, kv_, vv), joint = zip(*(_split_joint(x, joint_len, joint_position) for x in (q, k, v)))
     if parallel.ulysses > 1:
@@ -112,11 +132,15 @@ def usp_attention(
     block_valid = tuple(min(max(seq_len - r * block_len, 0), block_len) for r in range(parallel.ring))
     if parallel.ring == 1 and kernel is None:
         keys, values = bk[:, : block_valid[0]], bv[:, : block_valid[0]]
+        mask = None
         if joint_len:
             keys, values = torch.cat([keys, jk], 1), torch.cat([values, jv], 1)
-        out = _sdpa(bq, keys, values, scale)
+            if joint_valid is not None:
+                mask = _joint_key_mask(block_valid[0], joint_len, joint_valid, q.device)
+        out = _sdpa(bq, keys, values, scale, mask)
     else:
-        spec = RingSpec(parallel, get_kernel(kernel, q.device, q.dtype, head_dim), scale, block_valid)
+        kern = get_kernel(kernel, q.device, q.dtype, head_dim)
+        spec = RingSpec(parallel, kern, scale, block_valid, joint_valid)
         out = ring_attention(bq, bk, bv, spec, jk, jv)
 
     if not joint_len:

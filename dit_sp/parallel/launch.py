@@ -77,7 +77,8 @@ def spawn(
     ``MASTER_PORT`` on a free port, ``LOCAL_RANK``), so ``init_parallel`` works in it unchanged.
     ``fn`` must be importable (defined at module level) and its result picklable by ``torch.save``.
     ``threads`` (torch intra-op threads per worker) defaults to the CPU cores divided among the workers,
-    so they do not oversubscribe the machine. If any worker fails, the others are killed and a ``WorkerError`` carries its traceback; a run
+    so they do not oversubscribe the machine. If any worker fails, the others are killed and a
+    ``WorkerError`` carries its traceback; a run
     past ``timeout`` seconds is killed too, so nothing can hang.
     """
     if world_size < 1:

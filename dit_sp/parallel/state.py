@@ -13,7 +13,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from dit_sp.parallel.config import ParallelConfig
 from dit_sp.parallel.device import default_backend, default_device
 
-MESH_DIM_NAMES = ("dp", "ring", "ulysses")
+MESH_DIM_NAMES = ("dp", "cfg", "ring", "ulysses")
 DEFAULT_TIMEOUT = timedelta(minutes=10)
 
 
@@ -21,9 +21,9 @@ DEFAULT_TIMEOUT = timedelta(minutes=10)
 class ParallelState:
     """Everything a rank needs to know about one parallel layout.
 
-    Rank layout: ``global = dp_rank * (ring*ulysses) + ring_rank * ulysses + ulysses_rank`` (ulysses
-    innermost, so Ulysses peers are neighbouring ranks, i.e. the same node on GPUs). The sequence shard
-    a rank holds is ``sp_rank = ring_rank * ulysses + ulysses_rank``.
+    Rank layout: ``global = ((dp_rank * cfg + cfg_rank) * ring + ring_rank) * ulysses + ulysses_rank``
+    (ulysses innermost, so Ulysses peers are neighbouring ranks, i.e. the same node on GPUs). The
+    sequence shard a rank holds is ``sp_rank = ring_rank * ulysses + ulysses_rank``.
 
     Groups are ``None`` in a single process without ``torch.distributed``; every degree is then 1.
     Several states (layouts) can live in one process side by side: nothing here is global.
@@ -33,11 +33,15 @@ class ParallelState:
     device: torch.device
     mesh: DeviceMesh | None
     dp_group: dist.ProcessGroup | None
+    cfg_group: dist.ProcessGroup | None
     ring_group: dist.ProcessGroup | None
     ulysses_group: dist.ProcessGroup | None
     sp_group: dist.ProcessGroup | None
+    sample_group: dist.ProcessGroup | None
+    """The cfg x ring x ulysses ranks that produce one sample together."""
     rank: int
     dp_rank: int
+    cfg_rank: int
     ring_rank: int
     ulysses_rank: int
     timeout: timedelta = DEFAULT_TIMEOUT
@@ -45,6 +49,10 @@ class ParallelState:
     @property
     def dp(self) -> int:
         return self.config.dp
+
+    @property
+    def cfg(self) -> int:
+        return self.config.cfg
 
     @property
     def ring(self) -> int:
@@ -72,13 +80,19 @@ class ParallelState:
         assert self.ring_group is not None
         return dist.get_global_rank(self.ring_group, (self.ring_rank + offset) % self.ring)
 
+    @property
+    def is_sample_leader(self) -> bool:
+        """The one rank of a sample (cfg and SP group) that decodes and writes its outputs."""
+        return self.cfg_rank == 0 and self.sp_rank == 0
+
     def dp_seed(self, seed: int) -> int:
-        """A seed shared by the sequence-parallel peers of one sample and distinct across dp ranks."""
+        """A seed shared by the cfg and sequence-parallel peers of one sample, distinct across dp ranks."""
         return seed + self.dp_rank
 
     def __repr__(self) -> str:
         return (
-            f"ParallelState(rank={self.rank}, dp={self.dp_rank}/{self.dp}, ring={self.ring_rank}/{self.ring}, "
+            f"ParallelState(rank={self.rank}, dp={self.dp_rank}/{self.dp}, cfg={self.cfg_rank}/{self.cfg}, "
+            f"ring={self.ring_rank}/{self.ring}, "
             f"ulysses={self.ulysses_rank}/{self.ulysses}, device={self.device})"
         )
 
@@ -90,11 +104,14 @@ def single_process_state(device: torch.device | None = None) -> ParallelState:
         device=device or default_device(),
         mesh=None,
         dp_group=None,
+        cfg_group=None,
         ring_group=None,
         ulysses_group=None,
         sp_group=None,
+        sample_group=None,
         rank=0,
         dp_rank=0,
+        cfg_rank=0,
         ring_rank=0,
         ulysses_rank=0,
     )
@@ -114,7 +131,7 @@ def init_parallel(
     device: torch.device | str | None = None,
     timeout: timedelta = DEFAULT_TIMEOUT,
 ) -> ParallelState:
-    """Join (or start) the process group and build the ``(dp, ring, ulysses)`` mesh.
+    """Join (or start) the process group and build the ``(dp, cfg, ring, ulysses)`` mesh.
 
     The process group comes from torchrun's environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
     ``MASTER_PORT``), or is reused if already initialised. A single process with nothing launched gets
@@ -141,12 +158,13 @@ def init_parallel(
     override = {name: _group_options(backend, timeout) for name in MESH_DIM_NAMES}
     mesh = init_device_mesh(
         device.type,
-        (config.dp, config.ring, config.ulysses),
+        (config.dp, config.cfg, config.ring, config.ulysses),
         mesh_dim_names=MESH_DIM_NAMES,
         backend_override=override,
     )
     # The SP group (ring x ulysses flattened) is what FSDP and the sequence gather/shard work on.
     sp_mesh = mesh["ring", "ulysses"]._flatten("sp", backend_override=_group_options(backend, timeout))
+    sample_mesh = mesh["cfg", "ring", "ulysses"]._flatten("sample", backend_override=_group_options(backend, timeout))
     coords = mesh.get_coordinate()
     assert coords is not None
     return ParallelState(
@@ -154,12 +172,15 @@ def init_parallel(
         device=device,
         mesh=mesh,
         dp_group=mesh.get_group("dp"),
+        cfg_group=mesh.get_group("cfg"),
         ring_group=mesh.get_group("ring"),
         ulysses_group=mesh.get_group("ulysses"),
         sp_group=sp_mesh.get_group(),
+        sample_group=sample_mesh.get_group(),
         rank=dist.get_rank(),
         dp_rank=coords[0],
-        ring_rank=coords[1],
-        ulysses_rank=coords[2],
+        cfg_rank=coords[1],
+        ring_rank=coords[2],
+        ulysses_rank=coords[3],
         timeout=timeout,
     )

@@ -1,0 +1,31 @@
+"""Per-family sequence-parallel support for diffusers video transformers."""
+
+from __future__ import annotations
+
+import torch
+
+from dit_sp.models.cogvideox import COGVIDEOX
+from dit_sp.models.family import ModelFamily
+from dit_sp.models.hunyuan_video import HUNYUAN_VIDEO
+from dit_sp.models.wan import WAN
+
+FAMILIES: tuple[ModelFamily, ...] = (WAN, HUNYUAN_VIDEO, COGVIDEOX)
+
+
+def supported_classes() -> list[str]:
+    return [name for family in FAMILIES for name in family.class_names]
+
+
+def family_of(model: torch.nn.Module) -> ModelFamily:
+    """The family of a diffusers transformer, or a clear error listing the supported ones."""
+    names = {cls.__name__ for cls in type(model).__mro__}
+    for family in FAMILIES:
+        if names & set(family.class_names):
+            return family
+    raise TypeError(
+        f"{type(model).__name__} is not supported for sequence parallelism; supported transformers: "
+        f"{', '.join(supported_classes())}"
+    )
+
+
+__all__ = ["FAMILIES", "ModelFamily", "family_of", "supported_classes"]

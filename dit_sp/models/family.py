@@ -1,0 +1,33 @@
+"""What dit-sp needs to know about one diffusers transformer family."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from dit_sp.models.plan import Plan
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    name: str
+    class_names: tuple[str, ...]
+    """diffusers transformer classes of the family."""
+    plan: Callable[[torch.nn.Module], Plan]
+    """Where the sequence is split and gathered (a diffusers ``_cp_plan``)."""
+    attention_modules: tuple[str, ...]
+    """``fnmatch`` patterns of the attention modules over the whole (split) video sequence."""
+    joint_position: Literal["front", "rear"] = "front"
+    """Where the processors put text tokens when they attend jointly with the video."""
+    cfg_mode: Literal["sequential", "batched"] = "sequential"
+    """How the family's stock pipeline runs guidance: two transformer calls per step (conditional
+    first), or one call on a batch of ``[unconditional, conditional]``."""
+    cfg_batched_args: tuple[str, ...] = ()
+    """Forward arguments that carry the guidance batch (``batched`` mode)."""
+    guidance_arg: str = "guidance_scale"
+    """The pipeline argument whose value > 1 turns classifier-free guidance on."""
+    check: Callable[[torch.nn.Module], None] = lambda model: None
+    """Raises for configurations of the family that are not supported."""

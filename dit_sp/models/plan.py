@@ -1,0 +1,116 @@
+"""Split and gather hooks from a diffusers-style context-parallel plan.
+
+A plan maps module names to what is sharded at that module (diffusers' ``_cp_plan`` format, so the
+plans diffusers ships are used as they are): ``{"name": {"arg" or output index: ContextParallelInput}}``
+splits a forward argument (or, with ``split_output``, an output) along the sequence, and
+``{"name": ContextParallelOutput}`` gathers the module's output. The empty name is the model itself.
+We implement the hooks ourselves: padding of uneven lengths, our gradient semantics, no accelerator
+assumption.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+from torch.utils.hooks import RemovableHandle
+
+from dit_sp.models.context import SequenceContext
+from dit_sp.parallel.comm import gather_sequence, shard_sequence
+
+Plan = dict[str, Any]
+
+
+def _as_list(spec) -> list:
+    return list(spec) if isinstance(spec, (list, tuple)) else [spec]
+
+
+def _split(x: Any, spec: ContextParallelInput, ctx: SequenceContext) -> Any:
+    """Shard a tensor (or each tensor of a tuple/list) whose rank matches ``expected_dims``."""
+    if isinstance(x, (tuple, list)):
+        return type(x)(_split(item, spec, ctx) for item in x)
+    if not isinstance(x, torch.Tensor) or (spec.expected_dims is not None and x.dim() != spec.expected_dims):
+        return x
+    ctx.record_seq_len(x.shape[spec.split_dim])
+    return shard_sequence(x, ctx.parallel, dim=spec.split_dim)
+
+
+def _gather(x: Any, spec: ContextParallelOutput, ctx: SequenceContext) -> Any:
+    if not isinstance(x, torch.Tensor) or (spec.expected_dims is not None and x.dim() != spec.expected_dims):
+        return x
+    return gather_sequence(x, ctx.parallel, dim=spec.gather_dim, seq_len=ctx.seq_len, grad=ctx.gather_grad)
+
+
+def _input_hook(module: torch.nn.Module, specs: dict, ctx: SequenceContext, is_root: bool) -> Callable:
+    names = list(inspect.signature(module.forward).parameters)
+
+    def hook(mod, args, kwargs):
+        if is_root:
+            ctx.begin()
+        if not ctx.in_forward:
+            return None
+        args = list(args)
+        for key, spec in specs.items():
+            for item in _as_list(spec):
+                if key in kwargs:
+                    kwargs[key] = _split(kwargs[key], item, ctx)
+                elif key in names and names.index(key) < len(args):
+                    args[names.index(key)] = _split(args[names.index(key)], item, ctx)
+        return tuple(args), kwargs
+
+    return hook
+
+
+def _output_hook(specs: dict | ContextParallelOutput | list, ctx: SequenceContext, is_root: bool) -> Callable:
+    def hook(mod, args, output):
+        if not ctx.in_forward:
+            return output
+        if isinstance(specs, dict):  # split outputs (e.g. rotary embeddings computed for the full sequence)
+            if isinstance(output, tuple):
+                output = list(output)
+                for index, spec in specs.items():
+                    for item in _as_list(spec):
+                        output[index] = _split(output[index], item, ctx)
+                output = tuple(output)
+            else:
+                for item in _as_list(specs.get(0, [])):
+                    output = _split(output, item, ctx)
+        else:
+            for item in _as_list(specs):
+                output = _gather(output, item, ctx)
+        if is_root:
+            ctx.end()
+        return output
+
+    return hook
+
+
+def apply_plan(model: torch.nn.Module, plan: Plan, ctx: SequenceContext) -> list[RemovableHandle]:
+    """Install the plan's hooks on ``model``; returns handles that remove them again."""
+    handles = []
+    modules = dict(model.named_modules())
+    missing = [name for name in plan if name not in modules]
+    if missing:
+        raise ValueError(f"the sequence-parallel plan names modules that {type(model).__name__} lacks: {missing}")
+    root_spec = plan.get("", {})
+    # The model itself always gets hooks: they open and close the forward (see SequenceContext.in_forward).
+    handles.append(model.register_forward_pre_hook(_input_hook(model, root_spec, ctx, True), with_kwargs=True))
+    for name, spec in plan.items():
+        if name == "":
+            continue
+        module = modules[name]
+        inputs = (
+            {k: v for k, v in spec.items() if not any(i.split_output for i in _as_list(v))}
+            if isinstance(spec, dict)
+            else {}
+        )
+        outputs = {k: v for k, v in spec.items() if k not in inputs} if isinstance(spec, dict) else spec
+        if inputs:
+            handles.append(module.register_forward_pre_hook(_input_hook(module, inputs, ctx, False), with_kwargs=True))
+        if outputs:
+            handles.append(module.register_forward_hook(_output_hook(outputs, ctx, False)))
+    handles.append(model.register_forward_hook(_output_hook({}, ctx, True)))
+    return handles

@@ -1,0 +1,127 @@
+"""Attention processors that run a model's own (stock diffusers) processor with its attention made
+sequence-parallel.
+
+The stock processor keeps doing everything model-specific (projections, norms, RoPE, image branches,
+joint text concatenation), so nothing of diffusers is restated here and it cannot drift. Only its call
+to ``scaled_dot_product_attention`` is routed, through a ``TorchFunctionMode`` active during that one
+processor call, to ``usp_attention``: the local tokens are this rank's video shard, plus the joint (text)
+tokens the processor concatenated in front or behind.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from dit_sp.attention import usp_attention
+from dit_sp.models.context import SequenceContext
+
+Tensor = torch.Tensor
+
+
+def _joint_valid(mask: Tensor | None, local_len: int, joint_len: int, ctx: SequenceContext) -> tuple[int, ...] | None:
+    """Real joint keys per sample from a boolean key mask over ``[video (local_len), joint]`` (or the
+    reverse): the only kind of mask a DiT passes (padding of the prompt)."""
+    if mask is None:
+        return None
+    cached = ctx._mask_cache.get(id(mask))
+    if cached is not None and cached[0] is mask:
+        return cached[1]
+    if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[2] != 1:
+        raise NotImplementedError(
+            f"sequence-parallel attention supports only a boolean key-padding mask (B, 1, 1, S); got "
+            f"{tuple(mask.shape)} of {mask.dtype}"
+        )
+    keys = mask[:, 0, 0]
+    video, joint = (
+        (keys[:, joint_len:], keys[:, :joint_len])
+        if ctx.joint_position == "front"
+        else (keys[:, :local_len], keys[:, local_len:])
+    )
+    valid = joint.sum(1)
+    prefix = torch.arange(joint_len, device=mask.device) < valid.unsqueeze(1)
+    if not bool(video.all()) or not torch.equal(prefix, joint):
+        raise NotImplementedError("the attention mask must keep every video token and a prefix of the text tokens")
+    result = tuple(valid.tolist())
+    ctx._mask_cache[id(mask)] = (mask, result)
+    return result
+
+
+class RouteAttention(TorchFunctionMode):
+    """Sends ``F.scaled_dot_product_attention`` calls to ``usp_attention``; all else runs unchanged."""
+
+    def __init__(self, ctx: SequenceContext):
+        super().__init__()
+        self.ctx = ctx
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        return self.attention(*args, **kwargs)
+
+    def attention(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attn_mask: Tensor | None = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> Tensor:
+        """``(B, H, S, D)`` in and out, as ``scaled_dot_product_attention``."""
+        if is_causal or dropout_p or enable_gqa:
+            raise NotImplementedError("sequence-parallel attention is non-causal, without dropout or GQA")
+        ctx = self.ctx
+        local_len = ctx.local_len
+        joint_len = query.shape[2] - local_len
+        if joint_len < 0 or key.shape[2] != query.shape[2]:
+            raise RuntimeError(
+                f"attention over {query.shape[2]} queries and {key.shape[2]} keys does not fit this rank's "
+                f"{local_len} video tokens; is this module's sequence really split?"
+            )
+        out = usp_attention(
+            *(x.transpose(1, 2) for x in (query, key, value)),
+            ctx.parallel,
+            seq_len=ctx.seq_len,
+            joint_len=joint_len,
+            joint_position=ctx.joint_position,
+            joint_valid=_joint_valid(attn_mask, local_len, joint_len, ctx),
+            scale=scale,
+            kernel=ctx.kernel,
+        )
+        return out.transpose(1, 2)
+
+
+@functools.cache
+def _sequence_parallel_class(stock: type) -> type:
+    """A subclass of the stock processor class whose call routes attention (same signature, so the
+    attention module passes it the same arguments)."""
+
+    class SequenceParallelProcessor(stock):
+        @functools.wraps(stock.__call__)
+        def __call__(self, attn, *args, **kwargs):
+            with RouteAttention(self._dit_sp_context):
+                return super().__call__(attn, *args, **kwargs)
+
+    SequenceParallelProcessor.__name__ = SequenceParallelProcessor.__qualname__ = f"SequenceParallel{stock.__name__}"
+    return SequenceParallelProcessor
+
+
+def sequence_parallel_processor(stock: object, ctx: SequenceContext) -> object:
+    """A copy of ``stock`` (left untouched) that computes its attention with USP."""
+    processor = copy.copy(stock)
+    processor.__class__ = _sequence_parallel_class(type(stock))
+    processor._dit_sp_context = ctx
+    # The stock call must reach torch SDPA: diffusers' native backend, without its own parallelism.
+    if hasattr(processor, "_attention_backend"):
+        processor._attention_backend = "native"
+    if hasattr(processor, "_parallel_config"):
+        processor._parallel_config = None
+    return processor

@@ -1,0 +1,274 @@
+"""``parallelize``: make a diffusers video transformer, or a whole pipeline, sequence-parallel.
+
+Nothing in diffusers is edited: hooks split the video tokens after patch embedding (with the rotary
+embeddings) and gather them before the output projection, following the family's plan; the attention
+modules over the video get processors that route their attention through USP; the pipeline gets
+classifier-free-guidance parallelism and decodes once per sample. ``undo`` (or leaving the ``with``
+block, or ``unparallelize``) restores the exact original processors, hooks and methods.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import inspect
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from diffusers.models.modeling_outputs import Transformer2DModelOutput
+
+from dit_sp.models import ModelFamily, family_of
+from dit_sp.models.context import SequenceContext
+from dit_sp.models.plan import apply_plan
+from dit_sp.models.processor import sequence_parallel_processor
+from dit_sp.parallel.comm import GatherGrad
+from dit_sp.parallel.state import ParallelState
+
+_HANDLE_ATTR = "_dit_sp_parallel"
+
+
+def _first(output: Any) -> torch.Tensor:
+    return output[0] if isinstance(output, (tuple, list)) else output.sample
+
+
+def _like(output: Any, sample: torch.Tensor) -> Any:
+    return (sample,) if isinstance(output, (tuple, list)) else Transformer2DModelOutput(sample=sample)
+
+
+class _GuidancePair:
+    """Runs the two guidance branches of one denoising step on the two cfg ranks at once.
+
+    ``sequential`` pipelines call the transformer twice per step, conditional first, and read the first
+    result only after the second call. So the first call is only recorded and returns an empty tensor;
+    the second call runs the branch of this rank (cfg rank 0: the recorded conditional call, cfg rank
+    1: the unconditional one), the two results are exchanged, and the empty tensor is filled in place.
+    ``batched`` pipelines call once on ``[unconditional, conditional]``: each rank runs its half.
+    """
+
+    def __init__(self, parallel: ParallelState, family: ModelFamily):
+        self.parallel, self.family = parallel, family
+        self.pending: tuple | None = None
+
+    def reset(self) -> None:
+        self.pending = None
+
+    def _exchange(self, mine: torch.Tensor) -> list[torch.Tensor]:
+        both = [torch.empty_like(mine) for _ in range(2)]
+        dist.all_gather(both, mine.contiguous(), group=self.parallel.cfg_group)
+        return both
+
+    def sequential(self, model: torch.nn.Module, forward, args: tuple, kwargs: dict) -> Any:
+        if self.pending is None:
+            hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+            channels = model.config.get("out_channels") or hidden.shape[1]
+            placeholder = hidden.new_empty((hidden.shape[0], channels, *hidden.shape[2:]))
+            self.pending = (forward, args, kwargs, placeholder)
+            return (placeholder,) if not kwargs.get("return_dict", True) else Transformer2DModelOutput(placeholder)
+        cond_forward, cond_args, cond_kwargs, placeholder = self.pending
+        self.pending = None
+        out = cond_forward(*cond_args, **cond_kwargs) if self.parallel.cfg_rank == 0 else forward(*args, **kwargs)
+        cond, uncond = self._exchange(_first(out))
+        if cond.shape != placeholder.shape:
+            raise RuntimeError(f"guidance branch output {tuple(cond.shape)} != expected {tuple(placeholder.shape)}")
+        placeholder.copy_(cond)
+        return _like(out, uncond)
+
+    def batched(self, forward, args: tuple, kwargs: dict) -> Any:
+        bound = inspect.signature(forward).bind(*args, **kwargs)
+        for name in self.family.cfg_batched_args:
+            value = bound.arguments.get(name)
+            if isinstance(value, torch.Tensor) and value.dim() > 0:
+                if value.shape[0] % 2:
+                    raise ValueError(f"cfg parallelism needs an even guidance batch; {name} has {value.shape[0]}")
+                bound.arguments[name] = value.chunk(2)[self.parallel.cfg_rank]
+        out = forward(*bound.args, **bound.kwargs)
+        return _like(out, torch.cat(self._exchange(_first(out)), 0))
+
+
+class Parallelized:
+    """Handle of a parallelized transformer or pipeline; ``undo()`` or use it as a context manager."""
+
+    def __init__(self, target: Any):
+        self.target = target
+        self._undo: list = []
+
+    def add_undo(self, fn) -> None:
+        self._undo.append(fn)
+
+    def undo(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+        if getattr(self.target, _HANDLE_ATTR, None) is self:
+            delattr(self.target, _HANDLE_ATTR)
+
+    def __enter__(self) -> Parallelized:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.undo()
+
+
+def _set_instance_attr(obj: Any, name: str, value: Any, handle: Parallelized) -> None:
+    """Shadow ``obj.name`` on the instance; the handle restores exactly what was there."""
+    had, old = name in obj.__dict__, obj.__dict__.get(name)
+    setattr(obj, name, value)
+    handle.add_undo(lambda: setattr(obj, name, old) if had else delattr(obj, name))
+
+
+def _verify_identical_inputs(parallel: ParallelState, ctx: SequenceContext):
+    """Pre-hook that checks, by a checksum collective, that every rank of a sample got the same input."""
+
+    def hook(module, args, kwargs):
+        hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        local = hidden.detach().double().sum().reshape(1).to(parallel.device)
+        sums = [torch.empty_like(local) for _ in range(dist.get_world_size(parallel.sp_group))]
+        dist.all_gather(sums, local, group=parallel.sp_group)
+        if any(not torch.equal(s, sums[0]) for s in sums):
+            raise RuntimeError(
+                f"the ranks of one sample got different latents (checksums {[s.item() for s in sums]}): seed "
+                "them by dp rank (ParallelState.dp_seed), not by global rank"
+            )
+
+    return hook
+
+
+def _parallelize_transformer(
+    model: torch.nn.Module,
+    parallel: ParallelState,
+    handle: Parallelized,
+    *,
+    gather_grad: GatherGrad,
+    kernel: str | None,
+    verify: bool,
+    guidance: _GuidancePair | None,
+) -> None:
+    family = family_of(model)
+    family.check(model)
+    if getattr(model, "_parallel_config", None) is not None:
+        raise ValueError("this model already uses diffusers' own context parallelism; do not enable both")
+    ctx = SequenceContext(parallel, family.joint_position, gather_grad, kernel)
+    handles = apply_plan(model, family.plan(model), ctx)
+    handle.add_undo(lambda: [h.remove() for h in handles])
+    if verify and parallel.sp > 1:
+        h = model.register_forward_pre_hook(_verify_identical_inputs(parallel, ctx), with_kwargs=True)
+        handle.add_undo(h.remove)
+
+    matched = [
+        (name, module)
+        for name, module in model.named_modules()
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in family.attention_modules)
+    ]
+    if not matched:
+        raise ValueError(f"no attention modules of {type(model).__name__} match {family.attention_modules}")
+    for _, module in matched:
+        original = module.processor
+        module.processor = sequence_parallel_processor(original, ctx)
+        handle.add_undo(lambda module=module, original=original: setattr(module, "processor", original))
+
+    if guidance is not None:
+        forward = model.forward  # the class's bound forward
+        if family.cfg_mode == "sequential":
+            wrapped = lambda *args, **kwargs: guidance.sequential(model, forward, args, kwargs)
+        else:
+            wrapped = lambda *args, **kwargs: guidance.batched(forward, args, kwargs)
+        _set_instance_attr(model, "forward", wrapped, handle)
+
+
+def _decode_once_per_sample(vae: torch.nn.Module, parallel: ParallelState, handle: Parallelized) -> None:
+    """The sample's leader rank decodes; the result is broadcast to the other ranks of the sample."""
+    decode = vae.decode
+    leader = dist.get_global_rank(parallel.sample_group, 0)
+
+    def decode_once(z: torch.Tensor, *args, **kwargs):
+        out = decode(z, *args, **kwargs) if parallel.rank == leader else None
+        meta = [None if out is None else (type(out), tuple(_first(out).shape), _first(out).dtype)]
+        dist.broadcast_object_list(meta, src=leader, group=parallel.sample_group)
+        kind, shape, dtype = meta[0]
+        sample = _first(out).contiguous() if out is not None else torch.empty(shape, dtype=dtype, device=z.device)
+        dist.broadcast(sample, src=leader, group=parallel.sample_group)
+        return out if out is not None else ((sample,) if kind is tuple else kind(sample=sample))
+
+    _set_instance_attr(vae, "decode", decode_once, handle)
+
+
+def _swap_pipeline_class(pipe: Any, family: ModelFamily, parallel: ParallelState, guidance, handle) -> None:
+    """Give the pipeline a subclass whose ``__call__`` checks guidance and starts each run cleanly."""
+    stock = type(pipe)
+    signature = inspect.signature(stock.__call__)
+
+    class SequenceParallelPipeline(stock):
+        def __call__(self, *args, **kwargs):
+            if parallel.cfg == 2:
+                bound = signature.bind(self, *args, **kwargs)
+                bound.apply_defaults()
+                scale = bound.arguments.get(family.guidance_arg)
+                if scale is None or not scale > 1:
+                    raise ValueError(
+                        f"cfg parallelism (cfg=2) runs the two guidance branches on two device groups, but "
+                        f"{family.guidance_arg}={scale} turns guidance off; set it > 1 or use cfg=1"
+                    )
+                guidance.reset()
+            return super().__call__(*args, **kwargs)
+
+    SequenceParallelPipeline.__name__ = SequenceParallelPipeline.__qualname__ = f"SequenceParallel{stock.__name__}"
+    pipe.__class__ = SequenceParallelPipeline
+    handle.add_undo(lambda: setattr(pipe, "__class__", stock))
+
+
+def parallelize(
+    obj: Any,
+    parallel: ParallelState,
+    *,
+    gather_grad: GatherGrad = "sum",
+    kernel: str | None = None,
+    verify_inputs: bool = False,
+) -> Parallelized:
+    """Make a diffusers transformer or pipeline run on the layout ``parallel``.
+
+    Args:
+        obj: a supported transformer (``dit_sp.models.supported_classes()``) or a pipeline holding one
+            (``transformer`` and, for Wan 2.2, ``transformer_2``).
+        parallel: from ``init_parallel``; every rank of a sample must run the same calls with the same
+            inputs (seed by ``parallel.dp_seed``).
+        gather_grad: backward of the output gather, see ``gather_sequence`` (training only).
+        kernel: local attention kernel override (``dit_sp.attention.KERNELS``).
+        verify_inputs: debug check, by a checksum collective per forward, that the sequence-parallel
+            ranks got identical latents.
+
+    Returns:
+        A handle whose ``undo()`` (or ``with`` exit, or ``unparallelize(obj)``) restores ``obj`` exactly.
+    """
+    if getattr(obj, _HANDLE_ATTR, None) is not None:
+        raise ValueError(f"{type(obj).__name__} is already parallelized; call unparallelize() first")
+    handle = Parallelized(obj)
+    options = {"gather_grad": gather_grad, "kernel": kernel, "verify": verify_inputs}
+    try:
+        if isinstance(obj, torch.nn.Module):
+            _parallelize_transformer(obj, parallel, handle, guidance=None, **options)
+        else:
+            transformers = [getattr(obj, n, None) for n in ("transformer", "transformer_2")]
+            transformers = [t for t in transformers if t is not None]
+            if not transformers:
+                raise TypeError(
+                    f"{type(obj).__name__} is neither a diffusers transformer nor a pipeline with a `transformer`"
+                )
+            family = family_of(transformers[0])
+            guidance = _GuidancePair(parallel, family) if parallel.cfg == 2 else None
+            for transformer in transformers:
+                _parallelize_transformer(transformer, parallel, handle, guidance=guidance, **options)
+            if getattr(obj, "vae", None) is not None and parallel.sample_group is not None:
+                _decode_once_per_sample(obj.vae, parallel, handle)
+            _swap_pipeline_class(obj, family, parallel, guidance, handle)
+    except BaseException:
+        handle.undo()
+        raise
+    setattr(obj, _HANDLE_ATTR, handle)
+    return handle
+
+
+def unparallelize(obj: Any) -> None:
+    """Undo ``parallelize(obj, ...)``."""
+    handle = getattr(obj, _HANDLE_ATTR, None)
+    if handle is None:
+        raise ValueError(f"{type(obj).__name__} is not parallelized")
+    handle.undo()
