@@ -145,6 +145,8 @@ def run(settings: dict[str, Any]) -> dict[str, Any]:
         suffix = f"_dp{parallel.dp_rank}" if config.dp > 1 else ""
         out = save_video(result.frames[0], settings["out"], suffix)
         report["out"] = str(out)
+        if settings.get("return_frames"):  # tests compare the float frames of every layout
+            report["frames"] = result.frames[0]
         if settings["save_latents"]:
             path = Path(settings["save_latents"])
             path = path.with_name(f"{path.stem}{suffix}{path.suffix}")

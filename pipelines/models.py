@@ -71,7 +71,8 @@ def load_pipeline(model: str, dtype: torch.dtype) -> Any:
         spec = model_spec(model)  # raises for unknown names
         if "pipeline" not in spec:
             raise ValueError(f"built-in model {model!r} has no pipeline (transformer only); use tiny-wan")
-        return build_tiny(model).to(dtype)
+        pipe = build_tiny(model)
+        return pipe if dtype == torch.float32 else pipe.to(dtype)
     if not (path / "model_index.json").is_file():
         raise FileNotFoundError(
             f"{path} is not a diffusers pipeline directory: model_index.json is missing "
