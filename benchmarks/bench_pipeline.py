@@ -1,0 +1,224 @@
+"""Denoising-step benchmark of the tiny Wan transformer on a long video latent: one process vs. ours
+(Ulysses 2, Ring 2, CFG 2, all through ``dit_sp.parallelize``) vs. diffusers' own context parallelism.
+
+    python benchmarks/bench_pipeline.py                        # 8x64x64 latent = 8192 tokens (~2 min on 2 cores)
+    python benchmarks/bench_pipeline.py --frames 4 --iters 3   # 4096 tokens
+    python benchmarks/bench_pipeline.py --heads 4              # a head count Ulysses 2 divides
+
+One "step" is a denoising step with classifier-free guidance: the transformer on the same latent with the
+conditional and with the unconditional text embeddings (what WanPipeline does per step; the scheduler
+update is negligible). The model is ``build_tiny("tiny-wan", "transformer")`` (3 heads of 12, 2 layers)
+on a (1, 4, F, H, W) latent, (F*H*W)/4 tokens after its (1, 2, 2) patching, where self-attention is
+over 90% of the time. Sequence-parallel methods split every transformer call over 2 processes; ours-cfg2
+(``ParallelConfig(cfg=2)`` on a WanPipeline) runs the conditional branch on one process and the
+unconditional on the other. Every method uses processes of 1 thread (so two processes use two cores);
+times are the slowest rank's median over ``--iters`` steps after one warm-up step and a barrier;
+"peak MiB" is the growth of the process's peak resident memory during the warm-up and timed steps,
+above the resident memory before them (CPU has no allocator stats); "max|diff|" is the largest
+difference of both branches' outputs from the single-process ones.
+
+diffusers (0.42) on CPU: ``enable_parallelism`` computes ``rank % torch.accelerator.device_count()``,
+which divides by zero on CPU-only torch. ``_enable_diffusers_cp`` runs it unchanged but for that one
+step: the model's ``_resolve_parallel_config`` is shadowed, for the call only, by one that does what it
+does with ``torch.device("cpu")`` and a CPU ``DeviceMesh`` (``ParallelConfig.setup``, recorded on the
+model); diffusers' own checks, processor ``_parallel_config`` and split/gather hooks are then applied
+by ``enable_parallelism`` itself. Its plain Ulysses needs the head count divisible by the degree;
+its ``ulysses_anything`` mode does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import resource
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from dit_sp import ParallelConfig, init_parallel, spawn
+from dit_sp.parallelize import parallelize
+
+Step = Callable[[], tuple[torch.Tensor, torch.Tensor]]
+
+METHODS = {  # name: processes
+    "single": 1,
+    "ours-ulysses2": 2,
+    "ours-ring2": 2,
+    "ours-cfg2": 2,
+    "diffusers-ulysses2": 2,
+    "diffusers-ulysses2-anything": 2,
+}
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _transformer(heads: int | None) -> torch.nn.Module:
+    from pipelines.models import build_tiny
+
+    model = build_tiny("tiny-wan", "transformer")
+    if heads is not None and heads != model.config.num_attention_heads:
+        torch.manual_seed(0)
+        model = type(model).from_config({**model.config, "num_attention_heads": heads}).eval()
+    return model
+
+
+def _enable_diffusers_cp(model: torch.nn.Module, ulysses: int, anything: bool) -> None:
+    """``model.enable_parallelism`` with a CPU device and mesh (see the module docstring)."""
+    from diffusers.models._modeling_parallel import ContextParallelConfig, ParallelConfig as DiffusersConfig
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    cp = ContextParallelConfig(ulysses_degree=ulysses, ulysses_anything=anything)
+    mesh = init_device_mesh("cpu", mesh_shape=cp.mesh_shape, mesh_dim_names=cp.mesh_dim_names)
+    cp.mesh = mesh
+
+    def resolve_on_cpu(config: ContextParallelConfig) -> DiffusersConfig:
+        config = DiffusersConfig(context_parallel_config=config)
+        config.setup(dist.get_rank(), dist.get_world_size(), torch.device("cpu"), mesh=mesh)
+        model._parallel_config = config
+        return config
+
+    model._resolve_parallel_config = resolve_on_cpu  # shadows the method on this instance only
+    try:
+        model.enable_parallelism(config=cp)
+    finally:
+        del model._resolve_parallel_config
+
+
+def build(method: str, heads: int | None, x: torch.Tensor, t: torch.Tensor, cond, uncond) -> Step:
+    """One guidance step of ``method``: (conditional, unconditional) full outputs on every rank."""
+    if method == "ours-cfg2":
+        from pipelines.models import build_tiny
+
+        pipe = build_tiny("tiny-wan")
+        if heads is not None:
+            pipe.transformer = _transformer(heads)
+        model = pipe.transformer
+        parallelize(pipe, init_parallel(ParallelConfig(cfg=2)))
+        # The pipeline calls the transformer twice per step: the first call only records its branch and
+        # returns a placeholder that the second call fills in after the two ranks have run one each.
+    else:
+        model = _transformer(heads)
+        if method in ("ours-ulysses2", "ours-ring2"):
+            ring, uly = (1, 2) if method == "ours-ulysses2" else (2, 1)
+            parallelize(model, init_parallel(ParallelConfig(ring=ring, ulysses=uly)))
+        elif method.startswith("diffusers-ulysses2"):
+            _enable_diffusers_cp(model, 2, anything=method.endswith("-anything"))
+        elif method != "single":
+            raise ValueError(f"unknown method {method!r}; known: {list(METHODS)}")
+
+    def step():
+        a = model(x, t, cond, return_dict=False)[0]
+        b = model(x, t, uncond, return_dict=False)[0]
+        return a, b
+
+    return step
+
+
+def worker(method: str, shape: tuple[int, ...], text_len: int, heads: int | None, iters: int) -> dict:
+    torch.manual_seed(1)
+    x, cond, uncond = torch.randn(shape), torch.randn(1, text_len, 16), torch.randn(1, text_len, 16)
+    t = torch.tensor([500.0])
+    step = build(method, heads, x, t, cond, uncond)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    gc.collect()
+    base = _rss_mib()
+    with torch.no_grad():
+        try:
+            outputs = step()  # warm-up
+        except RuntimeError as e:
+            n = heads or 3
+            if method.startswith("diffusers") and n % 2:
+                raise RuntimeError(f"{n} heads not divisible by Ulysses 2 ({str(e).splitlines()[0]})") from e
+            raise
+        times = []
+        for _ in range(iters):
+            if world > 1:
+                dist.barrier()
+            start = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - start)
+    result = torch.tensor([sorted(times)[len(times) // 2], _peak_rss_mib() - base], dtype=torch.float64)
+    if world > 1:
+        dist.all_reduce(result, op=dist.ReduceOp.MAX)
+    step_s, peak = result.tolist()
+    return {"step_s": step_s, "peak_mib": peak, "outputs": [o.clone() for o in outputs]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--frames", type=int, default=8, help="latent frames F")
+    parser.add_argument("--height", type=int, default=64, help="latent height H (even)")
+    parser.add_argument("--width", type=int, default=64, help="latent width W (even)")
+    parser.add_argument("--text-len", type=int, default=32, help="text tokens (cross-attention)")
+    parser.add_argument("--heads", type=int, default=None, help="override the tiny model's 3 attention heads")
+    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    args = parser.parse_args()
+    if "single" not in args.methods:
+        parser.error("--methods must include 'single' (the reference)")
+    # the tiny model's rotary table has rope_max_seq_len = 32 positions per axis of the patch grid
+    if args.frames > 32 or args.height > 64 or args.width > 64 or args.height % 2 or args.width % 2:
+        parser.error("the tiny model needs frames <= 32 and even height, width <= 64 (rope_max_seq_len 32)")
+    shape = (1, 4, args.frames, args.height, args.width)
+    tokens = args.frames * args.height * args.width // 4
+
+    rows = {}
+    for method in args.methods:
+        world = METHODS[method]
+        start = time.perf_counter()
+        try:
+            rows[method] = spawn(
+                worker, world, args=(method, shape, args.text_len, args.heads, args.iters), threads=1, timeout=900
+            )[0]
+        except Exception as e:  # a method that cannot run here is reported, not fatal
+            rows[method] = {"error": str(e).strip().splitlines()[-1][:110]}
+        print(f"  {method}: {time.perf_counter() - start:.0f} s", flush=True)
+
+    base = rows["single"]
+    if "error" in base:
+        raise SystemExit(f"single-process reference failed: {base['error']}")
+    heads = args.heads or 3
+    print(
+        f"\ntiny-wan transformer ({heads} heads of 12, 2 layers), latent {tuple(shape)} = {tokens} tokens + "
+        f"{args.text_len} text, fp32, CPU, 1 thread per process\n"
+        "step = one guidance step: transformer(cond) + transformer(uncond)"
+    )
+    print(f"{'method':28s} {'procs':>5s} {'ms/step':>9s} {'speedup':>8s} {'peak MiB':>9s} {'max|diff|':>10s}")
+    for method, r in rows.items():
+        if "error" in r:
+            print(f"{method:28s} {METHODS[method]:5d}   cannot run: {r['error']}")
+            continue
+        diff = max((a - b).abs().max().item() for a, b in zip(r["outputs"], base["outputs"]))
+        print(
+            f"{method:28s} {METHODS[method]:5d} {r['step_s'] * 1e3:9.1f} {base['step_s'] / r['step_s']:7.2f}x "
+            f"{r['peak_mib']:9.1f} {diff:10.2e}"
+        )
+
+    def ok(m: str) -> bool:
+        return m in rows and "error" not in rows[m]
+
+    ratios = []
+    for other in ("diffusers-ulysses2", "diffusers-ulysses2-anything"):
+        if ok("ours-ulysses2") and ok(other):
+            ratios.append(f"ours-ulysses2/{other} time = {rows['ours-ulysses2']['step_s'] / rows[other]['step_s']:.3f}")
+    if ok("ours-cfg2"):
+        ratios.append(f"ours-cfg2 speedup vs single = {base['step_s'] / rows['ours-cfg2']['step_s']:.2f}x")
+    if ok("ours-ring2") and ok("ours-ulysses2"):
+        ratios.append(f"ours ring2/ulysses2 time = {rows['ours-ring2']['step_s'] / rows['ours-ulysses2']['step_s']:.3f}")
+    print("ratios: " + "; ".join(ratios))
+
+
+if __name__ == "__main__":
+    main()

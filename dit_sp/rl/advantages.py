@@ -1,0 +1,57 @@
+"""Group-relative advantages (GRPO): each sample's reward against the other samples of its prompt."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+
+Tensor = torch.Tensor
+
+
+def gather_across(x: Tensor, group: dist.ProcessGroup | None) -> Tensor:
+    """Concatenate a ``(N, ...)`` tensor of every rank of ``group`` (rank order); no autograd."""
+    if group is None or dist.get_world_size(group) == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return torch.cat(parts)
+
+
+def group_advantages(
+    rewards: Tensor,
+    prompt_ids: Tensor,
+    *,
+    group: dist.ProcessGroup | None = None,
+    std: Literal["group", "global"] = "group",
+    eps: float = 1e-4,
+    clip: float = 5.0,
+) -> Tensor:
+    """Advantages ``(r - mean_group) / (std + eps)`` clipped to ``+-clip``, for this rank's samples.
+
+    ``rewards``: ``(N,)`` this rank's rewards, NaN for samples whose reward failed (they get advantage 0,
+    so no gradient, and do not count in the statistics). ``prompt_ids``: ``(N,)`` integer id of each
+    sample's prompt; samples of one prompt may live on several data-parallel ranks of ``group``: rewards
+    are gathered and matched by id. ``std="global"`` uses the standard deviation over all samples.
+    """
+    if rewards.shape != prompt_ids.shape or rewards.dim() != 1:
+        raise ValueError(f"rewards {tuple(rewards.shape)} and prompt_ids {tuple(prompt_ids.shape)} must be (N,)")
+    if std not in ("group", "global"):
+        raise ValueError(f"std must be 'group' or 'global', got {std!r}")
+    rewards = rewards.double()
+    all_rewards = gather_across(rewards, group)
+    all_ids = gather_across(prompt_ids.long().to(rewards.device), group)
+    valid = ~torch.isnan(all_rewards)
+    advantages = torch.zeros_like(rewards)
+    global_std = all_rewards[valid].std(unbiased=False) if valid.any() else torch.tensor(0.0, dtype=torch.float64)
+    for pid in prompt_ids.unique():
+        members = (all_ids == pid) & valid
+        if not members.any():
+            continue
+        group_rewards = all_rewards[members]
+        scale = group_rewards.std(unbiased=False) if std == "group" else global_std
+        mine = (prompt_ids == pid) & ~torch.isnan(rewards)
+        if scale + eps > 0:  # identical rewards (a group of one, or no spread) carry no signal
+            advantages[mine] = (rewards[mine] - group_rewards.mean()) / (scale + eps)
+    return advantages.clamp(-clip, clip).float()

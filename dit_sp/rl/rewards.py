@@ -1,0 +1,152 @@
+"""Rewards: one interface, ``reward(videos, prompts) -> Tensor[B]``, with ``videos`` ``(B, F, C, H, W)``
+floats in [0, 1].
+
+Built in: pixel rewards that need no weights (``brightness``, ``saturation``, ``temporal_smoothness``)
+and ``clip_score`` (text-video cosine similarity of a CLIP model loaded from a local path). A user reward
+is named ``package.module:function``. ``build_reward`` combines several with weights; ``score`` isolates
+failures: a sample whose reward raises or is not finite gets NaN (and so no gradient), the run goes on.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+Tensor = torch.Tensor
+RewardFn = Callable[[Tensor, list[str]], Tensor]
+log = logging.getLogger(__name__)
+
+
+def brightness(videos: Tensor, prompts: list[str]) -> Tensor:
+    """Mean pixel value."""
+    return videos.flatten(1).mean(1)
+
+
+def saturation(videos: Tensor, prompts: list[str]) -> Tensor:
+    """Mean HSV saturation ``(max - min) / max`` over pixels."""
+    high, low = videos.amax(2), videos.amin(2)
+    return ((high - low) / high.clamp_min(1e-6)).flatten(1).mean(1)
+
+
+def temporal_smoothness(videos: Tensor, prompts: list[str]) -> Tensor:
+    """Minus the mean absolute change between consecutive frames."""
+    if videos.shape[1] < 2:
+        return torch.zeros(videos.shape[0], device=videos.device)
+    return -(videos[:, 1:] - videos[:, :-1]).abs().flatten(1).mean(1)
+
+
+class ClipScore:
+    """Cosine similarity of CLIP text and (frame-averaged) image embeddings, from a local checkpoint
+    directory holding a ``CLIPModel`` and its tokenizer. Nothing is downloaded."""
+
+    def __init__(self, path: str, frames: int = 4, device: str | None = None):
+        from transformers import AutoTokenizer, CLIPModel
+
+        if not Path(path, "config.json").is_file():
+            raise FileNotFoundError(f"clip_score: {path} holds no CLIP checkpoint (config.json missing)")
+        self.model = CLIPModel.from_pretrained(path, local_files_only=True).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        self.frames = frames
+        if device:
+            self.model.to(device)
+        size = self.model.config.vision_config.image_size
+        self.size = (size, size)
+        self.mean = torch.tensor([0.48145466, 0.4578275, 0.40821073]).view(1, 3, 1, 1)
+        self.std = torch.tensor([0.26862954, 0.26130258, 0.27577711]).view(1, 3, 1, 1)
+
+    @torch.no_grad()
+    def __call__(self, videos: Tensor, prompts: list[str]) -> Tensor:
+        device = next(self.model.parameters()).device
+        b, f = videos.shape[:2]
+        index = torch.linspace(0, f - 1, min(self.frames, f)).round().long()
+        frames = videos[:, index].flatten(0, 1).float().to(device)
+        frames = F.interpolate(frames, size=self.size, mode="bilinear", align_corners=False)
+        frames = (frames - self.mean.to(device)) / self.std.to(device)
+        image = self.model.get_image_features(pixel_values=frames)
+        image = getattr(image, "pooler_output", image)  # transformers versions differ
+        image = F.normalize(image.view(b, len(index), -1).mean(1), dim=-1)
+        tokens = self.tokenizer(prompts, padding=True, truncation=True, return_tensors="pt").to(device)
+        text = self.model.get_text_features(**tokens)
+        text = F.normalize(getattr(text, "pooler_output", text), dim=-1)
+        return (image * text).sum(-1).cpu()
+
+
+BUILTIN: dict[str, Callable[..., RewardFn]] = {
+    "brightness": lambda: brightness,
+    "saturation": lambda: saturation,
+    "temporal_smoothness": lambda: temporal_smoothness,
+    "clip_score": ClipScore,
+}
+
+
+def _resolve(name: str, options: Mapping[str, Any]) -> RewardFn:
+    if ":" in name:
+        module, _, attr = name.partition(":")
+        try:
+            fn = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"reward {name!r}: cannot import {attr} from {module} ({e})") from e
+        return fn(**options) if options else fn
+    if name not in BUILTIN:
+        raise ValueError(f"unknown reward {name!r}; built-in rewards: {sorted(BUILTIN)}, or 'package.module:function'")
+    return BUILTIN[name](**options)
+
+
+class WeightedReward:
+    """``sum_i weight_i * reward_i``; ``components`` also reports each part (for metrics)."""
+
+    def __init__(self, parts: list[tuple[str, float, RewardFn]]):
+        self.parts = parts
+
+    def components(self, videos: Tensor, prompts: list[str]) -> dict[str, Tensor]:
+        return {name: score(fn, videos, prompts) for name, _, fn in self.parts}
+
+    def __call__(self, videos: Tensor, prompts: list[str]) -> Tensor:
+        return sum(weight * part for (_, weight, _), part in zip(self.parts, self.components(videos, prompts).values()))
+
+
+def build_reward(spec: str | Mapping[str, Any] | list) -> WeightedReward:
+    """A reward from a config value: a name; ``{name: weight, ...}``; or a list of
+    ``{"name": ..., "weight": ..., **options}`` (options go to the reward's constructor)."""
+    if isinstance(spec, str):
+        spec = [{"name": spec}]
+    elif isinstance(spec, Mapping):
+        spec = [{"name": name, "weight": weight} for name, weight in spec.items()]
+    parts = []
+    for item in spec:
+        item = dict(item)
+        if "name" not in item:
+            raise ValueError(f"reward entry {item} has no 'name'")
+        name, weight = item.pop("name"), float(item.pop("weight", 1.0))
+        parts.append((name, weight, _resolve(name, item)))
+    if not parts:
+        raise ValueError("no reward given")
+    return WeightedReward(parts)
+
+
+def score(fn: RewardFn, videos: Tensor, prompts: list[str]) -> Tensor:
+    """``fn`` on the batch, falling back to one sample at a time if it raises; NaN marks samples
+    whose reward failed or is not finite (they are reported, not trained on)."""
+    try:
+        rewards = torch.as_tensor(fn(videos, prompts), dtype=torch.float32).reshape(-1).cpu()
+        if rewards.numel() != videos.shape[0]:
+            raise ValueError(f"returned {rewards.numel()} values for {videos.shape[0]} videos")
+    except Exception as batch_error:  # noqa: BLE001 - isolate the failing samples
+        log.warning("reward %s failed on the batch (%s); scoring samples one by one", fn, batch_error)
+        rewards = torch.full((videos.shape[0],), float("nan"))
+        for i in range(videos.shape[0]):
+            try:
+                rewards[i] = float(torch.as_tensor(fn(videos[i : i + 1], prompts[i : i + 1])).reshape(-1)[0])
+            except Exception as e:  # noqa: BLE001
+                log.warning("reward %s failed for sample %d (%r): %s; it gets no gradient", fn, i, prompts[i], e)
+    bad = ~torch.isfinite(rewards)
+    if bad.any():
+        log.warning("reward %s gave no finite value for samples %s", fn, bad.nonzero().flatten().tolist())
+        rewards[bad] = float("nan")
+    return rewards

@@ -1,0 +1,26 @@
+"""Noise levels of a sampling run (flow matching with the usual time shift)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def shifted_sigmas(steps: int, shift: float = 1.0, sigma_min: float = 1e-3) -> list[float]:
+    """``steps + 1`` noise levels from 1 to 0, exactly as diffusers' FlowMatchEulerDiscreteScheduler
+    makes them for Wan, HunyuanVideo and Flux: a uniform grid from 1 to the (shifted) ``sigma_min``,
+    mapped by ``s -> shift*s / (1 + (shift-1)*s)``, then 0."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    if shift <= 0:
+        raise ValueError(f"shift must be > 0, got {shift}")
+
+    def shifted(x):
+        return shift * x / (1 + (shift - 1) * x)
+
+    grid = torch.linspace(1.0, shifted(sigma_min), steps, dtype=torch.float64)
+    return shifted(grid).tolist() + [0.0]
+
+
+def model_timestep(s: float) -> float:
+    """The timestep the diffusers flow-matching transformers take for noise level ``s`` (0..1000)."""
+    return s * 1000.0

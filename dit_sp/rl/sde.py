@@ -1,0 +1,102 @@
+"""Stochastic sampling steps of flow-matching DiTs and the log-probability of each transition.
+
+Convention: ``x_s = (1 - s) * x0 + s * eps`` with ``s`` going from 1 to 0; the model predicts the
+velocity ``v = eps - x0``. A step from ``s`` to ``s' < s`` (``ds = s' - s < 0``) is
+
+    mean = x + ds * (v + g(s)^2 / (2 s) * (x + (1 - s) * v)),    x' = mean + std * noise
+
+which keeps the marginals of the probability-flow ODE (``g = 0`` is the Euler step). Noise schedules:
+
+- ``"dance"`` (DanceGRPO): ``g = eta`` constant, ``std = eta * sqrt(s - s')``;
+- ``"flow"`` (Flow-GRPO): ``g = a * sqrt(s / (1 - s))``, ``std = g * sqrt(s - s')`` (``1 - s`` is kept
+  at least ``1 - s_cap`` so the first step from ``s = 1`` stays finite);
+- ``"ode"``: no noise; the deterministic Euler step (no log-probability).
+
+Everything is computed in fp32 (fp64 for fp64 inputs) whatever the model's dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+Tensor = torch.Tensor
+NoiseKind = Literal["dance", "flow", "ode"]
+
+
+@dataclass(frozen=True)
+class SDEConfig:
+    kind: NoiseKind = "flow"
+    eta: float = 0.3
+    """DanceGRPO's constant noise level (0.3; 0.25 for HunyuanVideo)."""
+    a: float = 0.7
+    """Flow-GRPO's noise level."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("dance", "flow", "ode"):
+            raise ValueError(f"SDE kind must be 'dance', 'flow' or 'ode', got {self.kind!r}")
+        if self.eta < 0 or self.a < 0:
+            raise ValueError(f"noise levels must be >= 0, got eta={self.eta}, a={self.a}")
+
+
+def _compute_dtype(x: Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def noise_scale(config: SDEConfig, s: float, s_cap: float) -> float:
+    """``g(s)``: the diffusion coefficient at noise level ``s``."""
+    if config.kind == "ode":
+        return 0.0
+    if config.kind == "dance":
+        return config.eta
+    return config.a * math.sqrt(s / max(1.0 - s, 1.0 - s_cap))
+
+
+def sde_mean_std(
+    x: Tensor, v: Tensor, s: float, s_next: float, config: SDEConfig, s_cap: float
+) -> tuple[Tensor, float]:
+    """Mean (fp32) and standard deviation of ``x_{s'}`` given ``x_s`` and the predicted velocity."""
+    if not 0.0 <= s_next < s <= 1.0:
+        raise ValueError(f"a step must go from s to s' with 0 <= s' < s <= 1; got s={s}, s'={s_next}")
+    dtype = _compute_dtype(x)
+    x, v = x.to(dtype), v.to(dtype)
+    ds = s_next - s
+    g = noise_scale(config, s, s_cap)
+    mean = x + ds * (v + g * g / (2.0 * s) * (x + (1.0 - s) * v))
+    return mean, g * math.sqrt(-ds)
+
+
+def gaussian_log_prob(x: Tensor, mean: Tensor, std: float) -> Tensor:
+    """Log-density of ``x`` under ``N(mean, std^2)``, averaged over all non-batch elements: ``(B,)``."""
+    if std <= 0:
+        raise ValueError("the deterministic (ODE) step has no log-probability; use an SDE with noise > 0")
+    x = x.to(mean.dtype)
+    log_density = -((x - mean) ** 2) / (2.0 * std * std) - math.log(std) - 0.5 * math.log(2.0 * math.pi)
+    return log_density.flatten(1).mean(1)
+
+
+def sde_step(
+    x: Tensor,
+    v: Tensor,
+    s: float,
+    s_next: float,
+    config: SDEConfig,
+    *,
+    s_cap: float = 1.0,
+    generator: torch.Generator | None = None,
+    x_next: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """One step from ``s`` to ``s_next``: returns ``(x_next, log_prob)``, ``x_next`` in ``x``'s dtype.
+
+    With ``x_next`` given (training), it is not sampled again: its log-probability under the current
+    ``v`` is returned (differentiable in ``v``). ``log_prob`` is ``None`` for the ODE step.
+    """
+    mean, std = sde_mean_std(x, v, s, s_next, config, s_cap)
+    if x_next is None:
+        noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype) if std else 0.0
+        x_next = (mean + std * noise).to(x.dtype)
+    log_prob = gaussian_log_prob(x_next, mean, std) if std > 0 else None
+    return x_next, log_prob

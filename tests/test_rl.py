@@ -1,0 +1,180 @@
+"""SDE steps and log-probabilities, advantages, the GRPO loss and rewards."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dit_sp import spawn
+from dit_sp.rl import (
+    SDEConfig,
+    build_reward,
+    gaussian_log_prob,
+    group_advantages,
+    grpo_loss,
+    kl_to_reference,
+    sample_trajectory,
+    sde_mean_std,
+    sde_step,
+    shifted_sigmas,
+    transition_log_prob,
+)
+
+
+def _velocity(x: torch.Tensor, s: float) -> torch.Tensor:
+    return torch.sin(3 * x) * (1 + s)  # any smooth field
+
+
+@pytest.mark.parametrize("config", [SDEConfig("ode"), SDEConfig("dance", eta=0.0), SDEConfig("flow", a=0.0)])
+def test_zero_noise_is_the_euler_ode_sampler(config):
+    """Noise 0 reproduces diffusers' FlowMatchEulerDiscreteScheduler exactly."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    sigmas = shifted_sigmas(6, shift=3.0)
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
+    scheduler.set_timesteps(6)
+    torch.testing.assert_close(torch.tensor(sigmas, dtype=torch.float32), scheduler.sigmas, atol=1e-6, rtol=0)
+    noise = torch.randn(2, 4, 3, 5, generator=torch.Generator().manual_seed(0))
+    ours = sample_trajectory(_velocity, noise, sigmas, config, generator=None).final
+    x = noise.clone()
+    for t in scheduler.timesteps:
+        x = scheduler.step(_velocity(x, float(t) / 1000), t, x).prev_sample
+    torch.testing.assert_close(ours, x, atol=1e-5, rtol=1e-5)
+
+
+def test_log_prob_is_the_mean_gaussian_density():
+    x, mean = torch.randn(3, 4, 5), torch.randn(3, 4, 5)
+    expected = torch.distributions.Normal(mean, 0.2).log_prob(x).flatten(1).mean(1)
+    torch.testing.assert_close(gaussian_log_prob(x, mean, 0.2), expected)
+    with pytest.raises(ValueError, match="no log-probability"):
+        gaussian_log_prob(x, mean, 0.0)
+
+
+@pytest.mark.parametrize("kind", ["dance", "flow"])
+def test_sde_noise_levels_and_recomputed_log_prob(kind):
+    config = SDEConfig(kind, eta=0.3, a=0.7)
+    x, v = torch.randn(2, 8), torch.randn(2, 8)
+    mean, std = sde_mean_std(x, v, 0.6, 0.4, config, s_cap=0.9)
+    g = 0.3 if kind == "dance" else 0.7 * math.sqrt(0.6 / 0.4)
+    assert std == pytest.approx(g * math.sqrt(0.2))
+    torch.testing.assert_close(mean, x - 0.2 * (v + g * g / 1.2 * (x + 0.4 * v)))
+    x_next, log_prob = sde_step(x, v, 0.6, 0.4, config, s_cap=0.9, generator=torch.Generator().manual_seed(1))
+    _, again = sde_step(x, v, 0.6, 0.4, config, s_cap=0.9, x_next=x_next)
+    torch.testing.assert_close(log_prob, again)
+    # The first step from s=1 stays finite for Flow-GRPO thanks to the cap.
+    assert math.isfinite(sde_mean_std(x, v, 1.0, 0.9, config, s_cap=0.9)[1])
+
+
+def test_trajectory_log_probs_recompute_exactly():
+    """The on-policy check: recomputing each transition with the same model gives ratio exactly 1."""
+    sigmas = shifted_sigmas(4, 2.0)
+    config = SDEConfig("flow")
+    traj = sample_trajectory(_velocity, torch.randn(2, 6), sigmas, config, torch.Generator().manual_seed(0))
+    for t in range(4):
+        log_prob, _, _ = transition_log_prob(_velocity, traj, t, config)
+        assert torch.equal(log_prob, traj.log_probs[t])
+
+
+def test_bad_steps_and_configs_are_clear_errors():
+    with pytest.raises(ValueError, match="0 <= s' < s <= 1"):
+        sde_mean_std(torch.zeros(1, 1), torch.zeros(1, 1), 0.3, 0.5, SDEConfig(), 1.0)
+    with pytest.raises(ValueError, match="'dance', 'flow' or 'ode'"):
+        SDEConfig("sde")
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        shifted_sigmas(0)
+
+
+def test_group_advantages():
+    rewards = torch.tensor([1.0, 3.0, 5.0, 5.0, float("nan"), 2.0])
+    ids = torch.tensor([0, 0, 1, 1, 1, 2])
+    adv = group_advantages(rewards, ids, eps=0.0, clip=5.0)
+    torch.testing.assert_close(adv[:2], torch.tensor([-1.0, 1.0]))
+    assert adv[2] == 0 and adv[3] == 0  # equal rewards: no signal (std 0 -> 0/eps = 0)
+    assert adv[4] == 0  # failed reward: no gradient
+    assert adv[5] == 0  # a group of one
+    clipped = group_advantages(torch.tensor([0.0, 0.0, 0.0, 1.0]), torch.zeros(4, dtype=torch.long), eps=0.0, clip=1.5)
+    assert clipped.max() == 1.5
+    glob = group_advantages(torch.tensor([1.0, 3.0, 10.0, 20.0]), torch.tensor([0, 0, 1, 1]), std="global", eps=0.0)
+    torch.testing.assert_close(
+        glob[:2], torch.tensor([-1.0, 1.0]) / torch.tensor([1.0, 3.0, 10.0, 20.0]).std(unbiased=False)
+    )
+
+
+def _dp_advantages() -> list[float]:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    # prompt 7 has samples on both ranks; prompt rank+10 only locally
+    rewards = torch.tensor([1.0, 2.0]) if rank == 0 else torch.tensor([3.0, 4.0])
+    ids = torch.tensor([7, 7]) if rank == 0 else torch.tensor([7, 11])
+    return group_advantages(rewards, ids, group=dist.group.WORLD, eps=0.0).tolist()
+
+
+def test_groups_spanning_data_parallel_ranks():
+    rank0, rank1 = spawn(_dp_advantages, 2, timeout=120)
+    std = torch.tensor([1.0, 2.0, 3.0]).std(unbiased=False).item()
+    assert rank0 == pytest.approx([-1 / std, 0.0])
+    assert rank1 == pytest.approx([1 / std, 0.0])
+
+
+def test_grpo_loss_on_policy_and_clipping():
+    adv = torch.tensor([1.0, -2.0])
+    log_prob = torch.tensor([-1.0, -2.0], requires_grad=True)
+    loss, stats = grpo_loss(log_prob, log_prob.detach(), adv, clip_range=0.1)
+    assert stats.ratio_mean == 1.0 and stats.clip_fraction == 0.0
+    assert loss.item() == pytest.approx(0.5)  # -mean(A)
+    loss.backward()
+    torch.testing.assert_close(log_prob.grad, -adv / 2)  # push up positive advantage
+    moved = torch.tensor([-0.5, -2.0], requires_grad=True)  # ratio e^0.5 on a positive advantage: clipped
+    loss, stats = grpo_loss(moved, torch.tensor([-1.0, -2.0]), adv, clip_range=0.1)
+    loss.backward()
+    assert stats.clip_fraction == 0.5 and moved.grad[0] == 0
+    kl = kl_to_reference(torch.ones(2, 3), torch.zeros(2, 3), std=0.5)
+    torch.testing.assert_close(kl, torch.tensor([2.0, 2.0]))
+
+
+def test_reward_registry_and_failures():
+    videos = torch.rand(3, 4, 3, 8, 8)
+    prompts = ["a red circle", "a blue square", "a green triangle"]
+    combined = build_reward({"brightness": 1.0, "tests.rewards_for_tests:red": 2.0})
+    expected = videos.flatten(1).mean(1) + 2 * videos[:, :, 0].flatten(1).mean(1)
+    torch.testing.assert_close(combined(videos, prompts), expected)
+    partial = build_reward("tests.rewards_for_tests:fails_on_blue")(videos, prompts)
+    assert torch.isnan(partial[1]) and torch.isfinite(partial[[0, 2]]).all()
+    assert torch.isnan(build_reward("tests.rewards_for_tests:nan_reward")(videos, prompts)).all()
+    with pytest.raises(ValueError, match="unknown reward 'shiny'.*brightness"):
+        build_reward("shiny")
+    with pytest.raises(ValueError, match="cannot import"):
+        build_reward("tests.rewards_for_tests:missing")
+    smooth = build_reward("temporal_smoothness")(videos, prompts)
+    assert (smooth <= 0).all()
+    assert (build_reward("saturation")(videos, prompts) >= 0).all()
+
+
+def test_clip_score_from_a_local_tiny_checkpoint(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import CLIPConfig, CLIPModel, PreTrainedTokenizerFast
+
+    words = ["<pad>", "<unk>", "a", "red", "blue", "circle", "square", "green", "triangle"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>").save_pretrained(tmp_path)
+    config = CLIPConfig(
+        text_config={"vocab_size": 16, "eos_token_id": 2, "bos_token_id": 0, "pad_token_id": 0, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+                     "num_attention_heads": 2, "max_position_embeddings": 16},
+        vision_config={"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                       "image_size": 16, "patch_size": 8},
+        projection_dim=8,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    CLIPModel(config).save_pretrained(tmp_path)
+    reward = build_reward([{"name": "clip_score", "path": str(tmp_path), "frames": 2}])
+    videos = torch.rand(2, 3, 3, 20, 20)
+    scores = reward(videos, ["a red circle", "a blue square"])
+    assert scores.shape == (2,) and torch.isfinite(scores).all() and (scores.abs() <= 1).all()
+    assert not torch.equal(scores, reward(videos, ["a green triangle", "a blue square"]))
+    with pytest.raises(FileNotFoundError, match="holds no CLIP checkpoint"):
+        build_reward([{"name": "clip_score", "path": str(tmp_path / "nope")}])
