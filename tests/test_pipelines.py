@@ -58,10 +58,8 @@ def test_cli_writes_readable_video(tmp_path, out, kind):
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"wrote {target}" in result.stdout and "s/step" in result.stdout
-    if kind == "png":
-        frames = [iio.imread(p) for p in sorted(target.glob("frame_*.png"))]
-    else:
-        frames = list(iio.imiter(target))
+    pngs = sorted(target.glob("frame_*.png"))
+    frames = [iio.imread(p) for p in pngs] if kind == "png" else list(iio.imiter(target))
     assert len(frames) == 5
     assert frames[0].shape[:2] == (32, 48)
 

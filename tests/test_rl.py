@@ -163,7 +163,8 @@ def test_clip_score_from_a_local_tiny_checkpoint(tmp_path):
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>").save_pretrained(tmp_path)
     config = CLIPConfig(
-        text_config={"vocab_size": 16, "eos_token_id": 2, "bos_token_id": 0, "pad_token_id": 0, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+        text_config={"vocab_size": 16, "eos_token_id": 2, "bos_token_id": 0, "pad_token_id": 0,
+                     "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
                      "num_attention_heads": 2, "max_position_embeddings": 16},
         vision_config={"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
                        "image_size": 16, "patch_size": 8},

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dit_sp.rl.sde import SDEConfig, gaussian_log_prob, sde_mean_std, sde_step
+from dit_sp.rl.sde import SDEConfig, gaussian_log_prob, sde_mean_std
 
 Tensor = torch.Tensor
 Velocity = Callable[[Tensor, float], Tensor]
@@ -34,16 +34,31 @@ def sample_trajectory(
     noise: Tensor,
     sigmas: list[float],
     sde: SDEConfig,
-    generator: torch.Generator | None,
+    generator: torch.Generator | None = None,
+    *,
+    step_noise: Tensor | None = None,
     progress: Callable | None = None,
 ) -> Trajectory:
-    """Run the SDE from ``noise`` (``x`` at ``sigmas[0]``) through every step, recording all states."""
+    """Run the SDE from ``noise`` (``x`` at ``sigmas[0]``) through every step, recording all states.
+
+    The noise of each step is drawn from ``generator``, or taken from ``step_noise`` ``(T, B, ...)``
+    (drawn per sample, so a sample's trajectory does not depend on which rank or batch it is in).
+    """
     latents, log_probs = [noise.float()], []
     steps = range(len(sigmas) - 1)
     for t in progress(steps) if progress else steps:
         x = latents[-1]
-        x_next, log_prob = sde_step(x, velocity(x, sigmas[t]), sigmas[t], sigmas[t + 1], sde,
-                                    s_cap=sigmas[1], generator=generator)  # fmt: skip
+        mean, std = sde_mean_std(x, velocity(x, sigmas[t]), sigmas[t], sigmas[t + 1], sde, s_cap=sigmas[1])
+        if std > 0:
+            eps = (
+                step_noise[t].to(mean)
+                if step_noise is not None
+                else torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+            )
+            x_next = mean + std * eps
+            log_prob = gaussian_log_prob(x_next, mean, std)
+        else:
+            x_next, log_prob = mean, None
         latents.append(x_next.float())
         log_probs.append(log_prob if log_prob is not None else torch.zeros(x.shape[0], device=x.device))
     return Trajectory(torch.stack(latents), torch.stack(log_probs), list(sigmas))

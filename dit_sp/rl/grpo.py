@@ -1,0 +1,207 @@
+"""One GRPO iteration: roll out groups of samples with the SDE, score them, update the policy.
+
+Everything a sequence-parallel group shares is made identical on its ranks by construction: prompts,
+initial noise and every SDE noise draw come from per-sample seeds (independent of the rank layout),
+trained timesteps from the step's seed, and rewards are computed on the group's first rank and
+broadcast. Rollout and training run the same batch, so before the first update the recomputed
+log-probabilities equal the sampled ones bit for bit (ratio exactly 1).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from dit_sp.parallel.state import ParallelState
+from dit_sp.rl.loss import grpo_loss, kl_to_reference
+from dit_sp.rl.rewards import WeightedReward
+from dit_sp.rl.rollout import Trajectory, sample_trajectory
+from dit_sp.rl.schedule import shifted_sigmas
+from dit_sp.rl.sde import SDEConfig, gaussian_log_prob, sde_mean_std
+
+Tensor = torch.Tensor
+
+
+class Policy(Protocol):
+    """What GRPO needs from a model family: conditioning, guided velocity, decoding."""
+
+    def encode(self, prompts: list[str]) -> Any: ...
+
+    def velocity(self, x: Tensor, s: float, cond: Any, *, reference: bool = False) -> Tensor: ...
+
+    def decode(self, latents: Tensor) -> Tensor:
+        """``(B, F, C, H, W)`` floats in [0, 1]."""
+        ...
+
+    def latent_shape(self) -> tuple[int, ...]: ...
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    steps: int = 8
+    """Denoising steps of a rollout."""
+    shift: float = 3.0
+    sde: SDEConfig = field(default_factory=SDEConfig)
+    group_size: int = 4
+    """Samples per prompt (G)."""
+    same_noise_per_group: bool = True
+    train_fraction: float = 0.6
+    """Fraction of the rollout's steps trained on each iteration (chosen at random)."""
+    sde_window: tuple[int, int] | None = None
+    """Train only these steps ``[start, end)`` instead of a random fraction."""
+    clip_range: float = 1e-3
+    kl_coef: float = 0.0
+    adv_std: str = "group"
+    adv_clip: float = 5.0
+    max_grad_norm: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.group_size < 1:
+            raise ValueError(f"steps and group_size must be >= 1, got {self.steps} and {self.group_size}")
+        if not 0 < self.train_fraction <= 1:
+            raise ValueError(f"train_fraction must be in (0, 1], got {self.train_fraction}")
+        if self.sde_window is not None and not 0 <= self.sde_window[0] < self.sde_window[1] <= self.steps:
+            raise ValueError(f"sde_window {self.sde_window} must satisfy 0 <= start < end <= steps={self.steps}")
+        if self.sde.kind == "ode":
+            raise ValueError("GRPO needs a stochastic sampler: sde.kind 'dance' or 'flow'")
+
+
+@dataclass
+class Batch:
+    """This rank's samples of one iteration."""
+
+    prompts: list[str]
+    prompt_ids: Tensor
+    sample_seeds: list[int]
+    noise_seeds: list[int]
+
+
+def seed_for(*parts: int) -> int:
+    """A 63-bit seed from integers (stable across processes and runs)."""
+    return random.Random(str(parts)).getrandbits(63)
+
+
+def make_batch(prompts: list[str], step: int, seed: int, prompts_per_step: int, config: GRPOConfig,
+               parallel: ParallelState) -> Batch:  # fmt: skip
+    """This dp rank's share of the iteration's ``prompts_per_step * group_size`` samples."""
+    total = prompts_per_step * config.group_size
+    if total % parallel.dp:
+        raise ValueError(
+            f"{prompts_per_step} prompts x group size {config.group_size} = {total} samples cannot be split evenly "
+            f"over dp={parallel.dp} ranks; make prompts_per_step * group_size a multiple of dp"
+        )
+    order = random.Random(seed_for(seed, step // max(1, len(prompts) // prompts_per_step))).sample(
+        range(len(prompts)), len(prompts)
+    )
+    start = (step * prompts_per_step) % len(prompts)
+    chosen = [order[(start + i) % len(prompts)] for i in range(prompts_per_step)]
+    samples = [(pid, k) for pid in chosen for k in range(config.group_size)]
+    per_rank = total // parallel.dp
+    mine = samples[parallel.dp_rank * per_rank : (parallel.dp_rank + 1) * per_rank]
+    return Batch(
+        prompts=[prompts[pid] for pid, _ in mine],
+        prompt_ids=torch.tensor([pid for pid, _ in mine]),
+        sample_seeds=[seed_for(seed, step, pid, k) for pid, k in mine],
+        noise_seeds=[seed_for(seed, step, pid, 0 if config.same_noise_per_group else k) for pid, k in mine],
+    )
+
+
+def _per_sample_noise(seeds: list[int], shape: tuple[int, ...], device, leading: int = 0) -> Tensor:
+    out = []
+    for seed in seeds:
+        g = torch.Generator().manual_seed(seed)
+        out.append(torch.randn((leading, *shape) if leading else shape, generator=g))
+    return torch.stack(out, dim=1 if leading else 0).to(device)
+
+
+def trained_steps(config: GRPOConfig, step_seed: int) -> list[int]:
+    if config.sde_window is not None:
+        return list(range(*config.sde_window))
+    count = max(1, round(config.train_fraction * config.steps))
+    return sorted(random.Random(step_seed).sample(range(config.steps), count))
+
+
+def rollout(policy: Policy, batch: Batch, config: GRPOConfig, parallel: ParallelState) -> tuple[Trajectory, Any]:
+    cond = policy.encode(batch.prompts)
+    shape = policy.latent_shape()
+    sigmas = shifted_sigmas(config.steps, config.shift)
+    init = _per_sample_noise(batch.noise_seeds, shape, parallel.device)
+    step_noise = _per_sample_noise(batch.sample_seeds, shape, parallel.device, leading=config.steps)
+    with torch.no_grad():
+        traj = sample_trajectory(lambda x, s: policy.velocity(x, s, cond), init, sigmas, config.sde,
+                                 step_noise=step_noise)  # fmt: skip
+    return traj, cond
+
+
+def rewards_of(policy: Policy, traj: Trajectory, batch: Batch, reward: WeightedReward,
+               parallel: ParallelState) -> tuple[Tensor, dict[str, Tensor], Tensor]:  # fmt: skip
+    """Rewards computed on the SP group's first rank and broadcast, so every peer trains on the same."""
+    parts_names = [name for name, _, _ in reward.parts]
+    values = torch.full((len(parts_names) + 1, len(batch.prompts)), float("nan"))
+    videos = None
+    if parallel.sp_rank == 0:
+        with torch.no_grad():
+            videos = policy.decode(traj.final)
+        parts = reward.components(videos.float().cpu(), batch.prompts)
+        total = sum(w * parts[n] for n, w, _ in reward.parts)
+        values = torch.stack([total, *parts.values()])
+    if parallel.sp_group is not None and parallel.sp > 1:
+        values = values.to(parallel.device)
+        dist.broadcast(values, src=dist.get_global_rank(parallel.sp_group, 0), group=parallel.sp_group)
+        values = values.cpu()
+    return values[0], dict(zip(parts_names, values[1:])), videos
+
+
+def accumulate_gradients(
+    policy: Policy, traj: Trajectory, cond: Any, advantages: Tensor, config: GRPOConfig, step_seed: int
+) -> dict[str, float]:
+    """Backward of the GRPO loss, averaged over the trained steps (gradients accumulate in ``.grad``)."""
+    steps = trained_steps(config, step_seed)
+    totals: dict[str, float] = {}
+    adv = advantages.to(traj.latents.device)
+    for t in steps:
+        s, s_next = traj.sigmas[t], traj.sigmas[t + 1]
+        x = traj.latents[t]
+        mean, std = sde_mean_std(x, policy.velocity(x, s, cond), s, s_next, config.sde, s_cap=traj.sigmas[1])
+        log_prob = gaussian_log_prob(traj.latents[t + 1], mean, std)
+        kl = None
+        if config.kl_coef:
+            with torch.no_grad():
+                ref_mean, _ = sde_mean_std(x, policy.velocity(x, s, cond, reference=True), s, s_next, config.sde,
+                                           s_cap=traj.sigmas[1])  # fmt: skip
+            kl = kl_to_reference(mean, ref_mean, std)
+        loss, stats = grpo_loss(log_prob, traj.log_probs[t], adv, clip_range=config.clip_range, kl=kl,
+                                kl_coef=config.kl_coef)  # fmt: skip
+        (loss / len(steps)).backward()
+        for key, value in vars(stats).items():
+            if key == "ratio_min":
+                totals[key] = min(totals.get(key, math.inf), value)
+            elif key == "ratio_max":
+                totals[key] = max(totals.get(key, -math.inf), value)
+            else:
+                totals[key] = totals.get(key, 0.0) + value / len(steps)
+    return totals | {"trained_steps": float(len(steps))}
+
+
+def train_on_rollout(
+    policy: Policy,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    traj: Trajectory,
+    cond: Any,
+    advantages: Tensor,
+    config: GRPOConfig,
+    step_seed: int,
+) -> dict[str, float]:
+    """One policy update from a rollout: accumulate the loss over the trained steps, clip, step."""
+    optimizer.zero_grad(set_to_none=True)
+    stats = accumulate_gradients(policy, traj, cond, advantages, config, step_seed)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+    grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+    optimizer.step()
+    return stats | {"grad_norm": float(grad_norm)}

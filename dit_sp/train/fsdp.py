@@ -1,0 +1,60 @@
+"""FSDP2 over the sequence-parallel ranks too: the gradient rules of DESIGN.md, in one place.
+
+Sequence parallelism does not shard weights: every rank of an SP group holds all parameters and
+computes a partial gradient from its own tokens. FSDP must therefore span the SP ranks: by default
+the weights are sharded over the flattened ``dp x ring x ulysses`` mesh; HSDP shards over the SP ranks
+of a sample and replicates across dp. FSDP averages gradients over all ``dp*sp`` ranks; with the
+exact-adjoint output gather (``gather_grad="sum"``) and every SP rank computing the same loss, that
+average is exactly the data-parallel mean of the single-device gradients.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from dit_sp.parallel.state import ParallelState
+
+BLOCK_LISTS = ("blocks", "transformer_blocks", "single_transformer_blocks")
+"""Attributes of diffusers video transformers that hold their repeated blocks."""
+
+
+def fsdp_mesh(parallel: ParallelState, hsdp: bool = False) -> DeviceMesh:
+    """The mesh FSDP shards over: 1D ``dp*sp`` (default) or 2D ``(dp: replicate, sp: shard)``."""
+    if parallel.mesh is None:
+        raise ValueError("FSDP needs torch.distributed: initialise a process group (even of one process) first")
+    if parallel.cfg != 1:
+        raise ValueError("training runs without cfg parallelism (cfg=1); guidance branches are batched instead")
+    mesh = parallel.mesh
+    if hsdp:
+        return mesh["dp", "sp"]
+    try:
+        return mesh["dp_sp"]
+    except KeyError:
+        return mesh["dp", "cfg", "ring", "ulysses"]._flatten("dp_sp")
+
+
+def shard_model(
+    model: torch.nn.Module,
+    parallel: ParallelState,
+    *,
+    hsdp: bool = False,
+    param_dtype: torch.dtype | None = None,
+    reduce_dtype: torch.dtype | None = torch.float32,
+    reshard_after_forward: bool = True,
+) -> torch.nn.Module:
+    """Apply FSDP2 ``fully_shard`` to each transformer block, then to the model (in place).
+
+    ``param_dtype`` (e.g. bf16) is the compute dtype of mixed precision; gradients are reduced in
+    ``reduce_dtype`` and the sharded master weights stay in their own dtype (fp32 for training).
+    """
+    mesh = fsdp_mesh(parallel, hsdp)
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    blocks = [block for name in BLOCK_LISTS for block in getattr(model, name, [])]
+    if not blocks:
+        raise ValueError(f"{type(model).__name__} has none of the block lists {BLOCK_LISTS} to shard")
+    for block in blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    return model
