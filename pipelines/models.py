@@ -1,7 +1,9 @@
-"""Built-in model names (tiny, offline) and loading of local diffusers checkpoints."""
+"""Built-in model names (tiny pipelines of each family, built offline from configs/models/*.yaml, tokenizers
+included) and loading of local diffusers checkpoints."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +25,64 @@ def model_spec(name: str) -> dict[str, Any]:
     return yaml.safe_load(path.read_text())
 
 
+# Llama 3's pre-tokenizer (words with their leading space, up to 3 digits, punctuation runs, newlines).
+_LLAMA3_SPLIT = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"""
+    r"""|\s+(?!\S)|\s+"""
+)
+
+
+def _llama3_byte_tokenizer(config: dict[str, Any]) -> Any:
+    """A Llama 3 style byte-level BPE tokenizer, built here (nothing to download): every byte, and as one
+    token each word of HunyuanVideo's stock prompt template (as in Llama 3's vocabulary), so the stock
+    template's ``crop_start`` (95 tokens before the prompt) is exact for it too."""
+    import re
+
+    from diffusers.pipelines.hunyuan_video.pipeline_hunyuan_video import DEFAULT_PROMPT_TEMPLATE
+    from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers, processors
+    from tokenizers.models import BPE
+    from transformers import PreTrainedTokenizerFast
+
+    template = DEFAULT_PROMPT_TEMPLATE["template"]
+    bos, eos = config["bos_token"], config["eos_token"]
+    specials = list(dict.fromkeys([bos, eos, *re.findall(r"<\|[a-z_]+\|>", template)]))
+    split = pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated")
+    pre = pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    parts = re.split("|".join(map(re.escape, specials)), template)
+    words = [word for part in parts for word, _ in pre.pre_tokenize_str(part)]
+    tokens = dict.fromkeys([*sorted(pre_tokenizers.ByteLevel.alphabet()), *words])
+    tokenizer = Tokenizer(BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=[], ignore_merges=True))
+    tokenizer.pre_tokenizer, tokenizer.decoder = pre, decoders.ByteLevel()
+    tokenizer.add_special_tokens(specials)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tokenizer.token_to_id(bos))]
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **config)
+
+
+def _clip_byte_vocab() -> dict[str, Any]:
+    """``CLIPTokenizer`` arguments for byte-level BPE without merges: every byte a token (also as the
+    end of a word)."""
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    alphabet = sorted(ByteLevel.alphabet())
+    tokens = ["<|startoftext|>", "<|endoftext|>", *alphabet, *(c + "</w>" for c in alphabet)]
+    return {"vocab": {t: i for i, t in enumerate(tokens)}, "merges": []}
+
+
 def _component(spec: dict[str, Any]) -> Any:
     import diffusers
     import transformers
 
     cls_name = spec["class"]
     cls = getattr(diffusers, cls_name, None) or getattr(transformers, cls_name)
-    config = spec.get("config", {})
-    if cls_name == "UMT5EncoderModel" or cls_name.endswith("EncoderModel"):
-        config_cls = getattr(transformers, cls_name.replace("EncoderModel", "Config"))
-        return cls(config_cls(**config)).eval()
+    config = dict(spec.get("config", {}))
+    if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel):
+        return cls(cls.config_class(**config)).eval()
+    if spec.get("vocab") == "llama3-bytes":
+        return _llama3_byte_tokenizer(config)
+    if spec.get("vocab") == "clip-bytes":
+        return cls(**_clip_byte_vocab(), **config)
     if cls_name.endswith("Tokenizer"):
         return cls(**config)
     if hasattr(cls, "from_config"):
@@ -57,10 +107,25 @@ def build_tiny(name: str, component: str | None = None) -> Any:
     return getattr(diffusers, spec["pipeline"])(**components)
 
 
+_SHAPE = ("frames", "height", "width", "steps", "guidance", "max_sequence_length")
+# Generation defaults of a local checkpoint, by its pipeline class: the real models' usual settings.
+CHECKPOINT_DEFAULTS = {
+    "WanPipeline": dict(zip(_SHAPE, (33, 480, 832, 50, 5.0, 512))),
+    "CogVideoXPipeline": dict(zip(_SHAPE, (49, 480, 720, 50, 6.0, 226))),
+    # guidance-distilled: true classifier-free guidance off; its embedded guidance_scale stays at 6.0
+    "HunyuanVideoPipeline": dict(zip(_SHAPE, (61, 320, 512, 30, 1.0, 256))),
+}
+
+
 def model_defaults(model: str) -> dict[str, Any]:
-    """Generation defaults of a built-in model (a local checkpoint has none: pass them or a --config)."""
-    if Path(model).is_dir():
-        return {"frames": 33, "height": 480, "width": 832, "steps": 50, "guidance": 5.0, "max_sequence_length": 512}
+    """Generation defaults of a built-in model, or of a local checkpoint by its pipeline class."""
+    path = Path(model)
+    if path.is_dir():
+        try:
+            name = json.loads((path / "model_index.json").read_text()).get("_class_name")
+        except (OSError, ValueError, AttributeError):
+            name = None  # load_pipeline reports what is wrong with the directory
+        return dict(CHECKPOINT_DEFAULTS.get(name, CHECKPOINT_DEFAULTS["WanPipeline"]))
     return dict(model_spec(model).get("defaults", {}))
 
 
@@ -70,7 +135,8 @@ def load_pipeline(model: str, dtype: torch.dtype) -> Any:
     if not path.exists():
         spec = model_spec(model)  # raises for unknown names
         if "pipeline" not in spec:
-            raise ValueError(f"built-in model {model!r} has no pipeline (transformer only); use tiny-wan")
+            with_pipeline = [m for m in builtin_models() if "pipeline" in model_spec(m)]
+            raise ValueError(f"built-in model {model!r} has no pipeline (transformer only); use one of {with_pipeline}")
         pipe = build_tiny(model)
         return pipe if dtype == torch.float32 else pipe.to(dtype)
     if not (path / "model_index.json").is_file():
