@@ -1,12 +1,16 @@
-"""Generate a video with a diffusers text-to-video pipeline, sequence-parallel on any layout.
+"""Generate a video with a diffusers text-to-video pipeline (Wan, CogVideoX, HunyuanVideo), sequence-parallel
+on any layout.
 
-    python -m pipelines.generate                                   # the built-in tiny model, one process
+    python -m pipelines.generate                                   # the built-in tiny Wan model, one process
+    python -m pipelines.generate --model tiny-hunyuanvideo --ring 2  # or tiny-cogvideox; 2 worker processes
     python -m pipelines.generate --ulysses 2 --ring 2 --out a.mp4  # 4 local worker processes
     python -m pipelines.generate --cfg-parallel --ulysses 2        # guidance branches on 2 x 2 processes
     torchrun --nnodes 2 --nproc-per-node 8 -m pipelines.generate --model /ckpt/Wan2.1-T2V-14B-Diffusers \\
         --config configs/wan2.1-t2v-14b.yaml --ulysses 8 --cfg-parallel   # multi-node: dp = rest
 
-Settings come from the model's defaults, then ``--config FILE.yaml``, then the flags given.
+Settings come from the model's defaults, then ``--config FILE.yaml``, then the flags given. ``--guidance``
+is classifier-free guidance in every family: HunyuanVideo's ``true_cfg_scale`` (with the negative prompt),
+the others' ``guidance_scale``; HunyuanVideo's distilled guidance is ``--embedded-guidance``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import torch
 import yaml
 
 from dit_sp import ParallelConfig, init_parallel, spawn
+from dit_sp.models import family_of
 from dit_sp.parallelize import parallelize
 from pipelines.models import builtin_models, load_pipeline, model_defaults
 from pipelines.video import save_video
@@ -33,7 +38,8 @@ SETTINGS = {
     "height": (int, "frame height in pixels"),
     "width": (int, "frame width in pixels"),
     "steps": (int, "denoising steps"),
-    "guidance": (float, "classifier-free guidance scale (<= 1: off)"),
+    "guidance": (float, "classifier-free guidance scale (<= 1: off); HunyuanVideo: its true_cfg_scale"),
+    "embedded_guidance": (float, "HunyuanVideo: the guidance distilled into the model, its guidance_scale (6.0)"),
     "seed": (int, "random seed (per data-parallel rank: seed + dp rank)"),
     "ulysses": (int, "Ulysses (all-to-all) sequence-parallel degree"),
     "ring": (int, "ring-attention sequence-parallel degree"),
@@ -44,7 +50,7 @@ SETTINGS = {
 }
 BASE_DEFAULTS = {"prompt": "a red circle moving left", "negative_prompt": "", "seed": 0, "ulysses": 1, "ring": 1,
                  "dtype": "float32", "out": "outputs/video.mp4", "save_latents": None, "cfg_parallel": False,
-                 "verify_inputs": False}  # fmt: skip
+                 "verify_inputs": False, "embedded_guidance": None}  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
@@ -82,11 +88,34 @@ def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
     return settings
 
 
+def guidance_arguments(pipe: Any, settings: dict[str, Any]) -> dict[str, float]:
+    """The pipeline's guidance arguments. ``--guidance`` goes to the argument whose value > 1 runs
+    classifier-free guidance, as dit-sp's model family records it (Wan, CogVideoX: ``guidance_scale``;
+    HunyuanVideo: ``true_cfg_scale``, with the negative prompt). ``--embedded-guidance`` is HunyuanVideo's
+    ``guidance_scale``: the guidance distilled into the model (left at the pipeline's 6.0 if not given)."""
+    try:
+        cfg_argument = family_of(pipe.transformer).guidance_arg
+    except TypeError:  # a transformer dit-sp does not know: single process only, the usual argument
+        cfg_argument = "guidance_scale"
+    arguments = {cfg_argument: settings["guidance"]}
+    if settings.get("embedded_guidance") is not None:
+        if cfg_argument == "guidance_scale":
+            raise ValueError(
+                "--embedded-guidance is the distilled guidance of HunyuanVideo; this model has none (its "
+                "guidance_scale is classifier-free guidance): use --guidance"
+            )
+        arguments["guidance_scale"] = settings["embedded_guidance"]
+    return arguments
+
+
 def check_shape(pipe: Any, settings: dict[str, Any]) -> None:
-    """Frames and sizes the VAE and the patching can take, or an error listing valid values."""
+    """Frames, sizes and text length the VAE, the patching and the positional embeddings can take, or an
+    error listing valid values. (Every supported transformer patches latent frames one by one, or, for
+    CogVideoX 1.5, its pipeline pads them.)"""
     temporal = getattr(pipe, "vae_scale_factor_temporal", 1)
     spatial = getattr(pipe, "vae_scale_factor_spatial", 8)
-    patch = pipe.transformer.config.patch_size
+    config = pipe.transformer.config
+    patch = config.patch_size
     multiple = spatial * (patch[-1] if isinstance(patch, (list, tuple)) else patch)
     if (settings["frames"] - 1) % temporal:
         valid = [temporal * k + 1 for k in range(1, 5)]
@@ -101,6 +130,13 @@ def check_shape(pipe: Any, settings: dict[str, Any]) -> None:
                 f"--{name} {settings[name]}: must be a multiple of {multiple} (VAE x{spatial}, patch "
                 f"x{multiple // spatial}), e.g. {lower} or {upper}"
             )
+    # CogVideoX without RoPE adds sincos or learned positional embeddings over exactly this many text tokens
+    text_len = config.get("max_text_seq_length") if not config.get("use_rotary_positional_embeddings", True) else None
+    if text_len is not None and settings["max_sequence_length"] != text_len:
+        raise ValueError(
+            f"--max-sequence-length {settings['max_sequence_length']}: this model's positional embeddings "
+            f"take exactly {text_len} text tokens; use --max-sequence-length {text_len}"
+        )
 
 
 def run(settings: dict[str, Any]) -> dict[str, Any]:
@@ -111,6 +147,7 @@ def run(settings: dict[str, Any]) -> dict[str, Any]:
     dtype = getattr(torch, settings["dtype"])
     pipe = load_pipeline(settings["model"], dtype).to(parallel.device)
     check_shape(pipe, settings)
+    guidance = guidance_arguments(pipe, settings)
     pipe.set_progress_bar_config(disable=not parallel.is_sample_leader or parallel.dp_rank != 0)
     if world > 1:
         parallelize(pipe, parallel, verify_inputs=settings["verify_inputs"])
@@ -127,16 +164,16 @@ def run(settings: dict[str, Any]) -> dict[str, Any]:
     start = time.perf_counter()
     result = pipe(
         prompt=settings["prompt"],
-        negative_prompt=settings["negative_prompt"],
+        negative_prompt=settings["negative_prompt"] or "",  # HunyuanVideo: no negative prompt, no guidance
         height=settings["height"],
         width=settings["width"],
         num_frames=settings["frames"],
         num_inference_steps=settings["steps"],
-        guidance_scale=settings["guidance"],
         generator=generator,
         max_sequence_length=settings["max_sequence_length"],
         output_type="np",
         callback_on_step_end=on_step_end,
+        **guidance,
     )
     total = time.perf_counter() - start
     steps = [b - a for a, b in zip([start, *step_times[:-1]], step_times)]
