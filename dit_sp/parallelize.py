@@ -207,8 +207,20 @@ def _swap_pipeline_class(pipe: Any, family: ModelFamily, parallel: ParallelState
                         f"cfg parallelism (cfg=2) runs the two guidance branches on two device groups, but "
                         f"{family.guidance_arg}={scale} turns guidance off; set it > 1 or use cfg=1"
                     )
+                needs = family.guidance_needs_any
+                if needs and all(bound.arguments.get(name) is None for name in needs):
+                    raise ValueError(
+                        f"cfg parallelism (cfg=2): {stock.__name__} runs guidance only when one of {list(needs)} "
+                        "is given (an empty negative prompt is fine); pass one or use cfg=1"
+                    )
                 guidance.reset()
-            return super().__call__(*args, **kwargs)
+            result = super().__call__(*args, **kwargs)
+            if parallel.cfg == 2 and guidance.pending is not None:
+                raise RuntimeError(
+                    "cfg parallelism (cfg=2): the pipeline made an odd number of transformer calls, so they were not "
+                    "pairs of guidance branches; its output is wrong. Run it with cfg=1."
+                )
+            return result
 
     SequenceParallelPipeline.__name__ = SequenceParallelPipeline.__qualname__ = f"SequenceParallel{stock.__name__}"
     pipe.__class__ = SequenceParallelPipeline

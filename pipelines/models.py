@@ -147,6 +147,6 @@ def load_pipeline(model: str, dtype: torch.dtype) -> Any:
     import diffusers
 
     try:
-        return diffusers.DiffusionPipeline.from_pretrained(path, torch_dtype=dtype, local_files_only=True)
+        return diffusers.DiffusionPipeline.from_pretrained(path, dtype=dtype, local_files_only=True)
     except (OSError, ValueError) as e:
         raise FileNotFoundError(f"{path} is an incomplete diffusers pipeline directory: {e}") from e

@@ -145,3 +145,29 @@ def test_checkpoint_defaults_follow_the_pipeline_class(tmp_path):
     assert model_defaults(str(tmp_path))["guidance"] == 1.0  # distilled: true CFG off
     (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "CogVideoXPipeline"}))
     assert model_defaults(str(tmp_path))["max_sequence_length"] == 226
+
+
+def _hunyuan_cfg_without_negative_prompt() -> str:
+    import torch
+
+    from dit_sp import ParallelConfig, init_parallel
+    from dit_sp.parallelize import parallelize
+    from pipelines.models import build_tiny
+
+    pipe = build_tiny("tiny-hunyuanvideo")
+    parallelize(pipe, init_parallel(ParallelConfig.for_world(2, cfg=2)))
+    try:
+        pipe(prompt="a red circle moving left", negative_prompt=None, true_cfg_scale=4.0, height=48, width=32,
+             num_frames=9, num_inference_steps=2, generator=torch.Generator().manual_seed(0), max_sequence_length=32,
+             output_type="np")  # fmt: skip
+    except ValueError as e:
+        return str(e)
+    return "no error"
+
+
+def test_cfg_parallel_without_a_guidance_branch_is_an_error():
+    """HunyuanVideo runs true CFG only with a negative prompt: cfg=2 must refuse, not pair wrong calls."""
+    from dit_sp import spawn
+
+    message = spawn(_hunyuan_cfg_without_negative_prompt, 2, timeout=300)[0]
+    assert "negative_prompt" in message and "use cfg=1" in message

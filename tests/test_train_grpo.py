@@ -127,3 +127,17 @@ def test_run_errors(tmp_path):
            "--output-dir", str(tmp_path / "o")]  # fmt: skip
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert "unknown reward 'shiny'" in result.stderr
+
+
+def test_shipped_configs_are_valid():
+    """Every YAML in configs/ parses with the CLI it is for (paths to real checkpoints aside)."""
+    from pipelines.generate import SETTINGS
+
+    generate_keys = set(SETTINGS) | {"model", "cfg_parallel", "verify_inputs"}
+    for path in sorted((REPO / "configs").glob("*.yaml")):
+        if path.name.startswith("grpo_"):
+            assert load_config(path, {}).max_steps > 0, path
+        else:
+            import yaml
+
+            assert set(yaml.safe_load(path.read_text())) <= generate_keys, path

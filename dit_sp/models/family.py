@@ -29,5 +29,7 @@ class ModelFamily:
     """Forward arguments that carry the guidance batch (``batched`` mode)."""
     guidance_arg: str = "guidance_scale"
     """The pipeline argument whose value > 1 turns classifier-free guidance on."""
+    guidance_needs_any: tuple[str, ...] = ()
+    """Pipeline arguments of which one must also be given for guidance to run (e.g. a negative prompt)."""
     check: Callable[[torch.nn.Module], None] = lambda model: None
     """Raises for configurations of the family that are not supported."""

@@ -36,5 +36,6 @@ HUNYUAN_VIDEO = ModelFamily(
     joint_position="rear",
     cfg_mode="sequential",
     guidance_arg="true_cfg_scale",
+    guidance_needs_any=("negative_prompt", "negative_prompt_embeds"),
     check=_check,
 )
