@@ -27,7 +27,7 @@ import yaml
 from dit_sp import ParallelConfig, init_parallel, spawn
 from dit_sp.models import family_of
 from dit_sp.parallelize import parallelize
-from pipelines.models import builtin_models, load_pipeline, model_defaults
+from pipelines.models import builtin_models, default_model, load_pipeline, model_defaults
 from pipelines.video import save_video
 
 SETTINGS = {
@@ -73,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
         unknown = sorted(set(from_file) - valid)
         if unknown:
             parser.error(f"unknown keys in {path}: {unknown}; valid keys: {sorted(valid)}")
-    model = args.get("model") or from_file.get("model") or "tiny-wan"
+    model = args.get("model") or from_file.get("model") or default_model()
     settings = BASE_DEFAULTS | model_defaults(model) | from_file | args | {"model": model}
     for name in ("frames", "height", "width", "steps", "ulysses", "ring"):
         if settings[name] < 1:

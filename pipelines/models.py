@@ -18,6 +18,11 @@ def builtin_models() -> list[str]:
     return sorted(p.stem for p in MODEL_DIR.glob("*.yaml"))
 
 
+def default_model() -> str:
+    """The trained tiny model when it is shipped, else the random tiny Wan."""
+    return "toy-wan" if (CONFIG_DIR.parent / "assets" / "toy-wan" / "model_index.json").is_file() else "tiny-wan"
+
+
 def model_spec(name: str) -> dict[str, Any]:
     path = MODEL_DIR / f"{name}.yaml"
     if not path.is_file():
@@ -132,6 +137,8 @@ def model_defaults(model: str) -> dict[str, Any]:
 def load_pipeline(model: str, dtype: torch.dtype) -> Any:
     """A built-in tiny pipeline, or a ``save_pretrained`` directory loaded offline."""
     path = Path(model)
+    if not path.exists() and "path" in (spec := model_spec(model)):  # a shipped, trained checkpoint
+        path = CONFIG_DIR.parent / spec["path"]
     if not path.exists():
         spec = model_spec(model)  # raises for unknown names
         if "pipeline" not in spec:

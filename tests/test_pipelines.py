@@ -26,7 +26,8 @@ LAYOUTS = {  # name: (world, flags)
 
 
 def _settings(tmp_path, name: str, **overrides):
-    settings = parse_args(["--out", str(tmp_path / f"{name}.mp4"), "--save-latents", str(tmp_path / f"{name}.pt")])
+    settings = parse_args(["--model", "tiny-wan", "--out", str(tmp_path / f"{name}.mp4"),
+                           "--save-latents", str(tmp_path / f"{name}.pt")])  # fmt: skip
     return settings | {"return_frames": True, "verify_inputs": True} | overrides
 
 
@@ -53,7 +54,7 @@ def test_every_layout_gives_the_same_video(reference, tmp_path, layout):
 @pytest.mark.parametrize(("out", "kind"), [("v.mp4", "mp4"), ("v.gif", "gif"), ("frames", "png")])
 def test_cli_writes_readable_video(tmp_path, out, kind):
     target = tmp_path / out
-    cmd = [sys.executable, "-m", "pipelines.generate", "--frames", "5", "--height", "32", "--width", "48",
+    cmd = [sys.executable, "-m", "pipelines.generate", "--model", "tiny-wan", "--frames", "5", "--height", "32", "--width", "48",
            "--steps", "2", "--out", str(target)]  # fmt: skip
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -88,7 +89,8 @@ def test_saved_checkpoint_loads_offline(tmp_path, reference):
 
 
 def _error_of(argv: list[str]) -> str:
-    result = subprocess.run([sys.executable, "-m", "pipelines.generate", *argv], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "pipelines.generate", "--model", "tiny-wan", *argv],
+                            capture_output=True, text=True,
                             timeout=300)  # fmt: skip
     assert result.returncode != 0
     return result.stderr
@@ -124,7 +126,7 @@ def test_config_file_unknown_keys_and_overrides(tmp_path):
         ["--config", str(config)]
     )
     config.write_text("steps: 3\nheight: 64\n")
-    settings = parse_args(["--config", str(config), "--height", "32"])
+    settings = parse_args(["--model", "tiny-wan", "--config", str(config), "--height", "32"])
     assert settings["steps"] == 3 and settings["height"] == 32  # flags override the file
 
 

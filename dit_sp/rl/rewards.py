@@ -1,10 +1,11 @@
 """Rewards: one interface, ``reward(videos, prompts) -> Tensor[B]``, with ``videos`` ``(B, F, C, H, W)``
 floats in [0, 1].
 
-Built in: pixel rewards that need no weights (``brightness``, ``saturation``, ``temporal_smoothness``)
-and ``clip_score`` (text-video cosine similarity of a CLIP model loaded from a local path). A user reward
-is named ``package.module:function``. ``build_reward`` combines several with weights; ``score`` isolates
-failures: a sample whose reward raises or is not finite gets NaN (and so no gradient), the run goes on.
+Built in: pixel rewards that need no weights (``brightness``, ``saturation``, ``temporal_smoothness``),
+``faithfulness`` to the prompt in the synthetic shape world, and ``clip_score`` (text-video cosine
+similarity of a CLIP model loaded from a local path). A user reward is named ``package.module:function``.
+``build_reward`` combines several with weights; ``score`` isolates failures: a sample whose reward raises
+or is not finite gets NaN (and so no gradient), the run goes on.
 """
 
 from __future__ import annotations
@@ -77,8 +78,17 @@ class ClipScore:
         return (image * text).sum(-1).cpu()
 
 
+def faithfulness(videos: Tensor, prompts: list[str]) -> Tensor:
+    """Prompt faithfulness in the synthetic shape world (``dit_sp.toyworld``): the fraction of colour,
+    shape and motion direction that the video shows as its prompt asks."""
+    from dit_sp import toyworld
+
+    return toyworld.faithfulness(videos, prompts)
+
+
 BUILTIN: dict[str, Callable[..., RewardFn]] = {
     "brightness": lambda: brightness,
+    "faithfulness": lambda: faithfulness,
     "saturation": lambda: saturation,
     "temporal_smoothness": lambda: temporal_smoothness,
     "clip_score": ClipScore,
