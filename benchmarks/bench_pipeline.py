@@ -1,21 +1,26 @@
 """Denoising-step benchmark of the tiny Wan transformer on a long video latent: one process vs. ours
 (Ulysses 2, Ring 2, CFG 2, all through ``dit_sp.parallelize``) vs. diffusers' own context parallelism.
 
-    python benchmarks/bench_pipeline.py                        # 8x64x64 latent = 8192 tokens (~2 min on 2 cores)
+    python benchmarks/bench_pipeline.py                        # 8x64x64 latent = 8192 tokens (~2.5 min on 2 cores)
     python benchmarks/bench_pipeline.py --frames 4 --iters 3   # 4096 tokens
-    python benchmarks/bench_pipeline.py --heads 4              # a head count Ulysses 2 divides
+    python benchmarks/bench_pipeline.py --heads 3              # only the first of the two tables
 
 One "step" is a denoising step with classifier-free guidance: the transformer on the same latent with the
 conditional and with the unconditional text embeddings (what WanPipeline does per step; the scheduler
 update is negligible). The model is ``build_tiny("tiny-wan", "transformer")`` (3 heads of 12, 2 layers)
 on a (1, 4, F, H, W) latent, (F*H*W)/4 tokens after its (1, 2, 2) patching, where self-attention is
-over 90% of the time. Sequence-parallel methods split every transformer call over 2 processes; ours-cfg2
+over 90% of the time; a second table gives it 4 heads, which Ulysses 2 divides (diffusers' plain
+Ulysses cannot run 3 heads; ours pads them to 4, so at 3 heads its slowest rank still does 2 heads).
+
+Sequence-parallel methods split every transformer call over 2 processes; ours-cfg2
 (``ParallelConfig(cfg=2)`` on a WanPipeline) runs the conditional branch on one process and the
 unconditional on the other. Every method uses processes of 1 thread (so two processes use two cores);
 times are the slowest rank's median over ``--iters`` steps after one warm-up step and a barrier;
-"peak MiB" is the growth of the process's peak resident memory during the warm-up and timed steps,
-above the resident memory before them (CPU has no allocator stats); "max|diff|" is the largest
-difference of both branches' outputs from the single-process ones.
+"peak MiB" is the growth of the process's peak resident memory during the timed steps, above the
+resident memory before them (CPU has no allocator stats; the peak is reset after the warm-up through
+/proc/self/clear_refs, or else counts from before the warm-up); "max|diff|" is the largest difference
+of both branches' outputs from the single-process ones. Other jobs on the cores skew the times badly
+(a rank that shares its core holds up its peer at every collective): run it on an idle machine.
 
 diffusers (0.42) on CPU: ``enable_parallelism`` computes ``rank % torch.accelerator.device_count()``,
 which divides by zero on CPU-only torch. ``_enable_diffusers_cp`` runs it unchanged but for that one
@@ -62,11 +67,21 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _transformer(heads: int | None) -> torch.nn.Module:
+def _reset_peak_rss() -> bool:
+    """Set the process's peak RSS (VmHWM) to its current RSS (Linux >= 4.0); False where not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _transformer(heads: int) -> torch.nn.Module:
     from pipelines.models import build_tiny
 
     model = build_tiny("tiny-wan", "transformer")
-    if heads is not None and heads != model.config.num_attention_heads:
+    if heads != model.config.num_attention_heads:
         torch.manual_seed(0)
         model = type(model).from_config({**model.config, "num_attention_heads": heads}).eval()
     return model
@@ -74,7 +89,8 @@ def _transformer(heads: int | None) -> torch.nn.Module:
 
 def _enable_diffusers_cp(model: torch.nn.Module, ulysses: int, anything: bool) -> None:
     """``model.enable_parallelism`` with a CPU device and mesh (see the module docstring)."""
-    from diffusers.models._modeling_parallel import ContextParallelConfig, ParallelConfig as DiffusersConfig
+    from diffusers.models._modeling_parallel import ContextParallelConfig
+    from diffusers.models._modeling_parallel import ParallelConfig as DiffusersConfig
     from torch.distributed.device_mesh import init_device_mesh
 
     if not dist.is_initialized():
@@ -96,13 +112,13 @@ def _enable_diffusers_cp(model: torch.nn.Module, ulysses: int, anything: bool) -
         del model._resolve_parallel_config
 
 
-def build(method: str, heads: int | None, x: torch.Tensor, t: torch.Tensor, cond, uncond) -> Step:
+def build(method: str, heads: int, x: torch.Tensor, t: torch.Tensor, cond, uncond) -> Step:
     """One guidance step of ``method``: (conditional, unconditional) full outputs on every rank."""
     if method == "ours-cfg2":
         from pipelines.models import build_tiny
 
         pipe = build_tiny("tiny-wan")
-        if heads is not None:
+        if heads != pipe.transformer.config.num_attention_heads:
             pipe.transformer = _transformer(heads)
         model = pipe.transformer
         parallelize(pipe, init_parallel(ParallelConfig(cfg=2)))
@@ -126,7 +142,7 @@ def build(method: str, heads: int | None, x: torch.Tensor, t: torch.Tensor, cond
     return step
 
 
-def worker(method: str, shape: tuple[int, ...], text_len: int, heads: int | None, iters: int) -> dict:
+def worker(method: str, shape: tuple[int, ...], text_len: int, heads: int, iters: int) -> dict:
     torch.manual_seed(1)
     x, cond, uncond = torch.randn(shape), torch.randn(1, text_len, 16), torch.randn(1, text_len, 16)
     t = torch.tensor([500.0])
@@ -138,10 +154,12 @@ def worker(method: str, shape: tuple[int, ...], text_len: int, heads: int | None
         try:
             outputs = step()  # warm-up
         except RuntimeError as e:
-            n = heads or 3
-            if method.startswith("diffusers") and n % 2:
-                raise RuntimeError(f"{n} heads not divisible by Ulysses 2 ({str(e).splitlines()[0]})") from e
+            if method.startswith("diffusers") and heads % 2:
+                raise RuntimeError(f"{heads} heads not divisible by Ulysses 2 ({str(e).splitlines()[0]})") from e
             raise
+        gc.collect()
+        if _reset_peak_rss():  # else the warm-up (and lazily loaded kernels) count too, as in bench_attention
+            base = _rss_mib()
         times = []
         for _ in range(iters):
             if world > 1:
@@ -156,44 +174,24 @@ def worker(method: str, shape: tuple[int, ...], text_len: int, heads: int | None
     return {"step_s": step_s, "peak_mib": peak, "outputs": [o.clone() for o in outputs]}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--frames", type=int, default=8, help="latent frames F")
-    parser.add_argument("--height", type=int, default=64, help="latent height H (even)")
-    parser.add_argument("--width", type=int, default=64, help="latent width W (even)")
-    parser.add_argument("--text-len", type=int, default=32, help="text tokens (cross-attention)")
-    parser.add_argument("--heads", type=int, default=None, help="override the tiny model's 3 attention heads")
-    parser.add_argument("--iters", type=int, default=5)
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    args = parser.parse_args()
-    if "single" not in args.methods:
-        parser.error("--methods must include 'single' (the reference)")
-    # the tiny model's rotary table has rope_max_seq_len = 32 positions per axis of the patch grid
-    if args.frames > 32 or args.height > 64 or args.width > 64 or args.height % 2 or args.width % 2:
-        parser.error("the tiny model needs frames <= 32 and even height, width <= 64 (rope_max_seq_len 32)")
+def run(args: argparse.Namespace, heads: int) -> None:
     shape = (1, 4, args.frames, args.height, args.width)
     tokens = args.frames * args.height * args.width // 4
-
     rows = {}
     for method in args.methods:
-        world = METHODS[method]
-        start = time.perf_counter()
         try:
             rows[method] = spawn(
-                worker, world, args=(method, shape, args.text_len, args.heads, args.iters), threads=1, timeout=900
+                worker, METHODS[method], args=(method, shape, args.text_len, heads, args.iters), threads=1, timeout=900
             )[0]
         except Exception as e:  # a method that cannot run here is reported, not fatal
             rows[method] = {"error": str(e).strip().splitlines()[-1][:110]}
-        print(f"  {method}: {time.perf_counter() - start:.0f} s", flush=True)
 
     base = rows["single"]
     if "error" in base:
         raise SystemExit(f"single-process reference failed: {base['error']}")
-    heads = args.heads or 3
     print(
-        f"\ntiny-wan transformer ({heads} heads of 12, 2 layers), latent {tuple(shape)} = {tokens} tokens + "
-        f"{args.text_len} text, fp32, CPU, 1 thread per process\n"
-        "step = one guidance step: transformer(cond) + transformer(uncond)"
+        f"\ntiny-wan transformer, {heads} heads of 12, 2 layers; latent {shape} = {tokens} tokens + {args.text_len} "
+        f"text; fp32, CPU, 1 thread per process; step = transformer(cond) + transformer(uncond)"
     )
     print(f"{'method':28s} {'procs':>5s} {'ms/step':>9s} {'speedup':>8s} {'peak MiB':>9s} {'max|diff|':>10s}")
     for method, r in rows.items():
@@ -206,18 +204,42 @@ def main() -> None:
             f"{r['peak_mib']:9.1f} {diff:10.2e}"
         )
 
-    def ok(m: str) -> bool:
-        return m in rows and "error" not in rows[m]
+    time_of = {m: r["step_s"] for m, r in rows.items() if "error" not in r}
+    ratios = [
+        f"{other}/{mine} time = {time_of[other] / time_of[mine]:.3f}"
+        for other, mine in [
+            ("diffusers-ulysses2", "ours-ulysses2"),
+            ("diffusers-ulysses2-anything", "ours-ulysses2"),
+            ("single", "ours-cfg2"),
+            ("ours-ulysses2", "ours-ring2"),
+        ]
+        if other in time_of and mine in time_of
+    ]
+    print("ratios: " + "; ".join(ratios), flush=True)
 
-    ratios = []
-    for other in ("diffusers-ulysses2", "diffusers-ulysses2-anything"):
-        if ok("ours-ulysses2") and ok(other):
-            ratios.append(f"ours-ulysses2/{other} time = {rows['ours-ulysses2']['step_s'] / rows[other]['step_s']:.3f}")
-    if ok("ours-cfg2"):
-        ratios.append(f"ours-cfg2 speedup vs single = {base['step_s'] / rows['ours-cfg2']['step_s']:.2f}x")
-    if ok("ours-ring2") and ok("ours-ulysses2"):
-        ratios.append(f"ours ring2/ulysses2 time = {rows['ours-ring2']['step_s'] / rows['ours-ulysses2']['step_s']:.3f}")
-    print("ratios: " + "; ".join(ratios))
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--frames", type=int, default=8, help="latent frames F")
+    parser.add_argument("--height", type=int, default=64, help="latent height H (even)")
+    parser.add_argument("--width", type=int, default=64, help="latent width W (even)")
+    parser.add_argument("--text-len", type=int, default=32, help="text tokens (cross-attention)")
+    parser.add_argument(
+        "--heads", type=int, nargs="+", default=[3, 4], help="attention heads: 3 is tiny-wan's; one table each"
+    )
+    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    args = parser.parse_args()
+    if "single" not in args.methods:
+        parser.error("--methods must include 'single' (the reference)")
+    # the tiny model's rotary table has rope_max_seq_len = 32 positions per axis of the patch grid
+    if args.frames > 32 or args.height > 64 or args.width > 64 or args.height % 2 or args.width % 2:
+        parser.error("the tiny model needs frames <= 32 and even height, width <= 64 (rope_max_seq_len 32)")
+    load = os.getloadavg()[0]
+    if load > 0.5:
+        print(f"note: load average {load:.1f} before the run; other jobs on the {os.cpu_count()} cores skew timings")
+    for heads in args.heads:
+        run(args, heads)
 
 
 if __name__ == "__main__":
