@@ -1,0 +1,82 @@
+"""GRPO training throughput: time per training sample and peak memory per process, one process (sp=1)
+vs. sequence parallel on two (Ulysses 2, Ring 2), side by side in one run.
+
+    python benchmarks/bench_grpo.py                 # tiny Wan, 9 frames of 64x64 (a few minutes)
+    python benchmarks/bench_grpo.py --height 96 --width 96
+
+Each method runs ``--steps`` GRPO iterations (rollout, reward, one update) after one warm-up iteration; a
+"sample" is one rollout + its share of the training forward/backward. Memory is the growth of the peak
+resident set during the timed iterations (CPU has no allocator statistics).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import time
+
+import torch
+import torch.distributed as dist
+
+from dit_sp import spawn
+from dit_sp.rl.grpo import seed_for, train_on_rollout
+from pipelines.train_grpo import TrainConfig, collect, setup
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def worker(cfg: TrainConfig, steps: int) -> dict[str, float]:
+    run = setup(cfg)
+
+    def iteration(step: int) -> None:
+        data = collect(run, step)
+        train_on_rollout(run.policy, run.transformer, run.optimizer, data["traj"], data["cond"], data["advantages"],
+                         run.grpo, seed_for(cfg.seed, step, 1))  # fmt: skip
+
+    iteration(0)
+    base = _rss_mib()
+    dist.barrier()
+    start = time.perf_counter()
+    for step in range(1, steps + 1):
+        iteration(step)
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    samples = steps * cfg.prompts_per_step * cfg.group_size
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base
+    return {"s_per_sample": elapsed.item() / samples, "peak_mib": peak}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--height", type=int, default=64)
+    parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--frames", type=int, default=9)
+    parser.add_argument("--steps", type=int, default=2)
+    args = parser.parse_args()
+    base = {"model": "tiny-wan", "frames": args.frames, "height": args.height, "width": args.width, "steps": 4,
+            "group_size": 2, "prompts_per_step": 2, "checkpoint_every": 0, "guidance": 4.0,
+            "train_fraction": 0.5}  # fmt: skip
+    layouts = {"sp=1": (1, {}), "ulysses2": (2, {"ulysses": 2}), "ring2": (2, {"ring": 2})}
+    rows = {}
+    for name, (world, extra) in layouts.items():
+        cfg = TrainConfig(**(base | extra))
+        rows[name] = spawn(worker, world, args=(cfg, args.steps), threads=1, timeout=3600)
+    tokens = (args.frames - 1) // 4 + 1
+    tokens *= (args.height // 16) * (args.width // 16)
+    print(f"\nGRPO on tiny-wan, {args.frames} frames of {args.height}x{args.width} ({tokens} tokens), guidance 4, "
+          "1 thread per process")  # fmt: skip
+    print(f"{'layout':10s} {'procs':>5s} {'s/sample':>9s} {'speedup':>8s} {'peak MiB/proc':>14s}")
+    single = rows["sp=1"][0]["s_per_sample"]
+    for name, results in rows.items():
+        r = results[0]
+        print(f"{name:10s} {len(results):5d} {r['s_per_sample']:9.3f} {single / r['s_per_sample']:7.2f}x "
+              f"{max(x['peak_mib'] for x in results):14.1f}")  # fmt: skip
+    print(f"ratio: sp=1 / ulysses2 time per sample = {single / rows['ulysses2'][0]['s_per_sample']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
