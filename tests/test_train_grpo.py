@@ -141,3 +141,24 @@ def test_shipped_configs_are_valid():
             import yaml
 
             assert set(yaml.safe_load(path.read_text())) <= generate_keys, path
+
+
+@pytest.mark.parametrize(
+    ("world", "overrides"),
+    [
+        (2, {"ulysses": 2, "activation_checkpointing": True}),  # recomputed blocks must not re-split
+        (4, {"ulysses": 2, "dp": 2, "hsdp": True}),  # HSDP: shard over SP, replicate over dp
+    ],
+)
+def test_checkpointing_and_hsdp_steps_equal_single_process(single, world, overrides):
+    results = spawn(step_gradients, world, args=(tiny_config(**overrides),), timeout=300)
+    for result in results:
+        assert _max_error(result["grads"], single["grads"]) <= 1e-5
+
+
+def test_lora_step_trains_only_the_adapters():
+    """LoRA: one process and Ulysses 2 give the same adapter gradients; the base weights get none."""
+    one = spawn(step_gradients, 1, args=(tiny_config(lora_rank=4),), timeout=300)[0]
+    two = spawn(step_gradients, 2, args=(tiny_config(lora_rank=4, ulysses=2),), timeout=300)[0]
+    assert one["grads"] and all("lora" in name for name in one["grads"])
+    assert _max_error(two["grads"], one["grads"]) <= 1e-5

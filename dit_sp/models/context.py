@@ -23,8 +23,8 @@ class SequenceContext:
     seq_len: int | None = None
     """Full (unpadded) number of video tokens of the current forward."""
     in_forward: bool = False
-    """True between the model's forward pre-hook and forward hook. Recomputation of checkpointed
-    blocks in backward happens outside and must not split again."""
+    """True between the model's forward pre-hook and forward hook. (Checkpointed blocks are recomputed
+    in backward, outside it: torch re-runs them on their unsplit inputs, so their hooks split again.)"""
     _mask_cache: dict = field(default_factory=dict)
 
     @property
@@ -43,7 +43,7 @@ class SequenceContext:
         self.in_forward = False
 
     def record_seq_len(self, length: int) -> None:
-        if self.seq_len is not None and self.seq_len != length:
+        if self.in_forward and self.seq_len is not None and self.seq_len != length:
             raise RuntimeError(
                 f"sequences of {self.seq_len} and {length} tokens were split in one forward; the plan of "
                 "this model is inconsistent"

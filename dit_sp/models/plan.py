@@ -50,8 +50,6 @@ def _input_hook(module: torch.nn.Module, specs: dict, ctx: SequenceContext, is_r
     def hook(mod, args, kwargs):
         if is_root:
             ctx.begin()
-        if not ctx.in_forward:
-            return None
         args = list(args)
         for key, spec in specs.items():
             for item in _as_list(spec):
@@ -66,8 +64,6 @@ def _input_hook(module: torch.nn.Module, specs: dict, ctx: SequenceContext, is_r
 
 def _output_hook(specs: dict | ContextParallelOutput | list, ctx: SequenceContext, is_root: bool) -> Callable:
     def hook(mod, args, output):
-        if not ctx.in_forward:
-            return output
         if isinstance(specs, dict):  # split outputs (e.g. rotary embeddings computed for the full sequence)
             if isinstance(output, tuple):
                 output = list(output)
@@ -96,7 +92,7 @@ def apply_plan(model: torch.nn.Module, plan: Plan, ctx: SequenceContext) -> list
     if missing:
         raise ValueError(f"the sequence-parallel plan names modules that {type(model).__name__} lacks: {missing}")
     root_spec = plan.get("", {})
-    # The model itself always gets hooks: they open and close the forward (see SequenceContext.in_forward).
+    # The model itself always gets hooks: they open and close the forward (see SequenceContext).
     handles.append(model.register_forward_pre_hook(_input_hook(model, root_spec, ctx, True), with_kwargs=True))
     for name, spec in plan.items():
         if name == "":
