@@ -54,7 +54,8 @@ def test_every_layout_gives_the_same_video(reference, tmp_path, layout):
 @pytest.mark.parametrize(("out", "kind"), [("v.mp4", "mp4"), ("v.gif", "gif"), ("frames", "png")])
 def test_cli_writes_readable_video(tmp_path, out, kind):
     target = tmp_path / out
-    cmd = [sys.executable, "-m", "pipelines.generate", "--model", "tiny-wan", "--frames", "5", "--height", "32", "--width", "48",
+    cmd = [sys.executable, "-m", "pipelines.generate", "--model", "tiny-wan", "--frames", "5", "--height", "32",
+           "--width", "48",
            "--steps", "2", "--out", str(target)]  # fmt: skip
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
