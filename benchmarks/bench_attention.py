@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import sys
-import time
 from collections.abc import Callable
 
 import torch
@@ -27,17 +25,9 @@ from dit_sp.parallel import single_process_state
 
 sys.path.insert(0, os.path.dirname(__file__))
 import competitors  # noqa: E402  (benchmarks/competitors.py: diffusers and yunchang adapters)
+from measure import median_seconds, peak_rss_mib, rss_mib  # noqa: E402
 
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def _rss_mib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def _peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _sdpa(q, k, v):
@@ -72,22 +62,11 @@ def worker(method: str, seq: int, heads: int, head_dim: int, iters: int) -> dict
     q, k, v, grad = full
     q, k, v = (x.requires_grad_() for x in (q, k, v))
 
-    def timed(fn: Callable[[], object]) -> float:
-        fn()  # warm-up
-        times = []
-        for _ in range(iters):
-            if world > 1:
-                dist.barrier()
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return sorted(times)[len(times) // 2]
-
-    base = _rss_mib()
+    base = rss_mib()
     with torch.no_grad():
-        forward = timed(lambda: attention(q, k, v))
-    fwd_bwd = timed(lambda: attention(q, k, v).backward(grad))
-    result = torch.tensor([forward, fwd_bwd, _peak_rss_mib() - base], dtype=torch.float64)
+        forward = median_seconds(lambda: attention(q, k, v), iters)
+    fwd_bwd = median_seconds(lambda: attention(q, k, v).backward(grad), iters)
+    result = torch.tensor([forward, fwd_bwd, peak_rss_mib() - base], dtype=torch.float64)
     if world > 1:
         dist.all_reduce(result, op=dist.ReduceOp.MAX)
     return dict(zip(("forward_s", "fwd_bwd_s", "peak_mib"), result.tolist()))

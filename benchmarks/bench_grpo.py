@@ -12,21 +12,15 @@ resident set during the timed iterations (CPU has no allocator statistics).
 from __future__ import annotations
 
 import argparse
-import os
-import resource
 import time
 
 import torch
 import torch.distributed as dist
+from measure import peak_rss_mib, rss_mib  # benchmarks/measure.py
 
 from dit_sp import spawn
 from dit_sp.rl.grpo import seed_for, train_on_rollout
 from pipelines.train_grpo import TrainConfig, collect, setup
-
-
-def _rss_mib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def worker(cfg: TrainConfig, steps: int) -> dict[str, float]:
@@ -38,7 +32,7 @@ def worker(cfg: TrainConfig, steps: int) -> dict[str, float]:
                          run.grpo, seed_for(cfg.seed, step, 1))  # fmt: skip
 
     iteration(0)
-    base = _rss_mib()
+    base = rss_mib()
     dist.barrier()
     start = time.perf_counter()
     for step in range(1, steps + 1):
@@ -46,7 +40,7 @@ def worker(cfg: TrainConfig, steps: int) -> dict[str, float]:
     elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
     samples = steps * cfg.prompts_per_step * cfg.group_size
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base
+    peak = peak_rss_mib() - base
     return {"s_per_sample": elapsed.item() / samples, "peak_mib": peak}
 
 

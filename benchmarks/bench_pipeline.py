@@ -36,12 +36,11 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import resource
-import time
 from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
+from measure import median_seconds, peak_rss_mib, reset_peak_rss, rss_mib  # benchmarks/measure.py
 
 from dit_sp import ParallelConfig, init_parallel, spawn
 from dit_sp.parallelize import parallelize
@@ -56,25 +55,6 @@ METHODS = {  # name: processes
     "diffusers-ulysses2": 2,
     "diffusers-ulysses2-anything": 2,
 }
-
-
-def _rss_mib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def _peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _reset_peak_rss() -> bool:
-    """Set the process's peak RSS (VmHWM) to its current RSS (Linux >= 4.0); False where not possible."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
 
 
 def _transformer(heads: int) -> torch.nn.Module:
@@ -149,7 +129,7 @@ def worker(method: str, shape: tuple[int, ...], text_len: int, heads: int, iters
     step = build(method, heads, x, t, cond, uncond)
     world = dist.get_world_size() if dist.is_initialized() else 1
     gc.collect()
-    base = _rss_mib()
+    base = rss_mib()
     with torch.no_grad():
         try:
             outputs = step()  # warm-up
@@ -158,16 +138,10 @@ def worker(method: str, shape: tuple[int, ...], text_len: int, heads: int, iters
                 raise RuntimeError(f"{heads} heads not divisible by Ulysses 2 ({str(e).splitlines()[0]})") from e
             raise
         gc.collect()
-        if _reset_peak_rss():  # else the warm-up (and lazily loaded kernels) count too, as in bench_attention
-            base = _rss_mib()
-        times = []
-        for _ in range(iters):
-            if world > 1:
-                dist.barrier()
-            start = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - start)
-    result = torch.tensor([sorted(times)[len(times) // 2], _peak_rss_mib() - base], dtype=torch.float64)
+        if reset_peak_rss():  # else the warm-up (and lazily loaded kernels) count too, as in bench_attention
+            base = rss_mib()
+        step_s = median_seconds(step, iters, warmup=False)
+    result = torch.tensor([step_s, peak_rss_mib() - base], dtype=torch.float64)
     if world > 1:
         dist.all_reduce(result, op=dist.ReduceOp.MAX)
     step_s, peak = result.tolist()

@@ -1,0 +1,45 @@
+"""Timing and memory measurement shared by the benchmarks (CPU: no allocator statistics, so RSS)."""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from collections.abc import Callable
+
+import torch.distributed as dist
+
+
+def rss_mib() -> float:
+    """Current resident set of this process."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set of this process so far."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def reset_peak_rss() -> bool:
+    """Set the process's peak RSS (VmHWM) to its current RSS (Linux >= 4.0); False where not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def median_seconds(fn: Callable[[], object], iters: int, *, warmup: bool = True) -> float:
+    """Median wall time of ``fn`` over ``iters`` runs, ranks aligned by a barrier before each run."""
+    if warmup:
+        fn()
+    times = []
+    for _ in range(iters):
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.barrier()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
