@@ -1,4 +1,9 @@
-"""GRPO policies: a diffusers text-to-video pipeline seen as what ``dit_sp.rl.grpo`` needs."""
+"""GRPO policies: a diffusers text-to-video pipeline seen as what ``dit_sp.rl.grpo`` needs.
+
+One class per model family, on a shared base that holds what the families have in common: the latent
+shape, the reference model of the KL term, classifier-free guidance as one batch of both branches (the
+same batch in rollout and training, so their numerics agree) and decoding to ``(B, F, C, H, W)`` in [0, 1].
+"""
 
 from __future__ import annotations
 
@@ -9,13 +14,9 @@ import torch
 Tensor = torch.Tensor
 
 
-class WanPolicy:
-    """Wan 2.1/2.2 text-to-video: text conditioning of the pipeline, guided velocity of the
-    (parallelized, sharded) transformer, VAE decoding to ``(B, F, C, H, W)`` in [0, 1].
-
-    Guidance runs the conditional and unconditional branch as one batch (the same batch in rollout
-    and training, so their numerics agree).
-    """
+class DiffusersPolicy:
+    """A pipeline's text conditioning, the guided velocity of its (parallelized, sharded) transformer and
+    its VAE. Subclasses say how to encode prompts, call the transformer and undo the latent scaling."""
 
     def __init__(self, pipe: Any, transformer: torch.nn.Module, *, frames: int, height: int, width: int,
                  guidance: float, negative_prompt: str = "", max_sequence_length: int = 32,
@@ -24,47 +25,123 @@ class WanPolicy:
         self.guidance, self.negative_prompt, self.max_sequence_length = guidance, negative_prompt, max_sequence_length
         self.device = device or torch.device("cpu")
         temporal, spatial = pipe.vae_scale_factor_temporal, pipe.vae_scale_factor_spatial
-        if (frames - 1) % temporal or height % (spatial * 2) or width % (spatial * 2):
+        patch = transformer.config.patch_size
+        patch = patch[-1] if isinstance(patch, (tuple, list)) else patch
+        if (frames - 1) % temporal or height % (spatial * patch) or width % (spatial * patch):
             raise ValueError(
                 f"frames={frames}, {height}x{width}: the VAE needs {temporal}*k+1 frames and sizes that are "
-                f"multiples of {spatial * 2}"
+                f"multiples of {spatial * patch} (VAE x{spatial}, patch {patch})"
             )
-        self.shape = (pipe.vae.config.z_dim, (frames - 1) // temporal + 1, height // spatial, width // spatial)
+        channels = transformer.config.in_channels
+        self.shape = (channels, (frames - 1) // temporal + 1, height // spatial, width // spatial)
+
+    @property
+    def guided(self) -> bool:
+        return self.guidance > 1
 
     def latent_shape(self) -> tuple[int, ...]:
         return self.shape
+
+    def encode(self, prompts: list[str]) -> tuple[Any, Any | None]:
+        """``(positive, negative)`` conditioning, each as ``_forward`` takes it; negative is None unguided."""
+        raise NotImplementedError
+
+    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: Any) -> Tensor:
+        raise NotImplementedError
+
+    def _concat(self, negative: Any, positive: Any) -> Any:
+        """The two branches' conditioning as one batch (negative first)."""
+        if isinstance(positive, Tensor):
+            return torch.cat([negative, positive])
+        return type(positive)(self._concat(n, p) for n, p in zip(negative, positive))
+
+    def velocity(self, x: Tensor, s: float, cond: tuple[Any, Any | None], *, reference: bool = False) -> Tensor:
+        """Guided velocity ``(B, C, F, H, W)`` fp32 at noise level ``s`` (timestep ``1000 s``)."""
+        model = self.reference if reference and self.reference is not None else self.transformer
+        positive, negative = cond
+        hidden = torch.cat([x, x]) if self.guided else x
+        branches = self._concat(negative, positive) if self.guided else positive
+        timestep = torch.full((hidden.shape[0],), s * 1000.0, device=x.device)
+        dtype = next(model.parameters()).dtype
+        out = self._forward(model, hidden.to(dtype), timestep, branches).float()
+        if not self.guided:
+            return out
+        uncond, cond_v = out.chunk(2)
+        return uncond + self.guidance * (cond_v - uncond)
+
+    def _unscale(self, latents: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def decode(self, latents: Tensor) -> Tensor:
+        vae = self.pipe.vae
+        video = vae.decode(self._unscale(latents).to(vae.dtype), return_dict=False)[0]  # (B, C, F, H, W) in [-1, 1]
+        return ((video.float() + 1) / 2).clamp(0, 1).permute(0, 2, 1, 3, 4)
+
+
+class WanPolicy(DiffusersPolicy):
+    """Wan 2.1/2.2 text-to-video (UMT5 text tokens)."""
 
     @torch.no_grad()
     def encode(self, prompts: list[str]) -> tuple[Tensor, Tensor | None]:
         positive, negative = self.pipe.encode_prompt(
             prompt=prompts,
             negative_prompt=[self.negative_prompt] * len(prompts),
-            do_classifier_free_guidance=self.guidance > 1,
+            do_classifier_free_guidance=self.guided,
             max_sequence_length=self.max_sequence_length,
             device=self.device,
         )
         return positive, negative
 
-    def velocity(self, x: Tensor, s: float, cond: tuple[Tensor, Tensor | None], *, reference: bool = False) -> Tensor:
-        model = self.reference if reference and self.reference is not None else self.transformer
-        positive, negative = cond
-        dtype = next(model.parameters()).dtype
-        guided = self.guidance > 1
-        hidden = torch.cat([x, x]) if guided else x
-        embeds = torch.cat([negative, positive]) if guided else positive
-        timestep = torch.full((hidden.shape[0],), s * 1000.0, device=x.device)
-        out = model(hidden_states=hidden.to(dtype), timestep=timestep, encoder_hidden_states=embeds.to(dtype),
-                    return_dict=False)[0].float()  # fmt: skip
-        if not guided:
-            return out
-        uncond, cond_v = out.chunk(2)
-        return uncond + self.guidance * (cond_v - uncond)
+    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: Tensor) -> Tensor:
+        return model(hidden_states=hidden, timestep=timestep, encoder_hidden_states=cond.to(hidden.dtype),
+                     return_dict=False)[0]  # fmt: skip
+
+    def _unscale(self, latents: Tensor) -> Tensor:
+        config = self.pipe.vae.config
+        mean = torch.tensor(config.latents_mean).view(1, config.z_dim, 1, 1, 1).to(latents)
+        std = torch.tensor(config.latents_std).view(1, config.z_dim, 1, 1, 1).to(latents)
+        return latents * std + mean
+
+
+class HunyuanVideoPolicy(DiffusersPolicy):
+    """HunyuanVideo text-to-video: Llama text tokens with their mask, a pooled CLIP embedding, and the
+    embedded (distilled) guidance of the transformer; true classifier-free guidance only if ``guidance > 1``."""
+
+    def __init__(self, pipe: Any, transformer: torch.nn.Module, *, embedded_guidance: float = 6.0, **kwargs: Any):
+        super().__init__(pipe, transformer, **kwargs)
+        self.embedded_guidance = embedded_guidance
 
     @torch.no_grad()
-    def decode(self, latents: Tensor) -> Tensor:
-        vae = self.pipe.vae
-        z = vae.config.z_dim
-        mean = torch.tensor(vae.config.latents_mean).view(1, z, 1, 1, 1).to(latents)
-        std = torch.tensor(vae.config.latents_std).view(1, z, 1, 1, 1).to(latents)
-        video = vae.decode((latents * std + mean).to(vae.dtype), return_dict=False)[0]  # (B, C, F, H, W) in [-1, 1]
-        return ((video.float() + 1) / 2).clamp(0, 1).permute(0, 2, 1, 3, 4)
+    def encode(self, prompts: list[str]) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...] | None]:
+        def encode(texts: list[str]) -> tuple[Tensor, ...]:
+            embeds, pooled, mask = self.pipe.encode_prompt(prompt=texts, device=self.device,
+                                                           max_sequence_length=self.max_sequence_length)  # fmt: skip
+            return embeds, pooled, mask
+
+        positive = encode(prompts)
+        return positive, encode([self.negative_prompt] * len(prompts)) if self.guided else None
+
+    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: tuple[Tensor, ...]) -> Tensor:
+        embeds, pooled, mask = cond
+        guidance = None
+        if self.transformer.config.guidance_embeds:
+            guidance = torch.full((hidden.shape[0],), self.embedded_guidance * 1000.0, device=hidden.device,
+                                  dtype=hidden.dtype)  # fmt: skip
+        return model(hidden_states=hidden, timestep=timestep, encoder_hidden_states=embeds.to(hidden.dtype),
+                     encoder_attention_mask=mask.to(hidden.dtype), pooled_projections=pooled.to(hidden.dtype),
+                     guidance=guidance, return_dict=False)[0]  # fmt: skip
+
+    def _unscale(self, latents: Tensor) -> Tensor:
+        return latents / self.pipe.vae.config.scaling_factor
+
+
+POLICIES: dict[str, type[DiffusersPolicy]] = {"WanPipeline": WanPolicy, "HunyuanVideoPipeline": HunyuanVideoPolicy}
+
+
+def policy_for(pipe: Any) -> type[DiffusersPolicy]:
+    """The policy class of a loaded pipeline."""
+    name = type(pipe).__name__
+    if name not in POLICIES:
+        raise ValueError(f"GRPO has no policy for {name}; supported pipelines: {sorted(POLICIES)}")
+    return POLICIES[name]

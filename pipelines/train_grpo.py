@@ -27,12 +27,12 @@ import yaml
 from dit_sp import ParallelConfig, init_parallel, spawn
 from dit_sp.parallel.launch import free_port
 from dit_sp.parallelize import parallelize
-from dit_sp.rl import SDEConfig, build_reward, group_advantages
+from dit_sp.rl import SDEConfig, build_reward, group_advantages, sample_trajectory, shifted_sigmas
 from dit_sp.rl.advantages import gather_across
 from dit_sp.rl.grpo import GRPOConfig, make_batch, rewards_of, rollout, seed_for, train_on_rollout
 from dit_sp.train import checkpoint, shard_model
 from pipelines.models import load_pipeline
-from pipelines.policies import WanPolicy
+from pipelines.policies import DiffusersPolicy, HunyuanVideoPolicy, policy_for
 from pipelines.video import save_video
 
 
@@ -45,6 +45,8 @@ class TrainConfig:
     max_steps: int = 20
     checkpoint_every: int = 10
     eval_every: int = 0
+    """Every N steps: ODE samples of the first ``eval_prompts`` prompts (video + ``eval_reward`` metric)."""
+    eval_prompts: int = 4
     resume: bool = False
     seed: int = 0
     dp: int | None = None
@@ -58,6 +60,8 @@ class TrainConfig:
     steps: int = 6
     shift: float = 3.0
     guidance: float = 1.0
+    embedded_guidance: float | None = None
+    """HunyuanVideo's distilled guidance (default 6.0); other families have none."""
     negative_prompt: str = ""
     max_sequence_length: int = 16
     sde: str = "flow"
@@ -163,6 +167,9 @@ class MetricsLog:
         ax.plot(steps, [r["reward_mean"] for r in rows], label="reward mean")
         ax.fill_between(steps, [r["reward_mean"] - r["reward_std"] for r in rows],
                         [r["reward_mean"] + r["reward_std"] for r in rows], alpha=0.2)  # fmt: skip
+        evals = [r for r in rows if r.get("eval_reward") is not None]
+        if evals:
+            ax.plot([r["step"] for r in evals], [r["eval_reward"] for r in evals], "o-", label="eval reward (ODE)")
         ax.set_xlabel("step")
         ax.set_ylabel("reward")
         ax.legend()
@@ -198,7 +205,7 @@ class Run:
     transformer: torch.nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: Any
-    policy: WanPolicy
+    policy: DiffusersPolicy
 
 
 def setup(cfg: TrainConfig) -> Run:
@@ -235,7 +242,13 @@ def setup(cfg: TrainConfig) -> Run:
     params = [p for p in transformer.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
-    policy = WanPolicy(pipe, transformer, frames=cfg.frames, height=cfg.height, width=cfg.width,
+    policy_cls = policy_for(pipe)
+    family_options = {}
+    if cfg.embedded_guidance is not None:
+        if policy_cls is not HunyuanVideoPolicy:
+            raise ValueError(f"embedded_guidance is a HunyuanVideo setting; {type(pipe).__name__} has none")
+        family_options["embedded_guidance"] = cfg.embedded_guidance
+    policy = policy_cls(pipe, transformer, **family_options, frames=cfg.frames, height=cfg.height, width=cfg.width,
                        guidance=cfg.guidance, negative_prompt=cfg.negative_prompt,
                        max_sequence_length=cfg.max_sequence_length, device=parallel.device)  # fmt: skip
     if reference is not None:
@@ -283,12 +296,13 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         stats = train_on_rollout(run.policy, transformer, optimizer, data["traj"], data["cond"], data["advantages"],
                                  run.grpo, seed_for(cfg.seed, step, 1))  # fmt: skip
         scheduler.step()
-        metrics.log(_metrics_row(step, stats, data, parallel, scheduler, time.perf_counter() - began))
+        row = _metrics_row(step, stats, data, parallel, scheduler, time.perf_counter() - began)
         done = step + 1
+        if cfg.eval_every and done % cfg.eval_every == 0:
+            row["eval_reward"] = evaluate(run, out / f"eval_step{done:06d}.mp4")
+        metrics.log(row)
         if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.max_steps:
             checkpoint.save(ckpt_dir, done, transformer, optimizer, {"step": done, "scheduler": scheduler.state_dict()})
-        if cfg.eval_every and done % cfg.eval_every == 0:
-            evaluate(run.policy, run.prompts, cfg, run.grpo, parallel, out / f"eval_step{done:06d}.mp4")
 
     checkpoint.save(ckpt_dir, cfg.max_steps, transformer, optimizer,
                     {"step": cfg.max_steps, "scheduler": scheduler.state_dict()})  # fmt: skip
@@ -334,16 +348,25 @@ class _LoraDisabled:
 
 
 @torch.no_grad()
-def evaluate(policy: WanPolicy, prompts: list[str], cfg: TrainConfig, grpo: GRPOConfig, parallel, path: Path) -> None:
-    """An ODE sample of the first prompt with a fixed seed, written by the leader."""
-    from dit_sp.rl import sample_trajectory, shifted_sigmas
-
-    cond = policy.encode(prompts[:1])
-    noise = torch.randn((1, *policy.latent_shape()), generator=torch.Generator().manual_seed(cfg.seed))
+def evaluate(run: Run, path: Path) -> float:
+    """ODE samples of the first ``eval_prompts`` prompts from fixed noise: their mean reward (the same on
+    every rank), and a video of them side by side written by the leader. Touches no training RNG."""
+    cfg, policy, parallel = run.cfg, run.policy, run.parallel
+    prompts = run.prompts[: cfg.eval_prompts]
+    cond = policy.encode(prompts)
+    noise = torch.randn((len(prompts), *policy.latent_shape()), generator=torch.Generator().manual_seed(cfg.seed))
+    run.transformer.eval()
     traj = sample_trajectory(lambda x, s: policy.velocity(x, s, cond), noise.to(parallel.device),
-                             shifted_sigmas(grpo.steps, grpo.shift), SDEConfig("ode"))  # fmt: skip
+                             shifted_sigmas(run.grpo.steps, run.grpo.shift), SDEConfig("ode"))  # fmt: skip
+    run.transformer.train()
+    reward = torch.zeros(1, device=parallel.device)
     if parallel.rank == 0:
-        save_video(policy.decode(traj.final)[0].permute(0, 2, 3, 1).cpu().numpy(), path)
+        videos = policy.decode(traj.final).cpu()  # (B, F, C, H, W)
+        reward[0] = run.reward(videos, prompts).nanmean()
+        save_video(torch.cat(list(videos), dim=-1).permute(0, 2, 3, 1).numpy(), path)
+    if parallel.world_size > 1:
+        dist.broadcast(reward, src=0)
+    return reward.item()
 
 
 def export(transformer: torch.nn.Module, cfg: TrainConfig, path: Path, leader: bool) -> Path:
@@ -357,14 +380,9 @@ def export(transformer: torch.nn.Module, cfg: TrainConfig, path: Path, leader: b
         missing, unexpected = target.load_state_dict(state, strict=False)
         if unexpected or [k for k in missing if "lora" not in k]:
             raise RuntimeError(f"exported weights do not fit the model: missing {missing}, unexpected {unexpected}")
-        if cfg.lora_rank:
-            target.fuse_lora() if hasattr(target, "fuse_lora") else None
-            from peft.tuners.tuners_utils import BaseTunerLayer
-
-            for module in target.modules():
-                if isinstance(module, BaseTunerLayer):
-                    module.merge()
-            target.delete_adapters(target.active_adapters()) if hasattr(target, "delete_adapters") else None
+        if cfg.lora_rank:  # merge the adapters into the base weights, then drop the peft wrappers
+            target.fuse_lora()
+            target.unload_lora()
         pipe.save_pretrained(path)
     dist.barrier()
     return path

@@ -67,10 +67,11 @@ def _rows(out: Path) -> list[dict]:
 
 def test_killed_run_resumes_exactly(tmp_path):
     full = tmp_path / "full"
-    subprocess.run(_train_cmd(full, "--max-steps", "6", "--checkpoint-every", "2"), check=True, timeout=600,
-                   capture_output=True)  # fmt: skip
+    subprocess.run(_train_cmd(full, "--max-steps", "6", "--checkpoint-every", "2", "--eval-every", "3"), check=True,
+                   timeout=600, capture_output=True)  # fmt: skip
     expected = _rows(full)
     assert [r["step"] for r in expected] == list(range(6))
+    _check_eval_videos(full, expected)
 
     killed = tmp_path / "killed"
     proc = subprocess.Popen(_train_cmd(killed, "--max-steps", "6", "--checkpoint-every", "2"),
@@ -99,6 +100,19 @@ def test_killed_run_resumes_exactly(tmp_path):
                           "--height", "32", "--width", "32", "--steps", "2", "--out", str(tmp_path / "v.mp4")],
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert gen.returncode == 0, gen.stderr[-2000:]
+
+
+def _check_eval_videos(out: Path, rows: list[dict]) -> None:
+    """Every 3 steps: an mp4 of the first prompts side by side (5 frames of 32x32 each) and its reward."""
+    import imageio.v3 as iio
+
+    prompts = len((REPO / "assets/prompts_demo.txt").read_text().strip().splitlines())
+    for done in (3, 6):
+        frames = iio.imread(out / f"eval_step{done:06d}.mp4")
+        assert frames.shape == (5, 32, 32 * min(4, prompts), 3)
+        reward = rows[done - 1]["eval_reward"]
+        assert isinstance(reward, float) and 0 <= reward <= 1
+    assert all("eval_reward" not in row for i, row in enumerate(rows) if (i + 1) % 3)
 
 
 def test_bad_configs_are_clear_errors(tmp_path):
@@ -162,3 +176,60 @@ def test_lora_step_trains_only_the_adapters():
     two = spawn(step_gradients, 2, args=(tiny_config(lora_rank=4, ulysses=2),), timeout=300)[0]
     assert one["grads"] and all("lora" in name for name in one["grads"])
     assert _max_error(two["grads"], one["grads"]) <= 1e-5
+
+
+@pytest.fixture(scope="module")
+def guidance_distilled_hunyuan(tmp_path_factory) -> str:
+    """The tiny HunyuanVideo pipeline with an embedded-guidance input, as the real (distilled) model has."""
+    from diffusers import HunyuanVideoTransformer3DModel
+
+    from pipelines.models import build_tiny
+
+    pipe = build_tiny("tiny-hunyuanvideo")
+    torch.manual_seed(0)
+    pipe.transformer = HunyuanVideoTransformer3DModel(**{**pipe.transformer.config, "guidance_embeds": True})
+    path = tmp_path_factory.mktemp("hunyuan") / "pipe"
+    pipe.save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.parametrize(("ring", "ulysses"), [(1, 2), (2, 1)])
+def test_hunyuan_video_step_equals_single_process(guidance_distilled_hunyuan, ring, ulysses):
+    """HunyuanVideo (joint text-video attention, masked text, 3 heads over 2 ranks, embedded and true CFG)."""
+    settings = {"model": guidance_distilled_hunyuan, "embedded_guidance": 6.0, "width": 32}
+    one = spawn(step_gradients, 1, args=(tiny_config(**settings),), timeout=300)[0]
+    assert one["ratio_min"] == 1.0 and one["ratio_max"] == 1.0
+    assert any("guidance_embedder" in name for name in one["grads"])  # the embedded guidance reaches the model
+    results = spawn(step_gradients, 2, args=(tiny_config(ring=ring, ulysses=ulysses, **settings),), timeout=300)
+    for result in results:
+        torch.testing.assert_close(result["rewards"], one["rewards"], atol=1e-6, rtol=0)
+        assert _max_error(result["grads"], one["grads"]) <= 1e-5
+
+
+def test_embedded_guidance_is_refused_for_wan():
+    with pytest.raises(Exception, match="embedded_guidance is a HunyuanVideo setting"):
+        spawn(step_gradients, 1, args=(tiny_config(embedded_guidance=6.0),), timeout=300)
+
+
+def test_lora_run_exports_plain_merged_weights(tmp_path):
+    """A LoRA run exports a plain diffusers transformer (adapters merged, no peft layers) that generate loads."""
+    from safetensors.torch import load_file
+
+    config = tmp_path / "lora.yaml"
+    config.write_text(f"frames: 5\nheight: 32\nwidth: 32\nsteps: 2\ngroup_size: 2\nprompts_per_step: 1\nlr: 0.01\n"
+                      f"lora_rank: 4\nprompts: {REPO / 'assets/prompts_demo.txt'}\n")  # fmt: skip
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "pipelines.train_grpo", "--config", str(config), "--output-dir", str(out),
+           "--max-steps", "2", "--checkpoint-every", "0"]  # fmt: skip
+    subprocess.run(cmd, check=True, timeout=300, capture_output=True)
+    exported = load_file(next((out / "final" / "transformer").glob("*.safetensors")))
+    from pipelines.models import build_tiny
+
+    base = build_tiny("tiny-wan", "transformer").state_dict()
+    assert exported.keys() == base.keys()  # no lora_A/B, no base_layer
+    changed = [k for k in base if not torch.equal(exported[k], base[k])]
+    assert changed and all(".to_" in k for k in changed)  # only the adapted attention projections moved
+    gen = subprocess.run([sys.executable, "-m", "pipelines.generate", "--model", str(out / "final"), "--frames", "5",
+                          "--height", "32", "--width", "32", "--steps", "2", "--out", str(tmp_path / "v.gif")],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert gen.returncode == 0, gen.stderr[-2000:]
