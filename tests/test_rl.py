@@ -77,6 +77,22 @@ def test_trajectory_log_probs_recompute_exactly():
         assert torch.equal(log_prob, traj.log_probs[t])
 
 
+def test_sde_window_is_stochastic_only_inside():
+    """An SDE window: ODE steps outside (identical across noise draws, log-prob 0), SDE steps inside."""
+    sigmas, config, noise = shifted_sigmas(6, 2.0), SDEConfig("flow"), torch.randn(2, 6)
+    ode = sample_trajectory(_velocity, noise, sigmas, SDEConfig("ode"))
+    window = range(2, 4)
+    runs = [sample_trajectory(_velocity, noise, sigmas, config, torch.Generator().manual_seed(seed), sde_steps=window)
+            for seed in (0, 1)]  # fmt: skip
+    for traj in runs:
+        assert torch.equal(traj.latents[:3], ode.latents[:3])  # steps 0 and 1: the ODE
+        assert (traj.log_probs[[0, 1, 4, 5]] == 0).all() and (traj.log_probs[2:4] != 0).all()
+        for t in (2, 3):
+            assert torch.equal(transition_log_prob(_velocity, traj, t, config)[0], traj.log_probs[t])
+    assert not torch.allclose(runs[0].latents[3], runs[1].latents[3])  # the window's noise
+    assert not torch.allclose(runs[0].final, runs[1].final)
+
+
 def test_bad_steps_and_configs_are_clear_errors():
     with pytest.raises(ValueError, match="0 <= s' < s <= 1"):
         sde_mean_std(torch.zeros(1, 1), torch.zeros(1, 1), 0.3, 0.5, SDEConfig(), 1.0)

@@ -53,7 +53,9 @@ class GRPOConfig:
     train_fraction: float = 0.6
     """Fraction of the rollout's steps trained on each iteration (chosen at random)."""
     sde_window: tuple[int, int] | None = None
-    """Train only these steps ``[start, end)`` instead of a random fraction."""
+    """Steps ``[start, end)``: the only stochastic steps of a rollout (the others are ODE steps), and the
+    only trained ones, instead of a random fraction of an all-SDE rollout. With the same initial noise per
+    group, the reward differences within a group then come from the window's noise alone."""
     clip_range: float = 1e-3
     kl_coef: float = 0.0
     adv_std: str = "group"
@@ -132,9 +134,10 @@ def rollout(policy: Policy, batch: Batch, config: GRPOConfig, parallel: Parallel
     sigmas = shifted_sigmas(config.steps, config.shift)
     init = _per_sample_noise(batch.noise_seeds, shape, parallel.device)
     step_noise = _per_sample_noise(batch.sample_seeds, shape, parallel.device, leading=config.steps)
+    window = range(*config.sde_window) if config.sde_window else None
     with torch.no_grad():
         traj = sample_trajectory(lambda x, s: policy.velocity(x, s, cond), init, sigmas, config.sde,
-                                 step_noise=step_noise)  # fmt: skip
+                                 step_noise=step_noise, sde_steps=window)  # fmt: skip
     return traj, cond
 
 

@@ -37,18 +37,23 @@ def sample_trajectory(
     generator: torch.Generator | None = None,
     *,
     step_noise: Tensor | None = None,
+    sde_steps: range | None = None,
     progress: Callable | None = None,
 ) -> Trajectory:
     """Run the SDE from ``noise`` (``x`` at ``sigmas[0]``) through every step, recording all states.
 
     The noise of each step is drawn from ``generator``, or taken from ``step_noise`` ``(T, B, ...)``
     (drawn per sample, so a sample's trajectory does not depend on which rank or batch it is in).
+    With ``sde_steps``, only those steps are stochastic and the others are ODE steps (log-prob 0): an
+    SDE window, whose samples differ only by the window's noise.
     """
     latents, log_probs = [noise.float()], []
     steps = range(len(sigmas) - 1)
+    ode = SDEConfig("ode")
     for t in progress(steps) if progress else steps:
         x = latents[-1]
-        mean, std = sde_mean_std(x, velocity(x, sigmas[t]), sigmas[t], sigmas[t + 1], sde, s_cap=sigmas[1])
+        kind = sde if sde_steps is None or t in sde_steps else ode
+        mean, std = sde_mean_std(x, velocity(x, sigmas[t]), sigmas[t], sigmas[t + 1], kind, s_cap=sigmas[1])
         if std > 0:
             eps = (
                 step_noise[t].to(mean)
