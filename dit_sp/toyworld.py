@@ -90,8 +90,19 @@ def render(what: str | Attributes, seed: int, frames: int = 9, size: int = 32) -
     return clip
 
 
-def evaluate(clip: Tensor) -> Attributes | None:
-    """Colour, shape and direction shown by a clip ``(F, 3, H, W)`` in [0, 1]; ``None`` if nothing is seen."""
+@dataclass
+class _Features:
+    """What the evaluator measures in a clip: foreground colour, motion and per-frame shape statistics."""
+
+    mean_color: Tensor
+    """(3,) mean foreground colour"""
+    velocity: tuple[float, float]
+    """pixels per frame, (x right, y down)"""
+    frames: list[tuple[float, float, float]]
+    """per frame with a visible shape: (fill of the bounding box, top-third width, bottom-third width)"""
+
+
+def _features(clip: Tensor) -> _Features | None:
     clip = clip.float().clamp(0, 1)
     frames, _, h, w = clip.shape
     contrast = (clip - BACKGROUND).abs().amax(1)  # (F, H, W)
@@ -100,37 +111,75 @@ def evaluate(clip: Tensor) -> Attributes | None:
     if (mass < 2).any():
         return None
     pixels = (clip * weight.unsqueeze(1)).sum((2, 3)) / mass.unsqueeze(1)  # mean foreground colour per frame
-    mean_color = pixels.mean(0)
-    color = min(COLORS, key=lambda c: float(((torch.tensor(COLORS[c]) - mean_color) ** 2).sum()))
 
     ys, xs = torch.meshgrid(torch.arange(h) + 0.5, torch.arange(w) + 0.5, indexing="ij")
     cx = (weight * xs).sum((1, 2)) / mass
     cy = (weight * ys).sum((1, 2)) / mass
     t = torch.arange(frames, dtype=torch.float32) - (frames - 1) / 2
-    vx, vy = float((t * cx).sum() / (t * t).sum()), float((t * cy).sum() / (t * t).sum())
-    horizontal = "right" if vx > 0 else "left"
-    direction = horizontal if abs(vx) >= abs(vy) else ("down" if vy > 0 else "up")
+    velocity = (float((t * cx).sum() / (t * t).sum()), float((t * cy).sum() / (t * t).sum()))
 
     # Shape from the fill of the region around the centroid: area / bounding box, and top vs bottom width.
-    shape_votes = {s: 0.0 for s in SHAPES}
+    shapes = []
     for f in range(frames):
         m = (weight[f] > 0.5).float()
         if m.sum() < 4:
             continue
         rows, cols = m.any(1).nonzero().flatten(), m.any(0).nonzero().flatten()
         box = (rows[-1] - rows[0] + 1) * (cols[-1] - cols[0] + 1)
-        fill = float(m.sum() / box)
         r0, r1 = int(rows[0]), int(rows[-1]) + 1
         third = max(1, (r1 - r0) // 3)
-        top_width, bottom_width = float(m[r0 : r0 + third].sum()), float(m[r1 - third : r1].sum())
-        if top_width < 0.6 * bottom_width:
-            shape_votes["triangle"] += 1
-        elif fill > 0.86:
-            shape_votes["square"] += 1
-        else:
-            shape_votes["circle"] += 1
-    shape = max(shape_votes, key=shape_votes.get)
-    return Attributes(color, shape, direction)
+        shapes.append((float(m.sum() / box), float(m[r0 : r0 + third].sum()), float(m[r1 - third : r1].sum())))
+    return _Features(pixels.mean(0), velocity, shapes)
+
+
+_TRIANGLE_TOP, _SQUARE_FILL = 0.6, 0.86
+"""A frame is a triangle if its top third is narrower than 0.6 x its bottom third, else a square if it
+fills more than 0.86 of its bounding box, else a circle."""
+
+
+def evaluate(clip: Tensor) -> Attributes | None:
+    """Colour, shape and direction shown by a clip ``(F, 3, H, W)`` in [0, 1]; ``None`` if nothing is seen."""
+    seen = _features(clip)
+    if seen is None:
+        return None
+    color = min(COLORS, key=lambda c: float(((torch.tensor(COLORS[c]) - seen.mean_color) ** 2).sum()))
+    vx, vy = seen.velocity
+    horizontal = "right" if vx > 0 else "left"
+    direction = horizontal if abs(vx) >= abs(vy) else ("down" if vy > 0 else "up")
+    votes = {s: 0 for s in SHAPES}
+    for fill, top, bottom in seen.frames:
+        votes["triangle" if top < _TRIANGLE_TOP * bottom else "square" if fill > _SQUARE_FILL else "circle"] += 1
+    return Attributes(color, max(votes, key=votes.get), direction)
+
+
+def agreement(clip: Tensor, want: Attributes) -> tuple[float, float, float]:
+    """Dense (colour, shape, direction) agreement in [0, 1] of a clip with the attributes it should show.
+
+    The same measurements as ``evaluate``, with each hard decision replaced by a smooth one (a softmax
+    over colour distances, sigmoids around the shape thresholds and around the 45-degree boundary of
+    the motion direction), so that a reward built on it tells apart a clear success from a near miss
+    and a near miss from a clear failure. Each score is near 1 where ``evaluate`` clearly reads the wanted
+    attribute and near 0 where it clearly reads another; direction is above 0.5 exactly when it reads it.
+    """
+    seen = _features(clip)
+    if seen is None:
+        return 0.0, 0.0, 0.0
+    distances = torch.stack([((torch.tensor(rgb) - seen.mean_color) ** 2).sum() for rgb in COLORS.values()])
+    color = float(torch.softmax(-distances / 0.02, 0)[list(COLORS).index(want.color)])
+
+    shape_scores = []
+    for fill, top, bottom in seen.frames:
+        triangle = torch.sigmoid(torch.tensor((_TRIANGLE_TOP * bottom - top) / max(bottom, 1.0) / 0.05))
+        square = (1 - triangle) * torch.sigmoid(torch.tensor((fill - _SQUARE_FILL) / 0.02))
+        scores = {"triangle": triangle, "square": square, "circle": 1 - triangle - square}
+        shape_scores.append(float(scores[want.shape]))
+    shape = sum(shape_scores) / len(shape_scores) if shape_scores else 0.0
+
+    vx, vy = seen.velocity
+    dx, dy = DIRECTIONS[want.direction]
+    cosine = (vx * dx + vy * dy) / max((vx * vx + vy * vy) ** 0.5, 1e-6)
+    direction = float(torch.sigmoid(torch.tensor((cosine - 0.5**0.5) / 0.06)))
+    return color, shape, direction
 
 
 def faithfulness(videos: Tensor, prompts: list[str]) -> Tensor:
@@ -146,6 +195,12 @@ def faithfulness(videos: Tensor, prompts: list[str]) -> Tensor:
             (want.color == seen.color) / 3 + (want.shape == seen.shape) / 3 + (want.direction == seen.direction) / 3
         )
     return torch.tensor(scores)
+
+
+def dense_faithfulness(videos: Tensor, prompts: list[str]) -> Tensor:
+    """Reward: the mean dense ``agreement`` of each video with its prompt, ``(B,)`` in [0, 1]; follows
+    ``faithfulness`` but also rewards progress towards it (a denser signal for RL)."""
+    return torch.tensor([sum(agreement(video, Attributes.parse(prompt))) / 3 for video, prompt in zip(videos, prompts)])
 
 
 def sample_captions(n: int, seed: int) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -47,6 +48,40 @@ def test_captions_and_reward():
     assert reward(torch.zeros(1, 9, 3, 32, 32), ["a red circle moving up"]).item() == 0.0  # nothing visible
 
 
+def _other(options, value):
+    options = list(options)
+    return options[(options.index(value) + 1) % len(options)]
+
+
+def test_dense_agreement_follows_the_evaluator():
+    """Near 1 for the attributes a clip shows, near 0 for others; smooth in between (a near miss scores
+    between a clear success and a clear failure)."""
+    right, wrong = [], []
+    for i, a in enumerate(toyworld.all_attributes()):
+        clip = toyworld.render(a, seed=i)
+        right.append(toyworld.agreement(clip, a))
+        other = toyworld.Attributes(_other(toyworld.COLORS, a.color), _other(toyworld.SHAPES, a.shape),
+                                    _other(toyworld.DIRECTIONS, a.direction))  # fmt: skip
+        wrong.append(toyworld.agreement(clip, other))
+    right, wrong = torch.tensor(right), torch.tensor(wrong)
+    assert (right.mean(0) > 0.95).all() and (right.min(0).values > 0.8).all()
+    assert (wrong.mean(0) < 0.05).all() and (wrong.max(0).values < 0.2).all()
+
+    want = toyworld.Attributes.parse("a red square moving right")
+    square = toyworld.render(want, seed=0)
+    blurred = torch.nn.functional.avg_pool2d(square, 3, stride=1, padding=1, count_include_pad=False)
+    rounder = torch.nn.functional.avg_pool2d(blurred, 3, stride=1, padding=1, count_include_pad=False)
+    shape_scores = [toyworld.agreement(clip, want)[1] for clip in (square, blurred, rounder)]
+    assert shape_scores[0] > shape_scores[1] > shape_scores[2]  # corners fade: less and less a square
+    diagonal = square.clone()
+    for f in range(9):  # drifting down-right at 40 degrees: still "right", with less margin
+        diagonal[f] = torch.roll(square[0], shifts=(round(f * 0.84), f), dims=(1, 2))
+    assert 0.5 < toyworld.agreement(diagonal, want)[2] < toyworld.agreement(square, want)[2]
+    reward = build_reward("dense_faithfulness")
+    assert reward(square.unsqueeze(0), [want.caption]).item() > 0.95
+    assert reward(torch.zeros(1, 9, 3, 32, 32), [want.caption]).item() == 0.0
+
+
 def test_shipped_model_is_small_and_loads_offline():
     files = [p for p in TOY.rglob("*") if p.is_file()]
     assert sum(p.stat().st_size for p in files) <= 20 * 2**20
@@ -89,3 +124,20 @@ def test_train_toy_runs_end_to_end(tmp_path):
 
     pipe = load_pipeline(str(out), torch.float32)
     assert pipe.vae.config.scale_factor_spatial == 4 and len(pipe.vae.config.latents_std) == 8
+
+
+def test_eval_toy_reports_accuracy_and_paired_gain():
+    from pipelines.eval_toy import paired_gain, summarize
+
+    good = [{"color": True, "shape": True, "direction": True}] * 3
+    half = [{"color": True, "shape": False, "direction": True}, *good[:2]]
+    assert summarize(half) == {"color": 1.0, "shape": pytest.approx(2 / 3), "direction": 1.0,
+                               "faithfulness": pytest.approx(8 / 9), "samples": 3}  # fmt: skip
+    gain = paired_gain(good, half)
+    assert gain["gain"] == pytest.approx(1 / 9) and gain["gain_ci95"][0] < 1 / 9 < gain["gain_ci95"][1]
+
+    cmd = [sys.executable, "-m", "pipelines.eval_toy", "--seeds", "1", "--steps", "2", "--baseline", str(TOY)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True)
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["model"] == report["baseline"] and report["model"]["samples"] == 8  # same model, same noise
+    assert report["gain"] == 0 and report["gain_ci95"] == [0, 0]

@@ -2,10 +2,10 @@
 floats in [0, 1].
 
 Built in: pixel rewards that need no weights (``brightness``, ``saturation``, ``temporal_smoothness``),
-``faithfulness`` to the prompt in the synthetic shape world, and ``clip_score`` (text-video cosine
-similarity of a CLIP model loaded from a local path). A user reward is named ``package.module:function``.
-``build_reward`` combines several with weights; ``score`` isolates failures: a sample whose reward raises
-or is not finite gets NaN (and so no gradient), the run goes on.
+``faithfulness`` to the prompt in the synthetic shape world (and its smooth ``dense_faithfulness``),
+and ``clip_score`` (text-video cosine similarity of a CLIP model loaded from a local path). A user reward
+is named ``package.module:function``. ``build_reward`` combines several with weights; ``score`` isolates
+failures: a sample whose reward raises or is not finite gets NaN (and so no gradient), the run goes on.
 """
 
 from __future__ import annotations
@@ -86,9 +86,17 @@ def faithfulness(videos: Tensor, prompts: list[str]) -> Tensor:
     return toyworld.faithfulness(videos, prompts)
 
 
+def dense_faithfulness(videos: Tensor, prompts: list[str]) -> Tensor:
+    """``faithfulness`` with smooth decisions: also rewards near misses over clear failures (denser RL signal)."""
+    from dit_sp import toyworld
+
+    return toyworld.dense_faithfulness(videos, prompts)
+
+
 BUILTIN: dict[str, Callable[..., RewardFn]] = {
     "brightness": lambda: brightness,
     "faithfulness": lambda: faithfulness,
+    "dense_faithfulness": lambda: dense_faithfulness,
     "saturation": lambda: saturation,
     "temporal_smoothness": lambda: temporal_smoothness,
     "clip_score": ClipScore,
