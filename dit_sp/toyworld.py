@@ -132,6 +132,11 @@ def _features(clip: Tensor) -> _Features | None:
     return _Features(pixels.mean(0), velocity, shapes)
 
 
+def _color_distances(mean_color: Tensor) -> Tensor:
+    """Squared RGB distance of a colour to each of ``COLORS`` (in their order), ``(len(COLORS),)``."""
+    return ((torch.tensor(list(COLORS.values())) - mean_color) ** 2).sum(1)
+
+
 _TRIANGLE_TOP, _SQUARE_FILL = 0.6, 0.86
 """A frame is a triangle if its top third is narrower than 0.6 x its bottom third, else a square if it
 fills more than 0.86 of its bounding box, else a circle."""
@@ -142,7 +147,7 @@ def evaluate(clip: Tensor) -> Attributes | None:
     seen = _features(clip)
     if seen is None:
         return None
-    color = min(COLORS, key=lambda c: float(((torch.tensor(COLORS[c]) - seen.mean_color) ** 2).sum()))
+    color = list(COLORS)[int(_color_distances(seen.mean_color).argmin())]
     vx, vy = seen.velocity
     horizontal = "right" if vx > 0 else "left"
     direction = horizontal if abs(vx) >= abs(vy) else ("down" if vy > 0 else "up")
@@ -164,8 +169,7 @@ def agreement(clip: Tensor, want: Attributes) -> tuple[float, float, float]:
     seen = _features(clip)
     if seen is None:
         return 0.0, 0.0, 0.0
-    distances = torch.stack([((torch.tensor(rgb) - seen.mean_color) ** 2).sum() for rgb in COLORS.values()])
-    color = float(torch.softmax(-distances / 0.02, 0)[list(COLORS).index(want.color)])
+    color = float(torch.softmax(-_color_distances(seen.mean_color) / 0.02, 0)[list(COLORS).index(want.color)])
 
     shape_scores = []
     for fill, top, bottom in seen.frames:

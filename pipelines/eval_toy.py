@@ -58,11 +58,6 @@ def paired_gain(scores: list[dict[str, bool]], baseline: list[dict[str, bool]]) 
     return {"gain": mean, "gain_ci95": [mean - half, mean + half]}
 
 
-def evaluate_model(model: str | Path, prompts: list[str], seeds: int, steps: int = 20, guidance: float = 4.0,
-                   frames: int = 9, size: int = 32) -> dict[str, float]:  # fmt: skip
-    return summarize(sample_scores(model, prompts, seeds, steps, guidance, frames, size))
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=str(DEFAULT_MODEL))

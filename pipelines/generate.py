@@ -27,7 +27,7 @@ import yaml
 from dit_sp import ParallelConfig, init_parallel, spawn
 from dit_sp.models import family_of
 from dit_sp.parallelize import parallelize
-from pipelines.models import builtin_models, default_model, load_pipeline, model_defaults
+from pipelines.models import builtin_models, check_shape, default_model, load_pipeline, model_defaults
 from pipelines.video import save_video
 
 SETTINGS = {
@@ -106,37 +106,6 @@ def guidance_arguments(pipe: Any, settings: dict[str, Any]) -> dict[str, float]:
             )
         arguments["guidance_scale"] = settings["embedded_guidance"]
     return arguments
-
-
-def check_shape(pipe: Any, settings: dict[str, Any]) -> None:
-    """Frames, sizes and text length the VAE, the patching and the positional embeddings can take, or an
-    error listing valid values. (Every supported transformer patches latent frames one by one, or, for
-    CogVideoX 1.5, its pipeline pads them.)"""
-    temporal = getattr(pipe, "vae_scale_factor_temporal", 1)
-    spatial = getattr(pipe, "vae_scale_factor_spatial", 8)
-    config = pipe.transformer.config
-    patch = config.patch_size
-    multiple = spatial * (patch[-1] if isinstance(patch, (list, tuple)) else patch)
-    if (settings["frames"] - 1) % temporal:
-        valid = [temporal * k + 1 for k in range(1, 5)]
-        raise ValueError(f"--frames {settings['frames']}: the VAE needs {temporal}*k+1 frames, e.g. {valid}")
-    for name in ("height", "width"):
-        if settings[name] % multiple:
-            lower, upper = (
-                settings[name] // multiple * multiple or multiple,
-                (settings[name] // multiple + 1) * multiple,
-            )
-            raise ValueError(
-                f"--{name} {settings[name]}: must be a multiple of {multiple} (VAE x{spatial}, patch "
-                f"x{multiple // spatial}), e.g. {lower} or {upper}"
-            )
-    # CogVideoX without RoPE adds sincos or learned positional embeddings over exactly this many text tokens
-    text_len = config.get("max_text_seq_length") if not config.get("use_rotary_positional_embeddings", True) else None
-    if text_len is not None and settings["max_sequence_length"] != text_len:
-        raise ValueError(
-            f"--max-sequence-length {settings['max_sequence_length']}: this model's positional embeddings "
-            f"take exactly {text_len} text tokens; use --max-sequence-length {text_len}"
-        )
 
 
 def run(settings: dict[str, Any]) -> dict[str, Any]:

@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from pipelines.models import check_shape
+
 Tensor = torch.Tensor
 
 
@@ -20,18 +22,16 @@ class DiffusersPolicy:
 
     def __init__(self, pipe: Any, transformer: torch.nn.Module, *, frames: int, height: int, width: int,
                  guidance: float, negative_prompt: str = "", max_sequence_length: int = 32,
-                 reference: torch.nn.Module | None = None, device: torch.device | None = None):  # fmt: skip
+                 embedded_guidance: float | None = None, reference: torch.nn.Module | None = None,
+                 device: torch.device | None = None):  # fmt: skip
+        check_shape(pipe, {"frames": frames, "height": height, "width": width,
+                           "max_sequence_length": max_sequence_length}, prefix="")  # fmt: skip
+        if embedded_guidance is not None:
+            raise ValueError(f"embedded_guidance is a HunyuanVideo setting; {type(pipe).__name__} has none")
         self.pipe, self.transformer, self.reference = pipe, transformer, reference
         self.guidance, self.negative_prompt, self.max_sequence_length = guidance, negative_prompt, max_sequence_length
         self.device = device or torch.device("cpu")
         temporal, spatial = pipe.vae_scale_factor_temporal, pipe.vae_scale_factor_spatial
-        patch = transformer.config.patch_size
-        patch = patch[-1] if isinstance(patch, (tuple, list)) else patch
-        if (frames - 1) % temporal or height % (spatial * patch) or width % (spatial * patch):
-            raise ValueError(
-                f"frames={frames}, {height}x{width}: the VAE needs {temporal}*k+1 frames and sizes that are "
-                f"multiples of {spatial * patch} (VAE x{spatial}, patch {patch})"
-            )
         channels = transformer.config.in_channels
         self.shape = (channels, (frames - 1) // temporal + 1, height // spatial, width // spatial)
 
@@ -108,9 +108,19 @@ class HunyuanVideoPolicy(DiffusersPolicy):
     """HunyuanVideo text-to-video: Llama text tokens with their mask, a pooled CLIP embedding, and the
     embedded (distilled) guidance of the transformer; true classifier-free guidance only if ``guidance > 1``."""
 
-    def __init__(self, pipe: Any, transformer: torch.nn.Module, *, embedded_guidance: float = 6.0, **kwargs: Any):
+    def __init__(self, pipe: Any, transformer: torch.nn.Module, *, embedded_guidance: float | None = None,
+                 **kwargs: Any):  # fmt: skip
+        takes_guidance = transformer.config.guidance_embeds
+        if embedded_guidance is not None and not takes_guidance:
+            raise ValueError(
+                "embedded_guidance: this HunyuanVideo transformer takes no guidance input (guidance_embeds is "
+                "false); leave embedded_guidance unset and use guidance for classifier-free guidance"
+            )
         super().__init__(pipe, transformer, **kwargs)
+        if takes_guidance and embedded_guidance is None:
+            embedded_guidance = 6.0  # the pipeline's default
         self.embedded_guidance = embedded_guidance
+        """The distilled guidance the transformer takes as an input; None if it takes none."""
 
     @torch.no_grad()
     def encode(self, prompts: list[str]) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...] | None]:
@@ -125,7 +135,7 @@ class HunyuanVideoPolicy(DiffusersPolicy):
     def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: tuple[Tensor, ...]) -> Tensor:
         embeds, pooled, mask = cond
         guidance = None
-        if self.transformer.config.guidance_embeds:
+        if self.embedded_guidance is not None:
             guidance = torch.full((hidden.shape[0],), self.embedded_guidance * 1000.0, device=hidden.device,
                                   dtype=hidden.dtype)  # fmt: skip
         return model(hidden_states=hidden, timestep=timestep, encoder_hidden_states=embeds.to(hidden.dtype),

@@ -32,7 +32,7 @@ from dit_sp.rl.advantages import gather_across
 from dit_sp.rl.grpo import GRPOConfig, make_batch, rewards_of, rollout, seed_for, train_on_rollout
 from dit_sp.train import checkpoint, shard_model
 from pipelines.models import load_pipeline
-from pipelines.policies import DiffusersPolicy, HunyuanVideoPolicy, policy_for
+from pipelines.policies import DiffusersPolicy, policy_for
 from pipelines.video import save_video
 
 
@@ -224,6 +224,11 @@ def setup(cfg: TrainConfig) -> Run:
     torch.manual_seed(cfg.seed)  # identical initial weights (LoRA included) on every rank
     pipe = load_pipeline(cfg.model, torch.float32).to(parallel.device)
     transformer = pipe.transformer
+    # the policy checks the settings against the model before it is sharded
+    policy = policy_for(pipe)(pipe, transformer, frames=cfg.frames, height=cfg.height, width=cfg.width,
+                              guidance=cfg.guidance, negative_prompt=cfg.negative_prompt,
+                              max_sequence_length=cfg.max_sequence_length, embedded_guidance=cfg.embedded_guidance,
+                              device=parallel.device)  # fmt: skip
     reference = None
     if cfg.lora_rank:
         _setup_lora(transformer, cfg)
@@ -242,15 +247,6 @@ def setup(cfg: TrainConfig) -> Run:
     params = [p for p in transformer.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
-    policy_cls = policy_for(pipe)
-    family_options = {}
-    if cfg.embedded_guidance is not None:
-        if policy_cls is not HunyuanVideoPolicy:
-            raise ValueError(f"embedded_guidance is a HunyuanVideo setting; {type(pipe).__name__} has none")
-        family_options["embedded_guidance"] = cfg.embedded_guidance
-    policy = policy_cls(pipe, transformer, **family_options, frames=cfg.frames, height=cfg.height, width=cfg.width,
-                       guidance=cfg.guidance, negative_prompt=cfg.negative_prompt,
-                       max_sequence_length=cfg.max_sequence_length, device=parallel.device)  # fmt: skip
     if reference is not None:
         policy.reference = reference
     elif cfg.lora_rank and cfg.kl_coef:

@@ -233,3 +233,20 @@ def test_lora_run_exports_plain_merged_weights(tmp_path):
                           "--height", "32", "--width", "32", "--steps", "2", "--out", str(tmp_path / "v.gif")],
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert gen.returncode == 0, gen.stderr[-2000:]
+
+
+def test_policy_settings_are_checked_against_the_model():
+    """Bad sizes and guidance settings fail when the policy is built, before the model is sharded."""
+    from pipelines.models import build_tiny
+    from pipelines.policies import HunyuanVideoPolicy, WanPolicy
+
+    wan, hunyuan = build_tiny("tiny-wan"), build_tiny("tiny-hunyuanvideo")
+    size = {"frames": 5, "height": 32, "width": 32, "guidance": 1.0}
+    with pytest.raises(ValueError, match=r"^frames 6: the VAE needs 4\*k\+1 frames"):
+        WanPolicy(wan, wan.transformer, **(size | {"frames": 6}))
+    with pytest.raises(ValueError, match="^width 40: must be a multiple of 16"):
+        HunyuanVideoPolicy(hunyuan, hunyuan.transformer, **(size | {"width": 40}))
+    with pytest.raises(ValueError, match="this HunyuanVideo transformer takes no guidance input"):
+        HunyuanVideoPolicy(hunyuan, hunyuan.transformer, embedded_guidance=6.0, **size)
+    assert HunyuanVideoPolicy(hunyuan, hunyuan.transformer, **size).embedded_guidance is None
+    assert WanPolicy(wan, wan.transformer, **size).latent_shape() == (4, 2, 4, 4)
