@@ -212,16 +212,20 @@ def test_embedded_guidance_is_refused_for_wan():
 
 
 def test_lora_run_exports_plain_merged_weights(tmp_path):
-    """A LoRA run exports a plain diffusers transformer (adapters merged, no peft layers) that generate loads."""
+    """A LoRA run exports a plain diffusers transformer (adapters merged, no peft layers) that generate loads.
+    Its KL term is to the model with the adapters off: zero at the start (the adapters start at zero),
+    positive once they have moved."""
     from safetensors.torch import load_file
 
     config = tmp_path / "lora.yaml"
     config.write_text(f"frames: 5\nheight: 32\nwidth: 32\nsteps: 2\ngroup_size: 2\nprompts_per_step: 1\nlr: 0.01\n"
-                      f"lora_rank: 4\nprompts: {REPO / 'assets/prompts_demo.txt'}\n")  # fmt: skip
+                      f"lora_rank: 4\nkl_coef: 0.1\nprompts: {REPO / 'assets/prompts_demo.txt'}\n")  # fmt: skip
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "pipelines.train_grpo", "--config", str(config), "--output-dir", str(out),
            "--max-steps", "2", "--checkpoint-every", "0"]  # fmt: skip
     subprocess.run(cmd, check=True, timeout=300, capture_output=True)
+    kl = [row["kl"] for row in _rows(out)]
+    assert kl[0] == 0.0 and kl[1] > 1e-8, kl
     exported = load_file(next((out / "final" / "transformer").glob("*.safetensors")))
     from pipelines.models import build_tiny
 
