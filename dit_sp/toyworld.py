@@ -186,19 +186,19 @@ def agreement(clip: Tensor, want: Attributes) -> tuple[float, float, float]:
     return color, shape, direction
 
 
+def matches(clip: Tensor, want: Attributes) -> tuple[bool, bool, bool]:
+    """Whether ``evaluate`` reads each of the wanted (colour, shape, direction) in a clip (all False if it
+    sees nothing): the hard counterpart of ``agreement``."""
+    seen = evaluate(clip)
+    if seen is None:
+        return False, False, False
+    return want.color == seen.color, want.shape == seen.shape, want.direction == seen.direction
+
+
 def faithfulness(videos: Tensor, prompts: list[str]) -> Tensor:
     """Reward: fraction of the prompt's attributes (colour, shape, direction) the video shows, ``(B,)``.
     ``videos``: ``(B, F, C, H, W)`` in [0, 1]."""
-    scores = []
-    for video, prompt in zip(videos, prompts):
-        want, seen = Attributes.parse(prompt), evaluate(video)
-        if seen is None:
-            scores.append(0.0)
-            continue
-        scores.append(
-            (want.color == seen.color) / 3 + (want.shape == seen.shape) / 3 + (want.direction == seen.direction) / 3
-        )
-    return torch.tensor(scores)
+    return torch.tensor([sum(matches(video, Attributes.parse(prompt))) / 3 for video, prompt in zip(videos, prompts)])
 
 
 def dense_faithfulness(videos: Tensor, prompts: list[str]) -> Tensor:

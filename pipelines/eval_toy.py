@@ -39,8 +39,7 @@ def sample_scores(model: str | Path, prompts: list[str], seeds: int, steps: int 
                       num_inference_steps=steps, guidance_scale=guidance, max_sequence_length=16,
                       generator=torch.Generator().manual_seed(seed), output_type="pt").frames  # fmt: skip
         for video, prompt in zip(videos, prompts):
-            want, seen = toyworld.Attributes.parse(prompt), toyworld.evaluate(video)
-            scores.append({key: seen is not None and getattr(seen, key) == getattr(want, key) for key in ATTRIBUTES})
+            scores.append(dict(zip(ATTRIBUTES, toyworld.matches(video, toyworld.Attributes.parse(prompt)))))
     return scores
 
 
@@ -67,7 +66,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--guidance", type=float, default=4.0)
     args = parser.parse_args(argv)
+    if args.seeds < 1 or args.steps < 1:
+        parser.error(f"--seeds and --steps must be at least 1, got {args.seeds} and {args.steps}")
+    if not Path(args.prompts).is_file():
+        parser.error(f"prompt file {args.prompts} does not exist (one toy caption per line)")
     prompts = [p.strip() for p in Path(args.prompts).read_text().splitlines() if p.strip()]
+    if not prompts:
+        parser.error(f"prompt file {args.prompts} has no prompts")
+    try:
+        for prompt in prompts:
+            toyworld.Attributes.parse(prompt)
+    except ValueError as e:
+        parser.error(f"{args.prompts}: {e}")
     scores = sample_scores(args.model, prompts, args.seeds, args.steps, args.guidance)
     result: dict = summarize(scores)
     if args.baseline:

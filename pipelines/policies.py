@@ -25,7 +25,7 @@ class DiffusersPolicy:
                  embedded_guidance: float | None = None, reference: torch.nn.Module | None = None,
                  device: torch.device | None = None):  # fmt: skip
         check_shape(pipe, {"frames": frames, "height": height, "width": width,
-                           "max_sequence_length": max_sequence_length}, prefix="")  # fmt: skip
+                           "max_sequence_length": max_sequence_length}, flags=False)  # fmt: skip
         if embedded_guidance is not None:
             raise ValueError(f"embedded_guidance is a HunyuanVideo setting; {type(pipe).__name__} has none")
         self.pipe, self.transformer, self.reference = pipe, transformer, reference

@@ -141,3 +141,17 @@ def test_eval_toy_reports_accuracy_and_paired_gain():
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["model"] == report["baseline"] and report["model"]["samples"] == 8  # same model, same noise
     assert report["gain"] == 0 and report["gain_ci95"] == [0, 0]
+
+
+def test_eval_toy_input_errors(tmp_path):
+    def error(*args: str) -> str:
+        result = subprocess.run([sys.executable, "-m", "pipelines.eval_toy", *args], capture_output=True, text=True,
+                                timeout=120)  # fmt: skip
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        return result.stderr
+
+    assert "--seeds and --steps must be at least 1, got 0" in error("--seeds", "0")
+    assert "does not exist" in error("--prompts", str(tmp_path / "none.txt"))
+    odd = tmp_path / "odd.txt"
+    odd.write_text("a red circle moving left\na purple blob\n")
+    assert "'a purple blob' must name one colour" in error("--prompts", str(odd))
