@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from dit_sp.rl.grpo import accumulate_gradients, seed_for
 from pipelines.train_grpo import TrainConfig, collect, setup
 
@@ -12,9 +14,16 @@ def tiny_config(**overrides) -> TrainConfig:
     return TrainConfig(**(base | overrides))
 
 
-def step_gradients(cfg: TrainConfig) -> dict:
-    """Full (unsharded) gradients of step 0, the rewards and the on-policy ratio statistics."""
+def step_gradients(cfg: TrainConfig, lora_b: float | None = None) -> dict:
+    """Full (unsharded) gradients of step 0, the rewards and the on-policy ratio and KL statistics.
+    ``lora_b``: set every LoRA B weight to this value first (elementwise, so the same on every layout),
+    so that the adapted policy differs from its reference."""
     run = setup(cfg)
+    if lora_b is not None:
+        with torch.no_grad():
+            for name, p in run.transformer.named_parameters():
+                if "lora_B" in name:
+                    p.fill_(lora_b)
     data = collect(run, 0)
     run.optimizer.zero_grad(set_to_none=True)
     stats = accumulate_gradients(run.policy, data["traj"], data["cond"], data["advantages"], run.grpo,
@@ -25,4 +34,5 @@ def step_gradients(cfg: TrainConfig) -> dict:
             g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
             grads[name] = g.detach().clone()
     return {"grads": grads, "rewards": data["rewards"], "prompt_ids": data["batch"].prompt_ids,
-            "ratio_min": stats["ratio_min"], "ratio_max": stats["ratio_max"], "rank": run.parallel.rank}  # fmt: skip
+            "ratio_min": stats["ratio_min"], "ratio_max": stats["ratio_max"], "kl": stats["kl"],
+            "rank": run.parallel.rank}  # fmt: skip

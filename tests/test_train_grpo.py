@@ -178,6 +178,21 @@ def test_lora_step_trains_only_the_adapters():
     assert _max_error(two["grads"], one["grads"]) <= 1e-5
 
 
+@pytest.mark.parametrize(("ring", "ulysses"), [(1, 2), (2, 1)])
+def test_lora_kl_step_equals_single_process(ring, ulysses):
+    """LoRA with a KL term to the adapters-off model: with moved adapters the KL is positive, changes the
+    gradient, and every layout gives the single-process gradient."""
+    lora = {"lora_rank": 4, "kl_coef": 1.0}
+    one = spawn(step_gradients, 1, args=(tiny_config(**lora), 0.05), timeout=300)[0]
+    no_kl = spawn(step_gradients, 1, args=(tiny_config(lora_rank=4), 0.05), timeout=300)[0]
+    assert one["kl"] > 1e-6 and no_kl["kl"] == 0.0
+    assert _max_error(one["grads"], no_kl["grads"]) > 1e-4  # the KL term reaches the adapters
+    results = spawn(step_gradients, 2, args=(tiny_config(ring=ring, ulysses=ulysses, **lora), 0.05), timeout=300)
+    for result in results:
+        assert abs(result["kl"] - one["kl"]) <= 1e-6 * max(1.0, one["kl"])
+        assert _max_error(result["grads"], one["grads"]) <= 1e-5
+
+
 @pytest.fixture(scope="module")
 def guidance_distilled_hunyuan(tmp_path_factory) -> str:
     """The tiny HunyuanVideo pipeline with an embedded-guidance input, as the real (distilled) model has."""
