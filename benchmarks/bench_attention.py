@@ -34,23 +34,23 @@ def _sdpa(q, k, v):
     return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
 
 
-def build(method: str) -> tuple[Attention, int, object | None]:
-    """The attention callable on (B, S_local, H, D) shards, its world size and its layout."""
+def build(method: str, seq: int) -> tuple[Attention, int, object | None]:
+    """The attention callable on (B, S_local, H, D) shards of ``seq`` tokens, its world size and its layout."""
     if method == "sdpa":
         return _sdpa, 1, None
     if method == "ours-1":
         p = single_process_state(torch.device("cpu"))
-        return (lambda q, k, v: usp_attention(q, k, v, p)), 1, p
+        return (lambda q, k, v: usp_attention(q, k, v, p, seq_len=seq)), 1, p
     if method in ("ours-ulysses2", "ours-ring2"):
         ring, uly = (1, 2) if method == "ours-ulysses2" else (2, 1)
         p = init_parallel(ParallelConfig(ring=ring, ulysses=uly))
-        return (lambda q, k, v: usp_attention(q, k, v, p)), 2, p
+        return (lambda q, k, v: usp_attention(q, k, v, p, seq_len=seq)), 2, p
     return competitors.build(method)
 
 
 def worker(method: str, seq: int, heads: int, head_dim: int, iters: int) -> dict[str, float]:
     torch.manual_seed(0)
-    attention, world, parallel = build(method)
+    attention, world, parallel = build(method, seq)
     full = [torch.randn(1, seq, heads, head_dim) for _ in range(4)]
     if world > 1:
         rank, size = dist.get_rank(), dist.get_world_size()

@@ -18,28 +18,21 @@ import torch
 import torch.distributed as dist
 from measure import peak_rss_mib, rss_mib  # benchmarks/measure.py
 
-from dit_sp import spawn
-from dit_sp.rl.grpo import seed_for, train_on_rollout
-from pipelines.train_grpo import TrainConfig, collect, setup
+from dit_sp import GRPOTrainer, TrainConfig, spawn
 
 
 def worker(cfg: TrainConfig, steps: int) -> dict[str, float]:
-    run = setup(cfg)
+    trainer = GRPOTrainer(cfg)
 
-    def iteration(step: int) -> None:
-        data = collect(run, step)
-        train_on_rollout(run.policy, run.transformer, run.optimizer, data["traj"], data["cond"], data["advantages"],
-                         run.grpo, seed_for(cfg.seed, step, 1))  # fmt: skip
-
-    iteration(0)
+    trainer.step()  # warm-up
     base = rss_mib()
     dist.barrier()
     start = time.perf_counter()
-    for step in range(1, steps + 1):
-        iteration(step)
+    for _ in range(steps):
+        trainer.step()
     elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-    samples = steps * cfg.prompts_per_step * cfg.group_size
+    samples = steps * cfg.grpo.prompts_per_step * cfg.grpo.group_size
     peak = peak_rss_mib() - base
     return {"s_per_sample": elapsed.item() / samples, "peak_mib": peak}
 
@@ -51,13 +44,13 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=9)
     parser.add_argument("--steps", type=int, default=2)
     args = parser.parse_args()
-    base = {"model": "tiny-wan", "frames": args.frames, "height": args.height, "width": args.width, "steps": 4,
-            "group_size": 2, "prompts_per_step": 2, "checkpoint_every": 0, "guidance": 4.0,
-            "train_fraction": 0.5}  # fmt: skip
+    base = {"model": "tiny-wan", "checkpoint_every": 0, "output_dir": "outputs/bench_grpo",
+            "sample": {"frames": args.frames, "height": args.height, "width": args.width, "guidance": 4.0},
+            "grpo": {"steps": 4, "group_size": 2, "prompts_per_step": 2, "train_fraction": 0.5}}  # fmt: skip
     layouts = {"sp=1": (1, {}), "ulysses2": (2, {"ulysses": 2}), "ring2": (2, {"ring": 2})}
     rows = {}
     for name, (world, extra) in layouts.items():
-        cfg = TrainConfig(**(base | extra))
+        cfg = TrainConfig.from_dict(base | extra)
         rows[name] = spawn(worker, world, args=(cfg, args.steps), threads=1, timeout=3600)
     tokens = (args.frames - 1) // 4 + 1
     tokens *= (args.height // 16) * (args.width // 16)

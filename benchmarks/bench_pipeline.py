@@ -42,8 +42,7 @@ import torch
 import torch.distributed as dist
 from measure import median_seconds, peak_rss_mib, reset_peak_rss, rss_mib  # benchmarks/measure.py
 
-from dit_sp import ParallelConfig, init_parallel, spawn
-from dit_sp.parallelize import parallelize
+from dit_sp import ParallelConfig, init_parallel, parallelize, spawn
 
 Step = Callable[[], tuple[torch.Tensor, torch.Tensor]]
 
@@ -58,7 +57,7 @@ METHODS = {  # name: processes
 
 
 def _transformer(heads: int) -> torch.nn.Module:
-    from pipelines.models import build_tiny
+    from dit_sp.zoo import build_tiny
 
     model = build_tiny("tiny-wan", "transformer")
     if heads != model.config.num_attention_heads:
@@ -95,7 +94,7 @@ def _enable_diffusers_cp(model: torch.nn.Module, ulysses: int, anything: bool) -
 def build(method: str, heads: int, x: torch.Tensor, t: torch.Tensor, cond, uncond) -> Step:
     """One guidance step of ``method``: (conditional, unconditional) full outputs on every rank."""
     if method == "ours-cfg2":
-        from pipelines.models import build_tiny
+        from dit_sp.zoo import build_tiny
 
         pipe = build_tiny("tiny-wan")
         if heads != pipe.transformer.config.num_attention_heads:

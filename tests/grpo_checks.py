@@ -1,38 +1,49 @@
-"""Worker-side GRPO checks: the gradients of one training step on a given layout."""
+"""Worker-side GRPO checks: the gradients of one training step on a given layout, through the library's
+``GRPOTrainer``."""
 
 from __future__ import annotations
 
 import torch
 
+from dit_sp import GRPOTrainer, TrainConfig
 from dit_sp.rl.grpo import accumulate_gradients, seed_for
-from pipelines.train_grpo import TrainConfig, collect, setup
+from dit_sp.schema import set_dotted
+
+# Short names for the nested keys the tests vary.
+KEYS = {"frames": "sample.frames", "height": "sample.height", "width": "sample.width", "guidance": "sample.guidance",
+        "embedded_guidance": "sample.embedded_guidance", "steps": "grpo.steps", "group_size": "grpo.group_size",
+        "prompts_per_step": "grpo.prompts_per_step", "train_fraction": "grpo.train_fraction",
+        "kl_coef": "grpo.kl_coef", "lora_rank": "lora.rank"}  # fmt: skip
 
 
 def tiny_config(**overrides) -> TrainConfig:
     base = {"max_steps": 2, "frames": 5, "height": 32, "width": 48, "steps": 3, "group_size": 2,
             "prompts_per_step": 2, "checkpoint_every": 0, "guidance": 2.0, "train_fraction": 1.0}  # fmt: skip
-    return TrainConfig(**(base | overrides))
+    values: dict = {}
+    for key, value in (base | overrides).items():
+        set_dotted(values, KEYS.get(key, key), value)
+    return TrainConfig.from_dict(values)
 
 
 def step_gradients(cfg: TrainConfig, lora_b: float | None = None) -> dict:
     """Full (unsharded) gradients of step 0, the rewards and the on-policy ratio and KL statistics.
     ``lora_b``: set every LoRA B weight to this value first (elementwise, so the same on every layout),
     so that the adapted policy differs from its reference."""
-    run = setup(cfg)
+    trainer = GRPOTrainer(cfg)
     if lora_b is not None:
         with torch.no_grad():
-            for name, p in run.transformer.named_parameters():
+            for name, p in trainer.transformer.named_parameters():
                 if "lora_B" in name:
                     p.fill_(lora_b)
-    data = collect(run, 0)
-    run.optimizer.zero_grad(set_to_none=True)
-    stats = accumulate_gradients(run.policy, data["traj"], data["cond"], data["advantages"], run.grpo,
+    data = trainer.collect(0)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    stats = accumulate_gradients(trainer.policy, data.traj, data.cond, data.advantages, cfg.grpo,
                                  seed_for(cfg.seed, 0, 1))  # fmt: skip
     grads = {}
-    for name, p in run.transformer.named_parameters():
+    for name, p in trainer.transformer.named_parameters():
         if p.grad is not None:
             g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
             grads[name] = g.detach().clone()
-    return {"grads": grads, "rewards": data["rewards"], "prompt_ids": data["batch"].prompt_ids,
+    return {"grads": grads, "rewards": data.rewards, "prompt_ids": data.batch.prompt_ids,
             "ratio_min": stats["ratio_min"], "ratio_max": stats["ratio_max"], "kl": stats["kl"],
-            "rank": run.parallel.rank}  # fmt: skip
+            "rank": trainer.parallel.rank}  # fmt: skip

@@ -5,9 +5,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from dit_sp import ParallelConfig, init_parallel
-from dit_sp.parallelize import parallelize
-from pipelines.models import build_tiny
+from dit_sp import ParallelConfig, init_parallel, parallelize
+from dit_sp.zoo import build_tiny
 
 
 def model_inputs(family: str, batch: int = 2) -> dict:
@@ -46,7 +45,7 @@ def _run(model, inputs: dict, grad_scale: float):
     return out.detach(), grads
 
 
-def check_transformer(family: str, layouts: list[tuple[int, int, int]]) -> dict[str, dict[str, float]]:
+def check_transformer(family: str, layouts: list[tuple[int, int, int]]) -> dict[str, dict]:
     """Per layout: max abs errors of output, input grads and parameter grads vs. one process, and
     whether unparallelize restores bit-identical outputs."""
     model = build_tiny(family, "transformer").float()
@@ -61,16 +60,14 @@ def check_transformer(family: str, layouts: list[tuple[int, int, int]]) -> dict[
             # each rank's share is 1/sp of it and summing the partial gradients over SP gives the total.
             out, grads = _run(model, inputs, 1.0 / parallel.sp)
         errors["out"] = (out - ref_out).abs().max().item()
-        worst_input = worst_param = 0.0
+        worst = {"input": (0.0, ""), "param": (0.0, "")}
         for name, ref in ref_grads.items():
             summed = grads[name].clone()
             dist.all_reduce(summed, group=parallel.sp_group)
-            err = (summed - ref).abs().max().item()
-            if name.startswith("input."):
-                worst_input = max(worst_input, err)
-            else:
-                worst_param = max(worst_param, err)
-        errors["input_grads"], errors["param_grads"] = worst_input, worst_param
+            kind = name.split(".", 1)[0]
+            worst[kind] = max(worst[kind], ((summed - ref).abs().max().item(), name))
+        errors["input_grads"], errors["input_grads_worst"] = worst["input"]
+        errors["param_grads"], errors["param_grads_worst"] = worst["param"]
         restored, _ = _run(model, inputs, 1.0)
         errors["restored_bit_identical"] = float(torch.equal(restored, ref_out))
         errors["ref_scale"] = ref_out.abs().max().item()

@@ -6,10 +6,9 @@ import pytest
 import torch
 from model_checks import check_transformer, model_inputs
 
-from dit_sp import ParallelConfig, init_parallel, spawn
+from dit_sp import ParallelConfig, init_parallel, parallelize, spawn, unparallelize
 from dit_sp.models import family_of, supported_classes
-from dit_sp.parallelize import parallelize, unparallelize
-from pipelines.models import build_tiny
+from dit_sp.zoo import build_tiny
 
 FAMILIES = ["tiny-wan", "tiny-hunyuanvideo", "tiny-cogvideox"]
 WORLD2 = [(1, 1, 2), (1, 2, 1)]
@@ -25,13 +24,15 @@ def family_results(request):
     return family, results
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", WORLD2 + WORLD4, ids=lambda layout: "dp{}-r{}-u{}".format(*layout))
 def test_transformer_matches_single_process(family_results, layout):
     family, results = family_results
     errors = results["dp{}-r{}-u{}".format(*layout)]
     assert errors["ref_scale"] > 0.1  # the check compares real outputs
     for key in ("out", "input_grads", "param_grads"):
-        assert errors[key] <= TOL, f"{family} {layout}: {key} error {errors[key]:.2e}"
+        where = f" (worst: {errors[key + '_worst']})" if key + "_worst" in errors else ""
+        assert errors[key] <= TOL, f"{family} {layout}: {key} error {errors[key]:.2e} above {TOL:.0e}{where}"
     assert errors["restored_bit_identical"] == 1.0, "unparallelize must restore the exact original behaviour"
 
 

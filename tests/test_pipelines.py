@@ -3,6 +3,7 @@ layout, files that read back, offline checkpoints, and clear errors."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -12,9 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from dit_sp import spawn
-from pipelines.generate import parse_args, run
-from pipelines.models import build_tiny
+from dit_sp import GenerateConfig, generate, spawn
+from dit_sp.zoo import build_tiny
+
+pytestmark = pytest.mark.slow  # spawns worker processes or runs the CLIs end to end
 
 LAYOUTS = {  # name: (world, flags)
     "1x2": (2, {"ulysses": 2}),
@@ -25,22 +27,24 @@ LAYOUTS = {  # name: (world, flags)
 }
 
 
-def _settings(tmp_path, name: str, **overrides):
-    settings = parse_args(["--model", "tiny-wan", "--out", str(tmp_path / f"{name}.mp4"),
-                           "--save-latents", str(tmp_path / f"{name}.pt")])  # fmt: skip
-    return settings | {"return_frames": True, "verify_inputs": True} | overrides
+def _settings(tmp_path, name: str, model: str | None = None, **overrides) -> GenerateConfig:
+    """tiny-wan's settings (for ``model`` too: a saved copy of it)."""
+    settings = GenerateConfig.load(overrides={"model": "tiny-wan", "out": str(tmp_path / f"{name}.mp4"),
+                                              "save_latents": str(tmp_path / f"{name}.pt"), "verify_inputs": True,
+                                              **overrides})  # fmt: skip
+    return dataclasses.replace(settings, model=model) if model else settings
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ref")
-    return run(_settings(tmp, "single"))
+    return generate(_settings(tmp, "single"), True)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_every_layout_gives_the_same_video(reference, tmp_path, layout):
     world, flags = LAYOUTS[layout]
-    reports = spawn(run, world, args=(_settings(tmp_path, "parallel", **flags),), timeout=300)
+    reports = spawn(generate, world, args=(_settings(tmp_path, "parallel", **flags), True), timeout=300)
     leaders = [r for r in reports if "out" in r]
     assert len(leaders) == 1, "exactly one rank writes the output"
     frames = leaders[0]["frames"]
@@ -85,7 +89,7 @@ def test_cli_runs_sequence_parallel_workers(tmp_path):
 
 def test_saved_checkpoint_loads_offline(tmp_path, reference):
     build_tiny("tiny-wan").save_pretrained(tmp_path / "ckpt")
-    report = run(_settings(tmp_path, "ckpt", model=str(tmp_path / "ckpt")))
+    report = generate(_settings(tmp_path, "ckpt", model=str(tmp_path / "ckpt")), True)
     assert np.abs(report["frames"] - reference["frames"]).max() <= 1e-5
 
 
@@ -104,7 +108,9 @@ def _error_of(argv: list[str]) -> str:
         (["--frames", "8"], "the VAE needs 4\\*k\\+1 frames, e.g. \\[5, 9, 13, 17\\]"),
         (["--height", "40"], "--height 40: must be a multiple of 16"),
         (["--cfg-parallel", "--guidance", "1"], "turns guidance off"),
-        (["--ulysses", "0"], "--ulysses must be >= 1"),
+        (["--ulysses", "0"], "ulysses must be >= 1"),
+        (["--ulysses", "two"], "ulysses: expected an integer, got 'two'"),
+        (["--dtype", "float8"], "dtype: expected one of 'float32', 'bfloat16', 'float16'"),
     ],
 )
 def test_cli_errors_are_clear(argv, message):
@@ -123,12 +129,10 @@ def test_cli_checkpoint_errors(tmp_path):
 def test_config_file_unknown_keys_and_overrides(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("steps: 3\nframez: 9\n")
-    assert "unknown keys in" in _error_of(["--config", str(config)]) and "framez" in _error_of(
-        ["--config", str(config)]
-    )
+    assert "unknown key 'framez' (did you mean 'frames'?)" in _error_of(["--config", str(config)])
     config.write_text("steps: 3\nheight: 64\n")
-    settings = parse_args(["--model", "tiny-wan", "--config", str(config), "--height", "32"])
-    assert settings["steps"] == 3 and settings["height"] == 32  # flags override the file
+    settings = GenerateConfig.load(config, {"model": "tiny-wan", "height": 32})
+    assert settings.steps == 3 and settings.height == 32  # overrides win over the file
 
 
 def test_degrees_that_do_not_fit_the_world_are_an_error():

@@ -7,6 +7,7 @@ every (model, layout) job of that size in turn.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -16,9 +17,12 @@ import pytest
 import torch
 from diffusers.configuration_utils import FrozenDict
 
-from dit_sp import spawn
-from pipelines.generate import check_shape, guidance_arguments, parse_args, run
-from pipelines.models import build_tiny, model_defaults
+from dit_sp import GenerateConfig, generate, spawn
+from dit_sp.models import check_shape
+from dit_sp.sampling import guidance_arguments
+from dit_sp.zoo import build_tiny, model_defaults
+
+pytestmark = pytest.mark.slow  # spawns worker processes or runs the CLIs end to end
 
 MODELS = ("tiny-cogvideox", "tiny-hunyuanvideo")
 LAYOUTS = {  # name: (world, flags)
@@ -31,22 +35,24 @@ LAYOUTS = {  # name: (world, flags)
 SIZES = {"tiny-cogvideox": {"height": 48, "width": 32}, "tiny-hunyuanvideo": {}}
 
 
-def _settings(tmp_path, model: str, name: str, **overrides):
+def _settings(tmp_path, model: str, name: str, path: str | None = None, **overrides) -> GenerateConfig:
+    """The built-in ``model``'s settings (for ``path`` too: a saved copy of it)."""
     out, latents = tmp_path / f"{model}-{name}.mp4", tmp_path / f"{model}-{name}.pt"
-    settings = parse_args(["--model", model, "--out", str(out), "--save-latents", str(latents)])
-    return settings | SIZES[model] | {"return_frames": True, "verify_inputs": True} | overrides
+    settings = GenerateConfig.load(overrides={"model": model, "out": str(out), "save_latents": str(latents),
+                                              "verify_inputs": True, **SIZES[model], **overrides})  # fmt: skip
+    return dataclasses.replace(settings, model=path) if path else settings
 
 
-def run_jobs(jobs: list[dict]) -> list[dict]:
-    """In each spawned worker: ``pipelines.generate.run`` for each job, in order, on one world."""
-    return [run(settings) for settings in jobs]
+def run_jobs(jobs: list[GenerateConfig]) -> list[dict]:
+    """In each spawned worker: ``generate`` for each job, in order, on one world."""
+    return [generate(settings, True) for settings in jobs]
 
 
 @pytest.fixture(scope="module")
 def videos(tmp_path_factory):
     """{(model, layout): the sample leader's report}, "single" being one process."""
     tmp = tmp_path_factory.mktemp("families")
-    reports = {(model, "single"): run(_settings(tmp, model, "single")) for model in MODELS}
+    reports = {(model, "single"): generate(_settings(tmp, model, "single"), True) for model in MODELS}
     worlds: dict[int, list] = {}
     for layout, (world, flags) in LAYOUTS.items():
         for model in MODELS:
@@ -73,17 +79,17 @@ def test_every_layout_gives_the_same_video(videos, model, layout):
 
 @pytest.mark.parametrize("model", MODELS)
 def test_videos_read_back_with_the_requested_frames(videos, model):
-    settings = parse_args(["--model", model]) | SIZES[model]
+    settings = GenerateConfig.load(overrides={"model": model, **SIZES[model]})
     for layout in ("single", *LAYOUTS):
         frames = list(iio.imiter(videos[(model, layout)]["out"]))
-        assert len(frames) == settings["frames"] == 9
-        assert frames[0].shape[:2] == (settings["height"], settings["width"])
+        assert len(frames) == settings.frames == 9
+        assert frames[0].shape[:2] == (settings.height, settings.width)
 
 
 @pytest.mark.parametrize("model", MODELS)
 def test_saved_checkpoint_loads_offline(videos, tmp_path, model):
     build_tiny(model).save_pretrained(tmp_path / "ckpt")
-    report = run(_settings(tmp_path, model, "ckpt") | {"model": str(tmp_path / "ckpt")})
+    report = generate(_settings(tmp_path, model, "ckpt", path=str(tmp_path / "ckpt")), True)
     assert np.abs(report["frames"] - videos[(model, "single")]["frames"]).max() <= 1e-5
 
 
@@ -108,9 +114,9 @@ def test_hunyuan_prompt_template_crop_is_exact():
 )
 def test_guidance_goes_to_the_pipelines_classifier_free_guidance(model, argument):
     pipe = SimpleNamespace(transformer=build_tiny(model, "transformer"))
-    settings = parse_args(["--model", model, "--guidance", "3"])
+    settings = GenerateConfig.load(overrides={"model": model, "guidance": 3})
     assert guidance_arguments(pipe, settings) == {argument: 3.0}
-    embedded = settings | {"embedded_guidance": 6.0}
+    embedded = dataclasses.replace(settings, embedded_guidance=6.0)
     if model == "tiny-hunyuanvideo":  # guidance-distilled: guidance_scale is the embedded guidance
         assert guidance_arguments(pipe, embedded) == {"true_cfg_scale": 3.0, "guidance_scale": 6.0}
     else:
@@ -122,7 +128,7 @@ def test_guidance_goes_to_the_pipelines_classifier_free_guidance(model, argument
 def test_shape_errors_give_valid_values(model):
     transformer = build_tiny(model, "transformer")
     pipe = SimpleNamespace(transformer=transformer, vae_scale_factor_temporal=4, vae_scale_factor_spatial=8)
-    settings = parse_args(["--model", model])
+    settings = dataclasses.asdict(GenerateConfig.load(overrides={"model": model}))
     check_shape(pipe, settings)  # the defaults fit
     with pytest.raises(ValueError, match=r"the VAE needs 4\*k\+1 frames, e.g. \[5, 9, 13, 17\]"):
         check_shape(pipe, settings | {"frames": 8})
@@ -150,9 +156,8 @@ def test_checkpoint_defaults_follow_the_pipeline_class(tmp_path):
 def _hunyuan_cfg_without_negative_prompt() -> str:
     import torch
 
-    from dit_sp import ParallelConfig, init_parallel
-    from dit_sp.parallelize import parallelize
-    from pipelines.models import build_tiny
+    from dit_sp import ParallelConfig, init_parallel, parallelize
+    from dit_sp.zoo import build_tiny
 
     pipe = build_tiny("tiny-hunyuanvideo")
     parallelize(pipe, init_parallel(ParallelConfig.for_world(2, cfg=2)))

@@ -19,7 +19,6 @@ from dit_sp.rl import (
     sde_mean_std,
     sde_step,
     shifted_sigmas,
-    transition_log_prob,
 )
 
 
@@ -60,9 +59,12 @@ def test_sde_noise_levels_and_recomputed_log_prob(kind):
     g = 0.3 if kind == "dance" else 0.7 * math.sqrt(0.6 / 0.4)
     assert std == pytest.approx(g * math.sqrt(0.2))
     torch.testing.assert_close(mean, x - 0.2 * (v + g * g / 1.2 * (x + 0.4 * v)))
-    x_next, log_prob = sde_step(x, v, 0.6, 0.4, config, s_cap=0.9, generator=torch.Generator().manual_seed(1))
-    _, again = sde_step(x, v, 0.6, 0.4, config, s_cap=0.9, x_next=x_next)
-    torch.testing.assert_close(log_prob, again)
+    sampled = sde_step(x, v, 0.6, 0.4, config, s_cap=0.9, generator=torch.Generator().manual_seed(1))
+    again = sde_step(x, v, 0.6, 0.4, config, s_cap=0.9, x_next=sampled.x_next)
+    torch.testing.assert_close(sampled.log_prob, again.log_prob)
+    torch.testing.assert_close(again.mean, mean)
+    noise = (sampled.x_next - mean) / std  # the same step from explicit noise gives the same sample
+    torch.testing.assert_close(sde_step(x, v, 0.6, 0.4, config, s_cap=0.9, noise=noise).x_next, sampled.x_next)
     # The first step from s=1 stays finite for Flow-GRPO thanks to the cap.
     assert math.isfinite(sde_mean_std(x, v, 1.0, 0.9, config, s_cap=0.9)[1])
 
@@ -73,8 +75,8 @@ def test_trajectory_log_probs_recompute_exactly():
     config = SDEConfig("flow")
     traj = sample_trajectory(_velocity, torch.randn(2, 6), sigmas, config, torch.Generator().manual_seed(0))
     for t in range(4):
-        log_prob, _, _ = transition_log_prob(_velocity, traj, t, config)
-        assert torch.equal(log_prob, traj.log_probs[t])
+        step = traj.transition(t, _velocity(traj.latents[t], traj.sigmas[t]), config)
+        assert torch.equal(step.log_prob, traj.log_probs[t])
 
 
 def test_sde_window_is_stochastic_only_inside():
@@ -88,7 +90,8 @@ def test_sde_window_is_stochastic_only_inside():
         assert torch.equal(traj.latents[:3], ode.latents[:3])  # steps 0 and 1: the ODE
         assert (traj.log_probs[[0, 1, 4, 5]] == 0).all() and (traj.log_probs[2:4] != 0).all()
         for t in (2, 3):
-            assert torch.equal(transition_log_prob(_velocity, traj, t, config)[0], traj.log_probs[t])
+            step = traj.transition(t, _velocity(traj.latents[t], traj.sigmas[t]), config)
+            assert torch.equal(step.log_prob, traj.log_probs[t])
     assert not torch.allclose(runs[0].latents[3], runs[1].latents[3])  # the window's noise
     assert not torch.allclose(runs[0].final, runs[1].final)
 

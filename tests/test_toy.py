@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from dit_sp import toyworld
+from dit_sp.bundled import ASSET_DIR
 from dit_sp.rl import build_reward
 
 REPO = Path(__file__).resolve().parents[1]
-TOY = REPO / "assets" / "toy-wan"
+TOY = ASSET_DIR / "toy-wan"
 
 
 def test_generator_is_deterministic_and_varied():
@@ -86,7 +87,7 @@ def test_shipped_model_is_small_and_loads_offline():
     files = [p for p in TOY.rglob("*") if p.is_file()]
     assert sum(p.stat().st_size for p in files) <= 20 * 2**20
     assert all(p.suffix != ".bin" for p in files), "weights ship as safetensors"
-    from pipelines.models import load_pipeline
+    from dit_sp.zoo import load_pipeline
 
     pipe = load_pipeline(str(TOY), torch.float32)
     generator = torch.Generator().manual_seed(0)
@@ -95,6 +96,7 @@ def test_shipped_model_is_small_and_loads_offline():
     assert video.shape == (1, 9, 3, 32, 32)
 
 
+@pytest.mark.slow
 def test_default_generate_follows_its_prompt(tmp_path):
     """The README's default command: the video shows the prompt's colour and direction."""
     correct = {"color": 0, "direction": 0}
@@ -113,21 +115,23 @@ def test_default_generate_follows_its_prompt(tmp_path):
     assert correct["color"] >= 3 and correct["direction"] >= 3, correct
 
 
+@pytest.mark.slow
 def test_train_toy_runs_end_to_end(tmp_path):
-    """The script that produced assets/toy-wan runs (a few steps) and writes a loadable pipeline."""
+    """The script that produced the shipped toy-wan runs (a few steps) and writes a loadable pipeline."""
     out = tmp_path / "toy"
     cmd = [sys.executable, "-m", "pipelines.train_toy", "--vae-steps", "2", "--transformer-steps", "2",
            "--seeds-per-caption", "1", "--work-dir", str(tmp_path / "work"), "--out", str(out)]  # fmt: skip
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO)
     assert result.returncode == 0, result.stderr[-2000:]
-    from pipelines.models import load_pipeline
+    from dit_sp.zoo import load_pipeline
 
     pipe = load_pipeline(str(out), torch.float32)
     assert pipe.vae.config.scale_factor_spatial == 4 and len(pipe.vae.config.latents_std) == 8
 
 
+@pytest.mark.slow
 def test_eval_toy_reports_accuracy_and_paired_gain():
-    from pipelines.eval_toy import paired_gain, summarize
+    from dit_sp.toymodel import paired_gain, summarize
 
     good = [{"color": True, "shape": True, "direction": True}] * 3
     half = [{"color": True, "shape": False, "direction": True}, *good[:2]]
@@ -143,6 +147,7 @@ def test_eval_toy_reports_accuracy_and_paired_gain():
     assert report["gain"] == 0 and report["gain_ci95"] == [0, 0]
 
 
+@pytest.mark.slow
 def test_eval_toy_input_errors(tmp_path):
     def error(*args: str) -> str:
         result = subprocess.run([sys.executable, "-m", "pipelines.eval_toy", *args], capture_output=True, text=True,

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dit_sp._compat import aten_missing, aten_op
+
 Tensor = torch.Tensor
 
 
@@ -39,14 +41,14 @@ def lse_dtype(dtype: torch.dtype) -> torch.dtype:
 
 # --- torch's CPU flash kernel -------------------------------------------------------------------
 def _cpu_forward(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+    out, lse = aten_op("_scaled_dot_product_flash_attention_for_cpu")(
         _bhsd(q), _bhsd(k), _bhsd(v), 0.0, False, scale=scale
     )
     return _bhsd(out), lse
 
 
 def _cpu_backward(dout, q, k, v, out, lse, scale):
-    dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+    dq, dk, dv = aten_op("_scaled_dot_product_flash_attention_for_cpu_backward")(
         _bhsd(dout), _bhsd(q), _bhsd(k), _bhsd(v), _bhsd(out), lse.to(lse_dtype(q.dtype)), 0.0, False, scale=scale
     )
     return _bhsd(dq), _bhsd(dk), _bhsd(dv)
@@ -80,8 +82,8 @@ def _math_backward(dout, q, k, v, out, lse, scale):
 
 
 # --- torch's CUDA kernels -----------------------------------------------------------------------
-def _no_cuda() -> str | None:
-    return None if torch.cuda.is_available() else "CUDA is not available"
+def _no_cuda(*ops: str) -> Callable[[], str | None]:
+    return lambda: "CUDA is not available" if not torch.cuda.is_available() else aten_missing(*ops)
 
 
 def _empty_i64(x: Tensor) -> Tensor:
@@ -89,16 +91,14 @@ def _empty_i64(x: Tensor) -> Tensor:
 
 
 def _cuda_flash_forward(q, k, v, scale):
-    res = torch.ops.aten._scaled_dot_product_flash_attention(
-        _bhsd(q), _bhsd(k), _bhsd(v), 0.0, False, False, scale=scale
-    )
+    res = aten_op("_scaled_dot_product_flash_attention")(_bhsd(q), _bhsd(k), _bhsd(v), 0.0, False, False, scale=scale)
     return _bhsd(res[0]), res[1]
 
 
 def _cuda_flash_backward(dout, q, k, v, out, lse, scale):
     empty = _empty_i64(q)
     # cum_seq_q/k must be undefined (None): defined ones select the variable-length kernel.
-    dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
+    dq, dk, dv = aten_op("_scaled_dot_product_flash_attention_backward")(
         _bhsd(dout), _bhsd(q), _bhsd(k), _bhsd(v), _bhsd(out), lse.float().contiguous(),
         None, None, q.shape[1], k.shape[1], 0.0, False, empty, empty, scale=scale,
     )  # fmt: skip
@@ -106,7 +106,7 @@ def _cuda_flash_backward(dout, q, k, v, out, lse, scale):
 
 
 def _cuda_efficient_forward(q, k, v, scale):
-    out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
+    out, lse, _, _ = aten_op("_scaled_dot_product_efficient_attention")(
         _bhsd(q), _bhsd(k), _bhsd(v), None, True, 0.0, False, scale=scale
     )
     return _bhsd(out), lse[..., : q.shape[1]]  # the kernel pads lse to a multiple of 32 queries
@@ -118,7 +118,7 @@ def _cuda_efficient_backward(dout, q, k, v, out, lse, scale):
     empty = _empty_i64(q)
     # The kernel assumes out is contiguous in (B, S, H, D) (its row stride is fixed to H * D).
     out, dout = out.contiguous(), dout.contiguous()
-    dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+    dq, dk, dv, _ = aten_op("_scaled_dot_product_efficient_attention_backward")(
         _bhsd(dout), _bhsd(q), _bhsd(k), _bhsd(v), None, _bhsd(out), lse, empty, empty, 0.0,
         [True, True, True, False], False, scale=scale,
     )  # fmt: skip
@@ -190,12 +190,17 @@ KERNELS: dict[str, AttentionKernel] = {
                         _module_missing("flash_attn_interface", "flash-attn 3 (hopper build)")),
         AttentionKernel("flash_attn2", _flash_attn_forward(2), _flash_attn_backward(2), _cuda_half,
                         _module_missing("flash_attn", "flash-attn")),
-        AttentionKernel("torch_flash", _cuda_flash_forward, _cuda_flash_backward, _cuda_half, _no_cuda),
+        AttentionKernel("torch_flash", _cuda_flash_forward, _cuda_flash_backward, _cuda_half,
+                        _no_cuda("_scaled_dot_product_flash_attention",
+                                 "_scaled_dot_product_flash_attention_backward")),
         AttentionKernel("torch_efficient", _cuda_efficient_forward, _cuda_efficient_backward,
                         lambda dev, dt, hd: dev.type == "cuda" and dt.is_floating_point and dt != torch.float64,
-                        _no_cuda),
+                        _no_cuda("_scaled_dot_product_efficient_attention",
+                                 "_scaled_dot_product_efficient_attention_backward")),
         AttentionKernel("cpu_flash", _cpu_forward, _cpu_backward,
-                        lambda dev, dt, hd: dev.type == "cpu" and dt.is_floating_point),
+                        lambda dev, dt, hd: dev.type == "cpu" and dt.is_floating_point,
+                        lambda: aten_missing("_scaled_dot_product_flash_attention_for_cpu",
+                                             "_scaled_dot_product_flash_attention_for_cpu_backward")),
         AttentionKernel("math", _math_forward, _math_backward, lambda dev, dt, hd: dt.is_floating_point),
     )
 }  # fmt: skip

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from dit_sp.attention import ulysses
 from dit_sp.attention.kernels import get_kernel
 from dit_sp.attention.ring import RingSpec, ring_attention
+from dit_sp.parallel.comm import true_length
 from dit_sp.parallel.state import ParallelState
 
 Tensor = torch.Tensor
@@ -83,8 +84,11 @@ def usp_attention(
         joint_valid: per batch element, how many of the joint tokens are real (they come first; the
             rest is padding, e.g. of a tokenized prompt) and may be attended as keys. Default: all.
         parallel: the layout (``init_parallel``).
-        seq_len: the true number of sharded (video) tokens over all ranks when the shards are padded
-            (``shard_sequence`` of a length not divisible by the SP degree); padded keys are masked.
+        seq_len: the true number of sharded (video) tokens over all ranks, the ``S`` given to
+            ``shard_sequence``; its zero padding (when ``S`` is not a multiple of the SP degree) is masked.
+            Required when ``sp > 1``: a shard does not show whether it is padded, so a forgotten
+            ``seq_len`` (or the length of one shard passed instead) raises rather than attending to the
+            padding. In one process it defaults to the local length; a smaller value masks the tail.
         scale: softmax scale, default ``1/sqrt(D)``.
         kernel: local attention kernel name (``dit_sp.attention.KERNELS``); default: best for the
             device and dtype, and torch SDPA where no ring is needed.
@@ -96,14 +100,7 @@ def usp_attention(
     """
     _check_inputs(q, k, v, joint_len, joint_position)
     batch, local_len, heads, head_dim = q.shape
-    video_len = local_len - joint_len
-    padded_len = video_len * parallel.sp
-    seq_len = padded_len if seq_len is None else seq_len
-    if not 0 < seq_len <= padded_len:
-        raise ValueError(
-            f"seq_len={seq_len} does not fit {parallel.sp} shards of {video_len} tokens: it must be in "
-            f"[1, {padded_len}] (use shard_sequence to cut a full sequence into shards)"
-        )
+    seq_len = true_length(seq_len, local_len - joint_len, parallel, "usp_attention")
     scale = head_dim**-0.5 if scale is None else scale
     if joint_valid is not None:
         joint_valid = tuple(int(n) for n in joint_valid)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from dit_sp.models.cogvideox import COGVIDEOX
 from dit_sp.models.family import ModelFamily
 from dit_sp.models.hunyuan_video import HUNYUAN_VIDEO
+from dit_sp.models.policy import DiffusersPolicy
+from dit_sp.models.shape import check_shape
 from dit_sp.models.wan import WAN
 
 FAMILIES: tuple[ModelFamily, ...] = (WAN, HUNYUAN_VIDEO, COGVIDEOX)
@@ -28,4 +32,14 @@ def family_of(model: torch.nn.Module) -> ModelFamily:
     )
 
 
-__all__ = ["FAMILIES", "ModelFamily", "family_of", "supported_classes"]
+def policy_for(pipe: Any) -> type[DiffusersPolicy]:
+    """The GRPO policy class of a loaded pipeline, or a clear error listing the trainable pipelines."""
+    name = type(pipe).__name__
+    for family in FAMILIES:
+        if family.policy is not None and any(cls.__name__ in family.pipelines for cls in type(pipe).__mro__):
+            return family.policy
+    trainable = sorted(p for family in FAMILIES if family.policy is not None for p in family.pipelines)
+    raise ValueError(f"GRPO has no policy for {name}; supported pipelines: {trainable}")
+
+
+__all__ = ["FAMILIES", "DiffusersPolicy", "ModelFamily", "check_shape", "family_of", "policy_for", "supported_classes"]

@@ -6,20 +6,25 @@ The pipeline runs guidance as one call on a batch of ``[unconditional, condition
 diffusers ships no ``_cp_plan`` for this model.
 """
 
-from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+import torch
 
+from dit_sp._compat import context_parallel_types
 from dit_sp.models.family import ModelFamily
 
-_PLAN = {
-    "": {"image_rotary_emb": ContextParallelInput(split_dim=0, expected_dims=2)},
-    "transformer_blocks.0": {"hidden_states": ContextParallelInput(split_dim=1, expected_dims=3)},
-    "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3),
-}
+
+def _plan(model: torch.nn.Module) -> dict:
+    cp_input, cp_output = context_parallel_types()
+    return {
+        "": {"image_rotary_emb": cp_input(split_dim=0, expected_dims=2)},
+        "transformer_blocks.0": {"hidden_states": cp_input(split_dim=1, expected_dims=3)},
+        "proj_out": cp_output(gather_dim=1, expected_dims=3),
+    }
+
 
 COGVIDEOX = ModelFamily(
     name="cogvideox",
     class_names=("CogVideoXTransformer3DModel",),
-    plan=lambda model: _PLAN,
+    plan=_plan,
     attention_modules=("transformer_blocks.*.attn1",),
     joint_position="front",
     cfg_mode="batched",

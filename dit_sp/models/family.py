@@ -33,3 +33,7 @@ class ModelFamily:
     """Pipeline arguments of which one must also be given for guidance to run (e.g. a negative prompt)."""
     check: Callable[[torch.nn.Module], None] = lambda model: None
     """Raises for configurations of the family that are not supported."""
+    pipelines: tuple[str, ...] = ()
+    """diffusers pipeline classes that GRPO can train (through ``policy``)."""
+    policy: type | None = None
+    """The GRPO policy class (a ``dit_sp.models.policy.DiffusersPolicy``) of those pipelines."""

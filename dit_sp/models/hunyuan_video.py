@@ -5,19 +5,69 @@ tokens (replicated on every rank, padded per prompt and masked) sit behind the v
 refiner attends over text only and stays local. diffusers ships no ``_cp_plan`` for this model.
 """
 
+from typing import Any
+
 import torch
-from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
 
+from dit_sp._compat import context_parallel_types
 from dit_sp.models.family import ModelFamily
+from dit_sp.models.policy import DiffusersPolicy
 
-_PLAN = {
-    "x_embedder": {0: ContextParallelInput(split_dim=1, expected_dims=3, split_output=True)},
-    "rope": {
-        0: ContextParallelInput(split_dim=0, expected_dims=2, split_output=True),
-        1: ContextParallelInput(split_dim=0, expected_dims=2, split_output=True),
-    },
-    "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3),
-}
+Tensor = torch.Tensor
+
+
+class HunyuanVideoPolicy(DiffusersPolicy):
+    """HunyuanVideo text-to-video: Llama text tokens with their mask, a pooled CLIP embedding, and the
+    embedded (distilled) guidance of the transformer; true classifier-free guidance only if ``guidance > 1``."""
+
+    def __init__(self, pipe: Any, transformer: torch.nn.Module, *, embedded_guidance: float | None = None,
+                 **kwargs: Any):  # fmt: skip
+        takes_guidance = transformer.config.guidance_embeds
+        if embedded_guidance is not None and not takes_guidance:
+            raise ValueError(
+                "embedded_guidance: this HunyuanVideo transformer takes no guidance input (guidance_embeds is "
+                "false); leave embedded_guidance unset and use guidance for classifier-free guidance"
+            )
+        super().__init__(pipe, transformer, **kwargs)
+        if takes_guidance and embedded_guidance is None:
+            embedded_guidance = 6.0  # the pipeline's default
+        self.embedded_guidance = embedded_guidance
+        """The distilled guidance the transformer takes as an input; None if it takes none."""
+
+    @torch.no_grad()
+    def encode(self, prompts: list[str]) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...] | None]:
+        def encode(texts: list[str]) -> tuple[Tensor, ...]:
+            embeds, pooled, mask = self.pipe.encode_prompt(prompt=texts, device=self.device,
+                                                           max_sequence_length=self.max_sequence_length)  # fmt: skip
+            return embeds, pooled, mask
+
+        positive = encode(prompts)
+        return positive, encode([self.negative_prompt] * len(prompts)) if self.guided else None
+
+    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: tuple[Tensor, ...]) -> Tensor:
+        embeds, pooled, mask = cond
+        guidance = None
+        if self.embedded_guidance is not None:
+            guidance = torch.full((hidden.shape[0],), self.embedded_guidance * 1000.0, device=hidden.device,
+                                  dtype=hidden.dtype)  # fmt: skip
+        return model(hidden_states=hidden, timestep=timestep, encoder_hidden_states=embeds.to(hidden.dtype),
+                     encoder_attention_mask=mask.to(hidden.dtype), pooled_projections=pooled.to(hidden.dtype),
+                     guidance=guidance, return_dict=False)[0]  # fmt: skip
+
+    def _unscale(self, latents: Tensor) -> Tensor:
+        return latents / self.pipe.vae.config.scaling_factor
+
+
+def _plan(model: torch.nn.Module) -> dict:
+    cp_input, cp_output = context_parallel_types()
+    return {
+        "x_embedder": {0: cp_input(split_dim=1, expected_dims=3, split_output=True)},
+        "rope": {
+            0: cp_input(split_dim=0, expected_dims=2, split_output=True),
+            1: cp_input(split_dim=0, expected_dims=2, split_output=True),
+        },
+        "proj_out": cp_output(gather_dim=1, expected_dims=3),
+    }
 
 
 def _check(model: torch.nn.Module) -> None:
@@ -31,11 +81,13 @@ def _check(model: torch.nn.Module) -> None:
 HUNYUAN_VIDEO = ModelFamily(
     name="hunyuan_video",
     class_names=("HunyuanVideoTransformer3DModel",),
-    plan=lambda model: _PLAN,
+    plan=_plan,
     attention_modules=("transformer_blocks.*.attn", "single_transformer_blocks.*.attn"),
     joint_position="rear",
     cfg_mode="sequential",
     guidance_arg="true_cfg_scale",
     guidance_needs_any=("negative_prompt", "negative_prompt_embeds"),
     check=_check,
+    pipelines=("HunyuanVideoPipeline",),
+    policy=HunyuanVideoPolicy,
 )

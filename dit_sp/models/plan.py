@@ -15,20 +15,24 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
 from torch.utils.hooks import RemovableHandle
 
+from dit_sp._compat import check_cp_plan
 from dit_sp.models.context import SequenceContext
 from dit_sp.parallel.comm import gather_sequence, shard_sequence
 
 Plan = dict[str, Any]
+InputSpec = Any
+"""A diffusers ``ContextParallelInput`` (``dit_sp._compat.context_parallel_types``)."""
+OutputSpec = Any
+"""A diffusers ``ContextParallelOutput``."""
 
 
 def _as_list(spec) -> list:
     return list(spec) if isinstance(spec, (list, tuple)) else [spec]
 
 
-def _split(x: Any, spec: ContextParallelInput, ctx: SequenceContext) -> Any:
+def _split(x: Any, spec: InputSpec, ctx: SequenceContext) -> Any:
     """Shard a tensor (or each tensor of a tuple/list) whose rank matches ``expected_dims``."""
     if isinstance(x, (tuple, list)):
         return type(x)(_split(item, spec, ctx) for item in x)
@@ -38,7 +42,7 @@ def _split(x: Any, spec: ContextParallelInput, ctx: SequenceContext) -> Any:
     return shard_sequence(x, ctx.parallel, dim=spec.split_dim)
 
 
-def _gather(x: Any, spec: ContextParallelOutput, ctx: SequenceContext) -> Any:
+def _gather(x: Any, spec: OutputSpec, ctx: SequenceContext) -> Any:
     if not isinstance(x, torch.Tensor) or (spec.expected_dims is not None and x.dim() != spec.expected_dims):
         return x
     return gather_sequence(x, ctx.parallel, dim=spec.gather_dim, seq_len=ctx.seq_len, grad=ctx.gather_grad)
@@ -62,7 +66,7 @@ def _input_hook(module: torch.nn.Module, specs: dict, ctx: SequenceContext, is_r
     return hook
 
 
-def _output_hook(specs: dict | ContextParallelOutput | list, ctx: SequenceContext, is_root: bool) -> Callable:
+def _output_hook(specs: dict | OutputSpec | list, ctx: SequenceContext, is_root: bool) -> Callable:
     def hook(mod, args, output):
         if isinstance(specs, dict):  # split outputs (e.g. rotary embeddings computed for the full sequence)
             if isinstance(output, tuple):
@@ -86,6 +90,7 @@ def _output_hook(specs: dict | ContextParallelOutput | list, ctx: SequenceContex
 
 def apply_plan(model: torch.nn.Module, plan: Plan, ctx: SequenceContext) -> list[RemovableHandle]:
     """Install the plan's hooks on ``model``; returns handles that remove them again."""
+    check_cp_plan(plan, type(model).__name__)
     handles = []
     modules = dict(model.named_modules())
     missing = [name for name in plan if name not in modules]

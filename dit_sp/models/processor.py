@@ -6,6 +6,10 @@ joint text concatenation), so nothing of diffusers is restated here and it canno
 to ``scaled_dot_product_attention`` is routed, through a ``TorchFunctionMode`` active during that one
 processor call, to ``usp_attention``: the local tokens are this rank's video shard, plus the joint (text)
 tokens the processor concatenated in front or behind.
+
+A processor call that routed no attention raises: its stock processor reached attention some other way
+(a non-native diffusers attention backend, a custom kernel, a hand-written softmax), which would have
+attended over this rank's shard of the sequence only.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from dit_sp._compat import use_native_attention
 from dit_sp.attention import usp_attention
 from dit_sp.models.context import SequenceContext
 
@@ -52,16 +57,19 @@ def _joint_valid(mask: Tensor | None, local_len: int, joint_len: int, ctx: Seque
 
 
 class RouteAttention(TorchFunctionMode):
-    """Sends ``F.scaled_dot_product_attention`` calls to ``usp_attention``; all else runs unchanged."""
+    """Sends ``F.scaled_dot_product_attention`` calls to ``usp_attention`` (counting them in ``routed``);
+    all else runs unchanged."""
 
     def __init__(self, ctx: SequenceContext):
         super().__init__()
         self.ctx = ctx
+        self.routed = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is not F.scaled_dot_product_attention:
             return func(*args, **kwargs)
+        self.routed += 1
         return self.attention(*args, **kwargs)
 
     def attention(
@@ -107,21 +115,30 @@ def _sequence_parallel_class(stock: type) -> type:
     class SequenceParallelProcessor(stock):
         @functools.wraps(stock.__call__)
         def __call__(self, attn, *args, **kwargs):
-            with RouteAttention(self._dit_sp_context):
-                return super().__call__(attn, *args, **kwargs)
+            route = RouteAttention(self._dit_sp_context)
+            with route:
+                out = super().__call__(attn, *args, **kwargs)
+            if not route.routed:
+                raise RuntimeError(
+                    f"{stock.__name__} of the {type(attn).__name__} module {self._dit_sp_name!r} computed its "
+                    "attention without torch's scaled_dot_product_attention, so dit-sp could not make it "
+                    "sequence-parallel: it attended over this rank's shard of the sequence only. Run the "
+                    "parallelized modules with diffusers' native attention backend (no set_attention_backend, "
+                    "attention_backend() context or DIFFUSERS_ATTN_BACKEND for them), or give them a processor "
+                    "that calls torch.nn.functional.scaled_dot_product_attention."
+                )
+            return out
 
     SequenceParallelProcessor.__name__ = SequenceParallelProcessor.__qualname__ = f"SequenceParallel{stock.__name__}"
     return SequenceParallelProcessor
 
 
-def sequence_parallel_processor(stock: object, ctx: SequenceContext) -> object:
-    """A copy of ``stock`` (left untouched) that computes its attention with USP."""
+def sequence_parallel_processor(stock: object, ctx: SequenceContext, name: str = "") -> object:
+    """A copy of ``stock`` (left untouched) that computes its attention with USP; ``name`` (the attention
+    module's) is for error messages."""
     processor = copy.copy(stock)
     processor.__class__ = _sequence_parallel_class(type(stock))
     processor._dit_sp_context = ctx
-    # The stock call must reach torch SDPA: diffusers' native backend, without its own parallelism.
-    if hasattr(processor, "_attention_backend"):
-        processor._attention_backend = "native"
-    if hasattr(processor, "_parallel_config"):
-        processor._parallel_config = None
+    processor._dit_sp_name = name
+    use_native_attention(processor)  # the stock call must reach torch SDPA
     return processor

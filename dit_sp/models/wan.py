@@ -5,12 +5,48 @@ Self-attention (``attn1``) runs through USP. Cross-attention to text and the I2V
 The split/gather plan is the ``_cp_plan`` diffusers ships with the model.
 """
 
+from typing import Any
+
+import torch
+
+from dit_sp._compat import model_cp_plan
 from dit_sp.models.family import ModelFamily
+from dit_sp.models.policy import DiffusersPolicy
+
+Tensor = torch.Tensor
+
+
+class WanPolicy(DiffusersPolicy):
+    """Wan 2.1/2.2 text-to-video (UMT5 text tokens)."""
+
+    @torch.no_grad()
+    def encode(self, prompts: list[str]) -> tuple[Tensor, Tensor | None]:
+        positive, negative = self.pipe.encode_prompt(
+            prompt=prompts,
+            negative_prompt=[self.negative_prompt] * len(prompts),
+            do_classifier_free_guidance=self.guided,
+            max_sequence_length=self.max_sequence_length,
+            device=self.device,
+        )
+        return positive, negative
+
+    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: Tensor) -> Tensor:
+        return model(hidden_states=hidden, timestep=timestep, encoder_hidden_states=cond.to(hidden.dtype),
+                     return_dict=False)[0]  # fmt: skip
+
+    def _unscale(self, latents: Tensor) -> Tensor:
+        config = self.pipe.vae.config
+        mean = torch.tensor(config.latents_mean).view(1, config.z_dim, 1, 1, 1).to(latents)
+        std = torch.tensor(config.latents_std).view(1, config.z_dim, 1, 1, 1).to(latents)
+        return latents * std + mean
+
 
 WAN = ModelFamily(
     name="wan",
     class_names=("WanTransformer3DModel",),
-    plan=lambda model: model._cp_plan,
+    plan=model_cp_plan,
     attention_modules=("blocks.*.attn1",),
     cfg_mode="sequential",
+    pipelines=("WanPipeline",),
+    policy=WanPolicy,
 )

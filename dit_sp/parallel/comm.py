@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from dit_sp._compat import all_gather_single, p2p_op
 from dit_sp.parallel.state import ParallelState
 
 
@@ -61,15 +62,11 @@ def all_to_all(x: torch.Tensor, group: dist.ProcessGroup | None, scatter_dim: in
     return AllToAll.apply(x, group, scatter_dim, gather_dim)
 
 
-# torch >= 2.12 renamed all_gather_into_tensor; keep working on the older releases we support.
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-
 def _all_gather(x: torch.Tensor, group: dist.ProcessGroup, dim: int) -> torch.Tensor:
     world = dist.get_world_size(group)
     # gloo wants the output as the inputs concatenated along dim 0; view it as (world, *x.shape).
     out = torch.empty((world * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
-    _all_gather_single(out, x.contiguous(), group=group)
+    all_gather_single(out, x.contiguous(), group)
     return out.unflatten(0, (world, -1)).movedim(0, dim).flatten(dim, dim + 1)
 
 
@@ -120,12 +117,47 @@ def shard_len(seq_len: int, parallel: ParallelState) -> int:
     return -(-seq_len // parallel.sp)
 
 
+def true_length(seq_len: int | None, local_len: int, parallel: ParallelState, caller: str) -> int:
+    """Check ``seq_len``, the true length ``S`` of a sequence cut into shards of ``local_len`` positions,
+    and return it.
+
+    With ``sp > 1`` it is required (the shards may hide zero padding, see ``shard_sequence``) and must be
+    one that ``shard_sequence`` cuts into shards of ``local_len``: ``ceil(S / sp) == local_len``. That
+    catches a forgotten ``seq_len`` and the length of one shard passed for the whole. In one process
+    (``sp == 1``) it defaults to ``local_len``, and a smaller value marks the tail as padding.
+    """
+    sp = parallel.sp
+    if seq_len is None:
+        if sp == 1:
+            return local_len
+        raise ValueError(
+            f"{caller} over {sp} sequence-parallel ranks needs seq_len=S, the true length of the sequence cut into "
+            f"these shards of {local_len} ({local_len * sp} if it divides evenly): when S is not a multiple of "
+            f"{sp}, shard_sequence zero-pads the last shards, and without seq_len that padding would be taken for "
+            "tokens"
+        )
+    low = max(1, (local_len - 1) * sp + 1) if sp > 1 else 1
+    if not low <= seq_len <= local_len * sp:
+        hint = (
+            f" (shard_sequence cuts S tokens into shards of ceil(S/{sp}): seq_len is the length of the whole "
+            "sequence, not of one shard)"
+            if sp > 1
+            else ""
+        )
+        raise ValueError(
+            f"seq_len={seq_len} does not fit {sp} shards of {local_len} tokens: it must be in "
+            f"[{low}, {local_len * sp}]{hint}"
+        )
+    return seq_len
+
+
 def shard_sequence(x: torch.Tensor, parallel: ParallelState, dim: int = 1) -> torch.Tensor:
     """This rank's shard of the full tensor ``x`` along ``dim``.
 
     Shard ``i`` (held by SP rank ``i``) is ``x[..., i*L:(i+1)*L, ...]`` with ``L = ceil(S / sp)``. When
-    ``S`` is not a multiple of ``sp`` the tail is zero-padded, so every rank holds ``L`` positions;
-    pass ``seq_len=S`` to ``usp_attention`` and ``gather_sequence`` to mask and drop the padding.
+    ``S`` is not a multiple of ``sp`` the tail is zero-padded, so every rank holds ``L`` positions. The
+    shard does not remember ``S``: ``usp_attention`` and ``gather_sequence`` take it as ``seq_len`` (required
+    when ``sp > 1``) to mask and drop the padding.
     The backward gives this rank's partial gradient of ``x`` (zeros outside its shard).
     """
     dim %= x.dim()
@@ -146,22 +178,17 @@ def gather_sequence(
 ) -> torch.Tensor:
     """Rebuild the full sequence from every SP rank's shard along ``dim``, dropping padding.
 
-    ``seq_len`` is the true length given to ``shard_sequence`` (``None``: no padding to drop).
+    ``seq_len`` is the true length given to ``shard_sequence``; required when ``sp > 1`` (see
+    ``true_length``), since a padded shard cannot be told from an unpadded one.
     ``grad`` chooses the backward: ``"sum"`` (default, the exact adjoint; use it when parameter
     gradients are *averaged* over the SP group, as FSDP does over ``dp*sp``) or ``"slice"`` (each rank
     keeps its own chunk; gradients then equal a single process's when every rank computes the same
     loss and parameter gradients are *summed* over the SP group).
     """
     dim %= x.dim()
+    seq_len = true_length(seq_len, x.shape[dim], parallel, "gather_sequence")  # checked before any traffic
     full = all_gather(x, parallel.sp_group, dim, grad)
-    if seq_len is not None:
-        if not 0 < seq_len <= full.shape[dim]:
-            raise ValueError(
-                f"seq_len={seq_len} does not fit the gathered length {full.shape[dim]} "
-                f"({parallel.sp} shards of {x.shape[dim]})"
-            )
-        full = full.narrow(dim, 0, seq_len)
-    return full
+    return full if seq_len == full.shape[dim] else full.narrow(dim, 0, seq_len)
 
 
 class RingComm:
@@ -186,8 +213,8 @@ class RingComm:
         self._send = send.contiguous()
         self._recv = torch.empty_like(self._send) if recv is None else recv
         ops = [
-            dist.P2POp(dist.isend, self._send, group=self.group, tag=self.tag, group_peer=self.next),
-            dist.P2POp(dist.irecv, self._recv, group=self.group, tag=self.tag, group_peer=self.prev),
+            p2p_op(dist.isend, self._send, self.group, self.next, self.tag),
+            p2p_op(dist.irecv, self._recv, self.group, self.prev, self.tag),
         ]
         self._works = dist.batch_isend_irecv(ops)
 

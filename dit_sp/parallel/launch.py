@@ -67,7 +67,7 @@ def spawn(
     world_size: int,
     args: tuple = (),
     *,
-    timeout: float = 600.0,
+    timeout: float | None = 600.0,
     threads: int | None = None,
     env: dict[str, str] | None = None,
 ) -> list[Any]:
@@ -79,7 +79,7 @@ def spawn(
     ``threads`` (torch intra-op threads per worker) defaults to the CPU cores divided among the workers,
     so they do not oversubscribe the machine. If any worker fails, the others are killed and a
     ``WorkerError`` carries its traceback; a run
-    past ``timeout`` seconds is killed too, so nothing can hang.
+    past ``timeout`` seconds (``None``: no limit) is killed too, so nothing can hang.
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -98,13 +98,13 @@ def spawn(
         ]
         for p in procs:
             p.start()
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + timeout if timeout is not None else None
         try:
             while any(p.is_alive() for p in procs):
                 failed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
                 if failed:
                     break
-                if time.monotonic() > deadline:
+                if deadline is not None and time.monotonic() > deadline:
                     raise WorkerError(f"workers of {fn.__qualname__} ran past the {timeout:.0f} s limit")
                 time.sleep(0.05)
         finally:

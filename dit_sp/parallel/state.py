@@ -8,8 +8,9 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 
+from dit_sp._compat import device_mesh, flatten_mesh, group_options
 from dit_sp.parallel.config import ParallelConfig
 from dit_sp.parallel.device import default_backend, default_device
 
@@ -117,13 +118,6 @@ def single_process_state(device: torch.device | None = None) -> ParallelState:
     )
 
 
-def _group_options(backend: str, timeout: timedelta) -> tuple[str, object]:
-    """Backend options that carry ``timeout``: DeviceMesh sub-groups otherwise wait 30 minutes."""
-    options = dist.ProcessGroupNCCL.Options() if backend == "nccl" else dist.ProcessGroupGloo._Options()
-    options._timeout = timeout
-    return backend, options
-
-
 def init_parallel(
     config: ParallelConfig,
     *,
@@ -155,16 +149,13 @@ def init_parallel(
         dist.init_process_group(backend=backend, timeout=timeout)
     config.check_world_size(dist.get_world_size())
 
-    override = {name: _group_options(backend, timeout) for name in MESH_DIM_NAMES}
-    mesh = init_device_mesh(
-        device.type,
-        (config.dp, config.cfg, config.ring, config.ulysses),
-        mesh_dim_names=MESH_DIM_NAMES,
-        backend_override=override,
-    )
+    # Every group carries the timeout: DeviceMesh sub-groups otherwise wait 30 minutes.
+    override = {name: group_options(backend, timeout) for name in MESH_DIM_NAMES}
+    shape = (config.dp, config.cfg, config.ring, config.ulysses)
+    mesh = device_mesh(device.type, shape, MESH_DIM_NAMES, override)
     # The SP group (ring x ulysses flattened) is what FSDP and the sequence gather/shard work on.
-    sp_mesh = mesh["ring", "ulysses"]._flatten("sp", backend_override=_group_options(backend, timeout))
-    sample_mesh = mesh["cfg", "ring", "ulysses"]._flatten("sample", backend_override=_group_options(backend, timeout))
+    sp_mesh = flatten_mesh(mesh["ring", "ulysses"], "sp", group_options(backend, timeout))
+    sample_mesh = flatten_mesh(mesh["cfg", "ring", "ulysses"], "sample", group_options(backend, timeout))
     coords = mesh.get_coordinate()
     assert coords is not None
     return ParallelState(

@@ -3,15 +3,16 @@
 from dit_sp.rl.advantages import group_advantages
 from dit_sp.rl.loss import LossStats, grpo_loss, kl_to_reference
 from dit_sp.rl.rewards import BUILTIN, WeightedReward, build_reward, score
-from dit_sp.rl.rollout import Trajectory, sample_trajectory, transition_log_prob
+from dit_sp.rl.rollout import Trajectory, sample_trajectory
 from dit_sp.rl.schedule import model_timestep, shifted_sigmas
-from dit_sp.rl.sde import SDEConfig, gaussian_log_prob, sde_mean_std, sde_step
+from dit_sp.rl.sde import SDEConfig, Transition, gaussian_log_prob, sde_mean_std, sde_step
 
 __all__ = [
     "BUILTIN",
     "LossStats",
     "SDEConfig",
     "Trajectory",
+    "Transition",
     "WeightedReward",
     "build_reward",
     "gaussian_log_prob",
@@ -24,5 +25,4 @@ __all__ = [
     "sde_mean_std",
     "sde_step",
     "shifted_sigmas",
-    "transition_log_prob",
 ]

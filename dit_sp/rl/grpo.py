@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 import torch.distributed as dist
@@ -22,7 +22,7 @@ from dit_sp.rl.loss import grpo_loss, kl_to_reference
 from dit_sp.rl.rewards import WeightedReward
 from dit_sp.rl.rollout import Trajectory, sample_trajectory
 from dit_sp.rl.schedule import shifted_sigmas
-from dit_sp.rl.sde import SDEConfig, gaussian_log_prob, sde_mean_std
+from dit_sp.rl.sde import SDEConfig
 
 Tensor = torch.Tensor
 
@@ -49,6 +49,8 @@ class GRPOConfig:
     sde: SDEConfig = field(default_factory=SDEConfig)
     group_size: int = 4
     """Samples per prompt (G)."""
+    prompts_per_step: int = 2
+    """Prompts of one iteration (over all data-parallel ranks): ``prompts_per_step * group_size`` samples."""
     same_noise_per_group: bool = True
     train_fraction: float = 0.6
     """Fraction of the rollout's steps trained on each iteration (chosen at random)."""
@@ -57,14 +59,26 @@ class GRPOConfig:
     only trained ones, instead of a random fraction of an all-SDE rollout. With the same initial noise per
     group, the reward differences within a group then come from the window's noise alone."""
     clip_range: float = 1e-3
+    """PPO clip range of the ratio (1e-4 in DanceGRPO; 1e-3 for Wan)."""
     kl_coef: float = 0.0
-    adv_std: str = "group"
+    """Weight of the closed-form KL to the reference model (the adapters off, or a frozen sharded copy)."""
+    adv_std: Literal["group", "global"] = "group"
+    """Advantage scale: each prompt group's reward std, or the std over all samples of the iteration."""
     adv_clip: float = 5.0
-    max_grad_norm: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.steps < 1 or self.group_size < 1:
-            raise ValueError(f"steps and group_size must be >= 1, got {self.steps} and {self.group_size}")
+        if self.steps < 1 or self.group_size < 1 or self.prompts_per_step < 1:
+            raise ValueError(
+                f"steps, group_size and prompts_per_step must be >= 1, got {self.steps}, {self.group_size} and "
+                f"{self.prompts_per_step}"
+            )
+        if self.shift <= 0 or self.clip_range <= 0 or self.kl_coef < 0 or self.adv_clip <= 0:
+            raise ValueError(
+                f"shift, clip_range and adv_clip must be > 0 and kl_coef >= 0, got shift={self.shift}, "
+                f"clip_range={self.clip_range}, adv_clip={self.adv_clip}, kl_coef={self.kl_coef}"
+            )
+        if self.adv_std not in ("group", "global"):
+            raise ValueError(f"adv_std must be 'group' or 'global', got {self.adv_std!r}")
         if not 0 < self.train_fraction <= 1:
             raise ValueError(f"train_fraction must be in (0, 1], got {self.train_fraction}")
         if self.sde_window is not None and not 0 <= self.sde_window[0] < self.sde_window[1] <= self.steps:
@@ -88,9 +102,9 @@ def seed_for(*parts: int) -> int:
     return random.Random(str(parts)).getrandbits(63)
 
 
-def make_batch(prompts: list[str], step: int, seed: int, prompts_per_step: int, config: GRPOConfig,
-               parallel: ParallelState) -> Batch:  # fmt: skip
+def make_batch(prompts: list[str], step: int, seed: int, config: GRPOConfig, parallel: ParallelState) -> Batch:
     """This dp rank's share of the iteration's ``prompts_per_step * group_size`` samples."""
+    prompts_per_step = config.prompts_per_step
     total = prompts_per_step * config.group_size
     if total % parallel.dp:
         raise ValueError(
@@ -168,17 +182,14 @@ def accumulate_gradients(
     totals: dict[str, float] = {}
     adv = advantages.to(traj.latents.device)
     for t in steps:
-        s, s_next = traj.sigmas[t], traj.sigmas[t + 1]
-        x = traj.latents[t]
-        mean, std = sde_mean_std(x, policy.velocity(x, s, cond), s, s_next, config.sde, s_cap=traj.sigmas[1])
-        log_prob = gaussian_log_prob(traj.latents[t + 1], mean, std)
+        x, s = traj.latents[t], traj.sigmas[t]
+        step = traj.transition(t, policy.velocity(x, s, cond), config.sde)
         kl = None
         if config.kl_coef:
             with torch.no_grad():
-                ref_mean, _ = sde_mean_std(x, policy.velocity(x, s, cond, reference=True), s, s_next, config.sde,
-                                           s_cap=traj.sigmas[1])  # fmt: skip
-            kl = kl_to_reference(mean, ref_mean, std)
-        loss, stats = grpo_loss(log_prob, traj.log_probs[t], adv, clip_range=config.clip_range, kl=kl,
+                reference = traj.transition(t, policy.velocity(x, s, cond, reference=True), config.sde)
+            kl = kl_to_reference(step.mean, reference.mean, step.std)
+        loss, stats = grpo_loss(step.log_prob, traj.log_probs[t], adv, clip_range=config.clip_range, kl=kl,
                                 kl_coef=config.kl_coef)  # fmt: skip
         (loss / len(steps)).backward()
         for key, value in vars(stats).items():
@@ -200,11 +211,12 @@ def train_on_rollout(
     advantages: Tensor,
     config: GRPOConfig,
     step_seed: int,
+    max_grad_norm: float = 1.0,
 ) -> dict[str, float]:
     """One policy update from a rollout: accumulate the loss over the trained steps, clip, step."""
     optimizer.zero_grad(set_to_none=True)
     stats = accumulate_gradients(policy, traj, cond, advantages, config, step_seed)
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
     optimizer.step()
     return stats | {"grad_norm": float(grad_norm)}

@@ -2,10 +2,11 @@
 floats in [0, 1].
 
 Built in: pixel rewards that need no weights (``brightness``, ``saturation``, ``temporal_smoothness``),
-``faithfulness`` to the prompt in the synthetic shape world (and its smooth ``dense_faithfulness``),
-and ``clip_score`` (text-video cosine similarity of a CLIP model loaded from a local path). A user reward
-is named ``package.module:function``. ``build_reward`` combines several with weights; ``score`` isolates
-failures: a sample whose reward raises or is not finite gets NaN (and so no gradient), the run goes on.
+``faithfulness`` to the prompt in the synthetic shape world (and its smooth ``dense_faithfulness``; both
+live in ``dit_sp.toyworld`` and are registered here by reference), and ``clip_score`` (text-video cosine
+similarity of a CLIP model loaded from a local path). A user reward is named ``package.module:function``.
+``build_reward`` combines several with weights; ``score`` isolates failures: a sample whose reward raises or
+is not finite gets NaN (and so no gradient), the run goes on.
 """
 
 from __future__ import annotations
@@ -78,42 +79,39 @@ class ClipScore:
         return (image * text).sum(-1).cpu()
 
 
-def faithfulness(videos: Tensor, prompts: list[str]) -> Tensor:
-    """Prompt faithfulness in the synthetic shape world (``dit_sp.toyworld``): the fraction of colour,
-    shape and motion direction that the video shows as its prompt asks."""
-    from dit_sp import toyworld
-
-    return toyworld.faithfulness(videos, prompts)
-
-
-def dense_faithfulness(videos: Tensor, prompts: list[str]) -> Tensor:
-    """``faithfulness`` with smooth decisions: also rewards near misses over clear failures (denser RL signal)."""
-    from dit_sp import toyworld
-
-    return toyworld.dense_faithfulness(videos, prompts)
-
-
-BUILTIN: dict[str, Callable[..., RewardFn]] = {
-    "brightness": lambda: brightness,
-    "faithfulness": lambda: faithfulness,
-    "dense_faithfulness": lambda: dense_faithfulness,
-    "saturation": lambda: saturation,
-    "temporal_smoothness": lambda: temporal_smoothness,
+BUILTIN: dict[str, RewardFn | type | str] = {
+    "brightness": brightness,
+    "saturation": saturation,
+    "temporal_smoothness": temporal_smoothness,
     "clip_score": ClipScore,
+    # The synthetic shape world's prompt faithfulness (and its smooth version for RL), by reference: the
+    # registry does not depend on the toy world.
+    "faithfulness": "dit_sp.toyworld:faithfulness",
+    "dense_faithfulness": "dit_sp.toyworld:dense_faithfulness",
 }
+"""Rewards by name: a reward function, a class constructed with the entry's options, or a
+``module:function`` reference imported when used."""
+
+
+def _import(reference: str, name: str) -> Any:
+    module, _, attr = reference.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"reward {name!r}: cannot import {attr} from {module} ({e})") from e
 
 
 def _resolve(name: str, options: Mapping[str, Any]) -> RewardFn:
     if ":" in name:
-        module, _, attr = name.partition(":")
-        try:
-            fn = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as e:
-            raise ValueError(f"reward {name!r}: cannot import {attr} from {module} ({e})") from e
-        return fn(**options) if options else fn
-    if name not in BUILTIN:
+        found = _import(name, name)
+    elif name in BUILTIN:
+        found = BUILTIN[name]
+        found = _import(found, name) if isinstance(found, str) else found
+    else:
         raise ValueError(f"unknown reward {name!r}; built-in rewards: {sorted(BUILTIN)}, or 'package.module:function'")
-    return BUILTIN[name](**options)
+    # A class (e.g. a reward model) is constructed with the options; a plain function with options is a
+    # factory that returns the reward.
+    return found(**options) if isinstance(found, type) or options else found
 
 
 class WeightedReward:

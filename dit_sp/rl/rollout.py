@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dit_sp.rl.sde import SDEConfig, gaussian_log_prob, sde_mean_std
+from dit_sp.rl.sde import SDEConfig, Transition, sde_step
 
 Tensor = torch.Tensor
 Velocity = Callable[[Tensor, float], Tensor]
@@ -26,6 +26,12 @@ class Trajectory:
     @property
     def final(self) -> Tensor:
         return self.latents[-1]
+
+    def transition(self, t: int, v: Tensor, sde: SDEConfig) -> Transition:
+        """The recorded step ``t`` under velocity ``v`` (the current or the reference model's): its
+        log-probability (differentiable in ``v``) and mean, for training."""
+        sigmas = self.sigmas
+        return sde_step(self.latents[t], v, sigmas[t], sigmas[t + 1], sde, s_cap=sigmas[1], x_next=self.latents[t + 1])
 
 
 @torch.no_grad()
@@ -53,28 +59,8 @@ def sample_trajectory(
     for t in progress(steps) if progress else steps:
         x = latents[-1]
         kind = sde if sde_steps is None or t in sde_steps else ode
-        mean, std = sde_mean_std(x, velocity(x, sigmas[t]), sigmas[t], sigmas[t + 1], kind, s_cap=sigmas[1])
-        if std > 0:
-            eps = (
-                step_noise[t].to(mean)
-                if step_noise is not None
-                else torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
-            )
-            x_next = mean + std * eps
-            log_prob = gaussian_log_prob(x_next, mean, std)
-        else:
-            x_next, log_prob = mean, None
-        latents.append(x_next.float())
-        log_probs.append(log_prob if log_prob is not None else torch.zeros(x.shape[0], device=x.device))
+        step = sde_step(x, velocity(x, sigmas[t]), sigmas[t], sigmas[t + 1], kind, s_cap=sigmas[1],
+                        noise=None if step_noise is None else step_noise[t], generator=generator)  # fmt: skip
+        latents.append(step.x_next.float())
+        log_probs.append(step.log_prob if step.log_prob is not None else torch.zeros(x.shape[0], device=x.device))
     return Trajectory(torch.stack(latents), torch.stack(log_probs), list(sigmas))
-
-
-def transition_log_prob(
-    velocity: Velocity, trajectory: Trajectory, t: int, sde: SDEConfig
-) -> tuple[Tensor, Tensor, float]:
-    """``(log p_theta(x_{t+1} | x_t), mean, std)`` for the recorded step ``t`` under the current model
-    (differentiable through ``velocity``)."""
-    sigmas = trajectory.sigmas
-    x = trajectory.latents[t]
-    mean, std = sde_mean_std(x, velocity(x, sigmas[t]), sigmas[t], sigmas[t + 1], sde, s_cap=sigmas[1])
-    return gaussian_log_prob(trajectory.latents[t + 1], mean, std), mean, std

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 
@@ -78,6 +78,16 @@ def gaussian_log_prob(x: Tensor, mean: Tensor, std: float) -> Tensor:
     return log_density.flatten(1).mean(1)
 
 
+class Transition(NamedTuple):
+    """One step of the sampler: the next state, its log-probability (``None`` for an ODE step), and the
+    Gaussian's mean (fp32) and standard deviation."""
+
+    x_next: Tensor
+    log_prob: Tensor | None
+    mean: Tensor
+    std: float
+
+
 def sde_step(
     x: Tensor,
     v: Tensor,
@@ -86,17 +96,25 @@ def sde_step(
     config: SDEConfig,
     *,
     s_cap: float = 1.0,
+    noise: Tensor | None = None,
     generator: torch.Generator | None = None,
     x_next: Tensor | None = None,
-) -> tuple[Tensor, Tensor | None]:
-    """One step from ``s`` to ``s_next``: returns ``(x_next, log_prob)``, ``x_next`` in ``x``'s dtype.
+) -> Transition:
+    """One step from ``s`` to ``s_next``: the single implementation of the transition that sampling,
+    training and the KL term all use.
 
-    With ``x_next`` given (training), it is not sampled again: its log-probability under the current
-    ``v`` is returned (differentiable in ``v``). ``log_prob`` is ``None`` for the ODE step.
+    Sampling: ``x_next = mean + std * noise`` with ``noise`` given (``x``'s shape) or drawn from
+    ``generator``; ``x_next`` is fp32. Training: with ``x_next`` given (the recorded sample) nothing is
+    drawn and its log-probability under the current ``v`` is returned (differentiable in ``v``).
+    ``log_prob`` is ``(B,)``, or ``None`` for a step without noise (ODE).
     """
     mean, std = sde_mean_std(x, v, s, s_next, config, s_cap)
     if x_next is None:
-        noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype) if std else 0.0
-        x_next = (mean + std * noise).to(x.dtype)
+        if std > 0:
+            if noise is None:
+                noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+            x_next = mean + std * noise.to(mean)
+        else:
+            x_next = mean
     log_prob = gaussian_log_prob(x_next, mean, std) if std > 0 else None
-    return x_next, log_prob
+    return Transition(x_next, log_prob, mean, std)

@@ -1,4 +1,4 @@
-"""FSDP2 over the sequence-parallel ranks too: the gradient rules of DESIGN.md, in one place.
+"""FSDP2 over the sequence-parallel ranks too: the gradient rules (docs/architecture.md), in one place.
 
 Sequence parallelism does not shard weights: every rank of an SP group holds all parameters and
 computes a partial gradient from its own tokens. FSDP must therefore span the SP ranks: by default
@@ -11,9 +11,11 @@ average is exactly the data-parallel mean of the single-device gradients.
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from dit_sp._compat import flatten_mesh, flattened_submesh, group_options
 from dit_sp.parallel.state import ParallelState
 
 BLOCK_LISTS = ("blocks", "transformer_blocks", "single_transformer_blocks")
@@ -28,11 +30,10 @@ def fsdp_mesh(parallel: ParallelState, hsdp: bool = False) -> DeviceMesh:
         raise ValueError("training runs without cfg parallelism (cfg=1); guidance branches are batched instead")
     mesh = parallel.mesh
     if hsdp:
-        return mesh["dp", "sp"]
-    try:
-        return mesh["dp_sp"]
-    except KeyError:
-        return mesh["dp", "cfg", "ring", "ulysses"]._flatten("dp_sp")
+        return flattened_submesh(mesh, ("dp", "sp"))
+    # Flattening again returns the mesh (and process group) of the first call.
+    options = group_options(dist.get_backend(parallel.sp_group), parallel.timeout)  # the layout's timeout
+    return flatten_mesh(mesh["dp", "cfg", "ring", "ulysses"], "dp_sp", options)
 
 
 def shard_model(

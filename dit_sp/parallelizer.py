@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 
+from dit_sp._compat import model_parallel_config
 from dit_sp.models import ModelFamily, family_of
 from dit_sp.models.context import SequenceContext
 from dit_sp.models.plan import apply_plan
@@ -39,9 +40,10 @@ class _GuidancePair:
     """Runs the two guidance branches of one denoising step on the two cfg ranks at once.
 
     ``sequential`` pipelines call the transformer twice per step, conditional first, and read the first
-    result only after the second call. So the first call is only recorded and returns an empty tensor;
-    the second call runs the branch of this rank (cfg rank 0: the recorded conditional call, cfg rank
-    1: the unconditional one), the two results are exchanged, and the empty tensor is filled in place.
+    result only after the second call. So the first call is only recorded and returns a placeholder
+    filled with NaN (a pipeline that reads it early computes NaN, never stale numbers); the second call
+    runs the branch of this rank (cfg rank 0: the recorded conditional call, cfg rank 1: the
+    unconditional one), the two results are exchanged, and the placeholder is filled in place.
     ``batched`` pipelines call once on ``[unconditional, conditional]``: each rank runs its half.
     """
 
@@ -61,7 +63,7 @@ class _GuidancePair:
         if self.pending is None:
             hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
             channels = model.config.get("out_channels") or hidden.shape[1]
-            placeholder = hidden.new_empty((hidden.shape[0], channels, *hidden.shape[2:]))
+            placeholder = hidden.new_full((hidden.shape[0], channels, *hidden.shape[2:]), float("nan"))
             self.pending = (forward, args, kwargs, placeholder)
             return (placeholder,) if not kwargs.get("return_dict", True) else Transformer2DModelOutput(placeholder)
         cond_forward, cond_args, cond_kwargs, placeholder = self.pending
@@ -144,7 +146,7 @@ def _parallelize_transformer(
 ) -> None:
     family = family_of(model)
     family.check(model)
-    if getattr(model, "_parallel_config", None) is not None:
+    if model_parallel_config(model) is not None:
         raise ValueError("this model already uses diffusers' own context parallelism; do not enable both")
     ctx = SequenceContext(parallel, family.joint_position, gather_grad, kernel)
     handles = apply_plan(model, family.plan(model), ctx)
@@ -160,9 +162,9 @@ def _parallelize_transformer(
     ]
     if not matched:
         raise ValueError(f"no attention modules of {type(model).__name__} match {family.attention_modules}")
-    for _, module in matched:
+    for name, module in matched:
         original = module.processor
-        module.processor = sequence_parallel_processor(original, ctx)
+        module.processor = sequence_parallel_processor(original, ctx, name)
         handle.add_undo(lambda module=module, original=original: setattr(module, "processor", original))
 
     if guidance is not None:

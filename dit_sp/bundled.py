@@ -1,0 +1,44 @@
+"""Files shipped inside the package: run configs (``dit_sp/configs``) and assets (``dit_sp/assets``: the
+trained toy model and prompt files). They are found by name from any working directory, installed or not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+CONFIG_DIR = PACKAGE_DIR / "configs"
+ASSET_DIR = PACKAGE_DIR / "assets"
+
+
+def bundled_configs() -> list[str]:
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+
+def _resolve(name: str | Path, root: Path, prefix: str, suffixes: tuple[str, ...]) -> Path | None:
+    path = Path(name)
+    if path.exists():
+        return path
+    if path.is_absolute():
+        return None
+    relative = Path(*path.parts[1:]) if path.parts and path.parts[0] == prefix else path
+    for suffix in suffixes:
+        candidate = root / relative.with_name(relative.name + suffix)
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def config_path(name: str | Path) -> Path:
+    """A YAML run config: an existing path, or a bundled config by name (``grpo_toy``, ``grpo_toy.yaml`` or
+    ``configs/grpo_toy.yaml``)."""
+    found = _resolve(name, CONFIG_DIR, "configs", ("", ".yaml"))
+    if found is None or not found.is_file():
+        raise FileNotFoundError(f"config {str(name)!r}: no such file, and no bundled config of that name "
+                                f"(bundled: {', '.join(bundled_configs())})")  # fmt: skip
+    return found
+
+
+def asset_path(name: str | Path) -> Path | None:
+    """An existing path, or a bundled asset by name (``toy-wan``, ``toy_prompts_train.txt``, or the same under
+    ``assets/``); ``None`` if neither exists."""
+    return _resolve(name, ASSET_DIR, "assets", ("",))

@@ -1,0 +1,79 @@
+"""GRPO policies: a diffusers text-to-video pipeline seen as what ``dit_sp.rl.grpo`` needs.
+
+Each model family's file subclasses ``DiffusersPolicy``, which holds what the families share: the latent
+shape, the reference model of the KL term, classifier-free guidance as one batch of both branches (the
+same batch in rollout and training, so their numerics agree) and decoding to ``(B, F, C, H, W)`` in [0, 1].
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from dit_sp.models.shape import check_shape
+
+Tensor = torch.Tensor
+
+
+class DiffusersPolicy:
+    """A pipeline's text conditioning, the guided velocity of its (parallelized, sharded) transformer and
+    its VAE. Subclasses say how to encode prompts, call the transformer and undo the latent scaling."""
+
+    def __init__(self, pipe: Any, transformer: torch.nn.Module, *, frames: int, height: int, width: int,
+                 guidance: float, negative_prompt: str = "", max_sequence_length: int = 32,
+                 embedded_guidance: float | None = None, reference: torch.nn.Module | None = None,
+                 device: torch.device | None = None):  # fmt: skip
+        check_shape(pipe, {"frames": frames, "height": height, "width": width,
+                           "max_sequence_length": max_sequence_length}, flags=False)  # fmt: skip
+        if embedded_guidance is not None:
+            raise ValueError(f"embedded_guidance is a HunyuanVideo setting; {type(pipe).__name__} has none")
+        self.pipe, self.transformer, self.reference = pipe, transformer, reference
+        self.guidance, self.negative_prompt, self.max_sequence_length = guidance, negative_prompt, max_sequence_length
+        self.device = device or torch.device("cpu")
+        temporal, spatial = pipe.vae_scale_factor_temporal, pipe.vae_scale_factor_spatial
+        channels = transformer.config.in_channels
+        self.shape = (channels, (frames - 1) // temporal + 1, height // spatial, width // spatial)
+
+    @property
+    def guided(self) -> bool:
+        return self.guidance > 1
+
+    def latent_shape(self) -> tuple[int, ...]:
+        return self.shape
+
+    def encode(self, prompts: list[str]) -> tuple[Any, Any | None]:
+        """``(positive, negative)`` conditioning, each as ``_forward`` takes it; negative is None unguided."""
+        raise NotImplementedError
+
+    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: Any) -> Tensor:
+        raise NotImplementedError
+
+    def _concat(self, negative: Any, positive: Any) -> Any:
+        """The two branches' conditioning as one batch (negative first)."""
+        if isinstance(positive, Tensor):
+            return torch.cat([negative, positive])
+        return type(positive)(self._concat(n, p) for n, p in zip(negative, positive))
+
+    def velocity(self, x: Tensor, s: float, cond: tuple[Any, Any | None], *, reference: bool = False) -> Tensor:
+        """Guided velocity ``(B, C, F, H, W)`` fp32 at noise level ``s`` (timestep ``1000 s``)."""
+        model = self.reference if reference and self.reference is not None else self.transformer
+        positive, negative = cond
+        hidden = torch.cat([x, x]) if self.guided else x
+        branches = self._concat(negative, positive) if self.guided else positive
+        timestep = torch.full((hidden.shape[0],), s * 1000.0, device=x.device)
+        dtype = next(model.parameters()).dtype
+        out = self._forward(model, hidden.to(dtype), timestep, branches).float()
+        if not self.guided:
+            return out
+        uncond, cond_v = out.chunk(2)
+        return uncond + self.guidance * (cond_v - uncond)
+
+    def _unscale(self, latents: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def decode(self, latents: Tensor) -> Tensor:
+        vae = self.pipe.vae
+        video = vae.decode(self._unscale(latents).to(vae.dtype), return_dict=False)[0]  # (B, C, F, H, W) in [-1, 1]
+        return ((video.float() + 1) / 2).clamp(0, 1).permute(0, 2, 1, 3, 4)

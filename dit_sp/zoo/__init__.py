@@ -1,0 +1,129 @@
+"""The model zoo: built-in model names (tiny pipelines of each family, built offline from ``specs/*.yaml`` with
+their tokenizers; the shipped trained ``toy-wan``), generation defaults, and offline loading of local
+diffusers checkpoints."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from dit_sp.bundled import ASSET_DIR, PACKAGE_DIR, asset_path
+from dit_sp.zoo.tokenizers import clip_byte_vocab, llama3_byte_tokenizer
+
+SPEC_DIR = Path(__file__).resolve().parent / "specs"
+
+
+def builtin_models() -> list[str]:
+    return sorted(p.stem for p in SPEC_DIR.glob("*.yaml"))
+
+
+def default_model() -> str:
+    """The trained tiny model when it is shipped, else the random tiny Wan."""
+    return "toy-wan" if (ASSET_DIR / "toy-wan" / "model_index.json").is_file() else "tiny-wan"
+
+
+def model_spec(name: str) -> dict[str, Any]:
+    path = SPEC_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise ValueError(f"unknown model {name!r}: built-in models are {builtin_models()}, or give a local directory")
+    return yaml.safe_load(path.read_text())
+
+
+def _component(spec: dict[str, Any]) -> Any:
+    import diffusers
+    import transformers
+
+    cls_name = spec["class"]
+    cls = getattr(diffusers, cls_name, None) or getattr(transformers, cls_name)
+    config = dict(spec.get("config", {}))
+    if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel):
+        return cls(cls.config_class(**config)).eval()
+    if spec.get("vocab") == "llama3-bytes":
+        return llama3_byte_tokenizer(config)
+    if spec.get("vocab") == "clip-bytes":
+        return cls(**clip_byte_vocab(), **config)
+    if cls_name.endswith("Tokenizer"):
+        return cls(**config)
+    if hasattr(cls, "from_config"):
+        model = cls.from_config(config) if not issubclass(cls, torch.nn.Module) else cls(**config)
+        return model.eval() if isinstance(model, torch.nn.Module) else model
+    return cls(**config)
+
+
+def build_tiny(name: str, component: str | None = None) -> Any:
+    """A built-in tiny pipeline (or one of its components), with weights seeded from its config."""
+    spec = model_spec(name)
+    components = {}
+    for key, comp_spec in spec["components"].items():
+        if component is not None and key != component:
+            continue
+        torch.manual_seed(spec.get("seed", 0))  # each component independent of the others' sizes
+        components[key] = _component(comp_spec)
+    if component is not None:
+        return components[component]
+    import diffusers
+
+    return getattr(diffusers, spec["pipeline"])(**components)
+
+
+_SHAPE = ("frames", "height", "width", "steps", "guidance", "max_sequence_length")
+# Generation defaults of a local checkpoint, by its pipeline class: the real models' usual settings.
+CHECKPOINT_DEFAULTS = {
+    "WanPipeline": dict(zip(_SHAPE, (33, 480, 832, 50, 5.0, 512))),
+    "CogVideoXPipeline": dict(zip(_SHAPE, (49, 480, 720, 50, 6.0, 226))),
+    # guidance-distilled: true classifier-free guidance off; its embedded guidance_scale stays at 6.0
+    "HunyuanVideoPipeline": dict(zip(_SHAPE, (61, 320, 512, 30, 1.0, 256))),
+}
+
+
+def checkpoint_dir(model: str | Path) -> Path | None:
+    """The directory a model name stands for: a local path, a bundled asset (``toy-wan``), or the shipped
+    checkpoint of a built-in name; ``None`` for a tiny model built in code. Unknown names raise."""
+    path = asset_path(model)
+    if path is not None:
+        return path
+    if Path(model).is_absolute() or len(Path(model).parts) > 1:
+        raise FileNotFoundError(f"model directory {model} does not exist")
+    spec = model_spec(str(model))  # raises for unknown names
+    return PACKAGE_DIR / spec["path"] if "path" in spec else None
+
+
+def model_defaults(model: str) -> dict[str, Any]:
+    """Generation defaults of a built-in model, or of a local checkpoint by its pipeline class."""
+    if not Path(model).exists() and model in builtin_models():
+        return dict(model_spec(model).get("defaults", {}))
+    path = asset_path(model)
+    if path is not None and path.is_dir():
+        try:
+            name = json.loads((path / "model_index.json").read_text()).get("_class_name")
+        except (OSError, ValueError, AttributeError):
+            name = None  # load_pipeline reports what is wrong with the directory
+        return dict(CHECKPOINT_DEFAULTS.get(name, CHECKPOINT_DEFAULTS["WanPipeline"]))
+    return dict(model_spec(model).get("defaults", {}))
+
+
+def load_pipeline(model: str | Path, dtype: torch.dtype) -> Any:
+    """A built-in tiny pipeline, or a ``save_pretrained`` directory loaded offline."""
+    path = checkpoint_dir(model)
+    if path is None:
+        spec = model_spec(str(model))
+        if "pipeline" not in spec:
+            with_pipeline = [m for m in builtin_models() if "pipeline" in model_spec(m)]
+            raise ValueError(f"built-in model {model!r} has no pipeline (transformer only); use one of {with_pipeline}")
+        pipe = build_tiny(str(model))
+        return pipe if dtype == torch.float32 else pipe.to(dtype)
+    if not (path / "model_index.json").is_file():
+        raise FileNotFoundError(
+            f"{path} is not a diffusers pipeline directory: model_index.json is missing "
+            "(save one with pipeline.save_pretrained(DIR))"
+        )
+    import diffusers
+
+    try:
+        return diffusers.DiffusionPipeline.from_pretrained(path, dtype=dtype, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise FileNotFoundError(f"{path} is an incomplete diffusers pipeline directory: {e}") from e

@@ -1,0 +1,49 @@
+"""Tokenizers of the built-in tiny models, built in code (nothing to download)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Llama 3's pre-tokenizer (words with their leading space, up to 3 digits, punctuation runs, newlines).
+_LLAMA3_SPLIT = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"""
+    r"""|\s+(?!\S)|\s+"""
+)
+
+
+def llama3_byte_tokenizer(config: dict[str, Any]) -> Any:
+    """A Llama 3 style byte-level BPE tokenizer, built here (nothing to download): every byte, and as one
+    token each word of HunyuanVideo's stock prompt template (as in Llama 3's vocabulary), so the stock
+    template's ``crop_start`` (95 tokens before the prompt) is exact for it too."""
+    import re
+
+    from diffusers.pipelines.hunyuan_video.pipeline_hunyuan_video import DEFAULT_PROMPT_TEMPLATE
+    from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers, processors
+    from tokenizers.models import BPE
+    from transformers import PreTrainedTokenizerFast
+
+    template = DEFAULT_PROMPT_TEMPLATE["template"]
+    bos, eos = config["bos_token"], config["eos_token"]
+    specials = list(dict.fromkeys([bos, eos, *re.findall(r"<\|[a-z_]+\|>", template)]))
+    split = pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated")
+    pre = pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    parts = re.split("|".join(map(re.escape, specials)), template)
+    words = [word for part in parts for word, _ in pre.pre_tokenize_str(part)]
+    tokens = dict.fromkeys([*sorted(pre_tokenizers.ByteLevel.alphabet()), *words])
+    tokenizer = Tokenizer(BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=[], ignore_merges=True))
+    tokenizer.pre_tokenizer, tokenizer.decoder = pre, decoders.ByteLevel()
+    tokenizer.add_special_tokens(specials)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tokenizer.token_to_id(bos))]
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **config)
+
+
+def clip_byte_vocab() -> dict[str, Any]:
+    """``CLIPTokenizer`` arguments for byte-level BPE without merges: every byte a token (also as the
+    end of a word)."""
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    alphabet = sorted(ByteLevel.alphabet())
+    tokens = ["<|startoftext|>", "<|endoftext|>", *alphabet, *(c + "</w>" for c in alphabet)]
+    return {"vocab": {t: i for i, t in enumerate(tokens)}, "merges": []}
