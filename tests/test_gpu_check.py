@@ -4,7 +4,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
+
+@pytest.mark.slow
 def test_gpu_check_runs_on_cpu():
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
     result = subprocess.run(

@@ -8,6 +8,8 @@ from usp_checks import Case, check_layouts
 
 from dit_sp import spawn
 
+pytestmark = pytest.mark.slow  # spawns worlds of 2 and 4 worker processes
+
 FP32_TOL = 1e-5
 # bf16 inputs, fp32 merge: the error is that of rounding q/k/v/out to bf16; measured <= 0.6% of the
 # largest reference value (outputs and gradients) on every layout. A single-process bf16 SDPA is as far.
