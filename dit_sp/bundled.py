@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dit_sp.errors import MissingFileError
+
 PACKAGE_DIR = Path(__file__).resolve().parent
 CONFIG_DIR = PACKAGE_DIR / "configs"
 ASSET_DIR = PACKAGE_DIR / "assets"
@@ -33,7 +35,7 @@ def config_path(name: str | Path) -> Path:
     ``configs/grpo_toy.yaml``)."""
     found = _resolve(name, CONFIG_DIR, "configs", ("", ".yaml"))
     if found is None or not found.is_file():
-        raise FileNotFoundError(f"config {str(name)!r}: no such file, and no bundled config of that name "
+        raise MissingFileError(f"config {str(name)!r}: no such file, and no bundled config of that name "
                                 f"(bundled: {', '.join(bundled_configs())})")  # fmt: skip
     return found
 

@@ -22,11 +22,12 @@ from typing import Any, Literal
 
 import torch
 
+from dit_sp.errors import ConfigError
 from dit_sp.models import check_shape, family_of
 from dit_sp.parallel import ParallelConfig, init_parallel
 from dit_sp.parallelizer import parallelize
 from dit_sp.schema import from_mapping, load_yaml
-from dit_sp.video import save_video
+from dit_sp.video import check_output, check_writable, save_video
 from dit_sp.zoo import default_model, model_defaults
 
 
@@ -62,9 +63,9 @@ class GenerateConfig:
     def __post_init__(self) -> None:
         for name in ("frames", "height", "width", "steps", "ulysses", "ring", "max_sequence_length"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.cfg_parallel and not self.guidance > 1:
-            raise ValueError(
+            raise ConfigError(
                 f"cfg_parallel runs the two guidance branches in parallel, but guidance {self.guidance} turns "
                 "guidance off; use guidance > 1 or drop cfg_parallel"
             )
@@ -99,12 +100,36 @@ def guidance_arguments(pipe: Any, config: GenerateConfig) -> dict[str, float]:
     arguments = {cfg_argument: config.guidance}
     if config.embedded_guidance is not None:
         if cfg_argument == "guidance_scale":
-            raise ValueError(
+            raise ConfigError(
                 "--embedded-guidance is the distilled guidance of HunyuanVideo; this model has none (its "
                 "guidance_scale is classifier-free guidance): use --guidance"
             )
         arguments["guidance_scale"] = config.embedded_guidance
     return arguments
+
+
+def check_before_loading(config: GenerateConfig) -> None:
+    """What can be checked from files alone, before weights load or workers start: the output locations,
+    and frames, sizes and text length against the model's config files (``ConfigError`` naming the flag)."""
+    from dit_sp.zoo import shape_info
+
+    check_output(config.out)
+    if config.save_latents:
+        check_writable(config.save_latents, "--save-latents")
+    info = shape_info(config.model)
+    if info is not None:
+        check_shape(info, dataclasses.asdict(config))
+
+
+def _save_latents(latents: torch.Tensor, path: Path) -> Path:
+    """``torch.save`` under a temporary name, read back, then renamed into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    torch.save(latents, tmp)
+    if not torch.equal(torch.load(tmp), latents):
+        raise OSError(f"{path}: the latents did not read back")
+    os.replace(tmp, path)
+    return path
 
 
 def generate(config: GenerateConfig, return_frames: bool = False) -> dict[str, Any]:
@@ -114,6 +139,7 @@ def generate(config: GenerateConfig, return_frames: bool = False) -> dict[str, A
     float ``"frames"`` ``(F, H, W, 3)`` with ``return_frames``)."""
     from dit_sp.zoo import load_pipeline
 
+    check_before_loading(config)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     cfg = 2 if config.cfg_parallel else 1
     layout = ParallelConfig.for_world(world, ring=config.ring, ulysses=config.ulysses, cfg=cfg)
@@ -160,7 +186,5 @@ def generate(config: GenerateConfig, return_frames: bool = False) -> dict[str, A
         if config.save_latents:
             path = Path(config.save_latents)
             path = path.with_name(f"{path.stem}{suffix}{path.suffix}")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(final["latents"], path)
-            report["latents"] = str(path)
+            report["latents"] = str(_save_latents(final["latents"], path))
     return report

@@ -16,11 +16,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from dit_sp.errors import ConfigError, MissingFileError
+
 T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """A config value or key that is not valid; the message names it and says what would be."""
+__all__ = ["ConfigError", "from_mapping", "load_yaml", "set_dotted"]
 
 
 def _fail(where: str, value: Any, expected: str) -> typing.NoReturn:
@@ -138,7 +137,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
+        raise MissingFileError(f"config file {path} does not exist")
     try:
         values = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:

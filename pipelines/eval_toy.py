@@ -16,6 +16,7 @@ import json
 
 from dit_sp import toyworld
 from dit_sp.bundled import asset_path
+from dit_sp.cli import run_main
 from dit_sp.toymodel import paired_gain, sample_scores, summarize
 
 
@@ -50,4 +51,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -21,7 +21,8 @@ import dataclasses
 import os
 
 from dit_sp import spawn
-from dit_sp.sampling import GenerateConfig, generate
+from dit_sp.cli import run_main
+from dit_sp.sampling import GenerateConfig, check_before_loading, generate
 from dit_sp.schema import ConfigError
 from dit_sp.zoo import builtin_models
 
@@ -45,6 +46,7 @@ def parse_args(argv: list[str] | None = None) -> GenerateConfig:
 
 def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
+    check_before_loading(config)  # one line for a bad size or output, before any worker starts
     if "RANK" in os.environ or config.world_size == 1:  # under torchrun (this process is one rank), or one process
         reports = [generate(config)]
     else:
@@ -56,4 +58,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -18,7 +18,8 @@ from pathlib import Path
 import yaml
 
 from dit_sp import TrainConfig, spawn
-from dit_sp.rl.trainer import train
+from dit_sp.cli import run_main
+from dit_sp.rl.trainer import check_before_loading, train
 from dit_sp.schema import ConfigError
 
 FLAGS = {  # flag: (type, help); each sets the TrainConfig key of the same name
@@ -41,6 +42,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     for name, (kind, text) in FLAGS.items():
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, help=text)
     parser.add_argument("--resume", action="store_true", default=None, help="continue from the latest checkpoint")
+    parser.add_argument("--overwrite", action="store_true", default=None, help="replace the run in --output-dir")
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                         help="any config value by dotted key, e.g. --set grpo.group_size=4 (a YAML value)")  # fmt: skip
     args = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
@@ -58,6 +60,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
 
 def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
+    check_before_loading(config, int(os.environ.get("WORLD_SIZE", config.world_size)))
     if "RANK" in os.environ or config.world_size == 1:  # under torchrun, or one process
         results = [train(config)]
     else:
@@ -65,9 +68,10 @@ def main(argv: list[str] | None = None) -> None:
     rows = results[0]["rows"]
     if rows:
         first, last = rows[0], rows[-1]
-        print(f"steps {first['step']}..{last['step']}: reward {first['reward_mean']:.4f} -> {last['reward_mean']:.4f}")
+        reward = [f"{r['reward_mean']:.4f}" if r["reward_mean"] is not None else "n/a" for r in (first, last)]
+        print(f"steps {first['step']}..{last['step']}: reward {reward[0]} -> {reward[1]}")
         print(f"metrics: {Path(config.output_dir) / 'metrics.jsonl'}, final weights: {results[0]['final']}")
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from dit_sp.bundled import ASSET_DIR
+from dit_sp.cli import run_main
 from dit_sp.toymodel import train_toy_model
 
 
@@ -39,4 +40,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

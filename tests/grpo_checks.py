@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import tempfile
+
 import torch
 
 from dit_sp import GRPOTrainer, TrainConfig
@@ -17,8 +19,10 @@ KEYS = {"frames": "sample.frames", "height": "sample.height", "width": "sample.w
 
 
 def tiny_config(**overrides) -> TrainConfig:
+    """A small run in a fresh output directory of its own."""
     base = {"max_steps": 2, "frames": 5, "height": 32, "width": 48, "steps": 3, "group_size": 2,
-            "prompts_per_step": 2, "checkpoint_every": 0, "guidance": 2.0, "train_fraction": 1.0}  # fmt: skip
+            "prompts_per_step": 2, "checkpoint_every": 0, "guidance": 2.0, "train_fraction": 1.0,
+            "output_dir": tempfile.mkdtemp(prefix="dit_sp_grpo_")}  # fmt: skip
     values: dict = {}
     for key, value in (base | overrides).items():
         set_dotted(values, KEYS.get(key, key), value)

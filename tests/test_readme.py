@@ -31,7 +31,8 @@ def blocks(language: str) -> list[str]:
 def commands(block: str) -> list[str]:
     """The shell commands of a block: continuation lines joined, trailing comments dropped."""
     joined = block.replace("\\\n", " ")
-    return [re.sub(r"\s+#.*$", "", line).strip() for line in joined.splitlines() if line.strip()]
+    lines = [re.sub(r"\s+#.*$", "", line) for line in joined.splitlines() if line.strip()]
+    return [" ".join(line.split()) for line in lines]
 
 
 def substitute(text: str, replacements: list[tuple[str, str]]) -> str:

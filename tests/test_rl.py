@@ -111,7 +111,7 @@ def test_group_advantages():
     adv = group_advantages(rewards, ids, eps=0.0, clip=5.0)
     torch.testing.assert_close(adv[:2], torch.tensor([-1.0, 1.0]))
     assert adv[2] == 0 and adv[3] == 0  # equal rewards: no signal (std 0 -> 0/eps = 0)
-    assert adv[4] == 0  # failed reward: no gradient
+    assert torch.isnan(adv[4])  # failed reward: masked out of the loss
     assert adv[5] == 0  # a group of one
     clipped = group_advantages(torch.tensor([0.0, 0.0, 0.0, 1.0]), torch.zeros(4, dtype=torch.long), eps=0.0, clip=1.5)
     assert clipped.max() == 1.5
@@ -153,6 +153,23 @@ def test_grpo_loss_on_policy_and_clipping():
     assert stats.clip_fraction == 0.5 and moved.grad[0] == 0
     kl = kl_to_reference(torch.ones(2, 3), torch.zeros(2, 3), std=0.5)
     torch.testing.assert_close(kl, torch.tensor([2.0, 2.0]))
+
+
+def test_grpo_loss_masks_failed_samples_without_nan_gradients():
+    """A failed reward (NaN advantage) or a NaN sampled log-probability leaves the sample out: the loss and
+    the gradient are those of the other samples (over the same B), finite."""
+    log_prob = torch.tensor([-1.0, -2.0, -3.0], requires_grad=True)
+    old = torch.tensor([-1.1, float("nan"), -2.9])
+    adv = torch.tensor([1.0, 2.0, float("nan")])
+    kl = torch.tensor([0.1, 0.2, 0.3])
+    loss, stats = grpo_loss(log_prob, old, adv, clip_range=0.5, kl=kl, kl_coef=1.0)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(log_prob.grad).all() and stats.masked == 2
+    alone = torch.tensor([-1.0], requires_grad=True)
+    expected, _ = grpo_loss(alone, old[:1], adv[:1], clip_range=0.5, kl=kl[:1], kl_coef=1.0)
+    (expected / 3).backward()  # the same sample alone, averaged over the batch of 3
+    torch.testing.assert_close(loss, expected / 3)
+    torch.testing.assert_close(log_prob.grad, torch.cat([alone.grad, torch.zeros(2)]))
 
 
 def test_reward_registry_and_failures():

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from dit_sp.errors import ConfigError
 from dit_sp.models.cogvideox import COGVIDEOX
 from dit_sp.models.family import ModelFamily
 from dit_sp.models.hunyuan_video import HUNYUAN_VIDEO
@@ -39,7 +40,7 @@ def policy_for(pipe: Any) -> type[DiffusersPolicy]:
         if family.policy is not None and any(cls.__name__ in family.pipelines for cls in type(pipe).__mro__):
             return family.policy
     trainable = sorted(p for family in FAMILIES if family.policy is not None for p in family.pipelines)
-    raise ValueError(f"GRPO has no policy for {name}; supported pipelines: {trainable}")
+    raise ConfigError(f"GRPO has no policy for {name}; supported pipelines: {trainable}")
 
 
 __all__ = ["FAMILIES", "DiffusersPolicy", "ModelFamily", "check_shape", "family_of", "policy_for", "supported_classes"]

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from dit_sp._compat import context_parallel_types
+from dit_sp.errors import ConfigError
 from dit_sp.models.family import ModelFamily
 from dit_sp.models.policy import DiffusersPolicy
 
@@ -24,7 +25,7 @@ class HunyuanVideoPolicy(DiffusersPolicy):
                  **kwargs: Any):  # fmt: skip
         takes_guidance = transformer.config.guidance_embeds
         if embedded_guidance is not None and not takes_guidance:
-            raise ValueError(
+            raise ConfigError(
                 "embedded_guidance: this HunyuanVideo transformer takes no guidance input (guidance_embeds is "
                 "false); leave embedded_guidance unset and use guidance for classifier-free guidance"
             )

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from dit_sp.errors import ConfigError
 from dit_sp.models.shape import check_shape
 
 Tensor = torch.Tensor
@@ -27,7 +28,7 @@ class DiffusersPolicy:
         check_shape(pipe, {"frames": frames, "height": height, "width": width,
                            "max_sequence_length": max_sequence_length}, flags=False)  # fmt: skip
         if embedded_guidance is not None:
-            raise ValueError(f"embedded_guidance is a HunyuanVideo setting; {type(pipe).__name__} has none")
+            raise ConfigError(f"embedded_guidance is a HunyuanVideo setting; {type(pipe).__name__} has none")
         self.pipe, self.transformer, self.reference = pipe, transformer, reference
         self.guidance, self.negative_prompt, self.max_sequence_length = guidance, negative_prompt, max_sequence_length
         self.device = device or torch.device("cpu")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dit_sp.errors import ConfigError
+
 
 def check_shape(pipe: Any, settings: dict[str, Any], flags: bool = True) -> None:
     """Frames, sizes and text length the VAE, the patching and the positional embeddings can take, or an
@@ -21,21 +23,21 @@ def check_shape(pipe: Any, settings: dict[str, Any], flags: bool = True) -> None
     multiple = spatial * (patch[-1] if isinstance(patch, (list, tuple)) else patch)
     if (settings["frames"] - 1) % temporal:
         valid = [temporal * k + 1 for k in range(1, 5)]
-        raise ValueError(f"{name('frames')} {settings['frames']}: the VAE needs {temporal}*k+1 frames, e.g. {valid}")
+        raise ConfigError(f"{name('frames')} {settings['frames']}: the VAE needs {temporal}*k+1 frames, e.g. {valid}")
     for key in ("height", "width"):
         if settings[key] % multiple:
             lower, upper = (
                 settings[key] // multiple * multiple or multiple,
                 (settings[key] // multiple + 1) * multiple,
             )
-            raise ValueError(
+            raise ConfigError(
                 f"{name(key)} {settings[key]}: must be a multiple of {multiple} (VAE x{spatial}, patch "
                 f"x{multiple // spatial}), e.g. {lower} or {upper}"
             )
     # CogVideoX without RoPE adds sincos or learned positional embeddings over exactly this many text tokens
     text_len = config.get("max_text_seq_length") if not config.get("use_rotary_positional_embeddings", True) else None
     if text_len is not None and settings["max_sequence_length"] != text_len:
-        raise ValueError(
+        raise ConfigError(
             f"{name('max_sequence_length')} {settings['max_sequence_length']}: this model's positional embeddings "
             f"take exactly {text_len} text tokens; use {name('max_sequence_length')} {text_len}"
         )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from dit_sp.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class ParallelConfig:
@@ -23,9 +25,9 @@ class ParallelConfig:
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"ParallelConfig.{f.name} must be a positive integer, got {value!r}")
+                raise ConfigError(f"ParallelConfig.{f.name} must be a positive integer, got {value!r}")
         if self.cfg not in (1, 2):
-            raise ValueError(f"ParallelConfig.cfg must be 1 or 2 (the two guidance branches), got {self.cfg}")
+            raise ConfigError(f"ParallelConfig.cfg must be 1 or 2 (the two guidance branches), got {self.cfg}")
 
     @property
     def sp(self) -> int:
@@ -39,7 +41,7 @@ class ParallelConfig:
     def check_world_size(self, world_size: int) -> None:
         """Raise a clear error when the degrees do not multiply to ``world_size``."""
         if self.world_size != world_size:
-            raise ValueError(
+            raise ConfigError(
                 f"{self} needs dp*cfg*ring*ulysses = {self.world_size} processes, but the world size is "
                 f"{world_size}. "
                 f"Choose degrees whose product is {world_size}, or launch {self.world_size} processes."
@@ -50,7 +52,7 @@ class ParallelConfig:
         """The config that uses ``cfg x ring x ulysses`` per sample and data parallelism for the rest."""
         per_sample = cfg * ring * ulysses
         if per_sample < 1 or world_size % per_sample:
-            raise ValueError(
+            raise ConfigError(
                 f"cfg*ring*ulysses = {per_sample} does not divide the world size {world_size}; "
                 "pick degrees whose product divides the number of processes."
             )

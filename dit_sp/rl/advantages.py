@@ -30,8 +30,8 @@ def group_advantages(
 ) -> Tensor:
     """Advantages ``(r - mean_group) / (std + eps)`` clipped to ``+-clip``, for this rank's samples.
 
-    ``rewards``: ``(N,)`` this rank's rewards, NaN for samples whose reward failed (they get advantage 0,
-    so no gradient, and do not count in the statistics). ``prompt_ids``: ``(N,)`` integer id of each
+    ``rewards``: ``(N,)`` this rank's rewards, NaN for samples whose reward failed (their advantage is NaN:
+    ``grpo_loss`` leaves them out, and they do not count in the statistics). ``prompt_ids``: ``(N,)`` integer id of each
     sample's prompt; samples of one prompt may live on several data-parallel ranks of ``group``: rewards
     are gathered and matched by id. ``std="global"`` uses the standard deviation over all samples.
     """
@@ -54,4 +54,5 @@ def group_advantages(
         mine = (prompt_ids == pid) & ~torch.isnan(rewards)
         if scale + eps > 0:  # identical rewards (a group of one, or no spread) carry no signal
             advantages[mine] = (rewards[mine] - group_rewards.mean()) / (scale + eps)
+    advantages[torch.isnan(rewards)] = float("nan")
     return advantages.clamp(-clip, clip).float()

@@ -1,12 +1,13 @@
 """The settings of a GRPO training run: one typed tree, read from YAML and flags by ``dit_sp.schema``.
+A YAML config holds the top-level keys and a mapping for each nested section, e.g.::
 
-model: toy-wan
-prompts: toy_prompts_train.txt
-reward: {dense_faithfulness: 1.0}
-sample: {frames: 9, height: 32, width: 32, guidance: 1.0}
-grpo: {steps: 10, shift: 2.0, group_size: 16, sde: {kind: flow, a: 0.7}, sde_window: [0, 2]}
-optim: {lr: 3.0e-4}
-lora: {rank: 8}
+    model: toy-wan
+    prompts: toy_prompts_train.txt
+    reward: {dense_faithfulness: 1.0}
+    sample: {frames: 9, height: 32, width: 32, guidance: 1.0}
+    grpo: {steps: 10, shift: 2.0, group_size: 16, sde: {kind: flow, a: 0.7}, sde_window: [0, 2]}
+    optim: {lr: 3.0e-4}
+    lora: {rank: 8}
 """
 
 from __future__ import annotations
@@ -84,6 +85,11 @@ class TrainConfig:
     """Every N steps: ODE samples of the first ``eval_prompts`` prompts (video + ``eval_reward`` metric)."""
     eval_prompts: int = 4
     resume: bool = False
+    """Continue the run in ``output_dir`` from its newest complete checkpoint (on any layout)."""
+    overwrite: bool = False
+    """Replace the run in ``output_dir``; without it (or ``resume``) an existing run there is an error."""
+    max_skipped_steps: int = 3
+    """Stop with an error after this many updates in a row were skipped for a non-finite loss or gradient."""
     seed: int = 0
     dp: int | None = None
     """Data-parallel degree; by default the processes left after ring x ulysses."""
@@ -103,7 +109,9 @@ class TrainConfig:
         for name in ("ring", "ulysses", "eval_prompts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_steps", "checkpoint_every", "eval_every"):
+        if self.resume and self.overwrite:
+            raise ValueError("resume and overwrite exclude each other: continue the run, or replace it")
+        for name in ("max_steps", "checkpoint_every", "eval_every", "max_skipped_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.dp is not None and self.dp < 1:

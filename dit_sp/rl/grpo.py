@@ -17,6 +17,7 @@ from typing import Any, Literal, Protocol
 import torch
 import torch.distributed as dist
 
+from dit_sp.errors import ConfigError
 from dit_sp.parallel.state import ParallelState
 from dit_sp.rl.loss import grpo_loss, kl_to_reference
 from dit_sp.rl.rewards import WeightedReward
@@ -68,23 +69,23 @@ class GRPOConfig:
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.group_size < 1 or self.prompts_per_step < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"steps, group_size and prompts_per_step must be >= 1, got {self.steps}, {self.group_size} and "
                 f"{self.prompts_per_step}"
             )
         if self.shift <= 0 or self.clip_range <= 0 or self.kl_coef < 0 or self.adv_clip <= 0:
-            raise ValueError(
+            raise ConfigError(
                 f"shift, clip_range and adv_clip must be > 0 and kl_coef >= 0, got shift={self.shift}, "
                 f"clip_range={self.clip_range}, adv_clip={self.adv_clip}, kl_coef={self.kl_coef}"
             )
         if self.adv_std not in ("group", "global"):
-            raise ValueError(f"adv_std must be 'group' or 'global', got {self.adv_std!r}")
+            raise ConfigError(f"adv_std must be 'group' or 'global', got {self.adv_std!r}")
         if not 0 < self.train_fraction <= 1:
-            raise ValueError(f"train_fraction must be in (0, 1], got {self.train_fraction}")
+            raise ConfigError(f"train_fraction must be in (0, 1], got {self.train_fraction}")
         if self.sde_window is not None and not 0 <= self.sde_window[0] < self.sde_window[1] <= self.steps:
-            raise ValueError(f"sde_window {self.sde_window} must satisfy 0 <= start < end <= steps={self.steps}")
+            raise ConfigError(f"sde_window {self.sde_window} must satisfy 0 <= start < end <= steps={self.steps}")
         if self.sde.kind == "ode":
-            raise ValueError("GRPO needs a stochastic sampler: sde.kind 'dance' or 'flow'")
+            raise ConfigError("GRPO needs a stochastic sampler: sde.kind 'dance' or 'flow'")
 
 
 @dataclass
@@ -102,15 +103,21 @@ def seed_for(*parts: int) -> int:
     return random.Random(str(parts)).getrandbits(63)
 
 
+def check_split(config: GRPOConfig, dp: int) -> None:
+    """An iteration's ``prompts_per_step * group_size`` samples must split evenly over the dp ranks."""
+    total = config.prompts_per_step * config.group_size
+    if total % dp:
+        raise ConfigError(
+            f"{config.prompts_per_step} prompts x group size {config.group_size} = {total} samples cannot be split "
+            f"evenly over dp={dp} ranks; make grpo.prompts_per_step * grpo.group_size a multiple of dp"
+        )
+
+
 def make_batch(prompts: list[str], step: int, seed: int, config: GRPOConfig, parallel: ParallelState) -> Batch:
     """This dp rank's share of the iteration's ``prompts_per_step * group_size`` samples."""
+    check_split(config, parallel.dp)
     prompts_per_step = config.prompts_per_step
     total = prompts_per_step * config.group_size
-    if total % parallel.dp:
-        raise ValueError(
-            f"{prompts_per_step} prompts x group size {config.group_size} = {total} samples cannot be split evenly "
-            f"over dp={parallel.dp} ranks; make prompts_per_step * group_size a multiple of dp"
-        )
     order = random.Random(seed_for(seed, step // max(1, len(prompts) // prompts_per_step))).sample(
         range(len(prompts)), len(prompts)
     )
@@ -213,10 +220,21 @@ def train_on_rollout(
     step_seed: int,
     max_grad_norm: float = 1.0,
 ) -> dict[str, float]:
-    """One policy update from a rollout: accumulate the loss over the trained steps, clip, step."""
+    """One policy update from a rollout: accumulate the loss over the trained steps, clip, step.
+
+    A non-finite loss (on any rank) or gradient norm skips the update on every rank alike (``skipped``
+    is 1 in the returned statistics): non-finite numbers never reach the weights or the optimizer state.
+    """
     optimizer.zero_grad(set_to_none=True)
     stats = accumulate_gradients(policy, traj, cond, advantages, config, step_seed)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-    grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-    optimizer.step()
-    return stats | {"grad_norm": float(grad_norm)}
+    grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+    device = next(model.parameters()).device
+    finite = torch.tensor([float(math.isfinite(stats["loss"]) and math.isfinite(grad_norm))], device=device)
+    if dist.is_initialized():  # the gradient norm is global already; the loss is per rank
+        dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+    if finite.item():
+        optimizer.step()
+    else:
+        optimizer.zero_grad(set_to_none=True)
+    return stats | {"grad_norm": grad_norm, "skipped": float(not finite.item())}

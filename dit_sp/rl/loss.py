@@ -18,6 +18,8 @@ class LossStats:
     ratio_max: float
     clip_fraction: float
     kl: float
+    masked: int = 0
+    """Samples left out of the loss (failed reward, or a non-finite sampled log-probability)."""
 
 
 def kl_to_reference(mean: Tensor, ref_mean: Tensor, std: float) -> Tensor:
@@ -37,27 +39,36 @@ def grpo_loss(
 ) -> tuple[Tensor, LossStats]:
     """``mean(max(-A*r, -A*clip(r, 1-eps, 1+eps))) + kl_coef * mean(KL)`` with ``r = exp(logp - logp_old)``.
 
-    All ``(B,)``; ``log_prob`` carries the gradient. Samples with zero advantage contribute nothing
-    (e.g. a failed reward).
+    All ``(B,)``; ``log_prob`` carries the gradient. Samples whose advantage or sampled log-probability is
+    not finite (a failed reward gives NaN advantages) are masked out: they add nothing to the loss and
+    nothing, not even a NaN, to the gradient; the mean still divides by ``B`` so that the loss does not
+    depend on how samples are split across ranks.
     """
-    ratio = torch.exp(log_prob - old_log_prob.detach())
-    advantages = advantages.detach().to(ratio.dtype)
+    valid = torch.isfinite(advantages) & torch.isfinite(old_log_prob)
+    # Masked samples get finite stand-ins *before* any arithmetic: a NaN times zero would still reach
+    # the gradient through the backward of the product.
+    old_log_prob = torch.where(valid, old_log_prob.detach().to(log_prob.dtype), log_prob.detach())
+    advantages = torch.where(valid, advantages.detach().to(log_prob.dtype), 0.0)
+    ratio = torch.exp(log_prob - old_log_prob)
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - clip_range, 1.0 + clip_range)
-    policy_loss = torch.maximum(unclipped, clipped).mean()
+    policy_loss = torch.where(valid, torch.maximum(unclipped, clipped), 0.0).mean()
     loss = policy_loss
     kl_value = 0.0
     if kl is not None:
+        kl = torch.where(valid, kl, 0.0)
         loss = loss + kl_coef * kl.mean()
         kl_value = kl.mean().item()
     with torch.no_grad():
+        kept = ratio[valid] if valid.any() else torch.ones(1, device=ratio.device)
         stats = LossStats(
             loss=loss.item(),
             policy_loss=policy_loss.item(),
-            ratio_mean=ratio.mean().item(),
-            ratio_min=ratio.min().item(),
-            ratio_max=ratio.max().item(),
-            clip_fraction=((ratio - 1.0).abs() > clip_range).float().mean().item(),
+            ratio_mean=kept.mean().item(),
+            ratio_min=kept.min().item(),
+            ratio_max=kept.max().item(),
+            clip_fraction=((kept - 1.0).abs() > clip_range).float().mean().item(),
             kl=kl_value,
+            masked=int((~valid).sum()),
         )
     return loss, stats

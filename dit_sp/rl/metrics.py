@@ -3,8 +3,25 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a ``metrics.jsonl``; a torn line (a crash while writing it) is dropped with a warning."""
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            log.warning("%s:%d is not a complete JSON line (a crash while it was written?): dropped", path, number)
+    return rows
 
 
 class MetricsLog:
@@ -16,9 +33,10 @@ class MetricsLog:
         if not enabled:
             return
         if self.path.exists():  # keep what the resumed run already logged, drop steps it will redo
-            kept = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
-            self.rows = [row for row in kept if row["step"] < resume_step]
-        self.path.write_text("".join(json.dumps(row) + "\n" for row in self.rows))
+            self.rows = [row for row in read_rows(self.path) if row["step"] < resume_step]
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(row) + "\n" for row in self.rows))
+        os.replace(tmp, self.path)
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(str(out / "tensorboard"), purge_step=resume_step)
@@ -29,6 +47,8 @@ class MetricsLog:
         self.rows.append(row)
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
         for key, value in row.items():
             if key != "step" and isinstance(value, (int, float)):
                 self.writer.add_scalar(key, value, row["step"])

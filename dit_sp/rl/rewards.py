@@ -20,6 +20,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from dit_sp.errors import ConfigError, MissingFileError
+
 Tensor = torch.Tensor
 RewardFn = Callable[[Tensor, list[str]], Tensor]
 log = logging.getLogger(__name__)
@@ -51,7 +53,7 @@ class ClipScore:
         from transformers import AutoTokenizer, CLIPModel
 
         if not Path(path, "config.json").is_file():
-            raise FileNotFoundError(f"clip_score: {path} holds no CLIP checkpoint (config.json missing)")
+            raise MissingFileError(f"clip_score: {path} holds no CLIP checkpoint (config.json missing)")
         self.model = CLIPModel.from_pretrained(path, local_files_only=True).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         self.frames = frames
@@ -98,20 +100,45 @@ def _import(reference: str, name: str) -> Any:
     try:
         return getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:
-        raise ValueError(f"reward {name!r}: cannot import {attr} from {module} ({e})") from e
+        raise ConfigError(f"reward {name!r}: cannot import {attr} from {module} ({e})") from e
 
 
-def _resolve(name: str, options: Mapping[str, Any]) -> RewardFn:
+def _lookup(name: str) -> Any:
+    """The registered function or class of a reward name (imported if given by reference)."""
     if ":" in name:
-        found = _import(name, name)
-    elif name in BUILTIN:
+        return _import(name, name)
+    if name in BUILTIN:
         found = BUILTIN[name]
-        found = _import(found, name) if isinstance(found, str) else found
-    else:
-        raise ValueError(f"unknown reward {name!r}; built-in rewards: {sorted(BUILTIN)}, or 'package.module:function'")
-    # A class (e.g. a reward model) is constructed with the options; a plain function with options is a
-    # factory that returns the reward.
-    return found(**options) if isinstance(found, type) or options else found
+        return _import(found, name) if isinstance(found, str) else found
+    raise ConfigError(f"unknown reward {name!r}; built-in rewards: {sorted(BUILTIN)}, or 'package.module:function'")
+
+
+def _entries(spec: str | Mapping[str, Any] | list) -> list[tuple[str, float, dict[str, Any]]]:
+    """``(name, weight, options)`` of each part of a reward config value."""
+    if isinstance(spec, str):
+        spec = [{"name": spec}]
+    elif isinstance(spec, Mapping):
+        spec = [{"name": name, "weight": weight} for name, weight in spec.items()]
+    elif not isinstance(spec, list):
+        raise ConfigError(f"reward: expected a name, a mapping of names to weights or a list, got {spec!r}")
+    entries = []
+    for item in spec:
+        if not isinstance(item, Mapping) or "name" not in item:
+            raise ConfigError(f"reward entry {item!r} has no 'name'")
+        item = dict(item)
+        name, weight = item.pop("name"), item.pop("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+            raise ConfigError(f"reward {name!r}: weight must be a number, got {weight!r}")
+        entries.append((name, float(weight), item))
+    if not entries:
+        raise ConfigError("no reward given")
+    return entries
+
+
+def check_reward(spec: str | Mapping[str, Any] | list) -> None:
+    """The config value names known rewards with numeric weights; nothing is built (no model loads)."""
+    for name, _, _ in _entries(spec):
+        _lookup(name)
 
 
 class WeightedReward:
@@ -130,19 +157,12 @@ class WeightedReward:
 def build_reward(spec: str | Mapping[str, Any] | list) -> WeightedReward:
     """A reward from a config value: a name; ``{name: weight, ...}``; or a list of
     ``{"name": ..., "weight": ..., **options}`` (options go to the reward's constructor)."""
-    if isinstance(spec, str):
-        spec = [{"name": spec}]
-    elif isinstance(spec, Mapping):
-        spec = [{"name": name, "weight": weight} for name, weight in spec.items()]
     parts = []
-    for item in spec:
-        item = dict(item)
-        if "name" not in item:
-            raise ValueError(f"reward entry {item} has no 'name'")
-        name, weight = item.pop("name"), float(item.pop("weight", 1.0))
-        parts.append((name, weight, _resolve(name, item)))
-    if not parts:
-        raise ValueError("no reward given")
+    for name, weight, options in _entries(spec):
+        found = _lookup(name)
+        # A class (e.g. a reward model) is constructed with the options; a plain function with options is
+        # a factory that returns the reward.
+        parts.append((name, weight, found(**options) if isinstance(found, type) or options else found))
     return WeightedReward(parts)
 
 

@@ -15,6 +15,7 @@ appends one JSON line to ``OUTPUT_DIR/metrics.jsonl`` and TensorBoard scalars an
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import os
@@ -27,12 +28,13 @@ import torch
 import torch.distributed as dist
 
 from dit_sp.bundled import asset_path
+from dit_sp.errors import ConfigError, MissingFileError
 from dit_sp.models import DiffusersPolicy, policy_for
 from dit_sp.parallel import ParallelConfig, ParallelState, free_port, init_parallel
 from dit_sp.parallelizer import parallelize
 from dit_sp.rl.advantages import gather_across, group_advantages
 from dit_sp.rl.config import TrainConfig
-from dit_sp.rl.grpo import Batch, make_batch, rewards_of, rollout, seed_for, train_on_rollout
+from dit_sp.rl.grpo import Batch, check_split, make_batch, rewards_of, rollout, seed_for, train_on_rollout
 from dit_sp.rl.metrics import MetricsLog
 from dit_sp.rl.rewards import RewardFn, WeightedReward, build_reward
 from dit_sp.rl.rollout import Trajectory, sample_trajectory
@@ -51,7 +53,7 @@ def read_prompts(path: str | Path) -> list[str]:
     prompt files (``toy_prompts_train.txt``) by name."""
     file = asset_path(path)
     if file is None or not file.is_file():
-        raise FileNotFoundError(f"prompt file {path} does not exist (give a .txt with one prompt per line or a .jsonl)")
+        raise MissingFileError(f"prompt file {path} does not exist (give a .txt with one prompt per line or a .jsonl)")
     lines = [line for line in file.read_text().splitlines() if line.strip()]
     if file.suffix == ".jsonl":
         prompts = []
@@ -59,12 +61,82 @@ def read_prompts(path: str | Path) -> list[str]:
             try:
                 prompts.append(str(json.loads(line)["prompt"]))
             except (ValueError, KeyError, TypeError) as e:
-                raise ValueError(f"{file}:{number}: expected a JSON object with a 'prompt' ({e})") from e
+                raise ConfigError(f"{file}:{number}: expected a JSON object with a 'prompt' ({e})") from e
     else:
         prompts = [line.strip() for line in lines]
     if not prompts:
-        raise ValueError(f"prompt file {path} holds no prompts")
+        raise ConfigError(f"prompt file {path} holds no prompts")
     return prompts
+
+
+class NonFiniteError(RuntimeError):
+    """Too many updates in a row were skipped for a non-finite loss or gradient norm."""
+
+
+LOSS_STATS = {"loss": "mean", "policy_loss": "mean", "ratio_mean": "mean", "clip_fraction": "mean", "kl": "mean",
+              "ratio_min": "min", "ratio_max": "max", "masked": "sum"}  # fmt: skip
+"""How each per-rank loss statistic combines over the data-parallel ranks."""
+
+RUN_FILES = ("metrics.jsonl", "checkpoints", "config.yaml", "final", "tensorboard", "reward_curve.png")
+"""What a training run writes to its output directory (and, with ``overwrite``, what is removed)."""
+
+
+def check_output_dir(config: TrainConfig) -> None:
+    """Refuse to mix two runs in one directory: an existing run there needs ``resume`` (which needs a
+    checkpoint) or ``overwrite``. Cheap and side-effect free: the CLI calls it before starting workers."""
+    out = Path(config.output_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output_dir {out} is a file, not a directory")
+    existing = [name for name in RUN_FILES if (out / name).exists()]
+    if config.resume:
+        if checkpoint.latest(out / "checkpoints") is None:
+            raise ConfigError(f"--resume: {out / 'checkpoints'} holds no complete checkpoint to continue from; "
+                              "start a new run without --resume")  # fmt: skip
+    elif existing and not config.overwrite:
+        raise ConfigError(f"output_dir {out} already holds a run ({', '.join(existing)}); pass --resume to "
+                          "continue it, --overwrite to replace it, or choose another --output-dir")  # fmt: skip
+
+
+def clear_run(out: Path) -> None:
+    """Remove the files of the run in ``out`` (``overwrite``); other files stay."""
+    import shutil
+
+    for name in RUN_FILES:
+        path = out / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    for path in out.glob("eval_step*.mp4"):
+        path.unlink()
+
+
+def check_ranks_agree(parallel: ParallelState, config: TrainConfig, prompts: list[str]) -> None:
+    """Every rank must train with the same settings and prompts (under torchrun each rank reads its own
+    flags and files): compared by hash, with an error naming the ranks that differ."""
+    if parallel.world_size == 1:
+        return
+    digest = hashlib.sha256(json.dumps([asdict(config), prompts], sort_keys=True, default=str).encode()).hexdigest()
+    digests: list[str | None] = [None] * parallel.world_size
+    dist.all_gather_object(digests, digest)
+    differ = [rank for rank, other in enumerate(digests) if other != digests[0]]
+    if differ:
+        raise ConfigError(f"ranks {differ} have other settings or prompts than rank 0 (every rank must get the same "
+                          "config file, flags and prompt file)")  # fmt: skip
+
+
+def check_before_loading(config: TrainConfig, world_size: int) -> None:
+    """Everything that can be checked from files alone before weights load or workers start: the output
+    directory, the prompts, the reward names, the sample size against the model's config files, and the
+    split of a step's samples over the layout's data-parallel ranks (``ConfigError`` naming the setting)."""
+    from dit_sp.models import check_shape
+    from dit_sp.rl.rewards import check_reward
+    from dit_sp.zoo import shape_info
+
+    check_output_dir(config)
+    read_prompts(config.prompts)
+    check_reward(config.reward)
+    info = shape_info(config.model)
+    if info is not None:
+        check_shape(info, asdict(config.sample), flags=False)
+    check_split(config.grpo, ParallelConfig.for_world(world_size, ring=config.ring, ulysses=config.ulysses).dp)
 
 
 def init_world(config: TrainConfig) -> ParallelState:
@@ -75,7 +147,7 @@ def init_world(config: TrainConfig) -> ParallelState:
     world = dist.get_world_size() if dist.is_initialized() else int(os.environ["WORLD_SIZE"])
     parallel = init_parallel(ParallelConfig.for_world(world, ring=config.ring, ulysses=config.ulysses))
     if config.dp is not None and config.dp != parallel.dp:
-        raise ValueError(f"dp={config.dp} but {world} processes / (ring*ulysses={parallel.sp}) give dp={parallel.dp}")
+        raise ConfigError(f"dp={config.dp} but {world} processes / (ring*ulysses={parallel.sp}) give dp={parallel.dp}")
     return parallel
 
 
@@ -116,14 +188,18 @@ class GRPOTrainer:
         parallel: ParallelState | None = None,
     ):
         self.config = config
+        self.output_dir = Path(config.output_dir)
+        check_output_dir(config)  # before anything heavy: never clobber a run
         self.parallel = parallel or init_world(config)
+        self.is_leader = self.parallel.rank == 0
         self.prompts = list(prompts) if prompts is not None else read_prompts(config.prompts)
+        check_ranks_agree(self.parallel, config, self.prompts)
         if reward is None:
             reward = build_reward(config.reward)
         self.reward = reward if isinstance(reward, WeightedReward) else WeightedReward([("reward", 1.0, reward)])
         make_batch(self.prompts, 0, config.seed, config.grpo, self.parallel)  # validates the batch split early
-        self.output_dir = Path(config.output_dir)
-        self.is_leader = self.parallel.rank == 0
+        if config.overwrite and self.is_leader:
+            clear_run(self.output_dir)
 
         torch.manual_seed(config.seed)  # identical initial weights (LoRA included) on every rank
         self.pipe = pipeline if pipeline is not None else load_pipeline(config.model, torch.float32)
@@ -146,10 +222,20 @@ class GRPOTrainer:
 
         self.step_index = 0
         """Iterations done (the next ``step()`` runs iteration ``step_index``)."""
-        if config.resume and (last := checkpoint.latest(self.checkpoint_dir)) is not None:
-            extra = checkpoint.load(last, self.transformer, self.optimizer)
+        self.skipped_steps = 0
+        """Updates skipped for a non-finite loss or gradient norm, over the whole run."""
+        self._skipped_in_a_row = 0
+        if config.resume:
+            found = checkpoint.load_latest(self.checkpoint_dir, self.transformer, self.optimizer)
+            if found is None:
+                raise ConfigError(f"resume: {self.checkpoint_dir} holds no complete checkpoint; start a new run "
+                                  "without resume")  # fmt: skip
+            _, extra = found
             self.scheduler.load_state_dict(extra["scheduler"])
             self.step_index = extra["step"]
+            self.skipped_steps = extra.get("skipped_steps", 0)
+        if self.parallel.world_size > 1:
+            dist.barrier()  # the leader's clearing of an overwritten run is done before anyone writes
         if self.is_leader:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             import yaml
@@ -204,11 +290,21 @@ class GRPOTrainer:
         stats = train_on_rollout(self.policy, self.transformer, self.optimizer, data.traj, data.cond, data.advantages,
                                  config.grpo, seed_for(config.seed, step, 1), config.optim.max_grad_norm)  # fmt: skip
         self.scheduler.step()
+        skipped = bool(stats.pop("skipped"))
+        self.skipped_steps += skipped
+        self._skipped_in_a_row = self._skipped_in_a_row + 1 if skipped else 0
         row = self._metrics_row(step, stats, data, time.perf_counter() - began)
+        row["skipped_steps"] = self.skipped_steps
         self.step_index = done = step + 1
         if config.eval_every and done % config.eval_every == 0:
             row["eval_reward"] = self.evaluate(self.output_dir / f"eval_step{done:06d}.mp4")
         self.metrics.log(row)
+        if self._skipped_in_a_row >= config.max_skipped_steps:
+            raise NonFiniteError(
+                f"{self._skipped_in_a_row} updates in a row (the last at step {step}) had a non-finite loss or "
+                f"gradient norm and were skipped; the weights are still those of the last good update. Check the "
+                "reward and the data, lower optim.lr, or raise max_skipped_steps"
+            )
         return row
 
     def train(self) -> list[dict[str, Any]]:
@@ -231,7 +327,7 @@ class GRPOTrainer:
 
     def save_checkpoint(self) -> Path:
         """Model, optimizer, LR schedule and RNG states at ``step_index`` (atomic; collective)."""
-        extra = {"step": self.step_index, "scheduler": self.scheduler.state_dict()}
+        extra = {"step": self.step_index, "scheduler": self.scheduler.state_dict(), "skipped_steps": self.skipped_steps}
         return checkpoint.save(self.checkpoint_dir, self.step_index, self.transformer, self.optimizer, extra)
 
     def _metrics_row(self, step: int, stats: dict, data: Rollout, seconds: float) -> dict[str, Any]:
@@ -250,9 +346,25 @@ class GRPOTrainer:
         row = {"step": step, "loss": stats["loss"], "reward_mean": reward_mean, "reward_std": reward_std,
                "reward_failed": failed, **{k: v for k, v in stats.items() if k != "loss"},
                "lr": self.scheduler.get_last_lr()[0], "seconds": seconds}  # fmt: skip
+        row |= self._over_dp({k: v for k, v in row.items() if k in LOSS_STATS})
         for name, values in data.parts.items():
             row[f"reward/{name}"] = mean_std(values)[0]
         return row
+
+    def _over_dp(self, stats: dict[str, float]) -> dict[str, float]:
+        """Per-rank loss statistics as the whole step's (every dp rank has as many samples): means, or the
+        extreme / the total, so that the logged numbers do not depend on the layout."""
+        group = self.parallel.dp_group
+        if group is None or self.parallel.dp == 1:
+            return stats
+        out = {}
+        for key, value in stats.items():
+            op = LOSS_STATS[key]
+            reduced = torch.tensor([value], dtype=torch.float64, device=self.parallel.device)
+            dist.all_reduce(reduced, op=dist.ReduceOp.SUM if op == "mean" else getattr(dist.ReduceOp, op.upper()),
+                            group=group)  # fmt: skip
+            out[key] = reduced.item() / (self.parallel.dp if op == "mean" else 1)
+        return out
 
     @torch.no_grad()
     def evaluate(self, path: str | Path | None = None) -> float:

@@ -12,6 +12,7 @@ import torch
 import yaml
 
 from dit_sp.bundled import ASSET_DIR, PACKAGE_DIR, asset_path
+from dit_sp.errors import ConfigError, MissingFileError
 from dit_sp.zoo.tokenizers import clip_byte_vocab, llama3_byte_tokenizer
 
 SPEC_DIR = Path(__file__).resolve().parent / "specs"
@@ -29,7 +30,7 @@ def default_model() -> str:
 def model_spec(name: str) -> dict[str, Any]:
     path = SPEC_DIR / f"{name}.yaml"
     if not path.is_file():
-        raise ValueError(f"unknown model {name!r}: built-in models are {builtin_models()}, or give a local directory")
+        raise ConfigError(f"unknown model {name!r}: built-in models are {builtin_models()}, or give a local directory")
     return yaml.safe_load(path.read_text())
 
 
@@ -87,7 +88,7 @@ def checkpoint_dir(model: str | Path) -> Path | None:
     if path is not None:
         return path
     if Path(model).is_absolute() or len(Path(model).parts) > 1:
-        raise FileNotFoundError(f"model directory {model} does not exist")
+        raise MissingFileError(f"model directory {model} does not exist")
     spec = model_spec(str(model))  # raises for unknown names
     return PACKAGE_DIR / spec["path"] if "path" in spec else None
 
@@ -96,7 +97,7 @@ def model_defaults(model: str) -> dict[str, Any]:
     """Generation defaults of a built-in model, or of a local checkpoint by its pipeline class."""
     if not Path(model).exists() and model in builtin_models():
         return dict(model_spec(model).get("defaults", {}))
-    path = asset_path(model)
+    path = checkpoint_dir(model)  # raises for a missing directory or an unknown name
     if path is not None and path.is_dir():
         try:
             name = json.loads((path / "model_index.json").read_text()).get("_class_name")
@@ -113,11 +114,11 @@ def load_pipeline(model: str | Path, dtype: torch.dtype) -> Any:
         spec = model_spec(str(model))
         if "pipeline" not in spec:
             with_pipeline = [m for m in builtin_models() if "pipeline" in model_spec(m)]
-            raise ValueError(f"built-in model {model!r} has no pipeline (transformer only); use one of {with_pipeline}")
+            raise ConfigError(f"built-in model {model!r} is a transformer only; use one of {with_pipeline}")
         pipe = build_tiny(str(model))
         return pipe if dtype == torch.float32 else pipe.to(dtype)
     if not (path / "model_index.json").is_file():
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"{path} is not a diffusers pipeline directory: model_index.json is missing "
             "(save one with pipeline.save_pretrained(DIR))"
         )
@@ -126,4 +127,57 @@ def load_pipeline(model: str | Path, dtype: torch.dtype) -> Any:
     try:
         return diffusers.DiffusionPipeline.from_pretrained(path, dtype=dtype, local_files_only=True)
     except (OSError, ValueError) as e:
-        raise FileNotFoundError(f"{path} is an incomplete diffusers pipeline directory: {e}") from e
+        raise MissingFileError(f"{path} is an incomplete diffusers pipeline directory: {e}") from e
+
+
+# How each pipeline class derives its VAE's (temporal, spatial) compression from the VAE config.
+_VAE_FACTORS = {
+    "WanPipeline": lambda vae: (vae.get("scale_factor_temporal", 4), vae.get("scale_factor_spatial", 8)),
+    "HunyuanVideoPipeline": lambda vae: (
+        vae.get("temporal_compression_ratio", 4),
+        vae.get("spatial_compression_ratio", 8),
+    ),
+    "CogVideoXPipeline": lambda vae: (
+        vae.get("temporal_compression_ratio", 4),
+        2 ** (len(vae["block_out_channels"]) - 1),
+    ),
+}
+
+
+def _config_with_defaults(class_name: str, config: dict[str, Any]) -> dict[str, Any]:
+    import inspect
+
+    import diffusers
+
+    parameters = inspect.signature(getattr(diffusers, class_name).__init__).parameters.values()
+    defaults = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
+    return defaults | config
+
+
+def shape_info(model: str | Path) -> Any | None:
+    """What ``dit_sp.models.check_shape`` needs (the VAE's scale factors, the transformer's config) from the
+    model's config files alone, so that sizes are checked before any weights load or workers start;
+    ``None`` where the pipeline class or its files are not known (the full load reports those)."""
+    from types import SimpleNamespace
+
+    from diffusers.configuration_utils import FrozenDict
+
+    path = checkpoint_dir(model)
+    try:
+        if path is None:
+            spec = model_spec(str(model))
+            pipeline, parts = spec.get("pipeline"), spec["components"]
+            transformer, vae = (
+                _config_with_defaults(parts[key]["class"], parts[key].get("config", {}))
+                for key in ("transformer", "vae")
+            )
+        else:
+            pipeline = json.loads((path / "model_index.json").read_text())["_class_name"]
+            transformer, vae = (json.loads((path / key / "config.json").read_text()) for key in ("transformer", "vae"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if pipeline not in _VAE_FACTORS:
+        return None
+    temporal, spatial = _VAE_FACTORS[pipeline](vae)
+    return SimpleNamespace(transformer=SimpleNamespace(config=FrozenDict(transformer)),
+                           vae_scale_factor_temporal=temporal, vae_scale_factor_spatial=spatial)  # fmt: skip

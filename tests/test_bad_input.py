@@ -1,0 +1,97 @@
+"""Bad input to the CLIs: every case exits non-zero within seconds, prints no traceback, and names the culprit
+(and, where there is one, the fix). Nothing heavy starts first: sizes are checked against the model's config
+files and outputs against the file system before any weights load or workers start."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow  # one CLI process per case
+TRAIN = ["--config", "grpo_tiny_wan", "--max-steps", "1"]
+
+# (id, CLI module, argv, files to write first {name: text}, expected message as a regex)
+CASES = [
+    ("gen-frames", "generate", ["--model", "tiny-wan", "--frames", "8"], {}, r"--frames 8: the VAE needs 4\*k\+1 frames"),
+    ("gen-height-sp", "generate", ["--height", "33", "--ulysses", "2"], {}, r"--height 33: must be a multiple of 8 \(VAE x4, patch x2\), e.g. 32 or 40"),
+    ("gen-width", "generate", ["--model", "tiny-wan", "--width", "40"], {}, r"--width 40: must be a multiple of 16"),
+    ("gen-ulysses-0", "generate", ["--ulysses", "0"], {}, r"ulysses must be >= 1, got 0"),
+    ("gen-ulysses-word", "generate", ["--ulysses", "two"], {}, r"ulysses: expected an integer, got 'two'"),
+    ("gen-ring-float", "generate", ["--ring", "1.5"], {}, r"ring: expected an integer, got '1.5'"),
+    ("gen-steps-neg", "generate", ["--steps", "-1"], {}, r"steps must be >= 1, got -1"),
+    ("gen-dtype", "generate", ["--dtype", "float8"], {}, r"dtype: expected one of 'float32', 'bfloat16', 'float16'"),
+    ("gen-guidance", "generate", ["--guidance", "x"], {}, r"guidance: expected a number, got 'x'"),
+    ("gen-cfg", "generate", ["--cfg-parallel", "--guidance", "1"], {}, r"guidance 1.0 turns guidance off"),
+    ("gen-text-len", "generate", ["--max-sequence-length", "0"], {}, r"max_sequence_length must be >= 1"),
+    ("gen-no-model", "generate", ["--model", "/nonexistent/model"], {}, r"model directory /nonexistent/model does not exist"),
+    ("gen-unknown-model", "generate", ["--model", "tiny-nope"], {}, r"unknown model 'tiny-nope': built-in models are"),
+    ("gen-not-a-pipeline", "generate", ["--model", "{tmp}"], {}, r"model_index.json is missing"),
+    ("gen-no-config", "generate", ["--config", "{tmp}/none.yaml"], {}, r"none.yaml'?: no such file"),
+    ("gen-bad-yaml", "generate", ["--config", "{tmp}/bad.yaml"], {"bad.yaml": "steps: [1, 2\n"}, r"not valid YAML at line"),
+    ("gen-unknown-key", "generate", ["--config", "{tmp}/c.yaml"], {"c.yaml": "framez: 9\n"},
+     r"unknown key 'framez' \(did you mean 'frames'\?\)"),
+    ("gen-webm", "generate", ["--out", "{tmp}/v.webm"], {}, r"unknown video format '.webm'; use .mp4, .gif"),
+    ("gen-unwritable", "generate", ["--out", "/proc/v.mp4"], {}, r"--out /proc/v.mp4: cannot write to /proc"),
+    ("gen-embedded", "generate", ["--model", "tiny-wan", "--steps", "1", "--embedded-guidance", "6"], {},
+     r"distilled guidance of HunyuanVideo; this model has none"),
+    ("train-no-config", "train_grpo", ["--config", "{tmp}/none.yaml"], {}, r"no such file, and no bundled config"),
+    ("train-bad-yaml", "train_grpo", ["--config", "{tmp}/bad.yaml"], {"bad.yaml": "optim: {lr: \n  - x\n"},
+     r"not valid YAML"),
+    ("train-lr-word", "train_grpo", [*TRAIN, "--set", "optim.lr=abc"], {}, r"optim.lr: expected a number, got 'abc'"),
+    ("train-steps-str", "train_grpo", ["--config", "{tmp}/c.yaml"], {"c.yaml": "max_steps: forty\n"},
+     r"max_steps: expected an integer, got 'forty'"),
+    ("train-ulysses-float", "train_grpo", ["--config", "{tmp}/c.yaml"], {"c.yaml": "ulysses: 2.5\n"},
+     r"ulysses: expected an integer, got 2.5"),
+    ("train-adv-std", "train_grpo", [*TRAIN, "--set", "grpo.adv_std=batch"], {}, r"grpo.adv_std: expected one of 'group', 'global'"),
+    ("train-precision", "train_grpo", [*TRAIN, "--set", "mixed_precision=fp8"], {}, r"mixed_precision: expected one of 'bfloat16'"),
+    ("train-unknown-key", "train_grpo", [*TRAIN, "--set", "grpo.nope=1"], {}, r"unknown key 'nope'"),
+    ("train-set-syntax", "train_grpo", [*TRAIN, "--set", "bogus"], {}, r"--set bogus: expected KEY=VALUE"),
+    ("train-no-prompts", "train_grpo", [*TRAIN, "--prompts", "{tmp}/none.txt"], {}, r"prompt file .*none.txt does not exist"),
+    ("train-empty-prompts", "train_grpo", [*TRAIN, "--prompts", "{tmp}/empty.txt"], {"empty.txt": "\n\n"}, r"holds no prompts"),
+    ("train-bad-jsonl", "train_grpo", [*TRAIN, "--prompts", "{tmp}/p.jsonl"], {"p.jsonl": '{"text": "a"}\n'},
+     r"p.jsonl:1: expected a JSON object with a 'prompt'"),
+    ("train-dp-split", "train_grpo", [*TRAIN, "--dp", "3"], {}, r"cannot be split evenly over dp=3"),
+    ("train-reward", "train_grpo", [*TRAIN, "--set", "reward=shiny"], {}, r"unknown reward 'shiny'; built-in rewards"),
+    ("train-reward-weight", "train_grpo", [*TRAIN, "--set", "reward={brightness: high}"], {},
+     r"reward 'brightness': weight must be a number"),
+    ("train-no-model", "train_grpo", [*TRAIN, "--model", "/nonexistent/model"], {}, r"model directory /nonexistent/model"),
+    ("train-height", "train_grpo", [*TRAIN, "--set", "sample.height=33"], {}, r"height 33: must be a multiple of 8"),
+    ("train-resume-nothing", "train_grpo", [*TRAIN, "--resume", "--output-dir", "{tmp}/new"], {},
+     r"holds no complete checkpoint to continue from"),
+    ("train-resume-overwrite", "train_grpo", [*TRAIN, "--resume", "--overwrite"], {}, r"resume and overwrite exclude"),
+    ("train-existing-run", "train_grpo", [*TRAIN, "--output-dir", "{tmp}/run"], {"run/metrics.jsonl": "{}\n"},
+     r"already holds a run \(metrics.jsonl\); pass --resume to continue it, --overwrite to replace it"),
+    ("train-lora-neg", "train_grpo", [*TRAIN, "--set", "lora.rank=-1"], {}, r"rank must be >= 0"),
+    ("eval-seeds", "eval_toy", ["--seeds", "0"], {}, r"--seeds and --steps must be at least 1"),
+    ("eval-no-prompts", "eval_toy", ["--prompts", "{tmp}/none.txt"], {}, r"prompt file .*none.txt does not exist"),
+    ("eval-not-toy", "eval_toy", ["--prompts", "{tmp}/p.txt"], {"p.txt": "a cat surfing\n"}, r"p.txt: "),
+    ("eval-no-model", "eval_toy", ["--model", "/nonexistent/model", "--seeds", "1"], {},
+     r"model directory /nonexistent/model does not exist"),
+    ("toy-steps", "train_toy", ["--vae-steps", "0"], {}, r"--vae-steps must be >= 1, got 0"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("cli", "argv", "files", "message"), [case[1:] for case in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_one_clear_line(tmp_path, cli, argv, files, message):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    argv = [arg.replace("{tmp}", str(tmp_path)) for arg in argv]
+    began = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", f"pipelines.{cli}", *argv], capture_output=True, text=True,
+                            timeout=120, cwd=tmp_path)  # fmt: skip
+    elapsed = time.monotonic() - began
+    assert result.returncode != 0, result.stdout[-1000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert re.search(message, result.stderr), result.stderr[-2000:]
+    assert elapsed < 40, f"took {elapsed:.0f} s: the error should come before anything heavy"
+    assert not list(Path(tmp_path).glob("outputs")), "a refused run must not write outputs"
+
+
+def test_there_are_at_least_thirty_cases():
+    assert len(CASES) >= 30 and len({c[0] for c in CASES}) == len(CASES)

@@ -1,0 +1,208 @@
+"""Nothing lost, no orphan, no traceback: the CLIs and the trainer under signals, reused directories,
+damaged checkpoints, non-finite numbers, disagreeing ranks and a change of layout."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fault_checks import nan_loss_on_one_rank, train_with_rank_settings
+from grpo_checks import tiny_config
+
+from dit_sp import spawn
+
+pytestmark = pytest.mark.slow  # runs the CLIs and spawns workers
+SMALL = ["--set", "sample.frames=5", "--set", "grpo.steps=2", "--set", "grpo.group_size=2",
+         "--set", "grpo.prompts_per_step=2", "--set", "optim.lr=0.001"]  # fmt: skip
+
+
+def train_cmd(out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "pipelines.train_grpo", "--config", "grpo_tiny_wan", "--output-dir", str(out),
+            "--eval-every", "0", *SMALL, *extra]  # fmt: skip
+
+
+def rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def children(pid: int) -> list[int]:
+    """Live child processes of ``pid`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def start_training(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, list[int], Path]:
+    """A 2-worker run, returned once both workers have finished a step: (launcher, worker pids, TMPDIR)."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir(exist_ok=True)
+    out = tmp_path / "run"
+    proc = subprocess.Popen(train_cmd(out, "--ulysses", "2", "--max-steps", "1000", *extra), env=os.environ | {
+        "TMPDIR": str(tmpdir)}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    wait_for(lambda: (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text().strip(), 300,
+             "the first step")  # fmt: skip
+    workers = children(proc.pid)
+    assert len(workers) >= 2, workers
+    return proc, workers, tmpdir
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_signal_to_the_launcher_stops_every_worker_and_cleans_up(tmp_path, sig):
+    proc, workers, tmpdir = start_training(tmp_path)
+    os.kill(proc.pid, sig)  # the launcher only, as a scheduler or a closed terminal does
+    proc.wait(timeout=20)
+    assert proc.returncode == 128 + sig, proc.stderr.read()[-2000:]
+    wait_for(lambda: not any(alive(pid) for pid in workers), 10, "the workers to exit")
+    assert not list(tmpdir.glob("dit_sp_spawn_*")), "the launcher's temporary directory was left behind"
+    assert "Traceback" not in proc.stderr.read()
+
+
+def test_workers_exit_when_their_launcher_is_killed(tmp_path):
+    proc, workers, _ = start_training(tmp_path)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    wait_for(lambda: not any(alive(pid) for pid in workers), 15, "orphaned workers to exit by themselves")
+
+
+def file_hashes(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()
+    }
+
+
+def test_runs_never_clobber_runs(tmp_path):
+    out = tmp_path / "run"
+    subprocess.run(train_cmd(out, "--max-steps", "2", "--checkpoint-every", "1"), check=True, capture_output=True,
+                   timeout=600)  # fmt: skip
+    before = file_hashes(out)
+    again = subprocess.run(train_cmd(out, "--max-steps", "2"), capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and "already holds a run" in again.stderr and "--overwrite" in again.stderr
+    assert "Traceback" not in again.stderr
+    assert file_hashes(out) == before, "a refused run must not touch the first run's files"
+    empty = tmp_path / "empty"
+    resume = subprocess.run(train_cmd(empty, "--resume"), capture_output=True, text=True, timeout=120)
+    assert resume.returncode == 2 and "holds no complete checkpoint" in resume.stderr
+    replaced = subprocess.run(train_cmd(out, "--max-steps", "1", "--overwrite"), capture_output=True, text=True,
+                              timeout=600)  # fmt: skip
+    assert replaced.returncode == 0, replaced.stderr[-2000:]
+    assert [r["step"] for r in rows(out)] == [0]
+    assert [p.name for p in sorted((out / "checkpoints").iterdir())] == ["step_00000001"]
+
+
+@pytest.mark.parametrize(
+    ("out", "message"),
+    [("/proc/x.mp4", "cannot write to /proc"), ("x.webm", "unknown video format '.webm'")],
+)
+def test_outputs_that_cannot_be_written_are_errors(tmp_path, out, message):
+    result = subprocess.run([sys.executable, "-m", "pipelines.generate", "--model", "tiny-wan", "--steps", "1",
+                             "--out", out], capture_output=True, text=True, timeout=120, cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 2 and message in result.stderr and "wrote" not in result.stdout, result.stderr
+
+
+def test_outputs_are_replaced_whole(tmp_path):
+    from dit_sp.video import save_video
+
+    frames = __import__("numpy").random.rand(3, 8, 8, 3)
+    target = tmp_path / "frames"
+    target.mkdir()
+    for i in range(5):  # an older, longer video in the same directory
+        (target / f"frame_{i:04d}.png").write_bytes(b"old")
+    save_video(frames, target)
+    assert sorted(p.name for p in target.iterdir()) == [f"frame_{i:04d}.png" for i in range(3)]
+    (target / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="holds other files than frames"):
+        save_video(frames, target)
+    assert [p.name for p in tmp_path.iterdir()] == ["frames"], "no temporary files are left behind"
+
+
+def test_a_reward_that_fails_everywhere_trains_nothing_and_is_logged(tmp_path):
+    out = tmp_path / "run"
+    result = subprocess.run(train_cmd(out, "--max-steps", "2", "--set", "reward=tests.rewards_for_tests:nan_reward"),
+                            capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[1])  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    logged = rows(out)
+    assert all(r["reward_failed"] == 4 and r["masked"] == 4 and r["reward_mean"] is None for r in logged)
+    assert all(r["loss"] == 0.0 and r["grad_norm"] == 0.0 and r["skipped_steps"] == 0 for r in logged)
+
+
+def test_a_nan_loss_on_one_rank_skips_the_update_on_every_rank():
+    config = tiny_config(ulysses=2, max_skipped_steps=2, checkpoint_every=0)
+    results = spawn(nan_loss_on_one_rank, 2, args=(config, 1), timeout=600)
+    for result in results:
+        assert result["finite"] and result["unchanged"], "non-finite numbers reached the weights"
+        assert "2 updates in a row" in result["error"] and "max_skipped_steps" in result["error"]
+        assert [r.get("skipped_steps") for r in result["rows"]] == [0, 1]  # the step that raised is not returned
+    assert all(r["rows"][1]["grad_norm"] == results[0]["rows"][1]["grad_norm"] for r in results)
+
+
+def test_a_damaged_latest_checkpoint_and_a_torn_metrics_line_are_survived(tmp_path):
+    full, damaged = tmp_path / "full", tmp_path / "damaged"
+    subprocess.run(train_cmd(full, "--max-steps", "5", "--checkpoint-every", "2"), check=True, capture_output=True,
+                   timeout=600)  # fmt: skip
+    subprocess.run(train_cmd(damaged, "--max-steps", "4", "--checkpoint-every", "2"), check=True,
+                   capture_output=True, timeout=600)  # fmt: skip
+    latest = damaged / "checkpoints" / "step_00000004"
+    shard = next(latest.glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 3])  # truncated, as by a full disk
+    with (damaged / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 4, "loss": 0.1')  # torn by a crash while writing
+    (damaged / "checkpoints" / "step_00000005.tmp").mkdir()  # a crash during a later save
+    result = subprocess.run(train_cmd(damaged, "--max-steps", "5", "--checkpoint-every", "2", "--resume"),
+                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "step_00000004 cannot be loaded" in result.stderr  # the warning says which one was skipped
+    resumed, expected = rows(damaged), rows(full)
+    assert [r["step"] for r in resumed] == list(range(5))
+    for a, b in zip(resumed, expected):
+        assert a["loss"] == b["loss"] and a["reward_mean"] == b["reward_mean"], (a, b)
+    assert not list((damaged / "checkpoints").glob("*.tmp"))
+
+
+def test_ranks_that_disagree_are_refused(tmp_path):
+    config = tiny_config(ulysses=2, output_dir=str(tmp_path / "run"))
+    messages = spawn(train_with_rank_settings, 2, args=(config, {"seed": 1}), timeout=300)
+    assert all("ranks [1] have other settings or prompts than rank 0" in m for m in messages), messages
+
+
+def test_resume_on_another_layout_continues_the_same_run(tmp_path):
+    """Checkpointed on dp 2, resumed on Ulysses 2 (DCP reshards): the resumed steps log what an uninterrupted
+    dp-2 run logs."""
+    full, moved = tmp_path / "full", tmp_path / "moved"
+    subprocess.run(train_cmd(full, "--dp", "2", "--max-steps", "4"), check=True, capture_output=True, timeout=600)
+    subprocess.run(train_cmd(moved, "--dp", "2", "--max-steps", "2"), check=True, capture_output=True, timeout=600)
+    result = subprocess.run(train_cmd(moved, "--ulysses", "2", "--max-steps", "4", "--resume"), capture_output=True,
+                            text=True, timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    resumed, expected = rows(moved), rows(full)
+    assert [r["step"] for r in resumed] == [0, 1, 2, 3]
+    for a, b in zip(resumed[2:], expected[2:]):
+        for key in ("loss", "reward_mean", "grad_norm", "ratio_mean"):
+            assert abs(a[key] - b[key]) <= 1e-5 * max(1.0, abs(b[key])), (key, a, b)
