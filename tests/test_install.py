@@ -4,6 +4,7 @@ inside the package, and the first README command runs from another directory."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,10 +16,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_installed_package_runs_the_first_readme_command_from_another_directory(tmp_path):
-    site = tmp_path / "site"
-    # The package alone (its dependencies are this environment's): a wheel built from the repository.
+    site, source = tmp_path / "site", tmp_path / "source"
+    # A copy of the repository (the build writes into its source tree), installed alone: its dependencies
+    # are this environment's.
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", ".venv", "build", "outputs", "*.egg-info"))
     install = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-               "--target", str(site), str(REPO)]  # fmt: skip
+               "--target", str(site), str(source)]  # fmt: skip
     result = subprocess.run(install, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (site / "dit_sp" / "assets" / "toy-wan" / "transformer" / "diffusion_pytorch_model.safetensors").is_file()

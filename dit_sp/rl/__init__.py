@@ -4,7 +4,7 @@ from dit_sp.rl.advantages import group_advantages
 from dit_sp.rl.loss import LossStats, grpo_loss, kl_to_reference
 from dit_sp.rl.rewards import BUILTIN, WeightedReward, build_reward, score
 from dit_sp.rl.rollout import Trajectory, sample_trajectory
-from dit_sp.rl.schedule import model_timestep, shifted_sigmas
+from dit_sp.rl.schedule import shifted_sigmas
 from dit_sp.rl.sde import SDEConfig, Transition, gaussian_log_prob, sde_mean_std, sde_step
 
 __all__ = [
@@ -19,7 +19,6 @@ __all__ = [
     "group_advantages",
     "grpo_loss",
     "kl_to_reference",
-    "model_timestep",
     "sample_trajectory",
     "score",
     "sde_mean_std",

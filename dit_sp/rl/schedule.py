@@ -19,8 +19,3 @@ def shifted_sigmas(steps: int, shift: float = 1.0, sigma_min: float = 1e-3) -> l
 
     grid = torch.linspace(1.0, shifted(sigma_min), steps, dtype=torch.float64)
     return shifted(grid).tolist() + [0.0]
-
-
-def model_timestep(s: float) -> float:
-    """The timestep the diffusers flow-matching transformers take for noise level ``s`` (0..1000)."""
-    return s * 1000.0
