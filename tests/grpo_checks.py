@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import tempfile
+import warnings
 
 import torch
 
@@ -15,7 +16,7 @@ from dit_sp.schema import set_dotted
 KEYS = {"frames": "sample.frames", "height": "sample.height", "width": "sample.width", "guidance": "sample.guidance",
         "embedded_guidance": "sample.embedded_guidance", "steps": "grpo.steps", "group_size": "grpo.group_size",
         "prompts_per_step": "grpo.prompts_per_step", "train_fraction": "grpo.train_fraction",
-        "kl_coef": "grpo.kl_coef", "lora_rank": "lora.rank"}  # fmt: skip
+        "kl_coef": "grpo.kl_coef", "lora_rank": "lora.rank", "micro_batch": "grpo.micro_batch"}  # fmt: skip
 
 
 def tiny_config(**overrides) -> TrainConfig:
@@ -33,6 +34,12 @@ def step_gradients(cfg: TrainConfig, lora_b: float | None = None) -> dict:
     """Full (unsharded) gradients of step 0, the rewards and the on-policy ratio and KL statistics.
     ``lora_b``: set every LoRA B weight to this value first (elementwise, so the same on every layout),
     so that the adapted policy differs from its reference."""
+    warnings.simplefilter("always")
+    with warnings.catch_warnings(record=True) as caught:
+        return _step_gradients(cfg, lora_b) | {"warnings": [str(w.message) for w in caught]}
+
+
+def _step_gradients(cfg: TrainConfig, lora_b: float | None) -> dict:
     trainer = GRPOTrainer(cfg)
     if lora_b is not None:
         with torch.no_grad():

@@ -39,6 +39,9 @@ def _assert_grads_equal(grads: dict, ref: dict, what: str) -> None:
 
 def test_on_policy_ratio_is_exactly_one(single):
     assert single["ratio_min"] == 1.0 and single["ratio_max"] == 1.0
+    # The sharded transformer's output owns its storage, so FSDP has nothing to warn about (an in-place op
+    # on a view output would silently drop its backward all-gather).
+    assert not [w for w in single["warnings"] if "view tensor" in w], single["warnings"]
     assert max(g.abs().max().item() for g in single["grads"].values()) > 0  # a real gradient
 
 
@@ -48,6 +51,17 @@ def test_sequence_parallel_step_equals_single_process(single, world, ring, ulyss
     for result in results:  # every rank holds the same rewards and, after FSDP, the same full gradient
         torch.testing.assert_close(result["rewards"], single["rewards"], atol=1e-6, rtol=0)
         _assert_grads_equal(result["grads"], single["grads"], f"rank {result['rank']}")
+
+
+@pytest.mark.parametrize("layout", [{"ulysses": 2}, {"dp": 2}], ids=["1x2", "dp2"])
+def test_micro_batched_step_equals_the_one_batch_step(layout):
+    """Rollouts and training one sample per forward (gradients accumulated) give the one-batch step."""
+    whole = spawn(step_gradients, 2, args=(tiny_config(**layout),), timeout=300)
+    micro = spawn(step_gradients, 2, args=(tiny_config(micro_batch=1, **layout),), timeout=300)
+    for a, b in zip(micro, whole):
+        assert a["ratio_min"] == 1.0 and a["ratio_max"] == 1.0  # still exactly on-policy
+        torch.testing.assert_close(a["rewards"], b["rewards"], atol=1e-6, rtol=0)
+        _assert_grads_equal(a["grads"], b["grads"], f"micro-batched rank {a['rank']}")
 
 
 def test_data_parallel_fsdp_step_equals_single_process(single):

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from dit_sp.errors import ConfigError
 from dit_sp.parallel.state import ParallelState
-from dit_sp.rl.loss import grpo_loss, kl_to_reference
+from dit_sp.rl.loss import LossStats, grpo_loss, kl_to_reference
 from dit_sp.rl.rewards import WeightedReward
 from dit_sp.rl.rollout import Trajectory, sample_trajectory
 from dit_sp.rl.schedule import shifted_sigmas
@@ -63,6 +63,10 @@ class GRPOConfig:
     """PPO clip range of the ratio (1e-4 in DanceGRPO; 1e-3 for Wan)."""
     kl_coef: float = 0.0
     """Weight of the closed-form KL to the reference model (the adapters off, or a frozen sharded copy)."""
+    micro_batch: int | None = None
+    """Samples per transformer forward in rollouts and training (gradients accumulate over them), so that
+    activation memory follows the micro-batch, not the samples per step; ``None``: this rank's whole batch.
+    The step equals the one-batch step up to float rounding."""
     adv_std: Literal["group", "global"] = "group"
     """Advantage scale: each prompt group's reward std, or the std over all samples of the iteration."""
     adv_clip: float = 5.0
@@ -78,6 +82,8 @@ class GRPOConfig:
                 f"shift, clip_range and adv_clip must be > 0 and kl_coef >= 0, got shift={self.shift}, "
                 f"clip_range={self.clip_range}, adv_clip={self.adv_clip}, kl_coef={self.kl_coef}"
             )
+        if self.micro_batch is not None and self.micro_batch < 1:
+            raise ConfigError(f"micro_batch must be >= 1 (or null: the whole batch), got {self.micro_batch}")
         if self.adv_std not in ("group", "global"):
             raise ConfigError(f"adv_std must be 'group' or 'global', got {self.adv_std!r}")
         if not 0 < self.train_fraction <= 1:
@@ -149,6 +155,21 @@ def trained_steps(config: GRPOConfig, step_seed: int) -> list[int]:
     return sorted(random.Random(step_seed).sample(range(config.steps), count))
 
 
+def select(cond: Any, index: slice) -> Any:
+    """The samples ``index`` of a batch's conditioning (tensors, nested tuples of them, or None)."""
+    if isinstance(cond, Tensor):
+        return cond[index]
+    if isinstance(cond, (tuple, list)):
+        return type(cond)(select(part, index) for part in cond)
+    return cond
+
+
+def micro_batches(size: int, config: GRPOConfig) -> list[slice]:
+    """The micro-batches of a batch of ``size`` samples."""
+    step = config.micro_batch or size
+    return [slice(start, min(start + step, size)) for start in range(0, size, step)]
+
+
 def rollout(policy: Policy, batch: Batch, config: GRPOConfig, parallel: ParallelState) -> tuple[Trajectory, Any]:
     cond = policy.encode(batch.prompts)
     shape = policy.latent_shape()
@@ -156,10 +177,13 @@ def rollout(policy: Policy, batch: Batch, config: GRPOConfig, parallel: Parallel
     init = _per_sample_noise(batch.noise_seeds, shape, parallel.device)
     step_noise = _per_sample_noise(batch.sample_seeds, shape, parallel.device, leading=config.steps)
     window = range(*config.sde_window) if config.sde_window else None
+    parts = []
     with torch.no_grad():
-        traj = sample_trajectory(lambda x, s: policy.velocity(x, s, cond), init, sigmas, config.sde,
-                                 step_noise=step_noise, sde_steps=window)  # fmt: skip
-    return traj, cond
+        for part in micro_batches(len(batch.prompts), config):
+            part_cond = select(cond, part)
+            parts.append(sample_trajectory(lambda x, s, c=part_cond: policy.velocity(x, s, c), init[part], sigmas,
+                                           config.sde, step_noise=step_noise[:, part], sde_steps=window))  # fmt: skip
+    return Trajectory.concat(parts), cond
 
 
 def rewards_of(policy: Policy, traj: Trajectory, batch: Batch, reward: WeightedReward,
@@ -188,25 +212,36 @@ def accumulate_gradients(
     steps = trained_steps(config, step_seed)
     totals: dict[str, float] = {}
     adv = advantages.to(traj.latents.device)
+    size = adv.shape[0]
     for t in steps:
-        x, s = traj.latents[t], traj.sigmas[t]
-        step = traj.transition(t, policy.velocity(x, s, cond), config.sde)
-        kl = None
-        if config.kl_coef:
-            with torch.no_grad():
-                reference = traj.transition(t, policy.velocity(x, s, cond, reference=True), config.sde)
-            kl = kl_to_reference(step.mean, reference.mean, step.std)
-        loss, stats = grpo_loss(step.log_prob, traj.log_probs[t], adv, clip_range=config.clip_range, kl=kl,
-                                kl_coef=config.kl_coef)  # fmt: skip
-        (loss / len(steps)).backward()
-        for key, value in vars(stats).items():
-            if key == "ratio_min":
-                totals[key] = min(totals.get(key, math.inf), value)
-            elif key == "ratio_max":
-                totals[key] = max(totals.get(key, -math.inf), value)
-            else:
-                totals[key] = totals.get(key, 0.0) + value / len(steps)
+        for part in micro_batches(size, config):
+            # the loss is a mean over the batch: each micro-batch's mean counts with its share of the samples
+            share = (part.stop - part.start) / size
+            sub, part_cond = traj.select(part), select(cond, part)
+            x, s = sub.latents[t], sub.sigmas[t]
+            step = sub.transition(t, policy.velocity(x, s, part_cond), config.sde)
+            kl = None
+            if config.kl_coef:
+                with torch.no_grad():
+                    reference = sub.transition(t, policy.velocity(x, s, part_cond, reference=True), config.sde)
+                kl = kl_to_reference(step.mean, reference.mean, step.std)
+            loss, stats = grpo_loss(step.log_prob, sub.log_probs[t], adv[part], clip_range=config.clip_range, kl=kl,
+                                    kl_coef=config.kl_coef)  # fmt: skip
+            (loss * share / len(steps)).backward()
+            _accumulate(totals, stats, share, len(steps))
     return totals | {"trained_steps": float(len(steps))}
+
+
+def _accumulate(totals: dict[str, float], stats: LossStats, share: float, steps: int) -> None:
+    """Running statistics of a step's micro-batches: means over the samples (each micro-batch with its
+    ``share`` of them) and the ``steps`` trained steps, the extremes of the ratio, the samples masked."""
+    for key, value in vars(stats).items():
+        if key == "ratio_min":
+            totals[key] = min(totals.get(key, math.inf), value)
+        elif key == "ratio_max":
+            totals[key] = max(totals.get(key, -math.inf), value)
+        else:
+            totals[key] = totals.get(key, 0.0) + (value if key == "masked" else value * share) / steps
 
 
 def train_on_rollout(

@@ -27,6 +27,18 @@ class Trajectory:
     def final(self) -> Tensor:
         return self.latents[-1]
 
+    def select(self, index: slice) -> Trajectory:
+        """The samples ``index`` of every step (views, no copy)."""
+        return Trajectory(self.latents[:, index], self.log_probs[:, index], self.sigmas)
+
+    @staticmethod
+    def concat(parts: list[Trajectory]) -> Trajectory:
+        """The trajectories of consecutive micro-batches as one batch."""
+        if len(parts) == 1:
+            return parts[0]
+        return Trajectory(torch.cat([p.latents for p in parts], 1), torch.cat([p.log_probs for p in parts], 1),
+                          parts[0].sigmas)  # fmt: skip
+
     def transition(self, t: int, v: Tensor, sde: SDEConfig) -> Transition:
         """The recorded step ``t`` under velocity ``v`` (the current or the reference model's): its
         log-probability (differentiable in ``v``) and mean, for training."""

@@ -10,6 +10,8 @@ average is exactly the data-parallel mean of the single-device gradients.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
@@ -57,5 +59,24 @@ def shard_model(
         raise ValueError(f"{type(model).__name__} has none of the block lists {BLOCK_LISTS} to shard")
     for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    # Registered before fully_shard, so it runs before FSDP hooks the output for backward.
+    model.register_forward_hook(_own_output_storage)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
     return model
+
+
+def _own_output_storage(module: torch.nn.Module, args: tuple, output: Any) -> Any:
+    """Diffusers transformers return a view (a permuted, flattened patch grid). FSDP2 hooks the root
+    output for its backward all-gather, and an in-place op on a view would silently drop that hook (FSDP
+    warns on every step). A copy of the output (small next to the model's activations) makes that
+    impossible for any caller."""
+
+    def own(x: Any) -> Any:
+        return x.clone() if isinstance(x, torch.Tensor) and x._base is not None else x
+
+    if isinstance(output, tuple):
+        return tuple(own(x) for x in output)
+    if hasattr(output, "sample"):  # diffusers' Transformer2DModelOutput
+        output.sample = own(output.sample)
+        return output
+    return own(output)
