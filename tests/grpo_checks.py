@@ -32,8 +32,8 @@ def tiny_config(**overrides) -> TrainConfig:
 
 def step_gradients(cfg: TrainConfig, lora_b: float | None = None) -> dict:
     """Full (unsharded) gradients of step 0, the rewards and the on-policy ratio and KL statistics.
-    ``lora_b``: set every LoRA B weight to this value first (elementwise, so the same on every layout),
-    so that the adapted policy differs from its reference."""
+    ``lora_b``: first set every LoRA B weight to this value, or without LoRA add it to every trained
+    weight (elementwise, so the same on every layout), so that the policy differs from its reference."""
     warnings.simplefilter("always")
     with warnings.catch_warnings(record=True) as caught:
         return _step_gradients(cfg, lora_b) | {"warnings": [str(w.message) for w in caught]}
@@ -46,6 +46,8 @@ def _step_gradients(cfg: TrainConfig, lora_b: float | None) -> dict:
             for name, p in trainer.transformer.named_parameters():
                 if "lora_B" in name:
                     p.fill_(lora_b)
+                elif not cfg.lora.rank:
+                    p.add_(lora_b)
     data = trainer.collect(0)
     trainer.optimizer.zero_grad(set_to_none=True)
     stats = accumulate_gradients(trainer.policy, data.traj, data.cond, data.advantages, cfg.grpo,

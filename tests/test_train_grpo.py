@@ -189,6 +189,22 @@ def test_lora_kl_step_equals_single_process(ring, ulysses):
         _assert_grads_equal(result["grads"], one["grads"], f"rank {result['rank']}")
 
 
+@pytest.mark.parametrize(("ring", "ulysses"), [(1, 2), (2, 1)])
+def test_full_fine_tuning_kl_step_equals_single_process(ring, ulysses):
+    """Full fine-tuning with a KL term to a frozen sharded copy of the initial weights (built on the meta
+    device, filled shard by shard): with moved weights the KL is positive and every layout gives the
+    single-process gradient."""
+    one = spawn(step_gradients, 1, args=(tiny_config(kl_coef=1.0), 1e-3), timeout=300)[0]
+    assert one["kl"] > 1e-8
+    if ulysses == 2:  # unmoved, the copy is exact: the policy is its reference
+        unmoved = spawn(step_gradients, 2, args=(tiny_config(ulysses=2, kl_coef=1.0),), timeout=300)
+        assert [r["kl"] for r in unmoved] == [0.0, 0.0]
+    results = spawn(step_gradients, 2, args=(tiny_config(ring=ring, ulysses=ulysses, kl_coef=1.0), 1e-3), timeout=300)
+    for result in results:
+        assert abs(result["kl"] - one["kl"]) <= 1e-6 * max(1.0, one["kl"])
+        _assert_grads_equal(result["grads"], one["grads"], f"rank {result['rank']}")
+
+
 @pytest.fixture(scope="module")
 def guidance_distilled_hunyuan(tmp_path_factory) -> str:
     """The tiny HunyuanVideo pipeline with an embedded-guidance input, as the real (distilled) model has."""

@@ -41,6 +41,7 @@ from dit_sp.rl.rollout import Trajectory, sample_trajectory
 from dit_sp.rl.schedule import shifted_sigmas
 from dit_sp.rl.sde import SDEConfig
 from dit_sp.train import checkpoint, shard_model
+from dit_sp.train.fsdp import copy_sharded
 from dit_sp.train.lora import AdaptersDisabled, add_lora, merge_lora
 from dit_sp.video import save_video
 from dit_sp.zoo import load_pipeline
@@ -244,27 +245,29 @@ class GRPOTrainer:
         self.metrics = MetricsLog(self.output_dir, self.step_index, self.is_leader)
 
     def _shard(self, config: TrainConfig) -> None:
-        """LoRA or a frozen reference copy, USP, activation checkpointing, FSDP2 (in that order)."""
+        """LoRA, USP, activation checkpointing, FSDP2 (in that order), then the KL term's reference."""
         parallel, transformer = self.parallel, self.transformer
-        reference = None
         if config.lora.rank:
             add_lora(transformer, config.lora.rank, config.lora.alpha)
-        elif config.grpo.kl_coef:
-            import copy
-
-            reference = copy.deepcopy(transformer).requires_grad_(False)
         parallelize(transformer, parallel, gather_grad="sum")
-        if reference is not None:
-            parallelize(reference, parallel)
-            shard_model(reference, parallel, hsdp=config.hsdp)
         if config.activation_checkpointing:
             transformer.enable_gradient_checkpointing()
         compute_dtype = getattr(torch, config.mixed_precision) if config.mixed_precision else None
         shard_model(transformer, parallel, hsdp=config.hsdp, param_dtype=compute_dtype)
-        if reference is not None:
-            self.policy.reference = reference
-        elif config.lora.rank and config.grpo.kl_coef:
-            self.policy.reference = AdaptersDisabled(transformer)
+        if config.grpo.kl_coef:
+            # LoRA: the same model with its adapters off; full fine-tuning: a frozen sharded copy
+            self.policy.reference = AdaptersDisabled(transformer) if config.lora.rank else self._frozen_copy()
+
+    def _frozen_copy(self) -> torch.nn.Module:
+        """The initial weights as a frozen, sharded, parallelized model, built on the meta device and filled
+        shard by shard from the trained model: never a second full copy in memory."""
+        with torch.device("meta"):
+            reference = self._transformer_class.from_config(self.transformer.config)
+        parallelize(reference, self.parallel)
+        shard_model(reference, self.parallel, hsdp=self.config.hsdp)
+        reference.to_empty(device=self.parallel.device)
+        copy_sharded(self.transformer, reference)
+        return reference.requires_grad_(False).eval()
 
     @property
     def checkpoint_dir(self) -> Path:

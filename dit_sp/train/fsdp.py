@@ -80,3 +80,19 @@ def _own_output_storage(module: torch.nn.Module, args: tuple, output: Any) -> An
         output.sample = own(output.sample)
         return output
     return own(output)
+
+
+@torch.no_grad()
+def copy_sharded(source: torch.nn.Module, target: torch.nn.Module) -> None:
+    """Copy every parameter and buffer of ``source`` into ``target``, two models of one class sharded the
+    same way: each rank copies only its own shards (no gather)."""
+
+    def local(x: torch.Tensor) -> torch.Tensor:
+        return x.to_local() if hasattr(x, "to_local") else x
+
+    for kind in ("named_parameters", "named_buffers"):
+        sources = dict(getattr(source, kind)())
+        for name, tensor in getattr(target, kind)():
+            if name not in sources:
+                raise ValueError(f"copy_sharded: {name} of {type(target).__name__} is not in the source model")
+            local(tensor).copy_(local(sources[name]))
