@@ -65,3 +65,16 @@ def test_spawn_kills_workers_past_the_timeout():
     with pytest.raises(WorkerError, match="ran past the 3 s limit"):
         spawn(_hang, 2, timeout=3)
     assert time.monotonic() - start < 30
+
+
+@pytest.mark.slow
+def test_usp_demo_example_checks_parity_on_worker_processes():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "usp_demo.py"
+    cmd = [sys.executable, str(script), "--ring", "1", "--ulysses", "2", "--seq", "257", "--joint", "7", "--heads", "3"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "parity: OK" in result.stdout, result.stdout

@@ -1,8 +1,8 @@
 """Demo: USP attention across local worker processes, checked against one process.
 
-    python -m pipelines.usp_demo                       # ring 2 x ulysses 2, 4 local CPU workers
-    python -m pipelines.usp_demo --ring 1 --ulysses 2 --seq 4096
-    torchrun --nproc-per-node 4 -m pipelines.usp_demo  # the same under torchrun (any node count)
+    python examples/usp_demo.py                        # ring 2 x ulysses 2, 4 local CPU workers
+    python examples/usp_demo.py --ring 1 --ulysses 2 --seq 4096
+    torchrun --nproc-per-node 4 examples/usp_demo.py   # the same under torchrun (any node count)
 
 Each rank holds one shard of a (B, S, H, D) sequence (plus replicated joint "text" tokens), runs
 ``usp_attention`` forward and backward, and the gathered output and gradients are compared with
