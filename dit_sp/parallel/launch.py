@@ -122,6 +122,7 @@ def _stop_on_signals():
 
 def _stop(procs: list) -> None:
     """SIGTERM, a moment to exit, then SIGKILL: no worker outlives its launcher."""
+    procs = [p for p in procs if p.pid is not None]  # a signal may come before every worker started
     for p in procs:
         if p.is_alive():
             p.terminate()
@@ -139,8 +140,11 @@ def _failure(out_dir: str, procs: list, fn: Callable) -> WorkerError | None:
     for rank in range(len(procs)):
         path = Path(out_dir) / f"rank{rank}.err"
         if path.exists():
-            with open(path, "rb") as f:
-                failures.append((pickle.load(f), rank))
+            try:
+                with open(path, "rb") as f:
+                    failures.append((pickle.load(f), rank))
+            except Exception:  # noqa: BLE001 - killed while writing it: report the exit code instead
+                continue
     if failures:
         failure, rank = min(failures, key=lambda item: item[0]["time"])
         error = failure["error"]
