@@ -24,7 +24,7 @@ import torch
 
 from dit_sp.errors import ConfigError
 from dit_sp.models import check_shape, family_of
-from dit_sp.parallel import ParallelConfig, init_parallel
+from dit_sp.parallel import ParallelConfig, check_ranks_agree, init_parallel
 from dit_sp.parallelizer import parallelize
 from dit_sp.schema import from_mapping, load_yaml
 from dit_sp.video import check_output, check_writable, save_video
@@ -144,6 +144,7 @@ def generate(config: GenerateConfig, return_frames: bool = False) -> dict[str, A
     cfg = 2 if config.cfg_parallel else 1
     layout = ParallelConfig.for_world(world, ring=config.ring, ulysses=config.ulysses, cfg=cfg)
     parallel = init_parallel(layout)
+    check_ranks_agree(parallel, dataclasses.asdict(config), "settings")
     pipe = load_pipeline(config.model, getattr(torch, config.dtype)).to(parallel.device)
     check_shape(pipe, dataclasses.asdict(config))
     guidance = guidance_arguments(pipe, config)

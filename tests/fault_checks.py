@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 import dit_sp.rl.grpo as grpo
-from dit_sp import GRPOTrainer, TrainConfig
+from dit_sp import GenerateConfig, GRPOTrainer, TrainConfig, generate
 from dit_sp.rl.trainer import NonFiniteError
 
 
@@ -53,6 +53,17 @@ def train_with_rank_settings(config: TrainConfig, changes: dict) -> str:
         config = dataclasses.replace(config, **changes)
     try:
         GRPOTrainer(config)
+    except ValueError as e:
+        return str(e)
+    return "no error"
+
+
+def generate_with_rank_prompt(config: GenerateConfig) -> str:
+    """Rank 1 was given another prompt: generate refuses before sampling."""
+    if os.environ["RANK"] == "1":
+        config = dataclasses.replace(config, prompt="a blue square moving up")
+    try:
+        generate(config)
     except ValueError as e:
         return str(e)
     return "no error"

@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
-from fault_checks import nan_loss_on_one_rank, train_with_rank_settings
+from fault_checks import generate_with_rank_prompt, nan_loss_on_one_rank, train_with_rank_settings
 from grpo_checks import tiny_config
 
-from dit_sp import spawn
+from dit_sp import GenerateConfig, spawn
 
 pytestmark = pytest.mark.slow  # runs the CLIs and spawns workers
 SMALL = ["--set", "sample.frames=5", "--set", "grpo.steps=2", "--set", "grpo.group_size=2",
@@ -190,6 +190,10 @@ def test_ranks_that_disagree_are_refused(tmp_path):
     config = tiny_config(ulysses=2, output_dir=str(tmp_path / "run"))
     messages = spawn(train_with_rank_settings, 2, args=(config, {"seed": 1}), timeout=300)
     assert all("ranks [1] have other settings or prompts than rank 0" in m for m in messages), messages
+    settings = GenerateConfig.load(overrides={"model": "tiny-wan", "ulysses": 2, "out": str(tmp_path / "v.mp4")})
+    messages = spawn(generate_with_rank_prompt, 2, args=(settings,), timeout=300)
+    assert all("ranks [1] have other settings than rank 0" in m for m in messages), messages
+    assert not (tmp_path / "v.mp4").exists()
 
 
 def test_resume_on_another_layout_continues_the_same_run(tmp_path):

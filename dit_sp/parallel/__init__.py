@@ -4,7 +4,7 @@ from dit_sp.parallel.comm import all_gather, all_to_all, gather_sequence, shard_
 from dit_sp.parallel.config import ParallelConfig
 from dit_sp.parallel.device import default_backend, default_device
 from dit_sp.parallel.launch import WorkerError, free_port, spawn
-from dit_sp.parallel.state import ParallelState, init_parallel, single_process_state
+from dit_sp.parallel.state import ParallelState, check_ranks_agree, init_parallel, single_process_state
 
 __all__ = [
     "ParallelConfig",
@@ -12,6 +12,7 @@ __all__ = [
     "WorkerError",
     "all_gather",
     "all_to_all",
+    "check_ranks_agree",
     "default_backend",
     "default_device",
     "free_port",

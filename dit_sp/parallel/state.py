@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from dit_sp._compat import device_mesh, flatten_mesh, group_options
+from dit_sp.errors import ConfigError
 from dit_sp.parallel.config import ParallelConfig
 from dit_sp.parallel.device import default_backend, default_device
 
@@ -175,3 +179,17 @@ def init_parallel(
         ulysses_rank=coords[3],
         timeout=timeout,
     )
+
+
+def check_ranks_agree(parallel: ParallelState, value: Any, what: str) -> None:
+    """Every rank must hold the same ``value`` (e.g. settings and prompts: under torchrun each rank parses
+    its own flags and files). Compared by a hash over all ranks; a ``ConfigError`` names those that differ."""
+    if parallel.world_size == 1 or not dist.is_initialized():
+        return
+    digest = hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+    digests: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(digests, digest)
+    differ = [rank for rank, other in enumerate(digests) if other != digests[0]]
+    if differ:
+        raise ConfigError(f"ranks {differ} have other {what} than rank 0: every rank must get the same config "
+                          "file, flags and files")  # fmt: skip

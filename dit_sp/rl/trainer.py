@@ -15,7 +15,6 @@ appends one JSON line to ``OUTPUT_DIR/metrics.jsonl`` and TensorBoard scalars an
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import json
 import os
@@ -30,7 +29,7 @@ import torch.distributed as dist
 from dit_sp.bundled import asset_path
 from dit_sp.errors import ConfigError, MissingFileError
 from dit_sp.models import DiffusersPolicy, policy_for
-from dit_sp.parallel import ParallelConfig, ParallelState, free_port, init_parallel
+from dit_sp.parallel import ParallelConfig, ParallelState, check_ranks_agree, free_port, init_parallel
 from dit_sp.parallelizer import parallelize
 from dit_sp.rl.advantages import gather_across, group_advantages
 from dit_sp.rl.config import TrainConfig
@@ -109,20 +108,6 @@ def clear_run(out: Path) -> None:
         path.unlink()
 
 
-def check_ranks_agree(parallel: ParallelState, config: TrainConfig, prompts: list[str]) -> None:
-    """Every rank must train with the same settings and prompts (under torchrun each rank reads its own
-    flags and files): compared by hash, with an error naming the ranks that differ."""
-    if parallel.world_size == 1:
-        return
-    digest = hashlib.sha256(json.dumps([asdict(config), prompts], sort_keys=True, default=str).encode()).hexdigest()
-    digests: list[str | None] = [None] * parallel.world_size
-    dist.all_gather_object(digests, digest)
-    differ = [rank for rank, other in enumerate(digests) if other != digests[0]]
-    if differ:
-        raise ConfigError(f"ranks {differ} have other settings or prompts than rank 0 (every rank must get the same "
-                          "config file, flags and prompt file)")  # fmt: skip
-
-
 def check_before_loading(config: TrainConfig, world_size: int) -> None:
     """Everything that can be checked from files alone before weights load or workers start: the output
     directory, the prompts, the reward names, the sample size against the model's config files, and the
@@ -194,7 +179,7 @@ class GRPOTrainer:
         self.parallel = parallel or init_world(config)
         self.is_leader = self.parallel.rank == 0
         self.prompts = list(prompts) if prompts is not None else read_prompts(config.prompts)
-        check_ranks_agree(self.parallel, config, self.prompts)
+        check_ranks_agree(self.parallel, [asdict(config), self.prompts], "settings or prompts")
         if reward is None:
             reward = build_reward(config.reward)
         self.reward = reward if isinstance(reward, WeightedReward) else WeightedReward([("reward", 1.0, reward)])
