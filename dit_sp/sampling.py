@@ -14,6 +14,7 @@ negative prompt), the others' ``guidance_scale``; HunyuanVideo's distilled guida
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 from dataclasses import dataclass
@@ -21,10 +22,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+import torch.distributed as dist
+from tqdm import tqdm
 
-from dit_sp.errors import ConfigError
+from dit_sp.errors import ConfigError, MissingFileError
 from dit_sp.models import check_shape, family_of
-from dit_sp.parallel import ParallelConfig, check_ranks_agree, init_parallel
+from dit_sp.parallel import ParallelConfig, ParallelState, check_ranks_agree, init_parallel
 from dit_sp.parallelizer import parallelize
 from dit_sp.schema import from_mapping, load_yaml
 from dit_sp.video import check_output, check_writable, save_video
@@ -50,6 +53,8 @@ class GenerateConfig:
     """Random seed (per data-parallel rank: seed + dp rank)."""
     ulysses: int = 1
     ring: int = 1
+    dp: int | None = None
+    """Data-parallel groups of a local launch (default 1; under torchrun: the processes left over)."""
     cfg_parallel: bool = False
     """Run the two guidance branches on two halves of the processes."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -57,10 +62,15 @@ class GenerateConfig:
     """``FILE.mp4``, ``FILE.gif`` or a directory of PNG frames."""
     save_latents: str | None = None
     """Also save the final latents to this ``.pt`` file (for exact comparisons)."""
+    prompts: str | None = None
+    """A batch: a .txt (one prompt per line) or .jsonl file (per line ``prompt`` and optionally ``seed``,
+    ``frames``, ``height``, ``width``, ``steps``, ``guidance``, ``negative_prompt``); see ``generate_batch``."""
     verify_inputs: bool = False
     """Debug: checksum the latents across the sequence-parallel ranks at every forward."""
 
     def __post_init__(self) -> None:
+        if self.dp is not None and self.dp < 1:
+            raise ValueError(f"dp must be >= 1, got {self.dp}")
         for name in ("frames", "height", "width", "steps", "ulysses", "ring", "max_sequence_length"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -72,8 +82,8 @@ class GenerateConfig:
 
     @property
     def world_size(self) -> int:
-        """Processes of one sample: ``(2 if cfg_parallel) * ring * ulysses``."""
-        return self.ring * self.ulysses * (2 if self.cfg_parallel else 1)
+        """Processes a local launch starts: ``dp * (2 if cfg_parallel) * ring * ulysses``."""
+        return (self.dp or 1) * self.ring * self.ulysses * (2 if self.cfg_parallel else 1)
 
     @classmethod
     def load(cls, path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> GenerateConfig:
@@ -132,18 +142,16 @@ def _save_latents(latents: torch.Tensor, path: Path) -> Path:
     return path
 
 
-def generate(config: GenerateConfig, return_frames: bool = False) -> dict[str, Any]:
-    """One rank's part of generating ``config.prompt``: loads the pipeline, parallelizes it over the running
-    world (torchrun's, ``spawn``'s, or one process) and samples. Returns ``{"layout", "seconds",
-    "seconds_per_step"}`` and, on the rank that writes the sample, ``"out"`` (and ``"latents"``, and the
-    float ``"frames"`` ``(F, H, W, 3)`` with ``return_frames``)."""
+def _setup(config: GenerateConfig) -> tuple[ParallelState, Any, dict[str, float]]:
+    """This rank's layout on the running world, and the loaded (and, on several ranks, parallelized)
+    pipeline with its guidance arguments."""
     from dit_sp.zoo import load_pipeline
 
-    check_before_loading(config)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     cfg = 2 if config.cfg_parallel else 1
-    layout = ParallelConfig.for_world(world, ring=config.ring, ulysses=config.ulysses, cfg=cfg)
-    parallel = init_parallel(layout)
+    parallel = init_parallel(ParallelConfig.for_world(world, ring=config.ring, ulysses=config.ulysses, cfg=cfg))
+    if config.dp is not None and config.dp != parallel.dp:
+        raise ConfigError(f"dp={config.dp}, but {world} processes with this layout give dp={parallel.dp}")
     check_ranks_agree(parallel, dataclasses.asdict(config), "settings")
     pipe = load_pipeline(config.model, getattr(torch, config.dtype)).to(parallel.device)
     check_shape(pipe, dataclasses.asdict(config))
@@ -151,7 +159,11 @@ def generate(config: GenerateConfig, return_frames: bool = False) -> dict[str, A
     pipe.set_progress_bar_config(disable=not parallel.is_sample_leader or parallel.dp_rank != 0)
     if world > 1:
         parallelize(pipe, parallel, verify_inputs=config.verify_inputs)
+    return parallel, pipe, guidance
 
+
+def _sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: int, device: torch.device) -> dict:
+    """One video: ``{"frames": (F, H, W, 3) in [0, 1], "latents", "seconds", "seconds_per_step"}``."""
     step_times: list[float] = []
     final: dict[str, torch.Tensor] = {}
 
@@ -160,7 +172,6 @@ def generate(config: GenerateConfig, return_frames: bool = False) -> dict[str, A
         final["latents"] = tensors["latents"].detach().cpu()
         return tensors
 
-    generator = torch.Generator(parallel.device).manual_seed(parallel.dp_seed(config.seed))
     start = time.perf_counter()
     result = pipe(
         prompt=config.prompt,
@@ -169,23 +180,134 @@ def generate(config: GenerateConfig, return_frames: bool = False) -> dict[str, A
         width=config.width,
         num_frames=config.frames,
         num_inference_steps=config.steps,
-        generator=generator,
+        generator=torch.Generator(device).manual_seed(seed),
         max_sequence_length=config.max_sequence_length,
         output_type="np",
         callback_on_step_end=on_step_end,
         **guidance,
     )
-    total = time.perf_counter() - start
     steps = [b - a for a, b in zip([start, *step_times[:-1]], step_times)]
-    per_step = sum(steps) / max(len(steps), 1)
-    report: dict[str, Any] = {"layout": str(layout), "seconds": total, "seconds_per_step": per_step}
+    return {"frames": result.frames[0], "latents": final["latents"], "seconds": time.perf_counter() - start,
+            "seconds_per_step": sum(steps) / max(len(steps), 1)}  # fmt: skip
+
+
+def generate(config: GenerateConfig, return_frames: bool = False) -> dict[str, Any]:
+    """One rank's part of generating ``config.prompt`` (or, with ``config.prompts``, a batch: see
+    ``generate_batch``): loads the pipeline, parallelizes it over the running world (torchrun's, ``spawn``'s,
+    or one process) and samples. Returns ``{"layout", "seconds", "seconds_per_step"}`` and, on the rank that
+    writes the sample, ``"out"`` (and ``"latents"``, and the float ``"frames"`` ``(F, H, W, 3)`` with
+    ``return_frames``)."""
+    if config.prompts is not None:
+        return generate_batch(config, return_frames)
+    check_before_loading(config)
+    parallel, pipe, guidance = _setup(config)
+    video = _sample(pipe, config, guidance, parallel.dp_seed(config.seed), parallel.device)
+    report: dict[str, Any] = {"layout": str(parallel.config), "seconds": video["seconds"],
+                              "seconds_per_step": video["seconds_per_step"]}  # fmt: skip
     if parallel.is_sample_leader:
-        suffix = f"_dp{parallel.dp_rank}" if layout.dp > 1 else ""
-        report["out"] = str(save_video(result.frames[0], config.out, suffix))
+        suffix = f"_dp{parallel.dp_rank}" if parallel.dp > 1 else ""
+        report["out"] = str(save_video(video["frames"], config.out, suffix))
         if return_frames:
-            report["frames"] = result.frames[0]
+            report["frames"] = video["frames"]
         if config.save_latents:
             path = Path(config.save_latents)
             path = path.with_name(f"{path.stem}{suffix}{path.suffix}")
-            report["latents"] = str(_save_latents(final["latents"], path))
+            report["latents"] = str(_save_latents(video["latents"], path))
+    return report
+
+
+PER_PROMPT = ("prompt", "seed", "negative_prompt", "frames", "height", "width", "steps", "guidance")
+"""Settings a line of a ``prompts`` file may give for its own video."""
+
+
+def read_batch(config: GenerateConfig) -> list[GenerateConfig]:
+    """The videos of ``config.prompts``: a .txt (one prompt per line; seeds ``seed + index``) or a .jsonl
+    (``{"prompt": ..., "seed": ..., "frames": ...}`` per line, any of ``PER_PROMPT``), each checked."""
+    from dit_sp.bundled import asset_path
+
+    path = asset_path(config.prompts)
+    if path is None or not path.is_file():
+        raise MissingFileError(f"--prompts {config.prompts}: no such file (a .txt, one prompt per line, or a .jsonl)")
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    base = dataclasses.asdict(config) | {"prompts": None, "save_latents": None}
+    videos = []
+    for index, line in enumerate(lines):
+        entry: Any = {"prompt": line.strip()}
+        if path.suffix == ".jsonl":
+            try:
+                entry = json.loads(line)
+            except ValueError as e:
+                raise ConfigError(f"{path}:{index + 1}: not a JSON object ({e})") from e
+            if not isinstance(entry, dict) or "prompt" not in entry or set(entry) - set(PER_PROMPT):
+                raise ConfigError(f"{path}:{index + 1}: expected a JSON object with a 'prompt' and any of {PER_PROMPT}")
+        entry = {"seed": config.seed + index} | entry
+        videos.append(from_mapping(GenerateConfig, base | entry, where=f"{path}:{index + 1}"))
+    if not videos:
+        raise ConfigError(f"--prompts {config.prompts} holds no prompts")
+    return videos
+
+
+def batch_layout(config: GenerateConfig) -> tuple[Path, str]:
+    """The directory and the video format of a batch: ``--out outputs/video.mp4`` writes
+    ``outputs/video/00000.mp4``, ``00001.mp4``, ... and ``outputs/video/manifest.jsonl``."""
+    out = Path(config.out)
+    return (out.with_suffix(""), out.suffix or ".mp4")
+
+
+def _done(directory: Path) -> dict[int, dict]:
+    """Manifest entries whose video is there: what a re-run skips."""
+    manifest = directory / "manifest.jsonl"
+    done = {}
+    if manifest.exists():
+        for line in manifest.read_text().splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue  # a torn last line: that video is redone
+            if (directory / entry["path"]).is_file():
+                done[entry["index"]] = entry
+    return done
+
+
+def _manifest_entry(index: int, video: GenerateConfig, name: str) -> dict:
+    return {"index": index, **{key: getattr(video, key) for key in PER_PROMPT}, "model": video.model, "path": name}
+
+
+def generate_batch(config: GenerateConfig, return_frames: bool = False) -> dict[str, Any]:
+    """One rank's part of generating every prompt of ``config.prompts`` with one loaded model: prompt ``i``
+    goes to data-parallel group ``i % dp``, whose sample leader writes ``DIR/{i:05d}.mp4`` and appends a line
+    to ``DIR/manifest.jsonl`` (prompt, seed, settings, path). Videos already in the manifest (and on disk)
+    with the same settings are skipped, so a re-run after a crash finishes only the missing ones. A
+    prompt's seed is its own (not shifted per dp rank): every layout gives the same video for it.
+    Returns ``{"layout", "seconds", "videos"}`` and, on sample leaders, ``"written"`` (paths) and, with
+    ``return_frames``, ``"frames"`` by index."""
+    videos = read_batch(config)
+    directory, suffix = batch_layout(config)
+    check_output(directory / f"00000{suffix}")
+    for video in videos:
+        check_before_loading(video)
+    parallel, pipe, guidance = _setup(config)
+    done = _done(directory)
+    mine = [i for i in range(len(videos)) if i % parallel.dp == parallel.dp_rank]
+    todo = [i for i in mine if done.get(i) != _manifest_entry(i, videos[i], f"{i:05d}{suffix}")]
+    if parallel.world_size > 1:
+        dist.barrier()  # every rank has read the manifest before any rank writes to it
+    start = time.perf_counter()
+    report: dict[str, Any] = {"layout": str(parallel.config), "videos": len(todo), "skipped": len(mine) - len(todo)}
+    written, frames = [], {}
+    for index in tqdm(todo, desc="videos", disable=not (parallel.is_sample_leader and parallel.dp_rank == 0)):
+        video = _sample(pipe, videos[index], guidance_arguments(pipe, videos[index]), videos[index].seed,
+                        parallel.device)  # fmt: skip
+        if parallel.is_sample_leader:
+            name = f"{index:05d}{suffix}"
+            written.append(str(save_video(video["frames"], directory / name)))
+            with (directory / "manifest.jsonl").open("a") as f:  # one short line per append: no interleaving
+                f.write(json.dumps(_manifest_entry(index, videos[index], name)) + "\n")
+            if return_frames:
+                frames[index] = video["frames"]
+    report["seconds"] = time.perf_counter() - start
+    if parallel.is_sample_leader:
+        report["written"] = written
+        if return_frames:
+            report["frames"] = frames
     return report

@@ -22,7 +22,7 @@ import os
 
 from dit_sp import spawn
 from dit_sp.cli import run_main
-from dit_sp.sampling import GenerateConfig, check_before_loading, generate
+from dit_sp.sampling import GenerateConfig, batch_layout, check_before_loading, generate, read_batch
 from dit_sp.schema import ConfigError
 from dit_sp.zoo import builtin_models
 
@@ -46,11 +46,22 @@ def parse_args(argv: list[str] | None = None) -> GenerateConfig:
 
 def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
-    check_before_loading(config)  # one line for a bad size or output, before any worker starts
+    if config.prompts is None:
+        check_before_loading(config)  # one line for a bad size or output, before any worker starts
+    else:
+        for video in read_batch(config):
+            check_before_loading(video)
     if "RANK" in os.environ or config.world_size == 1:  # under torchrun (this process is one rank), or one process
         reports = [generate(config)]
     else:
         reports = spawn(generate, config.world_size, args=(config,), timeout=None)
+    if config.prompts is not None:
+        leaders = [r for r in reports if "written" in r]
+        videos, seconds = sum(len(r["written"]) for r in leaders), max(r["seconds"] for r in reports)
+        skipped = sum(r["skipped"] for r in leaders)
+        print(f"wrote {videos} videos to {batch_layout(config)[0]} ({skipped} already there, skipped); "
+              f"{videos / max(seconds, 1e-9) * 3600:.0f} videos/hour on {reports[0]['layout']}")  # fmt: skip
+        return
     for report in reports:
         if "out" in report:
             print(f"wrote {report['out']}" + (f" and {report['latents']}" if "latents" in report else ""))
