@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -99,8 +100,6 @@ def check_output_dir(config: TrainConfig) -> None:
 
 def clear_run(out: Path) -> None:
     """Remove the files of the run in ``out`` (``overwrite``); other files stay."""
-    import shutil
-
     for name in RUN_FILES:
         path = out / name
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
@@ -380,7 +379,8 @@ class GRPOTrainer:
 
     def export(self, path: str | Path) -> Path:
         """The trained weights as a diffusers pipeline directory (LoRA merged), loadable by
-        ``load_pipeline`` and ``python -m pipelines.generate --model PATH`` (collective)."""
+        ``load_pipeline`` and ``python -m pipelines.generate --model PATH`` (collective). Written to
+        ``PATH.tmp``, checked to load, then renamed (replacing an earlier export of this run)."""
         path = Path(path)
         state = checkpoint.full_state_dict(self.transformer)
         if self.is_leader:
@@ -396,7 +396,12 @@ class GRPOTrainer:
             # the pipeline's other constructor settings too (e.g. Wan 2.2's boundary_ratio)
             accepted = inspect.signature(type(self.pipe).__init__).parameters
             settings = {k: v for k, v in self.pipe.config.items() if k in accepted and k not in components}
-            type(self.pipe)(**settings, **components).save_pretrained(path)
+            tmp = path.with_name(path.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            type(self.pipe)(**settings, **components).save_pretrained(tmp)
+            type(self.pipe).load_config(tmp)  # raises if what was written does not read back
+            shutil.rmtree(path, ignore_errors=True)
+            os.replace(tmp, path)
         if self.parallel.world_size > 1:
             dist.barrier()
         return path
