@@ -56,24 +56,16 @@ def _coerce(value: Any, kind: Any, where: str) -> Any:
         if isinstance(value, str) and value.lower() in ("true", "false"):
             return value.lower() == "true"
         _fail(where, value, "true or false")
-    if kind is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
+    if kind in (int, float):
+        exact = (int,) if kind is int else (int, float)  # a float is no integer, an integer is a number
+        if isinstance(value, exact) and not isinstance(value, bool):
+            return kind(value)
         if isinstance(value, str):
             try:
-                return int(value)
+                return kind(value)
             except ValueError:
                 pass
-        _fail(where, value, "an integer")
-    if kind is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        _fail(where, value, "a number")
+        _fail(where, value, "an integer" if kind is int else "a number")
     if kind is str:
         if isinstance(value, str):
             return value

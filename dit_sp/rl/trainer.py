@@ -345,12 +345,16 @@ class GRPOTrainer:
         if group is None or self.parallel.dp == 1:
             return stats
         out = {}
-        for key, value in stats.items():
-            op = LOSS_STATS[key]
-            reduced = torch.tensor([value], dtype=torch.float64, device=self.parallel.device)
-            dist.all_reduce(reduced, op=dist.ReduceOp.SUM if op == "mean" else getattr(dist.ReduceOp, op.upper()),
-                            group=group)  # fmt: skip
-            out[key] = reduced.item() / (self.parallel.dp if op == "mean" else 1)
+        for op in ("mean", "sum", "min", "max"):  # one collective per kind of reduction
+            keys = [key for key in stats if LOSS_STATS[key] == op]
+            if not keys:
+                continue
+            values = torch.tensor([stats[key] for key in keys], dtype=torch.float64, device=self.parallel.device)
+            reduce_op = dist.ReduceOp.SUM if op in ("mean", "sum") else getattr(dist.ReduceOp, op.upper())
+            dist.all_reduce(values, op=reduce_op, group=group)
+            if op == "mean":
+                values /= self.parallel.dp
+            out |= dict(zip(keys, values.tolist()))
         return out
 
     @torch.no_grad()
