@@ -190,6 +190,23 @@ def flattened_submesh(mesh: Any, names: tuple[str, ...]) -> Any:
         raise _error("torch", f"slicing the flattened dims {names} from the root DeviceMesh", f" ({e})") from e
 
 
+def _local_shape_fn() -> Callable:
+    try:
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    except ImportError as e:
+        raise _error("torch", "torch.distributed.tensor._utils.compute_local_shape_and_global_offset") from e
+    return compute_local_shape_and_global_offset
+
+
+def local_region(tensor: torch.Tensor) -> tuple[slice, ...]:
+    """The part of the full tensor that this rank holds: every index for a plain tensor; for a DTensor (an
+    FSDP2 shard), its rows, from the private ``compute_local_shape_and_global_offset``."""
+    if not hasattr(tensor, "device_mesh"):
+        return tuple(slice(0, n) for n in tensor.shape)
+    shape, offset = _local_shape_fn()(tensor.shape, tensor.device_mesh, tensor.placements)
+    return tuple(slice(o, o + n) for o, n in zip(offset, shape))
+
+
 def _all_gather_fn() -> Callable:
     fn = getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None)
     if fn is None:
@@ -287,6 +304,7 @@ def _checks() -> dict[str, Callable[[], Any]]:
         "torch ProcessGroupGloo._Options._timeout": lambda: group_options("gloo", timedelta(minutes=1)),
         "torch init_device_mesh / DeviceMesh._flatten": _mesh_api,
         "torch all_gather_single": _all_gather_fn,
+        "torch DTensor compute_local_shape_and_global_offset": _local_shape_fn,
         "torch P2POp(group_peer=)": lambda: "group_peer" if _p2p_takes_group_peer() else "global peer fallback",
     }
     if dist.is_available() and dist.is_nccl_available():

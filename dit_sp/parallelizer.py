@@ -18,6 +18,7 @@ import torch.distributed as dist
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 
 from dit_sp._compat import model_parallel_config
+from dit_sp.errors import ConfigError
 from dit_sp.models import ModelFamily, family_of
 from dit_sp.models.context import SequenceContext
 from dit_sp.models.plan import apply_plan
@@ -236,6 +237,7 @@ def parallelize(
     gather_grad: GatherGrad = "sum",
     kernel: str | None = None,
     verify_inputs: bool = False,
+    shard_weights: bool = False,
 ) -> Parallelized:
     """Make a diffusers transformer or pipeline run on the layout ``parallel``.
 
@@ -248,6 +250,12 @@ def parallelize(
         kernel: local attention kernel override (``dit_sp.attention.KERNELS``).
         verify_inputs: debug check, by a checksum collective per forward, that the sequence-parallel
             ranks got identical latents.
+        shard_weights: inference with each transformer's weights sharded (FSDP2) over the processes of one
+            sample (``cfg x ring x ulysses``) and gathered block by block, so a model larger than one
+            device's memory samples on several. A transformer built by ``load_pipeline(...,
+            empty_transformers=True)`` is filled here, each rank reading only its own shards. The
+            sharding stays after ``undo()`` (FSDP2 cannot be taken off a module); the model still computes
+            the same function on the same processes.
 
     Returns:
         A handle whose ``undo()`` (or ``with`` exit, or ``unparallelize(obj)``) restores ``obj`` exactly.
@@ -259,6 +267,8 @@ def parallelize(
     try:
         if isinstance(obj, torch.nn.Module):
             _parallelize_transformer(obj, parallel, handle, guidance=None, **options)
+            if shard_weights:
+                _shard_weights(obj, parallel)
         else:
             transformers = [getattr(obj, n, None) for n in ("transformer", "transformer_2")]
             transformers = [t for t in transformers if t is not None]
@@ -270,6 +280,9 @@ def parallelize(
             guidance = _GuidancePair(parallel, family) if parallel.cfg == 2 else None
             for transformer in transformers:
                 _parallelize_transformer(transformer, parallel, handle, guidance=guidance, **options)
+            if shard_weights:
+                for transformer in transformers:
+                    _shard_weights(transformer, parallel)
             if getattr(obj, "vae", None) is not None and parallel.sample_group is not None:
                 _decode_once_per_sample(obj.vae, parallel, handle)
             _swap_pipeline_class(obj, family, parallel, guidance, handle)
@@ -278,6 +291,26 @@ def parallelize(
         raise
     setattr(obj, _HANDLE_ATTR, handle)
     return handle
+
+
+def _shard_weights(transformer: torch.nn.Module, parallel: ParallelState) -> None:
+    """FSDP2 over the processes of one sample, then (for an empty transformer) each rank's shards read."""
+    from dit_sp.train.fsdp import shard_model
+    from dit_sp.weights import has_meta_parameters, load_shards
+
+    if parallel.cfg * parallel.sp == 1:
+        raise ConfigError(
+            "shard_weights shards over the processes of one sample (cfg x ring x ulysses), and this layout has "
+            f"one ({parallel.config}); use ring/ulysses/cfg parallelism, or drop shard_weights"
+        )
+    transformer.requires_grad_(False)  # FSDP2 allows mixed dtypes (fp32-kept norms) in frozen blocks only
+    shard_model(transformer, parallel, inference=True)
+    if has_meta_parameters(transformer):
+        source = getattr(transformer, "weights_dir", None)
+        if source is None:
+            raise ConfigError(f"{type(transformer).__name__} has parameters on the meta device and no weights_dir to "
+                              "read them from: build it with load_pipeline(..., empty_transformers=True)")  # fmt: skip
+        load_shards(transformer, source, parallel.device)
 
 
 def unparallelize(obj: Any) -> None:

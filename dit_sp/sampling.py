@@ -67,6 +67,9 @@ class GenerateConfig:
     ``frames``, ``height``, ``width``, ``steps``, ``guidance``, ``negative_prompt``); see ``generate_batch``."""
     verify_inputs: bool = False
     """Debug: checksum the latents across the sequence-parallel ranks at every forward."""
+    shard_weights: bool = False
+    """Keep each transformer's weights sharded over the processes of a sample (gathered block by block) and
+    read only this rank's shards from the checkpoint: for models larger than one device."""
 
     def __post_init__(self) -> None:
         if self.dp is not None and self.dp < 1:
@@ -123,6 +126,9 @@ def check_before_loading(config: GenerateConfig) -> None:
     and frames, sizes and text length against the model's config files (``ConfigError`` naming the flag)."""
     from dit_sp.zoo import shape_info
 
+    if config.shard_weights and (2 if config.cfg_parallel else 1) * config.ring * config.ulysses == 1:
+        raise ConfigError("--shard-weights shards the weights over the processes of one sample, and this layout "
+                          "has one: add --ulysses/--ring/--cfg-parallel, or drop --shard-weights")  # fmt: skip
     check_output(config.out)
     if config.save_latents:
         check_writable(config.save_latents, "--save-latents")
@@ -153,12 +159,13 @@ def _setup(config: GenerateConfig) -> tuple[ParallelState, Any, dict[str, float]
     if config.dp is not None and config.dp != parallel.dp:
         raise ConfigError(f"dp={config.dp}, but {world} processes with this layout give dp={parallel.dp}")
     check_ranks_agree(parallel, dataclasses.asdict(config), "settings")
-    pipe = load_pipeline(config.model, getattr(torch, config.dtype)).to(parallel.device)
+    dtype = getattr(torch, config.dtype)
+    pipe = load_pipeline(config.model, dtype, parallel.device, empty_transformers=config.shard_weights)
     check_shape(pipe, dataclasses.asdict(config))
     guidance = guidance_arguments(pipe, config)
     pipe.set_progress_bar_config(disable=not parallel.is_sample_leader or parallel.dp_rank != 0)
     if world > 1:
-        parallelize(pipe, parallel, verify_inputs=config.verify_inputs)
+        parallelize(pipe, parallel, verify_inputs=config.verify_inputs, shard_weights=config.shard_weights)
     return parallel, pipe, guidance
 
 

@@ -36,7 +36,7 @@ class HunyuanVideoPolicy(DiffusersPolicy):
         """The distilled guidance the transformer takes as an input; None if it takes none."""
 
     @torch.no_grad()
-    def encode(self, prompts: list[str]) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...] | None]:
+    def _encode(self, prompts: list[str]) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...] | None]:
         def encode(texts: list[str]) -> tuple[Tensor, ...]:
             embeds, pooled, mask = self.pipe.encode_prompt(prompt=texts, device=self.device,
                                                            max_sequence_length=self.max_sequence_length)  # fmt: skip

@@ -32,6 +32,7 @@ class DiffusersPolicy:
         self.pipe, self.transformer, self.reference = pipe, transformer, reference
         self.guidance, self.negative_prompt, self.max_sequence_length = guidance, negative_prompt, max_sequence_length
         self.device = device or torch.device("cpu")
+        self.embeddings: Any | None = None
         temporal, spatial = pipe.vae_scale_factor_temporal, pipe.vae_scale_factor_spatial
         channels = transformer.config.in_channels
         self.shape = (channels, (frames - 1) // temporal + 1, height // spatial, width // spatial)
@@ -44,8 +45,21 @@ class DiffusersPolicy:
         return self.shape
 
     def encode(self, prompts: list[str]) -> tuple[Any, Any | None]:
-        """``(positive, negative)`` conditioning, each as ``_forward`` takes it; negative is None unguided."""
+        """``(positive, negative)`` conditioning, each as ``_forward`` takes it; negative is None unguided.
+        Read from ``self.embeddings`` (``dit_sp.rl.embeddings.PromptEmbeddings``) when it is set: then the
+        text encoders may be gone."""
+        if self.embeddings is not None:
+            return self.embeddings.read(prompts, self.device)
+        return self._encode(prompts)
+
+    def _encode(self, prompts: list[str]) -> tuple[Any, Any | None]:
+        """What ``encode`` returns, from the pipeline's text encoders."""
         raise NotImplementedError
+
+    def text_settings(self) -> dict[str, Any]:
+        """What, beside the model and the prompt, the conditioning depends on."""
+        return {"policy": type(self).__name__, "max_sequence_length": self.max_sequence_length,
+                "negative_prompt": self.negative_prompt if self.guided else None}  # fmt: skip
 
     def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: Any) -> Tensor:
         raise NotImplementedError

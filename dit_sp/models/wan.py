@@ -20,7 +20,7 @@ class WanPolicy(DiffusersPolicy):
     """Wan 2.1/2.2 text-to-video (UMT5 text tokens)."""
 
     @torch.no_grad()
-    def encode(self, prompts: list[str]) -> tuple[Tensor, Tensor | None]:
+    def _encode(self, prompts: list[str]) -> tuple[Tensor, Tensor | None]:
         positive, negative = self.pipe.encode_prompt(
             prompt=prompts,
             negative_prompt=[self.negative_prompt] * len(prompts),

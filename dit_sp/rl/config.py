@@ -90,6 +90,9 @@ class TrainConfig:
     """Replace the run in ``output_dir``; without it (or ``resume``) an existing run there is an error."""
     max_skipped_steps: int = 3
     """Stop with an error after this many updates in a row were skipped for a non-finite loss or gradient."""
+    embedding_cache: str | None = None
+    """Directory of the prompt embeddings (one file per prompt, keyed by model, prompt and text settings;
+    default ``OUTPUT_DIR/embeddings``): computed once, then the text encoder is freed. Share one between runs."""
     seed: int = 0
     dp: int | None = None
     """Data-parallel degree; by default the processes left after ring x ulysses."""

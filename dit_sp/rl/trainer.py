@@ -15,6 +15,7 @@ appends one JSON line to ``OUTPUT_DIR/metrics.jsonl`` and TensorBoard scalars an
 
 from __future__ import annotations
 
+import gc
 import inspect
 import json
 import os
@@ -34,6 +35,7 @@ from dit_sp.parallel import ParallelConfig, ParallelState, check_ranks_agree, fr
 from dit_sp.parallelizer import parallelize
 from dit_sp.rl.advantages import gather_across, group_advantages
 from dit_sp.rl.config import TrainConfig
+from dit_sp.rl.embeddings import TEXT_ENCODERS, PromptEmbeddings, model_identity
 from dit_sp.rl.grpo import Batch, check_split, make_batch, rewards_of, rollout, seed_for, train_on_rollout
 from dit_sp.rl.metrics import MetricsLog
 from dit_sp.rl.rewards import RewardFn, WeightedReward, build_reward
@@ -44,7 +46,8 @@ from dit_sp.train import checkpoint, shard_model
 from dit_sp.train.fsdp import copy_sharded
 from dit_sp.train.lora import AdaptersDisabled, add_lora, merge_lora
 from dit_sp.video import save_video
-from dit_sp.zoo import load_pipeline
+from dit_sp.weights import has_meta_parameters, load_shards
+from dit_sp.zoo import checkpoint_dir, load_pipeline
 
 Tensor = torch.Tensor
 
@@ -155,8 +158,9 @@ class GRPOTrainer:
 
     Args:
         config: the run's settings (``TrainConfig``; ``TrainConfig.load(path_or_name, overrides)`` reads YAML).
-        pipeline: a loaded diffusers pipeline to train (fp32); default: ``load_pipeline(config.model)``. Its
-            transformer is parallelized and sharded in place.
+        pipeline: a loaded diffusers pipeline to train (fp32); default: ``config.model``, whose transformer
+            (from a checkpoint directory) is built empty, sharded, then filled with each rank's own shards
+            only. The transformer is parallelized and sharded in place.
         reward: a reward function ``(videos (B, F, C, H, W) in [0, 1], prompts) -> Tensor[B]`` or a
             ``WeightedReward``; default: ``build_reward(config.reward)``.
         prompts: the prompt list; default: read from ``config.prompts``.
@@ -186,9 +190,23 @@ class GRPOTrainer:
         if config.overwrite and self.is_leader:
             clear_run(self.output_dir)
 
-        torch.manual_seed(config.seed)  # identical initial weights (LoRA included) on every rank
-        self.pipe = pipeline if pipeline is not None else load_pipeline(config.model, torch.float32)
-        self.pipe.to(self.parallel.device)
+        source = checkpoint_dir(config.model) if pipeline is None else None
+        self.embeddings = PromptEmbeddings(
+            config.embedding_cache or self.output_dir / "embeddings",
+            {"model": model_identity(config.model) if pipeline is None else type(pipeline).__name__,
+             "max_sequence_length": config.sample.max_sequence_length,
+             "negative_prompt": config.sample.negative_prompt if config.sample.guidance > 1 else None},
+        )  # fmt: skip
+        missing = self._agreed(self.embeddings.missing(self.prompts))
+        self._source = source if source is not None and source.is_dir() else None
+        if pipeline is None:
+            # a checkpoint's text encoders load only if some prompt lacks its embedding, the VAE only where
+            # videos are decoded (a sample's first rank), and the transformer empty (filled after sharding)
+            without = (() if missing else TEXT_ENCODERS) + (("vae",) if self.parallel.sp_rank != 0 else ())
+            pipeline = load_pipeline(config.model, torch.float32, self.parallel.device, empty_transformers=True,
+                                     without=without if source is not None else ())  # fmt: skip
+        torch.manual_seed(config.seed)  # identical LoRA initialisation on every rank, however the model loaded
+        self.pipe = pipeline.to(self.parallel.device) if not has_meta_parameters(pipeline.transformer) else pipeline
         self.transformer: torch.nn.Module = self.pipe.transformer
         self._transformer_class = type(self.transformer)
         # the policy checks the settings against the model before it is sharded
@@ -199,6 +217,7 @@ class GRPOTrainer:
             max_sequence_length=sample.max_sequence_length, embedded_guidance=sample.embedded_guidance,
             device=self.parallel.device,
         )  # fmt: skip
+        self._encode_prompts(missing, free_encoders=source is not None)
         self._shard(config)
         params = [p for p in self.transformer.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=config.optim.lr, weight_decay=config.optim.weight_decay)
@@ -228,6 +247,27 @@ class GRPOTrainer:
             (self.output_dir / "config.yaml").write_text(yaml.safe_dump(asdict(config), sort_keys=False))
         self.metrics = MetricsLog(self.output_dir, self.step_index, self.is_leader)
 
+    def _agreed(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every rank (ranks may look at a shared directory at different moments)."""
+        if self.parallel.world_size == 1:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def _encode_prompts(self, missing: list[str], free_encoders: bool) -> None:
+        """Every prompt's embedding on disk (the ranks share the missing ones), read from there from now on;
+        then the text encoders of a loaded checkpoint are dropped."""
+        if missing:
+            parallel = self.parallel
+            self.embeddings.compute(missing[parallel.rank :: parallel.world_size], self.policy._encode)
+            if parallel.world_size > 1:
+                dist.barrier()
+        self.policy.embeddings = self.embeddings
+        if free_encoders:
+            self.pipe.register_modules(**{name: None for name in TEXT_ENCODERS if hasattr(self.pipe, name)})
+            gc.collect()
+
     def _shard(self, config: TrainConfig) -> None:
         """LoRA, USP, activation checkpointing, FSDP2 (in that order), then the KL term's reference."""
         parallel, transformer = self.parallel, self.transformer
@@ -238,6 +278,8 @@ class GRPOTrainer:
             transformer.enable_gradient_checkpointing()
         compute_dtype = getattr(torch, config.mixed_precision) if config.mixed_precision else None
         shard_model(transformer, parallel, hsdp=config.hsdp, param_dtype=compute_dtype)
+        if has_meta_parameters(transformer):
+            load_shards(transformer, transformer.weights_dir, parallel.device)
         if config.grpo.kl_coef:
             # LoRA: the same model with its adapters off; full fine-tuning: a frozen sharded copy
             self.policy.reference = AdaptersDisabled(transformer) if config.lora.rank else self._frozen_copy()
@@ -396,13 +438,17 @@ class GRPOTrainer:
                 raise RuntimeError(f"exported weights do not fit the model: missing {missing}, unexpected {unexpected}")
             if self.config.lora.rank:
                 merge_lora(target)
-            components = dict(self.pipe.components) | {"transformer": target}
-            # the pipeline's other constructor settings too (e.g. Wan 2.2's boundary_ratio)
-            accepted = inspect.signature(type(self.pipe).__init__).parameters
-            settings = {k: v for k, v in self.pipe.config.items() if k in accepted and k not in components}
             tmp = path.with_name(path.name + ".tmp")
             shutil.rmtree(tmp, ignore_errors=True)
-            type(self.pipe)(**settings, **components).save_pretrained(tmp)
+            if self._source is not None:  # the checkpoint's other components as they are (some were never loaded)
+                shutil.copytree(self._source, tmp, ignore=shutil.ignore_patterns("transformer"))
+                target.save_pretrained(tmp / "transformer")
+            else:
+                components = dict(self.pipe.components) | {"transformer": target}
+                # the pipeline's other constructor settings too (e.g. Wan 2.2's boundary_ratio)
+                accepted = inspect.signature(type(self.pipe).__init__).parameters
+                settings = {k: v for k, v in self.pipe.config.items() if k in accepted and k not in components}
+                type(self.pipe)(**settings, **components).save_pretrained(tmp)
             type(self.pipe).load_config(tmp)  # raises if what was written does not read back
             shutil.rmtree(path, ignore_errors=True)
             os.replace(tmp, path)

@@ -19,9 +19,29 @@ def add_lora(model: torch.nn.Module, rank: int, alpha: float | None = None) -> N
         raise ImportError("LoRA needs peft: pip install 'dit-sp[lora]' (or pip install peft)") from e
 
     model.requires_grad_(False)
+    rng = torch.get_rng_state()
     model.add_adapter(
         LoraConfig(r=rank, lora_alpha=alpha or rank, init_lora_weights=True, target_modules=list(TARGET_MODULES))
     )
+    _materialize_adapters(model, rng)
+
+
+def _materialize_adapters(model: torch.nn.Module, rng: torch.Tensor) -> None:
+    """Adapters of a model built on the meta device (``dit_sp.weights``) are on meta too: give them memory
+    here, before sharding (they are small), so that only the base weights are read from the checkpoint.
+    Their values are peft's: its random draws are replayed from ``rng`` (the state before ``add_adapter``)
+    in its order (each adapter's two ``nn.Linear`` inits, then its LoRA init)."""
+    layers = [(m, name) for m in model.modules() if isinstance(getattr(m, "lora_A", None), torch.nn.ModuleDict)
+              and hasattr(m, "reset_lora_parameters") for name in m.lora_A]  # fmt: skip
+    if not any(m.lora_A[name].weight.is_meta for m, name in layers):
+        return
+    after = torch.get_rng_state()
+    torch.set_rng_state(rng)
+    for module, name in layers:
+        module.lora_A[name].to_empty(device="cpu").reset_parameters()
+        module.lora_B[name].to_empty(device="cpu").reset_parameters()
+        module.reset_lora_parameters(name, True)
+    torch.set_rng_state(after)
 
 
 def merge_lora(model: torch.nn.Module) -> None:

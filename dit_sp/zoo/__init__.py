@@ -107,8 +107,25 @@ def model_defaults(model: str) -> dict[str, Any]:
     return dict(model_spec(model).get("defaults", {}))
 
 
-def load_pipeline(model: str | Path, dtype: torch.dtype) -> Any:
-    """A built-in tiny pipeline, or a ``save_pretrained`` directory loaded offline."""
+TRANSFORMERS = ("transformer", "transformer_2")
+"""The pipeline components that hold a DiT (Wan 2.2 A14B has two experts)."""
+
+
+def load_pipeline(
+    model: str | Path,
+    dtype: torch.dtype,
+    device: torch.device | str | None = None,
+    *,
+    empty_transformers: bool = False,
+    without: tuple[str, ...] = (),
+) -> Any:
+    """A built-in tiny pipeline, or a ``save_pretrained`` directory loaded offline, in ``dtype`` on ``device``.
+
+    ``empty_transformers``: the transformer(s) of a checkpoint directory are built with their parameters on
+    the meta device (no memory) instead of loaded; shard them, then fill them with
+    ``dit_sp.weights.load_shards(model, model.weights_dir, device)``. ``without``: components of a checkpoint
+    directory not to load (left ``None``; those it lacks are ignored). Tiny built-in models load whole.
+    """
     path = checkpoint_dir(model)
     if path is None:
         spec = model_spec(str(model))
@@ -116,7 +133,8 @@ def load_pipeline(model: str | Path, dtype: torch.dtype) -> Any:
             with_pipeline = [m for m in builtin_models() if "pipeline" in model_spec(m)]
             raise ConfigError(f"built-in model {model!r} is a transformer only; use one of {with_pipeline}")
         pipe = build_tiny(str(model))
-        return pipe if dtype == torch.float32 else pipe.to(dtype)
+        pipe = pipe if dtype == torch.float32 else pipe.to(dtype)
+        return pipe if device is None else pipe.to(device)
     if not (path / "model_index.json").is_file():
         raise MissingFileError(
             f"{path} is not a diffusers pipeline directory: model_index.json is missing "
@@ -124,10 +142,26 @@ def load_pipeline(model: str | Path, dtype: torch.dtype) -> Any:
         )
     import diffusers
 
+    index = json.loads((path / "model_index.json").read_text())
+    present = [name for name, value in index.items() if isinstance(value, list) and value[0] is not None]
+    empty = [name for name in TRANSFORMERS if empty_transformers and name in present]
+    skipped = [name for name in without if name in present]
     try:
-        return diffusers.DiffusionPipeline.from_pretrained(path, dtype=dtype, local_files_only=True)
+        pipe = diffusers.DiffusionPipeline.from_pretrained(
+            path, dtype=dtype, local_files_only=True, **dict.fromkeys(empty + skipped)
+        )
     except (OSError, ValueError) as e:
         raise MissingFileError(f"{path} is an incomplete diffusers pipeline directory: {e}") from e
+    if device is not None:
+        pipe = pipe.to(device)  # before the empty transformers join: meta parameters cannot move
+    if empty:
+        from dit_sp.weights import empty_model
+
+        for name in empty:
+            transformer = empty_model(path / name, dtype)
+            transformer.weights_dir = path / name
+            pipe.register_modules(**{name: transformer})
+    return pipe
 
 
 # How each pipeline class derives its VAE's (temporal, spatial) compression from the VAE config.

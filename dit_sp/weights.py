@@ -1,0 +1,148 @@
+"""Transformers built without their weights in memory, then filled shard by shard from safetensors files.
+
+A 14B transformer is 56 GB in fp32: loading it whole on every rank and sharding it afterwards needs that
+much memory in every process. Here it is built with its parameters on the meta device (its buffers, small
+and computed in ``__init__`` such as rotary tables, stay real), parallelized and sharded by FSDP2, and
+then every rank reads only its own rows of each weight from the checkpoint files, in the model's dtype:
+peak memory about ``full / N`` plus the one tensor being read.
+
+    with parameters_on_meta():
+        model = WanTransformer3DModel.from_config(config)
+    shard_model(model, parallel)                  # FSDP2 on meta parameters
+    load_shards(model, "ckpt/transformer", device)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dit_sp._compat import local_region
+from dit_sp.errors import MissingFileError
+
+WEIGHTS_NAME = "diffusion_pytorch_model"
+"""The stem of diffusers' weight files (``.safetensors``, or shards listed in ``.safetensors.index.json``)."""
+
+
+@contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Modules built inside get their parameters on the meta device: no memory, no initialisation cost
+    (``torch.empty`` is never touched, and the init runs on meta). Buffers stay real."""
+    register = torch.nn.Module.register_parameter
+
+    def on_meta(module: torch.nn.Module, name: str, param: torch.nn.Parameter | None) -> None:
+        if param is not None and param.device.type != "meta":
+            param = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    torch.nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
+def has_meta_parameters(model: torch.nn.Module) -> bool:
+    return any(p.is_meta for p in model.parameters())
+
+
+class SafetensorsCheckpoint:
+    """The tensors of one diffusers model directory, read lazily: ``read(name, region)`` reads just
+    ``region`` (a tuple of slices) of one tensor from disk."""
+
+    def __init__(self, directory: str | Path):
+        from safetensors import safe_open
+
+        self.directory = Path(directory)
+        index = self.directory / f"{WEIGHTS_NAME}.safetensors.index.json"
+        if index.is_file():
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        else:
+            files = [f.name for f in sorted(self.directory.glob("*.safetensors"))]
+        if not files:
+            raise MissingFileError(
+                f"{self.directory} holds no .safetensors weights: sharded loading reads safetensors only "
+                "(save with save_pretrained(DIR, safe_serialization=True), the default)"
+            )
+        self._files = [safe_open(str(self.directory / name), framework="pt", device="cpu") for name in files]
+        self._where = {key: f for f in self._files for key in f.keys()}  # noqa: SIM118 - not a dict
+
+    def keys(self) -> set[str]:
+        return set(self._where)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def read(self, name: str, region: tuple[slice, ...]) -> torch.Tensor:
+        view = self._where[name].get_slice(name)
+        return view[region] if region else view[:]
+
+
+def checkpoint_key(name: str) -> str:
+    """The checkpoint name of a model tensor: peft's LoRA wrappers add ``base_layer`` to the base weights."""
+    return name.replace(".base_layer.", ".")
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def _named_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    yield from model.named_parameters()
+    yield from model.named_buffers()
+
+
+@torch.no_grad()
+def load_shards(model: torch.nn.Module, directory: str | Path, device: torch.device | str = "cpu") -> None:
+    """Materialise ``model``'s meta parameters on ``device`` from the safetensors files in ``directory``,
+    each rank reading only the rows of its own FSDP2 shards (plain tensors are read whole). Tensors that
+    are already real (buffers, freshly initialised LoRA adapters) keep their values. Names that do not
+    match the checkpoint either way raise, listing them."""
+    checkpoint = SafetensorsCheckpoint(directory)
+    kept = {name: _local(t).detach().clone() for name, t in _named_tensors(model) if not t.is_meta}
+    model.to_empty(device=device)
+    missing, used = [], set()
+    for name, tensor in _named_tensors(model):
+        local = _local(tensor)
+        if name in kept:
+            local.copy_(kept[name])
+            continue
+        key = checkpoint_key(name)
+        if key not in checkpoint:
+            missing.append(name)
+            continue
+        used.add(key)
+        local.copy_(checkpoint.read(key, local_region(tensor)))
+    unexpected = checkpoint.keys() - used - {checkpoint_key(n) for n in kept}
+    if missing or unexpected:
+        raise MissingFileError(
+            f"the weights in {directory} do not fit {type(model).__name__}: missing {sorted(missing)[:8]}"
+            f"{' ...' if len(missing) > 8 else ''}, unexpected {sorted(unexpected)[:8]}"
+            f"{' ...' if len(unexpected) > 8 else ''} (is it the checkpoint of this model class and config?)"
+        )
+
+
+def empty_model(directory: str | Path, dtype: torch.dtype) -> Any:
+    """The diffusers model saved in ``directory`` (its ``config.json``), with its parameters on the meta
+    device in ``dtype`` (except the modules its class keeps in fp32, as ``from_pretrained`` does);
+    ``load_shards(model, directory)`` fills it after sharding."""
+    import diffusers
+
+    directory = Path(directory)
+    try:
+        config = json.loads((directory / "config.json").read_text())
+        cls = getattr(diffusers, config["_class_name"])
+    except (OSError, ValueError, KeyError, AttributeError) as e:
+        raise MissingFileError(f"{directory} is not a diffusers model directory (config.json: {e})") from e
+    with parameters_on_meta(), torch.random.fork_rng(devices=[]):  # inits like torch.randn(...) draw numbers
+        model = cls.from_config(cls.load_config(directory))
+    keep = set(getattr(model, "_keep_in_fp32_modules", None) or ())
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if tensor.is_floating_point() and not keep & set(name.split(".")):
+            tensor.data = tensor.data.to(dtype)
+    return model
