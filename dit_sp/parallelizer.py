@@ -250,12 +250,11 @@ def parallelize(
         kernel: local attention kernel override (``dit_sp.attention.KERNELS``).
         verify_inputs: debug check, by a checksum collective per forward, that the sequence-parallel
             ranks got identical latents.
-        shard_weights: inference with each transformer's weights sharded (FSDP2) over the processes of one
-            sample (``cfg x ring x ulysses``) and gathered block by block, so a model larger than one
-            device's memory samples on several. A transformer built by ``load_pipeline(...,
-            empty_transformers=True)`` is filled here, each rank reading only its own shards. The
-            sharding stays after ``undo()`` (FSDP2 cannot be taken off a module); the model still computes
-            the same function on the same processes.
+        shard_weights: inference with each transformer's weights sharded over the processes of one
+            sample (``cfg x ring x ulysses``) and gathered module by module as it runs, so a model larger
+            than one device's memory samples on several (``dit_sp.weights.ShardedWeights``). A transformer
+            built by ``load_pipeline(..., empty_transformers=True)`` is filled here, each rank reading only
+            its own shards from the checkpoint. Inference only; ``undo()`` gathers the weights back.
 
     Returns:
         A handle whose ``undo()`` (or ``with`` exit, or ``unparallelize(obj)``) restores ``obj`` exactly.
@@ -268,7 +267,7 @@ def parallelize(
         if isinstance(obj, torch.nn.Module):
             _parallelize_transformer(obj, parallel, handle, guidance=None, **options)
             if shard_weights:
-                _shard_weights(obj, parallel)
+                _shard_weights(obj, parallel, handle)
         else:
             transformers = [getattr(obj, n, None) for n in ("transformer", "transformer_2")]
             transformers = [t for t in transformers if t is not None]
@@ -282,7 +281,7 @@ def parallelize(
                 _parallelize_transformer(transformer, parallel, handle, guidance=guidance, **options)
             if shard_weights:
                 for transformer in transformers:
-                    _shard_weights(transformer, parallel)
+                    _shard_weights(transformer, parallel, handle)
             if getattr(obj, "vae", None) is not None and parallel.sample_group is not None:
                 _decode_once_per_sample(obj.vae, parallel, handle)
             _swap_pipeline_class(obj, family, parallel, guidance, handle)
@@ -293,24 +292,27 @@ def parallelize(
     return handle
 
 
-def _shard_weights(transformer: torch.nn.Module, parallel: ParallelState) -> None:
-    """FSDP2 over the processes of one sample, then (for an empty transformer) each rank's shards read."""
-    from dit_sp.train.fsdp import shard_model
-    from dit_sp.weights import has_meta_parameters, load_shards
+def _shard_weights(transformer: torch.nn.Module, parallel: ParallelState, handle: Parallelized) -> None:
+    """Each large weight sharded over the processes of one sample (``dit_sp.weights.ShardedWeights``); an
+    empty transformer (``load_pipeline(..., empty_transformers=True)``) reads only this rank's shards."""
+    from dit_sp.weights import SafetensorsCheckpoint, ShardedWeights, has_meta_parameters
 
     if parallel.cfg * parallel.sp == 1:
         raise ConfigError(
             "shard_weights shards over the processes of one sample (cfg x ring x ulysses), and this layout has "
             f"one ({parallel.config}); use ring/ulysses/cfg parallelism, or drop shard_weights"
         )
-    transformer.requires_grad_(False)  # FSDP2 allows mixed dtypes (fp32-kept norms) in frozen blocks only
-    shard_model(transformer, parallel, inference=True)
+    checkpoint = None
     if has_meta_parameters(transformer):
         source = getattr(transformer, "weights_dir", None)
         if source is None:
             raise ConfigError(f"{type(transformer).__name__} has parameters on the meta device and no weights_dir to "
                               "read them from: build it with load_pipeline(..., empty_transformers=True)")  # fmt: skip
-        load_shards(transformer, source, parallel.device)
+        checkpoint = SafetensorsCheckpoint(source)
+    transformer.requires_grad_(False)
+    sharded = ShardedWeights(transformer, parallel.sample_group, parallel.device, checkpoint)
+    _set_instance_attr(transformer, "sharded_weights", sharded, handle)  # what each rank holds; gone after undo
+    handle.add_undo(sharded.unshard)
 
 
 def unparallelize(obj: Any) -> None:

@@ -15,6 +15,7 @@ peak memory about ``full / N`` plus the one tensor being read.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -51,13 +52,20 @@ def has_meta_parameters(model: torch.nn.Module) -> bool:
     return any(p.is_meta for p in model.parameters())
 
 
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}  # fmt: skip
+
+
 class SafetensorsCheckpoint:
     """The tensors of one diffusers model directory, read lazily: ``read(name, region)`` reads just
-    ``region`` (a tuple of slices) of one tensor from disk."""
+    ``region`` (a tuple of slices) of one tensor from disk.
+
+    The files are read with plain reads, not memory-mapped: pages of a mapped file count towards the
+    process's resident memory for as long as it stays open, which would charge every rank with the parts
+    of the checkpoint it merely looked at. An FSDP shard is a range of rows, so one read per tensor."""
 
     def __init__(self, directory: str | Path):
-        from safetensors import safe_open
-
         self.directory = Path(directory)
         index = self.directory / f"{WEIGHTS_NAME}.safetensors.index.json"
         if index.is_file():
@@ -69,8 +77,15 @@ class SafetensorsCheckpoint:
                 f"{self.directory} holds no .safetensors weights: sharded loading reads safetensors only "
                 "(save with save_pretrained(DIR, safe_serialization=True), the default)"
             )
-        self._files = [safe_open(str(self.directory / name), framework="pt", device="cpu") for name in files]
-        self._where = {key: f for f in self._files for key in f.keys()}  # noqa: SIM118 - not a dict
+        self._where: dict[str, tuple[Path, int, dict]] = {}
+        for name in files:
+            path = self.directory / name
+            with open(path, "rb") as f:
+                size = int.from_bytes(f.read(8), "little")
+                header = json.loads(f.read(size))
+            header.pop("__metadata__", None)
+            for key, info in header.items():
+                self._where[key] = (path, 8 + size, info)
 
     def keys(self) -> set[str]:
         return set(self._where)
@@ -78,9 +93,31 @@ class SafetensorsCheckpoint:
     def __contains__(self, name: str) -> bool:
         return name in self._where
 
+    def info(self, name: str) -> tuple[torch.dtype, list[int]]:
+        """The dtype and shape of tensor ``name`` in the checkpoint."""
+        _, _, info = self._where[name]
+        return _DTYPES[info["dtype"]], info["shape"]
+
+    def read_flat(self, name: str, start: int, count: int) -> torch.Tensor:
+        """Elements ``[start, start + count)`` of tensor ``name`` flattened (row-major): one read."""
+        path, data_start, info = self._where[name]
+        dtype, numel = _DTYPES[info["dtype"]], math.prod(info["shape"])
+        if start < 0 or count < 0 or start + count > numel:
+            raise IndexError(f"{name}: elements [{start}, {start + count}) of {numel}")
+        out = torch.empty(count, dtype=dtype)
+        with open(path, "rb") as f:
+            f.seek(data_start + info["data_offsets"][0] + start * out.element_size())
+            f.readinto(memoryview(out.view(torch.uint8).numpy()))
+        return out
+
     def read(self, name: str, region: tuple[slice, ...]) -> torch.Tensor:
-        view = self._where[name].get_slice(name)
-        return view[region] if region else view[:]
+        """``region`` of tensor ``name``: its rows (dim 0) are one contiguous read, other dims sliced after."""
+        _, shape = self.info(name)
+        if not shape:
+            return self.read_flat(name, 0, 1).reshape(())
+        rows, row = region[0], math.prod(shape[1:])
+        out = self.read_flat(name, rows.start * row, (rows.stop - rows.start) * row).view(-1, *shape[1:])
+        return out[(slice(None), *region[1:])]
 
 
 def checkpoint_key(name: str) -> str:
@@ -120,11 +157,15 @@ def load_shards(model: torch.nn.Module, directory: str | Path, device: torch.dev
         local.copy_(checkpoint.read(key, local_region(tensor)))
     unexpected = checkpoint.keys() - used - {checkpoint_key(n) for n in kept}
     if missing or unexpected:
-        raise MissingFileError(
-            f"the weights in {directory} do not fit {type(model).__name__}: missing {sorted(missing)[:8]}"
-            f"{' ...' if len(missing) > 8 else ''}, unexpected {sorted(unexpected)[:8]}"
-            f"{' ...' if len(unexpected) > 8 else ''} (is it the checkpoint of this model class and config?)"
-        )
+        _mismatch(directory, model, missing, unexpected)
+
+
+def _mismatch(directory: Any, model: torch.nn.Module, missing: list[str], unexpected: set[str]) -> None:
+    raise MissingFileError(
+        f"the weights in {directory} do not fit {type(model).__name__}: missing {sorted(missing)[:8]}"
+        f"{' ...' if len(missing) > 8 else ''}, unexpected {sorted(unexpected)[:8]}"
+        f"{' ...' if len(unexpected) > 8 else ''} (is it the checkpoint of this model class and config?)"
+    )
 
 
 def empty_model(directory: str | Path, dtype: torch.dtype) -> Any:
@@ -146,3 +187,91 @@ def empty_model(directory: str | Path, dtype: torch.dtype) -> Any:
         if tensor.is_floating_point() and not keep & set(name.split(".")):
             tensor.data = tensor.data.to(dtype)
     return model
+
+
+class ShardedWeights:
+    """Weight-sharded inference: each large parameter lives as a ``1/N`` flat shard on every process of
+    ``group`` and is gathered into a full tensor just before the module that owns it runs, then freed.
+
+    FSDP2 does this per block, with a separate all-gather buffer and a copy-out, so about three blocks are
+    unsharded at a time; gathering per module straight into the parameter's storage holds only the weights
+    of the module running, which is what matters when a model barely fits. The processes of a sample run
+    the same modules in the same order (sequence and CFG parallelism ensure it), so the collectives match.
+    Parameters below ``min_numel`` elements (norms, biases) stay whole. Inference only (no autograd).
+    """
+
+    def __init__(self, model: torch.nn.Module, group: Any, device: torch.device,
+                 checkpoint: SafetensorsCheckpoint | None = None, min_numel: int = 1024):  # fmt: skip
+        import torch.distributed as dist
+
+        self.group, self.device = group, torch.device(device)
+        self.world, rank = dist.get_world_size(group), dist.get_rank(group)
+        self.shards: dict[torch.nn.Parameter, tuple[torch.Tensor, torch.Size]] = {}
+        self._hooks = []
+        missing, used = [], set()
+        for prefix, module in model.named_modules():
+            owned = []
+            for name, param in module.named_parameters(recurse=False):
+                key = checkpoint_key(f"{prefix}.{name}" if prefix else name)
+                if param.is_meta and (checkpoint is None or key not in checkpoint):
+                    missing.append(key)
+                    continue
+                used.add(key)
+                numel, size = param.numel(), -(-param.numel() // self.world)
+                if numel < min_numel:  # whole: read it, or keep it
+                    if param.is_meta:
+                        value = checkpoint.read_flat(key, 0, numel).view(param.shape).to(self.device, param.dtype)
+                        setattr(module, name, torch.nn.Parameter(value, requires_grad=False))
+                    continue
+                local = torch.zeros(size, dtype=param.dtype, device=self.device)  # padded to size * world
+                start, stop = min(rank * size, numel), min((rank + 1) * size, numel)
+                if param.is_meta:
+                    local[: stop - start] = checkpoint.read_flat(key, start, stop - start).to(param.dtype)
+                else:
+                    local[: stop - start] = param.detach().reshape(-1)[start:stop]
+                sharded = torch.nn.Parameter(_released(param.dtype, self.device), requires_grad=False)
+                setattr(module, name, sharded)  # a new Parameter: a meta one cannot take real data
+                self.shards[sharded] = (local, param.shape)
+                owned.append(sharded)
+            if owned:
+                self._hooks.append(module.register_forward_pre_hook(self._gatherer(owned)))
+                self._hooks.append(module.register_forward_hook(self._releaser(owned)))
+        unexpected = (checkpoint.keys() - used) if checkpoint is not None else set()
+        if missing or unexpected:
+            _mismatch(checkpoint.directory if checkpoint else "(no checkpoint)", model, missing, unexpected)
+
+    def gather(self, param: torch.nn.Parameter) -> torch.Tensor:
+        """The full value of a sharded parameter (collective over the group)."""
+        from dit_sp._compat import all_gather_single
+
+        local, shape = self.shards[param]
+        full = torch.empty(local.numel() * self.world, dtype=local.dtype, device=self.device)
+        all_gather_single(full, local, self.group)
+        return full[: shape.numel()].view(shape)
+
+    def _gatherer(self, params: list[torch.nn.Parameter]):
+        def hook(module: torch.nn.Module, args: Any) -> None:
+            for param in params:
+                param.data = self.gather(param)
+
+        return hook
+
+    def _releaser(self, params: list[torch.nn.Parameter]):
+        def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+            for param in params:
+                param.data = _released(param.dtype, self.device)
+
+        return hook
+
+    def unshard(self) -> None:
+        """Every parameter whole again and the hooks gone (collective)."""
+        for hook in self._hooks:
+            hook.remove()
+        for param in self.shards:
+            param.data = self.gather(param)
+        self.shards.clear()
+
+
+def _released(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """What a sharded parameter holds between uses: no elements, its dtype and device (code may read those)."""
+    return torch.empty(0, dtype=dtype, device=device)

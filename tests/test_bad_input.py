@@ -43,6 +43,7 @@ CASES = [
     ("gen-prompt-size", "generate", ["--model", "tiny-wan", "--prompts", "{tmp}/p.jsonl"], {"p.jsonl": '{"prompt": "a", "height": 40}\n'}, r"--height 40: must be a multiple of 16"),
     ("gen-embedded", "generate", ["--model", "tiny-wan", "--steps", "1", "--embedded-guidance", "6"], {},
      r"distilled guidance of HunyuanVideo; this model has none"),
+    ("gen-shard-one", "generate", ["--shard-weights"], {}, r"--shard-weights shards the weights over the processes of one sample, and this layout has one"),
     ("train-no-config", "train_grpo", ["--config", "{tmp}/none.yaml"], {}, r"no such file, and no bundled config"),
     ("train-bad-yaml", "train_grpo", ["--config", "{tmp}/bad.yaml"], {"bad.yaml": "optim: {lr: \n  - x\n"},
      r"not valid YAML"),

@@ -24,14 +24,10 @@ BLOCK_LISTS = ("blocks", "transformer_blocks", "single_transformer_blocks")
 """Attributes of diffusers video transformers that hold their repeated blocks."""
 
 
-def fsdp_mesh(parallel: ParallelState, hsdp: bool = False, *, inference: bool = False) -> DeviceMesh:
-    """The mesh FSDP shards over: 1D ``dp*sp`` (default) or 2D ``(dp: replicate, sp: shard)``; for
-    inference the ``cfg*sp`` processes of one sample (data-parallel groups sample different prompts, and
-    may run different numbers of forwards)."""
+def fsdp_mesh(parallel: ParallelState, hsdp: bool = False) -> DeviceMesh:
+    """The mesh FSDP shards over: 1D ``dp*sp`` (default) or 2D ``(dp: replicate, sp: shard)``."""
     if parallel.mesh is None:
         raise ValueError("FSDP needs torch.distributed: initialise a process group (even of one process) first")
-    if inference:
-        return flattened_submesh(parallel.mesh, ("sample",))
     if parallel.cfg != 1:
         raise ValueError("training runs without cfg parallelism (cfg=1); guidance branches are batched instead")
     mesh = parallel.mesh
@@ -50,16 +46,13 @@ def shard_model(
     param_dtype: torch.dtype | None = None,
     reduce_dtype: torch.dtype | None = torch.float32,
     reshard_after_forward: bool = True,
-    inference: bool = False,
 ) -> torch.nn.Module:
     """Apply FSDP2 ``fully_shard`` to each transformer block, then to the model (in place).
 
     ``param_dtype`` (e.g. bf16) is the compute dtype of mixed precision; gradients are reduced in
     ``reduce_dtype`` and the sharded master weights stay in their own dtype (fp32 for training).
-    ``inference``: shard over the processes of one sample only (see ``fsdp_mesh``). Parameters on the meta
-    device stay there (fill them with ``dit_sp.weights.load_shards``).
     """
-    mesh = fsdp_mesh(parallel, hsdp, inference=inference)
+    mesh = fsdp_mesh(parallel, hsdp)
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     blocks = [block for name in BLOCK_LISTS for block in getattr(model, name, [])]
     if not blocks:

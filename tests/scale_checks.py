@@ -1,0 +1,76 @@
+"""Worker-side checks of loading at scale: sharded filling from safetensors, the lean GRPO setup."""
+
+from __future__ import annotations
+
+import os
+import resource
+
+import torch
+
+from dit_sp import GRPOTrainer, TrainConfig, init_parallel
+from dit_sp.parallel import ParallelConfig
+from dit_sp.rl.grpo import accumulate_gradients, seed_for
+from dit_sp.train import shard_model
+from dit_sp.weights import empty_model, load_shards
+from dit_sp.zoo import load_pipeline
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    return (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor).detach().clone()
+
+
+def filled_shards(directory: str) -> dict:
+    """A transformer built empty, sharded over the world and filled from ``directory``: its full weights
+    (gathered), the number of parameters this rank holds, and whether any parameter was real before."""
+    parallel = init_parallel(ParallelConfig.for_world(int(os.environ["WORLD_SIZE"])))
+    model = empty_model(directory, torch.float32)
+    real_before = [n for n, p in model.named_parameters() if not p.is_meta]
+    shard_model(model, parallel)
+    load_shards(model, directory, parallel.device)
+    local = sum(p.to_local().numel() for p in model.parameters())
+    return {"weights": {n: _full(t) for n, t in model.state_dict().items()}, "local": local,
+            "real_before": real_before}  # fmt: skip
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory (VmHWM) in MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def setup_and_step(config: TrainConfig, lean: bool = True) -> dict:
+    """Build the trainer (lean: from ``config.model``; else from a whole pipeline loaded first) and run
+    one GRPO update's gradients: the full gradients, the rewards, what the rank holds, its peak memory."""
+    pipeline = None if lean else load_pipeline(config.model, torch.float32)
+    trainer = GRPOTrainer(config, pipeline=pipeline)
+    data = trainer.collect(0)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    accumulate_gradients(trainer.policy, data.traj, data.cond, data.advantages, config.grpo,
+                         seed_for(config.seed, 0, 1))  # fmt: skip
+    grads = {n: _full(p.grad) for n, p in trainer.transformer.named_parameters() if p.grad is not None}
+    pipe = trainer.pipe
+    return {"grads": grads, "rewards": data.rewards, "rank": trainer.parallel.rank,
+            "text_encoder": pipe.text_encoder is not None, "vae": pipe.vae is not None,
+            "embeddings": sorted(p.name for p in trainer.embeddings.directory.glob("*.pt")),
+            "peak_mb": peak_rss_mb()}  # fmt: skip
+
+
+def sharded_transformer(directory: str, checkpoint: bool) -> dict:
+    """A transformer with ``shard_weights`` on a 1x2 layout (empty and read shard-wise from ``directory``
+    with ``checkpoint``, else loaded whole first): its output, what each rank holds, and its weights after
+    ``undo()``."""
+    from dit_sp import parallelize
+
+    parallel = init_parallel(ParallelConfig.for_world(int(os.environ["WORLD_SIZE"]), ulysses=2))
+    pipe = load_pipeline(directory, torch.float32, empty_transformers=checkpoint)
+    model = pipe.transformer
+    handle = parallelize(model, parallel, shard_weights=True)
+    held = sum(local.numel() for local, _ in model.sharded_weights.shards.values())
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn((2, 4, 3, 8, 8), generator=generator)
+    text = torch.randn((2, 7, model.config.text_dim), generator=generator)
+    with torch.no_grad():
+        out = model(hidden_states=hidden, timestep=torch.tensor([300.0, 700.0]), encoder_hidden_states=text,
+                    return_dict=False)[0]  # fmt: skip
+    released = all(p.numel() == 0 for p in model.sharded_weights.shards)
+    handle.undo()
+    return {"out": out, "held": held, "released": released, "weights": dict(model.state_dict())}
