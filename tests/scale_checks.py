@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import resource
 
 import torch
 
@@ -34,7 +33,7 @@ def filled_shards(directory: str) -> dict:
 
 def peak_rss_mb() -> float:
     """This process's peak resident memory (VmHWM) in MiB."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return status_mb("VmHWM")
 
 
 def setup_and_step(config: TrainConfig, lean: bool = True) -> dict:
@@ -74,3 +73,61 @@ def sharded_transformer(directory: str, checkpoint: bool) -> dict:
     released = all(p.numel() == 0 for p in model.sharded_weights.shards)
     handle.undo()
     return {"out": out, "held": held, "released": released, "weights": dict(model.state_dict())}
+
+
+def steady_malloc() -> None:
+    """Make glibc return freed large buffers to the OS at once: its adaptive mmap threshold otherwise keeps
+    gathered weights and activations (up to 32 MB each) in the heap after they are freed, so the peak RSS
+    would measure the allocator's history rather than what the code holds (GPUs have their own allocator)."""
+    import ctypes
+
+    m_mmap_threshold = -3
+    ctypes.CDLL("libc.so.6").mallopt(m_mmap_threshold, 1 << 20)
+
+
+def reset_peak_rss() -> None:
+    """Start a new VmHWM measurement from the current RSS (Linux's clear_refs)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def status_mb(field: str) -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field)) / 1024
+
+
+def train_peaks(config: TrainConfig) -> dict:
+    """Peak RSS (VmHWM, MiB) of the GRPO setup, and of the setup plus one full step (update included)."""
+    steady_malloc()
+    trainer = GRPOTrainer(config)
+    setup = status_mb("VmHWM")
+    trainer.step()
+    return {"setup": setup, "step": status_mb("VmHWM")}
+
+
+def generate_peak(config) -> float:
+    """Peak RSS (MiB) of one ``generate`` (load, sample, decode, write)."""
+    from dit_sp import generate
+
+    steady_malloc()
+    generate(config)
+    return status_mb("VmHWM")
+
+
+def step_memory(config: TrainConfig, pipeline_spec: dict) -> dict:
+    """The RSS a training step adds on top of the set-up trainer (MiB): its activations, mostly. The
+    pipeline is tiny-wan with a wider transformer (``pipeline_spec``: WanTransformer3DModel settings)."""
+    from diffusers import WanTransformer3DModel
+
+    from dit_sp.zoo import build_tiny
+
+    steady_malloc()
+    pipe = build_tiny("tiny-wan")
+    torch.manual_seed(0)
+    pipe.register_modules(transformer=WanTransformer3DModel(**pipeline_spec))
+    trainer = GRPOTrainer(config, pipeline=pipe)
+    trainer.step()  # the optimizer state exists from here on
+    before = status_mb("VmRSS")
+    reset_peak_rss()
+    trainer.step()
+    return {"added": status_mb("VmHWM") - before}

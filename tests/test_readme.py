@@ -96,6 +96,11 @@ def shell_cases(ckpt: Path, tmp: Path) -> dict[str, list[str]]:
             f"torchrun --standalone --nproc-per-node 2 -m pipelines.generate --model {ckpt} --config wan2.1-t2v-14b "
             f"--ulysses 1 --cfg-parallel {SMALL} {out}"
         ],
+        "python -m pipelines.generate --model /ckpt/Wan2.1-T2V-14B-Diffusers --config wan2.1-t2v-14b --ulysses 2 "
+        "--shard-weights": [
+            f"python -m pipelines.generate --model {ckpt} --config wan2.1-t2v-14b --ulysses 2 --shard-weights {SMALL} "
+            f"{out}"
+        ],
         "python -m pipelines.train_grpo --config grpo_tiny_wan": [
             f"python -m pipelines.train_grpo --config grpo_tiny_wan --max-steps 1 {SMALL_GRPO} --output-dir {tmp}/g1"
         ],

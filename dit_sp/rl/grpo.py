@@ -186,15 +186,19 @@ def rollout(policy: Policy, batch: Batch, config: GRPOConfig, parallel: Parallel
     return Trajectory.concat(parts), cond
 
 
-def rewards_of(policy: Policy, traj: Trajectory, batch: Batch, reward: WeightedReward,
-               parallel: ParallelState) -> tuple[Tensor, dict[str, Tensor], Tensor]:  # fmt: skip
-    """Rewards computed on the SP group's first rank and broadcast, so every peer trains on the same."""
+def rewards_of(policy: Policy, traj: Trajectory, batch: Batch, reward: WeightedReward, parallel: ParallelState,
+               config: GRPOConfig | None = None) -> tuple[Tensor, dict[str, Tensor], Tensor]:  # fmt: skip
+    """Rewards computed on the SP group's first rank and broadcast, so every peer trains on the same. The
+    videos are decoded in ``config``'s micro-batches (the VAE's activations are a step's largest at high
+    resolution)."""
     parts_names = [name for name, _, _ in reward.parts]
     values = torch.full((len(parts_names) + 1, len(batch.prompts)), float("nan"))
     videos = None
     if parallel.sp_rank == 0:
         with torch.no_grad():
-            videos = policy.decode(traj.final)
+            final = traj.final
+            parts = micro_batches(final.shape[0], config) if config is not None else [slice(None)]
+            videos = torch.cat([policy.decode(final[part]) for part in parts])
         parts = reward.components(videos.float().cpu(), batch.prompts)
         total = sum(w * parts[n] for n, w, _ in reward.parts)
         values = torch.stack([total, *parts.values()])

@@ -305,7 +305,7 @@ class GRPOTrainer:
         batch = make_batch(self.prompts, step, self.config.seed, grpo, parallel)
         self.transformer.eval()
         traj, cond = rollout(self.policy, batch, grpo, parallel)
-        rewards, parts, _ = rewards_of(self.policy, traj, batch, self.reward, parallel)
+        rewards, parts, _ = rewards_of(self.policy, traj, batch, self.reward, parallel, grpo)
         advantages = group_advantages(rewards, batch.prompt_ids, group=parallel.dp_group, std=grpo.adv_std,
                                       clip=grpo.adv_clip)  # fmt: skip
         self.transformer.train()
