@@ -131,3 +131,27 @@ def step_memory(config: TrainConfig, pipeline_spec: dict) -> dict:
     reset_peak_rss()
     trainer.step()
     return {"added": status_mb("VmHWM") - before}
+
+
+def activation_peak(spec: dict, frames: int, size: int, batch: int, checkpointing: bool) -> float:
+    """Bytes a forward + backward of a WanTransformer3DModel (``spec``) adds to the peak RSS, gradients
+    already allocated by a first pass."""
+    from diffusers import WanTransformer3DModel
+
+    steady_malloc()
+    torch.manual_seed(0)
+    model = WanTransformer3DModel(**spec)
+    if checkpointing:
+        model.enable_gradient_checkpointing()
+    hidden, text = torch.randn(batch, spec["in_channels"], frames, size, size), torch.randn(batch, 16, spec["text_dim"])
+
+    def step() -> None:
+        out = model(hidden_states=hidden, timestep=torch.full((batch,), 500.0), encoder_hidden_states=text,
+                    return_dict=False)[0]  # fmt: skip
+        out.square().mean().backward()
+
+    step()
+    before = status_mb("VmRSS")
+    reset_peak_rss()
+    step()
+    return (status_mb("VmHWM") - before) * 2**20

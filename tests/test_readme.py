@@ -101,6 +101,9 @@ def shell_cases(ckpt: Path, tmp: Path) -> dict[str, list[str]]:
             f"python -m pipelines.generate --model {ckpt} --config wan2.1-t2v-14b --ulysses 2 --shard-weights {SMALL} "
             f"{out}"
         ],
+        "python -m pipelines.plan --config grpo_hunyuanvideo --gpus 32 --gpu-memory 80": [
+            "python -m pipelines.plan --config grpo_hunyuanvideo --gpus 32 --gpu-memory 80"
+        ],
         "python -m pipelines.train_grpo --config grpo_tiny_wan": [
             f"python -m pipelines.train_grpo --config grpo_tiny_wan --max-steps 1 {SMALL_GRPO} --output-dir {tmp}/g1"
         ],

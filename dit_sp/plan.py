@@ -1,0 +1,239 @@
+"""Memory planning before the OOM: what each GPU holds for a GRPO run (or weight-sharded sampling) on a
+layout, per component, and whether it fits.
+
+The transformers are built on the meta device from the real checkpoints' configs (``ARCHITECTURES``, or a
+local checkpoint's ``config.json``), so parameter counts and block sizes are exact. Activations follow a
+per-token model measured on this machine (``activation_bytes``): a transformer block saves about
+``24 * dim + 2 * ffn`` values per token for backward (attention inputs and outputs, norms, modulation,
+the MLP's two wide tensors), checked against the peak memory of real forward/backward passes.
+
+    plan = plan_training(TrainConfig.load("grpo_hunyuanvideo"), gpus=32, gpu_memory_gb=80)
+    print(plan.report())
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+GiB = 2**30
+
+SAVED_PER_TOKEN = {"dim": 24, "ffn": 2}
+"""Values one transformer block saves per token for backward, per unit of width and of MLP width
+(measured with saved-tensor hooks on WanTransformer3DModel blocks of several widths, fp32, CPU)."""
+
+_WAN = {"patch_size": [1, 2, 2], "attention_head_dim": 128, "in_channels": 16, "out_channels": 16, "text_dim": 4096,
+        "freq_dim": 256, "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "eps": 1e-6,
+        "rope_max_seq_len": 1024}  # fmt: skip
+_UMT5_XXL, _WAN_VAE = 5.68e9, 127e6
+
+ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "wan2.1-t2v-1.3b": {"transformers": {"transformer": ("WanTransformer3DModel", _WAN | {
+        "num_attention_heads": 12, "ffn_dim": 8960, "num_layers": 30})},
+        "text_encoders": _UMT5_XXL, "vae": _WAN_VAE, "compression": (4, 8), "text_tokens": 512, "joint": False},
+    "wan2.1-t2v-14b": {"transformers": {"transformer": ("WanTransformer3DModel", _WAN | {
+        "num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40})},
+        "text_encoders": _UMT5_XXL, "vae": _WAN_VAE, "compression": (4, 8), "text_tokens": 512, "joint": False},
+    "wan2.2-t2v-a14b": {"transformers": {name: ("WanTransformer3DModel", _WAN | {
+        "num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40}) for name in ("transformer", "transformer_2")},
+        "text_encoders": _UMT5_XXL, "vae": _WAN_VAE, "compression": (4, 8), "text_tokens": 512, "joint": False},
+    "wan2.2-ti2v-5b": {"transformers": {"transformer": ("WanTransformer3DModel", _WAN | {
+        "num_attention_heads": 24, "ffn_dim": 14336, "num_layers": 30, "in_channels": 48, "out_channels": 48})},
+        "text_encoders": _UMT5_XXL, "vae": 705e6, "compression": (4, 16), "text_tokens": 512, "joint": False},
+    "hunyuanvideo": {"transformers": {"transformer": ("HunyuanVideoTransformer3DModel", {
+        "in_channels": 16, "out_channels": 16, "num_attention_heads": 24, "attention_head_dim": 128,
+        "num_layers": 20, "num_single_layers": 40, "num_refiner_layers": 2, "mlp_ratio": 4.0, "patch_size": 2,
+        "patch_size_t": 1, "qk_norm": "rms_norm", "guidance_embeds": True, "text_embed_dim": 4096,
+        "pooled_projection_dim": 768, "rope_theta": 256.0, "rope_axes_dim": [16, 56, 56]})},
+        "text_encoders": 7.5e9 + 123e6, "vae": 246e6, "compression": (4, 8), "text_tokens": 256, "joint": True},
+    "cogvideox-5b": {"transformers": {"transformer": ("CogVideoXTransformer3DModel", {
+        "num_attention_heads": 48, "attention_head_dim": 64, "in_channels": 16, "out_channels": 16,
+        "time_embed_dim": 512, "text_embed_dim": 4096, "num_layers": 42, "sample_width": 90, "sample_height": 60,
+        "sample_frames": 49, "patch_size": 2, "temporal_compression_ratio": 4, "max_text_seq_length": 226,
+        "use_rotary_positional_embeddings": True, "use_learned_positional_embeddings": False})},
+        "text_encoders": 4.76e9, "vae": 216e6, "compression": (4, 8), "text_tokens": 226, "joint": True},
+}  # fmt: skip
+"""The real checkpoints' transformer configs (their ``config.json``), text-encoder and VAE parameter counts
+(approximate), VAE compression (temporal, spatial) and text length."""
+
+
+@dataclass
+class TransformerShape:
+    """What memory planning needs of one transformer: exact counts from a meta-device build."""
+
+    params: int
+    block_params: int
+    layers: int
+    dim: int
+    ffn: int
+    heads: int
+    patch: tuple[int, int, int]
+
+    @classmethod
+    def of(cls, class_name: str, config: dict[str, Any]) -> TransformerShape:
+        import diffusers
+
+        from dit_sp.train.fsdp import BLOCK_LISTS
+        from dit_sp.weights import parameters_on_meta
+
+        with parameters_on_meta(), torch.device("meta"):
+            model = getattr(diffusers, class_name).from_config(config)
+        blocks = [b for name in BLOCK_LISTS for b in getattr(model, name, [])]
+        heads, head_dim = config["num_attention_heads"], config["attention_head_dim"]
+        dim = heads * head_dim
+        ffn = config.get("ffn_dim") or int(config.get("mlp_ratio", 4.0) * dim)
+        size = config.get("patch_size", 2)
+        patch = tuple(size) if isinstance(size, (list, tuple)) else (config.get("patch_size_t") or 1, size, size)
+        return cls(params=sum(p.numel() for p in model.parameters()),
+                   block_params=max(sum(p.numel() for p in b.parameters()) for b in blocks), layers=len(blocks),
+                   dim=dim, ffn=ffn, heads=heads, patch=patch)  # fmt: skip
+
+
+def tokens(shape: TransformerShape, frames: int, height: int, width: int, compression: tuple[int, int]) -> int:
+    """Video tokens of one sample: latent frames x the patch grid."""
+    temporal, spatial = compression
+    latent_frames = (frames - 1) // temporal + 1
+    pt, ph, pw = shape.patch
+    return math.ceil(latent_frames / pt) * (height // spatial // ph) * (width // spatial // pw)
+
+
+def activation_bytes(shape: TransformerShape, tokens_per_rank: int, sequences: int, element_bytes: int,
+                     checkpointing: bool) -> int:  # fmt: skip
+    """Peak activation memory of one forward + backward on a rank: the values saved for backward, by all
+    blocks, or with activation checkpointing each block's input plus the one block being recomputed
+    (backward frees saved values as fast as its gradients need room: measured, the peak is the saved set)."""
+    per_block = (SAVED_PER_TOKEN["dim"] * shape.dim + SAVED_PER_TOKEN["ffn"] * shape.ffn) * element_bytes
+    per_block *= tokens_per_rank * sequences
+    inputs = shape.dim * element_bytes * tokens_per_rank * sequences
+    return shape.layers * inputs + per_block if checkpointing else shape.layers * per_block
+
+
+@dataclass
+class Plan:
+    """Bytes per GPU by component, for one layout."""
+
+    what: str
+    layout: dict[str, int]
+    components: dict[str, int] = field(default_factory=dict)
+    setup: dict[str, int] = field(default_factory=dict)
+    gpu_bytes: int = 80 * GiB
+
+    @property
+    def peak(self) -> int:
+        return max(sum(self.components.values()), sum(self.setup.values()))
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= 0.9 * self.gpu_bytes  # 10% for the allocator's fragmentation and CUDA context
+
+    def report(self) -> str:
+        layout = " x ".join(f"{k} {v}" for k, v in self.layout.items())
+        lines = [f"{self.what} on {layout}: per GPU"]
+        for title, parts in (("while training" if "GRPO" in self.what else "while sampling", self.components),
+                             ("at set-up (before the transformer fills)", self.setup)):  # fmt: skip
+            if parts:
+                lines.append(f"  {title}: {sum(parts.values()) / GiB:.1f} GiB")
+                lines += [f"    {name:<48}{value / GiB:8.2f} GiB" for name, value in parts.items()]
+        verdict = "fits" if self.fits else "does NOT fit"
+        lines.append(f"  peak {self.peak / GiB:.1f} GiB of {self.gpu_bytes / GiB:.0f} GiB (90% usable): {verdict}")
+        if not self.fits:
+            lines.append("  to fit: lower grpo.micro_batch, set activation_checkpointing: true, use more GPUs "
+                         "(or more ring/ulysses), or LoRA")  # fmt: skip
+        return "\n".join(lines)
+
+
+def architecture(model: str, name: str | None = None) -> dict[str, Any]:
+    """The architecture of a local checkpoint directory (its config files) or of ``name`` (or the
+    ``ARCHITECTURES`` key found in the model path, e.g. ``Wan2.1-T2V-14B``)."""
+    if name is None:
+        path = Path(model)
+        if (path / "model_index.json").is_file():
+            return _from_directory(path)
+        lowered = path.name.lower().replace("-diffusers", "")
+        name = next((key for key in ARCHITECTURES if key in lowered or key.replace("-t2v", "") in lowered), None)
+        if name is None:
+            from dit_sp.errors import ConfigError
+
+            raise ConfigError(f"cannot tell the architecture of {model!r}: pass --arch, one of {list(ARCHITECTURES)}")
+    return ARCHITECTURES[name]
+
+
+def _from_directory(path: Path) -> dict[str, Any]:
+    index = json.loads((path / "model_index.json").read_text())
+    transformers = {}
+    for name in ("transformer", "transformer_2"):
+        if (index.get(name) or [None])[0] is not None:
+            config = json.loads((path / name / "config.json").read_text())
+            transformers[name] = (config.pop("_class_name"), {k: v for k, v in config.items() if not k.startswith("_")})
+    sizes = {}
+    for name in ("text_encoder", "text_encoder_2", "vae"):
+        files = list((path / name).glob("*.safetensors")) if (path / name).is_dir() else []
+        sizes[name] = sum(f.stat().st_size for f in files) / 4  # parameters, taking the files as fp32
+    pipeline = index.get("_class_name", "")
+    joint = "Hunyuan" in pipeline or "CogVideoX" in pipeline
+    text = sizes["text_encoder"] + sizes["text_encoder_2"]
+    return {"transformers": transformers, "text_encoders": text, "vae": sizes["vae"], "compression": (4, 8),
+            "text_tokens": 256 if joint else 512, "joint": joint}  # fmt: skip
+
+
+def _layouts(gpus: int, heads: int, ring: int | None, ulysses: int | None) -> list[tuple[int, int]]:
+    """``(ring, ulysses)`` candidates, smallest sequence-parallel degree first (more data parallelism is
+    faster); Ulysses takes the largest share that divides the heads, ring the rest."""
+    if ring or ulysses:
+        return [(ring or 1, ulysses or 1)]
+    out = []
+    for sp in (d for d in range(1, gpus + 1) if gpus % d == 0):
+        u = max(d for d in range(1, sp + 1) if sp % d == 0 and heads % d == 0)
+        out.append((sp // u, u))
+    return out
+
+
+def plan_training(config: Any, gpus: int, gpu_memory_gb: float = 80, *, arch: str | None = None,
+                  ring: int | None = None, ulysses: int | None = None) -> Plan:  # fmt: skip
+    """The plan of GRPO run ``config`` (a ``TrainConfig``) on ``gpus`` GPUs: for the given ``ring x
+    ulysses``, or the smallest sequence parallelism that fits (and splits the step's samples over dp)."""
+    spec = architecture(config.model, arch)
+    name, (class_name, transformer_config) = next(iter(spec["transformers"].items()))
+    shape = TransformerShape.of(class_name, transformer_config)
+    sample, grpo = config.sample, config.grpo
+    video = tokens(shape, sample.frames, sample.height, sample.width, spec["compression"])
+    total_tokens = video + (min(sample.max_sequence_length, spec["text_tokens"]) if spec["joint"] else 0)
+    samples = grpo.prompts_per_step * grpo.group_size
+    compute = 2 if config.mixed_precision else 4
+    plan = None
+    layouts = _layouts(gpus, shape.heads, ring, ulysses)
+    layouts = [(r, u) for r, u in layouts if samples % (gpus // (r * u)) == 0] or layouts  # dp splits the step
+    for r, u in layouts:
+        sp, dp = r * u, gpus // (r * u)
+        shard = sp if config.hsdp else gpus
+        lora = config.lora.rank
+        trained = 8 * shape.layers * lora * 2 * shape.dim if lora else shape.params
+        micro = grpo.micro_batch or max(samples // dp, 1)
+        sequences = micro * (2 if sample.guidance > 1 else 1)
+        parts = {
+            f"{name} weights (fp32, 1/{shard})": shape.params * 4 // shard,
+            "gradients (fp32)": trained * 4 // (shard if not lora else 1),
+            "AdamW state (2 x fp32)": 2 * trained * 4 // (shard if not lora else 1),
+        }
+        if grpo.kl_coef and not lora:
+            parts["KL reference (fp32, sharded)"] = shape.params * 4 // shard
+        parts["gathered block (2 x params + grads)"] = shape.block_params * (2 * compute + 4)
+        parts[f"activations ({sequences} seq x {math.ceil(total_tokens / sp)} tokens)"] = activation_bytes(
+            shape, math.ceil(total_tokens / sp), sequences, compute, config.activation_checkpointing
+        )
+        parts["VAE (fp32, decoding ranks)"] = int(spec["vae"] * 4)
+        setup = {"text encoder(s) (fp32, freed after encoding)": int(spec["text_encoders"] * 4),
+                 "VAE (fp32)": int(spec["vae"] * 4)}  # fmt: skip
+        plan = Plan(f"GRPO ({Path(str(config.model)).name})", {"dp": dp, "ring": r, "ulysses": u}, parts, setup,
+                    int(gpu_memory_gb * GiB))  # fmt: skip
+        if plan.fits:
+            break
+    assert plan is not None
+    if len(spec["transformers"]) > 1:
+        plan.components["(transformer_2, Wan 2.2's second expert: not trained by GRPO yet)"] = 0
+    return plan

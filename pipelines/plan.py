@@ -1,0 +1,38 @@
+"""Plan a GRPO run's memory before launching it: per GPU and per component, for the layout it would choose.
+
+    python -m pipelines.plan --config grpo_hunyuanvideo --gpus 32
+    python -m pipelines.plan --config grpo_wan2.1_1.3b --gpus 8 --gpu-memory 40 --ulysses 2
+    python -m pipelines.plan --config my_run.yaml --gpus 16 --arch wan2.2-t2v-a14b
+
+The transformer is built on the meta device from the checkpoint's config (a local ``--model`` directory, or
+the architecture named by ``--arch`` or found in the model path), so counts are exact; activations follow a
+per-token model measured on real forward/backward passes (``dit_sp.plan``).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from dit_sp.cli import run_main
+from dit_sp.plan import ARCHITECTURES, plan_training
+from dit_sp.rl.config import TrainConfig
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="a GRPO config: YAML file or bundled name")
+    parser.add_argument("--gpus", type=int, required=True)
+    parser.add_argument("--gpu-memory", type=float, default=80, help="GiB per GPU (default 80)")
+    parser.add_argument("--arch", choices=sorted(ARCHITECTURES), help="the model's architecture, if not found")
+    parser.add_argument("--ring", type=int)
+    parser.add_argument("--ulysses", type=int)
+    args = parser.parse_args(argv)
+    if args.gpus < 1:
+        parser.error(f"--gpus must be >= 1, got {args.gpus}")
+    config = TrainConfig.load(args.config)
+    plan = plan_training(config, args.gpus, args.gpu_memory, arch=args.arch, ring=args.ring, ulysses=args.ulysses)
+    print(plan.report())
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,62 @@
+"""The memory planner: exact model sizes from meta-device builds of the real configs, an activation model
+that matches measured peaks, layouts chosen to fit, and its CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from scale_checks import activation_peak
+
+from dit_sp import TrainConfig, spawn
+from dit_sp.plan import ARCHITECTURES, TransformerShape, activation_bytes, plan_training
+
+WIDE = {"patch_size": (1, 2, 2), "num_attention_heads": 3, "attention_head_dim": 128, "in_channels": 4,
+        "out_channels": 4, "text_dim": 16, "freq_dim": 256, "ffn_dim": 1536, "num_layers": 4,
+        "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "rope_max_seq_len": 64}  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "low", "high", "blocks"), [
+    ("wan2.1-t2v-1.3b", 1.3e9, 1.5e9, 30), ("wan2.1-t2v-14b", 13e9, 15e9, 40), ("wan2.2-ti2v-5b", 4.5e9, 5.5e9, 30),
+    ("hunyuanvideo", 12e9, 13.5e9, 60), ("cogvideox-5b", 5e9, 6e9, 42)])  # fmt: skip
+def test_real_architectures_have_their_published_sizes(name, low, high, blocks):
+    class_name, config = ARCHITECTURES[name]["transformers"]["transformer"]
+    shape = TransformerShape.of(class_name, config)
+    assert low <= shape.params <= high, shape.params
+    assert shape.layers == blocks and shape.block_params < shape.params / 10
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("spec", "frames", "size", "batch", "checkpointing"), [
+    (WIDE, 3, 48, 2, False), (WIDE | {"num_attention_heads": 6, "ffn_dim": 3072}, 3, 32, 2, False),
+    (WIDE | {"num_layers": 8}, 3, 48, 2, True)], ids=["384-wide", "768-wide", "checkpointed"])  # fmt: skip
+def test_activation_estimate_is_within_25_percent_of_the_measured_peak(spec, frames, size, batch, checkpointing):
+    measured = spawn(activation_peak, 1, args=(spec, frames, size, batch, checkpointing), timeout=600)[0]
+    shape = TransformerShape.of("WanTransformer3DModel", spec)
+    estimate = activation_bytes(shape, frames * (size // 2) ** 2, batch, 4, checkpointing)
+    print(f"activations: estimated {estimate / 2**20:.0f} MiB, measured {measured / 2**20:.0f} MiB")
+    assert 0.75 * measured <= estimate <= 1.25 * measured
+
+
+def test_the_plan_picks_more_sequence_parallelism_when_memory_is_short():
+    config = TrainConfig.load("grpo_hunyuanvideo", {"activation_checkpointing": False, "grpo.micro_batch": 1})
+    roomy = plan_training(config, 32, 80)
+    tight = plan_training(config, 32, 40)
+    assert roomy.fits and tight.fits
+    assert roomy.layout["ring"] * roomy.layout["ulysses"] < tight.layout["ring"] * tight.layout["ulysses"]
+    crowded = plan_training(TrainConfig.load("grpo_hunyuanvideo"), 8, 64, ulysses=8)  # 48 samples per forward
+    assert not crowded.fits and "to fit:" in crowded.report()
+
+
+@pytest.mark.slow
+def test_plan_cli(tmp_path):
+    ok = subprocess.run([sys.executable, "-m", "pipelines.plan", "--config", "grpo_hunyuanvideo", "--gpus", "32"],
+                        capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    for part in ("weights (fp32, 1/32)", "AdamW state", "activations", "gathered block", "text encoder", "fits"):
+        assert part in ok.stdout, ok.stdout
+    (tmp_path / "c.yaml").write_text("model: /somewhere/my-model\n")
+    bad = subprocess.run([sys.executable, "-m", "pipelines.plan", "--config", str(tmp_path / "c.yaml"), "--gpus", "8"],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert bad.returncode == 2 and "cannot tell the architecture" in bad.stderr and "Traceback" not in bad.stderr
