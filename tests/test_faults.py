@@ -32,16 +32,20 @@ def rows(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def children(pid: int) -> list[int]:
-    """Live child processes of ``pid`` (from /proc)."""
-    found = []
+def descendants(pid: int) -> list[int]:
+    """Live processes below ``pid`` (from /proc): the workers, the fork server they fork from, helpers."""
+    parents = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.append(int(stat.parent.name))
+        if fields[0] != "Z":
+            parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = [], {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier}
+        found += sorted(frontier)
     return found
 
 
@@ -69,8 +73,8 @@ def start_training(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, list[
         "TMPDIR": str(tmpdir)}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
     wait_for(lambda: (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text().strip(), 300,
              "the first step")  # fmt: skip
-    workers = children(proc.pid)
-    assert len(workers) >= 2, workers
+    workers = descendants(proc.pid)
+    assert len(workers) >= 3, workers  # two workers and the fork server (and multiprocessing's tracker)
     return proc, workers, tmpdir
 
 

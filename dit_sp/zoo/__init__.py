@@ -152,6 +152,11 @@ def load_pipeline(
         )
     except (OSError, ValueError) as e:
         raise MissingFileError(f"{path} is an incomplete diffusers pipeline directory: {e}") from e
+    if "vae" in skipped:  # the pipeline derived them from its VAE, and fell back to Wan's defaults without one
+        info = shape_info(path)
+        if info is not None:
+            pipe.vae_scale_factor_temporal = info.vae_scale_factor_temporal
+            pipe.vae_scale_factor_spatial = info.vae_scale_factor_spatial
     if device is not None:
         pipe = pipe.to(device)  # before the empty transformers join: meta parameters cannot move
     if empty:
