@@ -92,7 +92,9 @@ class TrainConfig:
     """Stop with an error after this many updates in a row were skipped for a non-finite loss or gradient."""
     embedding_cache: str | None = None
     """Directory of the prompt embeddings (one file per prompt, keyed by model, prompt and text settings;
-    default ``OUTPUT_DIR/embeddings``): computed once, then the text encoder is freed. Share one between runs."""
+    default ``OUTPUT_DIR/embeddings``): computed once, then the text encoder is freed. Share one between runs.
+    A pipeline passed to ``GRPOTrainer`` is keyed by its class only: clear the directory if you change its
+    text encoder."""
     seed: int = 0
     dp: int | None = None
     """Data-parallel degree; by default the processes left after ring x ulysses."""
