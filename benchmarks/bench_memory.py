@@ -13,45 +13,35 @@ glibc is told to return freed buffers at once, so that the peaks measure what th
 from __future__ import annotations
 
 import argparse
-import ctypes
 import dataclasses
 import tempfile
 from pathlib import Path
 
 import torch
-from measure import reset_peak_rss  # benchmarks/measure.py
+from measure import peak_rss_mib, reset_peak_rss, steady_malloc  # benchmarks/measure.py
 
 from dit_sp import GenerateConfig, GRPOTrainer, TrainConfig, generate, spawn
 from dit_sp.zoo import build_tiny
 
 
-def _peak_mib() -> float:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
-
-
-def _steady_malloc() -> None:
-    ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD fixed: freed big buffers go back at once
-
-
 def train_worker(config: TrainConfig) -> dict[str, float]:
-    _steady_malloc()
+    steady_malloc()
     trainer = GRPOTrainer(config)
-    peaks = {"setup": _peak_mib()}
+    peaks = {"setup": peak_rss_mib()}
     reset_peak_rss()
     data = trainer.collect(0)
-    peaks["rollout"] = _peak_mib()
+    peaks["rollout"] = peak_rss_mib()
     del data
     reset_peak_rss()
     trainer.step()
-    peaks["step"] = _peak_mib()
+    peaks["step"] = peak_rss_mib()
     return peaks
 
 
 def generate_worker(config: GenerateConfig) -> dict[str, float]:
-    _steady_malloc()
+    steady_malloc()
     generate(config)
-    return {"generate": _peak_mib()}
+    return {"generate": peak_rss_mib()}
 
 
 def save_model(path: Path, layers: int) -> int:

@@ -17,8 +17,22 @@ def rss_mib() -> float:
 
 
 def peak_rss_mib() -> float:
-    """Peak resident set of this process so far."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """Peak resident set of this process so far, or since ``reset_peak_rss`` (VmHWM; getrusage's maximum,
+    which no reset touches, where /proc is missing)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def steady_malloc() -> None:
+    """Make glibc return freed large buffers to the OS at once (a fixed mmap threshold): its adaptive one
+    keeps freed gathered weights and activations in the heap, so peaks would measure the allocator's history."""
+    import ctypes
+
+    m_mmap_threshold = -3
+    ctypes.CDLL("libc.so.6").mallopt(m_mmap_threshold, 1 << 20)
 
 
 def reset_peak_rss() -> bool:

@@ -25,6 +25,7 @@ from dit_sp.models.plan import apply_plan
 from dit_sp.models.processor import sequence_parallel_processor
 from dit_sp.parallel.comm import GatherGrad
 from dit_sp.parallel.state import ParallelState
+from dit_sp.zoo import TRANSFORMERS
 
 _HANDLE_ATTR = "_dit_sp_parallel"
 
@@ -269,7 +270,7 @@ def parallelize(
             if shard_weights:
                 _shard_weights(obj, parallel, handle)
         else:
-            transformers = [getattr(obj, n, None) for n in ("transformer", "transformer_2")]
+            transformers = [getattr(obj, n, None) for n in TRANSFORMERS]
             transformers = [t for t in transformers if t is not None]
             if not transformers:
                 raise TypeError(

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from dit_sp.zoo import TRANSFORMERS
+
 GiB = 2**30
 
 SAVED_PER_TOKEN = {"dim": 24, "ffn": 2}
@@ -40,7 +42,7 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40})},
         "text_encoders": _UMT5_XXL, "vae": _WAN_VAE, "compression": (4, 8), "text_tokens": 512, "joint": False},
     "wan2.2-t2v-a14b": {"transformers": {name: ("WanTransformer3DModel", _WAN | {
-        "num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40}) for name in ("transformer", "transformer_2")},
+        "num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40}) for name in TRANSFORMERS},
         "text_encoders": _UMT5_XXL, "vae": _WAN_VAE, "compression": (4, 8), "text_tokens": 512, "joint": False},
     "wan2.2-ti2v-5b": {"transformers": {"transformer": ("WanTransformer3DModel", _WAN | {
         "num_attention_heads": 24, "ffn_dim": 14336, "num_layers": 30, "in_channels": 48, "out_channels": 48})},
@@ -166,7 +168,7 @@ def architecture(model: str, name: str | None = None) -> dict[str, Any]:
 def _from_directory(path: Path) -> dict[str, Any]:
     index = json.loads((path / "model_index.json").read_text())
     transformers = {}
-    for name in ("transformer", "transformer_2"):
+    for name in TRANSFORMERS:
         if (index.get(name) or [None])[0] is not None:
             config = json.loads((path / name / "config.json").read_text())
             transformers[name] = (config.pop("_class_name"), {k: v for k, v in config.items() if not k.startswith("_")})

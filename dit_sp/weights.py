@@ -125,7 +125,8 @@ def checkpoint_key(name: str) -> str:
     return name.replace(".base_layer.", ".")
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a tensor: the local shard of a DTensor, a plain tensor itself."""
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
@@ -141,11 +142,11 @@ def load_shards(model: torch.nn.Module, directory: str | Path, device: torch.dev
     are already real (buffers, freshly initialised LoRA adapters) keep their values. Names that do not
     match the checkpoint either way raise, listing them."""
     checkpoint = SafetensorsCheckpoint(directory)
-    kept = {name: _local(t).detach().clone() for name, t in _named_tensors(model) if not t.is_meta}
+    kept = {name: local_tensor(t).detach().clone() for name, t in _named_tensors(model) if not t.is_meta}
     model.to_empty(device=device)
     missing, used = [], set()
     for name, tensor in _named_tensors(model):
-        local = _local(tensor)
+        local = local_tensor(tensor)
         if name in kept:
             local.copy_(kept[name])
             continue

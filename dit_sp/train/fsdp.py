@@ -19,6 +19,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from dit_sp._compat import flatten_mesh, flattened_submesh, group_options
 from dit_sp.parallel.state import ParallelState
+from dit_sp.weights import local_tensor
 
 BLOCK_LISTS = ("blocks", "transformer_blocks", "single_transformer_blocks")
 """Attributes of diffusers video transformers that hold their repeated blocks."""
@@ -87,12 +88,9 @@ def copy_sharded(source: torch.nn.Module, target: torch.nn.Module) -> None:
     """Copy every parameter and buffer of ``source`` into ``target``, two models of one class sharded the
     same way: each rank copies only its own shards (no gather)."""
 
-    def local(x: torch.Tensor) -> torch.Tensor:
-        return x.to_local() if hasattr(x, "to_local") else x
-
     for kind in ("named_parameters", "named_buffers"):
         sources = dict(getattr(source, kind)())
         for name, tensor in getattr(target, kind)():
             if name not in sources:
                 raise ValueError(f"copy_sharded: {name} of {type(target).__name__} is not in the source model")
-            local(tensor).copy_(local(sources[name]))
+            local_tensor(tensor).copy_(local_tensor(sources[name]))
