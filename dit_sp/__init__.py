@@ -17,7 +17,7 @@ from dit_sp.parallel import (
     shard_sequence,
     spawn,
 )
-from dit_sp.parallelizer import Parallelized, parallelize, unparallelize
+from dit_sp.parallelizer import Parallelized, parallelize, parallelize_vae, unparallelize
 from dit_sp.rl.config import LoRAConfig, OptimConfig, SampleConfig, TrainConfig
 from dit_sp.rl.grpo import GRPOConfig
 from dit_sp.rl.sde import SDEConfig
@@ -42,6 +42,7 @@ __all__ = [
     "init_parallel",
     "load_pipeline",
     "parallelize",
+    "parallelize_vae",
     "shard_sequence",
     "spawn",
     "unparallelize",

@@ -19,12 +19,13 @@ from diffusers.models.modeling_outputs import Transformer2DModelOutput
 
 from dit_sp._compat import model_parallel_config
 from dit_sp.errors import ConfigError
-from dit_sp.models import ModelFamily, family_of
+from dit_sp.models import ModelFamily, family_of, supported_vaes, vae_plan_of
 from dit_sp.models.context import SequenceContext
 from dit_sp.models.plan import apply_plan
 from dit_sp.models.processor import sequence_parallel_processor
 from dit_sp.parallel.comm import GatherGrad
 from dit_sp.parallel.state import ParallelState
+from dit_sp.vae import split_forward
 from dit_sp.zoo import TRANSFORMERS
 
 _HANDLE_ATTR = "_dit_sp_parallel"
@@ -195,6 +196,37 @@ def _decode_once_per_sample(vae: torch.nn.Module, parallel: ParallelState, handl
     _set_instance_attr(vae, "decode", decode_once, handle)
 
 
+def parallelize_vae(vae: torch.nn.Module, group: dist.ProcessGroup | ParallelState, *,
+                    gather_to: int | None = None) -> Parallelized:  # fmt: skip
+    """Split a diffusers video VAE's decode and encode over ``group`` (a process group, or a layout's
+    ``sample_group``): each process runs its share of every frame's rows, and the result equals a
+    one-process run (``dit_sp.vae``). Every rank of the group calls ``decode``/``encode`` with the same input.
+
+    Args:
+        vae: ``AutoencoderKLWan``, ``AutoencoderKLHunyuanVideo`` or ``AutoencoderKLCogVideoX``; tiling
+            (``vae.enable_tiling()``) works too, each tile split.
+        group: the processes that share the work.
+        gather_to: assemble the frames only on this rank of the group (the others get their own rows);
+            by default on every rank.
+
+    Returns:
+        A handle whose ``undo()`` restores the VAE.
+    """
+    plan = vae_plan_of(vae)
+    if plan is None:
+        raise TypeError(f"{type(vae).__name__} has no parallel VAE plan; supported VAEs: {', '.join(supported_vaes())}")
+    if isinstance(group, ParallelState):
+        group = group.sample_group
+    handle = Parallelized(vae)
+    if group is None or dist.get_world_size(group) == 1:
+        return handle
+    for name in plan.parts:
+        part = getattr(vae, name, None)
+        if part is not None:
+            handle.add_undo(split_forward(part, plan, group, gather_to))
+    return handle
+
+
 def _swap_pipeline_class(pipe: Any, family: ModelFamily, parallel: ParallelState, guidance, handle) -> None:
     """Give the pipeline a subclass whose ``__call__`` checks guidance and starts each run cleanly."""
     stock = type(pipe)
@@ -239,6 +271,7 @@ def parallelize(
     kernel: str | None = None,
     verify_inputs: bool = False,
     shard_weights: bool = False,
+    parallel_vae: bool = True,
 ) -> Parallelized:
     """Make a diffusers transformer or pipeline run on the layout ``parallel``.
 
@@ -256,6 +289,9 @@ def parallelize(
             than one device's memory samples on several (``dit_sp.weights.ShardedWeights``). A transformer
             built by ``load_pipeline(..., empty_transformers=True)`` is filled here, each rank reading only
             its own shards from the checkpoint. Inference only; ``undo()`` gathers the weights back.
+        parallel_vae: a pipeline's VAE decodes (and encodes) with each frame's rows split over the
+            processes of a sample (``parallelize_vae``); off, or for a VAE of no supported family, one
+            process decodes and sends the frames to the others.
 
     Returns:
         A handle whose ``undo()`` (or ``with`` exit, or ``unparallelize(obj)``) restores ``obj`` exactly.
@@ -283,8 +319,12 @@ def parallelize(
             if shard_weights:
                 for transformer in transformers:
                     _shard_weights(transformer, parallel, handle)
-            if getattr(obj, "vae", None) is not None and parallel.sample_group is not None:
-                _decode_once_per_sample(obj.vae, parallel, handle)
+            vae = getattr(obj, "vae", None)
+            if vae is not None and parallel.sample_group is not None:
+                if parallel_vae and vae_plan_of(vae) is not None:
+                    handle.add_undo(parallelize_vae(vae, parallel.sample_group).undo)
+                else:
+                    _decode_once_per_sample(vae, parallel, handle)
             _swap_pipeline_class(obj, family, parallel, guidance, handle)
     except BaseException:
         handle.undo()

@@ -13,6 +13,7 @@ from dit_sp.models.hunyuan_video import HUNYUAN_VIDEO
 from dit_sp.models.policy import DiffusersPolicy
 from dit_sp.models.shape import check_shape
 from dit_sp.models.wan import WAN
+from dit_sp.vae import VAEPlan
 
 FAMILIES: tuple[ModelFamily, ...] = (WAN, HUNYUAN_VIDEO, COGVIDEOX)
 
@@ -33,6 +34,16 @@ def family_of(model: torch.nn.Module) -> ModelFamily:
     )
 
 
+def vae_plan_of(vae: torch.nn.Module) -> VAEPlan | None:
+    """How a diffusers VAE runs split (``dit_sp.vae``), or None for a VAE of no supported family."""
+    names = {cls.__name__ for cls in type(vae).__mro__}
+    return next((f.vae for f in FAMILIES if f.vae is not None and names & set(f.vae.class_names)), None)
+
+
+def supported_vaes() -> list[str]:
+    return [name for family in FAMILIES if family.vae is not None for name in family.vae.class_names]
+
+
 def policy_for(pipe: Any) -> type[DiffusersPolicy]:
     """The GRPO policy class of a loaded pipeline, or a clear error listing the trainable pipelines."""
     name = type(pipe).__name__
@@ -43,4 +54,14 @@ def policy_for(pipe: Any) -> type[DiffusersPolicy]:
     raise ConfigError(f"GRPO has no policy for {name}; supported pipelines: {trainable}")
 
 
-__all__ = ["FAMILIES", "DiffusersPolicy", "ModelFamily", "check_shape", "family_of", "policy_for", "supported_classes"]
+__all__ = [
+    "FAMILIES",
+    "DiffusersPolicy",
+    "ModelFamily",
+    "check_shape",
+    "family_of",
+    "policy_for",
+    "supported_classes",
+    "supported_vaes",
+    "vae_plan_of",
+]

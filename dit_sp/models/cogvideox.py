@@ -10,6 +10,7 @@ import torch
 
 from dit_sp._compat import context_parallel_types
 from dit_sp.models.family import ModelFamily
+from dit_sp.vae import Padding, VAEPlan
 
 
 def _plan(model: torch.nn.Module) -> dict:
@@ -21,6 +22,26 @@ def _plan(model: torch.nn.Module) -> dict:
     }
 
 
+def _vae_padded_inputs(part: torch.nn.Module) -> dict[torch.nn.Module, Padding]:
+    """A ``CogVideoXCausalConv3d`` in replicate mode pads before its convolution (in constant mode the
+    convolution pads itself); ``CogVideoXDownsample3D`` pads one zero row below before its strided one."""
+    padded = {}
+    for module in part.modules():
+        name = type(module).__name__
+        if name == "CogVideoXCausalConv3d" and module.pad_mode == "replicate":
+            padded[module.conv] = (module.height_pad, module.height_pad, "replicate")
+        elif name == "CogVideoXDownsample3D":
+            padded[module.conv] = (0, 1, "constant")
+    return padded
+
+
+COGVIDEOX_VAE = VAEPlan(
+    class_names=("AutoencoderKLCogVideoX",),
+    padded_inputs=_vae_padded_inputs,
+    unchunked=("CogVideoXSafeConv3d",),
+)
+
+
 COGVIDEOX = ModelFamily(
     name="cogvideox",
     class_names=("CogVideoXTransformer3DModel",),
@@ -29,4 +50,5 @@ COGVIDEOX = ModelFamily(
     joint_position="front",
     cfg_mode="batched",
     cfg_batched_args=("hidden_states", "encoder_hidden_states", "timestep", "ofs"),
+    vae=COGVIDEOX_VAE,
 )

@@ -9,6 +9,7 @@ from typing import Literal
 import torch
 
 from dit_sp.models.plan import Plan
+from dit_sp.vae import VAEPlan
 
 
 @dataclass(frozen=True)
@@ -37,3 +38,5 @@ class ModelFamily:
     """diffusers pipeline classes that GRPO can train (through ``policy``)."""
     policy: type | None = None
     """The GRPO policy class (a ``dit_sp.models.policy.DiffusersPolicy``) of those pipelines."""
+    vae: VAEPlan | None = None
+    """How the family's VAE decodes and encodes with its rows split (``dit_sp.vae``)."""

@@ -13,6 +13,7 @@ from dit_sp._compat import context_parallel_types
 from dit_sp.errors import ConfigError
 from dit_sp.models.family import ModelFamily
 from dit_sp.models.policy import DiffusersPolicy
+from dit_sp.vae import Padding, VAEPlan
 
 Tensor = torch.Tensor
 
@@ -79,6 +80,20 @@ def _check(model: torch.nn.Module) -> None:
         )
 
 
+def _vae_padded_inputs(part: torch.nn.Module) -> dict[torch.nn.Module, Padding]:
+    """``HunyuanVideoCausalConv3d`` pads (replicating the edge) before its convolution."""
+    return {module.conv: (module.time_causal_padding[2], module.time_causal_padding[3], module.pad_mode)
+            for module in part.modules() if type(module).__name__ == "HunyuanVideoCausalConv3d"}  # fmt: skip
+
+
+HUNYUAN_VIDEO_VAE = VAEPlan(
+    class_names=("AutoencoderKLHunyuanVideo",),
+    padded_inputs=_vae_padded_inputs,
+    # its attention runs over (frames x rows x columns) flattened, with a causal mask over frames
+    whole_frame=("HunyuanVideoMidBlock3D",),
+)
+
+
 HUNYUAN_VIDEO = ModelFamily(
     name="hunyuan_video",
     class_names=("HunyuanVideoTransformer3DModel",),
@@ -91,4 +106,5 @@ HUNYUAN_VIDEO = ModelFamily(
     check=_check,
     pipelines=("HunyuanVideoPipeline",),
     policy=HunyuanVideoPolicy,
+    vae=HUNYUAN_VIDEO_VAE,
 )

@@ -12,6 +12,7 @@ import torch
 from dit_sp._compat import model_cp_plan
 from dit_sp.models.family import ModelFamily
 from dit_sp.models.policy import DiffusersPolicy
+from dit_sp.vae import Padding, VAEPlan
 
 Tensor = torch.Tensor
 
@@ -41,6 +42,27 @@ class WanPolicy(DiffusersPolicy):
         return latents * std + mean
 
 
+def _vae_padded_inputs(part: torch.nn.Module) -> dict[torch.nn.Module, Padding]:
+    """``WanCausalConv3d`` pads its input itself (``_padding``); a downsampling ``WanResample`` pads with a
+    ``ZeroPad2d`` before its strided convolution."""
+    padded = {}
+    for module in part.modules():
+        name = type(module).__name__
+        if name == "WanCausalConv3d":
+            padded[module] = (module._padding[2], module._padding[3], "constant")
+        elif name == "WanResample" and module.mode.startswith("downsample"):
+            pad, conv = module.resample
+            padded[conv] = (pad.padding[2], pad.padding[3], "constant")
+    return padded
+
+
+WAN_VAE = VAEPlan(
+    class_names=("AutoencoderKLWan",),
+    padded_inputs=_vae_padded_inputs,
+    whole_frame=("WanAttentionBlock",),
+)
+
+
 WAN = ModelFamily(
     name="wan",
     class_names=("WanTransformer3DModel",),
@@ -49,4 +71,5 @@ WAN = ModelFamily(
     cfg_mode="sequential",
     pipelines=("WanPipeline",),
     policy=WanPolicy,
+    vae=WAN_VAE,
 )

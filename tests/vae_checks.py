@@ -1,0 +1,91 @@
+"""Workers of the parallel VAE tests: tiny VAEs of every family decode and encode on one process and split
+over the group, with and without tiling; the results and the rows each rank actually ran are returned."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from diffusers import AutoencoderKLCogVideoX, AutoencoderKLHunyuanVideo, AutoencoderKLWan
+
+from dit_sp import ParallelConfig, init_parallel, parallelize_vae
+
+VAES = {
+    "wan2.1": lambda: AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
+                                       attn_scales=[], temperal_downsample=[False, True, True]),
+    # Wan 2.2 TI2V's VAE: residual blocks, patchify 2, x16 in space
+    "wan2.2": lambda: AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1, is_residual=True,
+                                       in_channels=12, out_channels=12, patch_size=2, scale_factor_spatial=16,
+                                       temperal_downsample=[False, True, True]),
+    "hunyuan_video": lambda: AutoencoderKLHunyuanVideo(latent_channels=4, block_out_channels=(8, 8, 16, 16),
+                                                       layers_per_block=1, norm_num_groups=4),
+    "cogvideox": lambda: AutoencoderKLCogVideoX(block_out_channels=(8, 8, 16, 16), latent_channels=4,
+                                                layers_per_block=1, norm_num_groups=2, temporal_compression_ratio=4),
+}  # fmt: skip
+SPATIAL = {"wan2.1": 8, "wan2.2": 16, "hunyuan_video": 8, "cogvideox": 8}
+CASES = [(3, 7, 5), (1, 5, 6), (2, 9, 4)]
+"""(latent frames, latent height, latent width): odd heights and widths, one or more latent frames."""
+
+
+def build(name: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    vae = VAES[name]()
+    with torch.no_grad():  # affine norms and biases away from their 1/0 initialisation
+        for p in vae.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return vae.eval()
+
+
+def _inputs(name: str, frames: int, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    spatial = SPATIAL[name]
+    generator = torch.Generator().manual_seed(frames * 100 + height * 10 + width)
+    latents = torch.randn(1, 4, frames, height, width, generator=generator)
+    pixels = torch.rand(1, 3, 4 * (frames - 1) + 1, height * spatial, width * spatial, generator=generator) * 2 - 1
+    return latents, pixels
+
+
+def _run(vae: torch.nn.Module, name: str, tiled: bool) -> dict[str, torch.Tensor]:
+    if tiled:  # tiles of 4 latent rows and columns, overlapping by one
+        size = 4 * SPATIAL[name]
+        if name == "cogvideox":
+            vae.enable_tiling(size, size, tile_overlap_factor_height=0.25, tile_overlap_factor_width=0.25)
+        else:
+            vae.enable_tiling(
+                size, size, tile_sample_stride_height=size * 3 // 4, tile_sample_stride_width=size * 3 // 4
+            )
+    else:
+        vae.disable_tiling()
+    out = {}
+    with torch.no_grad():
+        for frames, height, width in CASES:
+            latents, pixels = _inputs(name, frames, height, width)
+            key = f"{frames}x{height}x{width}" + (" tiled" if tiled else "")
+            out["decode " + key] = vae.decode(latents).sample
+            out["encode " + key] = vae.encode(pixels).latent_dist.mean
+    return out
+
+
+def check_vae(name: str, parallel) -> dict:
+    """Every case on one process, then split over the world (the processes of one sample); the largest
+    differences, and the rows this rank's decoder and encoder ran (their first convolution's input height)
+    per call."""
+    vae = build(name)
+    reference = {**_run(vae, name, tiled=False), **_run(vae, name, tiled=True)}
+    rows: dict[str, list[int]] = {"decoder": [], "encoder": []}
+    for part in rows:
+        first = next(m for m in getattr(vae, part).modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d)))
+        first.register_forward_pre_hook(lambda m, args, part=part: rows[part].append(args[0].shape[-2]))
+    handle = parallelize_vae(vae, parallel)
+    split = {**_run(vae, name, tiled=False), **_run(vae, name, tiled=True)}
+    errors = {key: (split[key] - reference[key]).abs().max().item() for key in reference}
+    shapes = {key: split[key].shape == reference[key].shape for key in reference}
+    handle.undo()
+    vae.disable_tiling()
+    undone = vae.decode(_inputs(name, *CASES[0])[0]).sample - reference[f"decode {'x'.join(map(str, CASES[0]))}"]
+    return {"errors": errors, "shapes": shapes, "rows": rows, "undone": undone.abs().max().item()}
+
+
+def check_vaes(names: list[str]) -> dict[str, dict]:
+    """``check_vae`` of every named VAE on one layout (the whole world)."""
+    parallel = init_parallel(ParallelConfig(ulysses=int(os.environ["WORLD_SIZE"])))
+    return {name: check_vae(name, parallel) for name in names}
