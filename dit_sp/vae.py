@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from dit_sp.parallel.rows import RowSplit, exchange_rows, gather_rows, receive_rows
+from dit_sp.parallel.rows import RowSplit, exchange_rows, gather_rows, post_rows, receive_rows
 
 Padding = tuple[int, int, str]
 """Rows a module adds above and below a convolution's input before it runs, and how (``F.pad`` mode)."""
@@ -48,7 +48,8 @@ class VAEPlan:
     unchunked: tuple[str, ...] = ()
     """Convolution classes that cut big inputs into chunks by their own size: while split they run in
     one piece, so that every process makes the same calls (each input is 1/N as big)."""
-    parts: tuple[str, ...] = field(default=("decoder", "encoder"))
+    parts: tuple[str, ...] = ("decoder", "encoder")
+    """The VAE's attributes that run split."""
 
 
 class _Run:
@@ -72,9 +73,10 @@ def _conv(conv: nn.Module, padded: Padding | None) -> Adapter:
     ``_conv_forward`` gets the input after any padding its module (or the caller) added. The outputs of this
     rank need the input rows ``[o0*s - top, (o1-1)*s + k - top)``; those the peers hold are received, and
     rows outside the image are padded as the module pads them. Without copying the input where possible:
-    a module's padding rows at inner edges are overwritten by the halo in place (the padded input is the
-    module's own temporary), and a convolution that pads itself ("same", stride 1) runs as it is and then
-    recomputes its ``padding`` edge rows at inner edges from the halo and the first ``k-1`` own rows."""
+    a stride-1 convolution that keeps the height runs as it is while the halo travels (its rows at inner
+    edges come out of the module's padding, wrong), then recomputes those edge rows from a small slab (halo
+    plus ``k-1`` own rows); a strided one overwrites its module's padding rows at inner edges with the halo
+    in place (the padded input is the module's own temporary) before it runs."""
     pre_top, pre_bottom, mode = padded or (0, 0, "constant")
     kernel, stride, own = conv.kernel_size[-2], conv.stride[-2], conv.padding[-2]
     if conv.padding_mode != "zeros" or conv.dilation[-2] != 1 or isinstance(conv.padding, str):
@@ -83,7 +85,7 @@ def _conv(conv: nn.Module, padded: Padding | None) -> Adapter:
     top, bottom = pre_top + own, pre_bottom + own
     mode = mode if pre_top or pre_bottom else "constant"
     padding = (*conv.padding[:-2], 0, conv.padding[-1])
-    same = stride == 1 and own and kernel == 2 * own + 1 and not (pre_top or pre_bottom)
+    same = stride == 1 and kernel == top + bottom + 1 and kernel > 1
     op = F.conv2d if conv.weight.dim() == 4 else F.conv3d
 
     def run_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -111,23 +113,25 @@ def _conv(conv: nn.Module, padded: Padding | None) -> Adapter:
             lo, hi = need(run.rank)
             # rows outside the image only where this rank holds the image's edge (so its padding is right)
             edges_padded = (lo >= 0 or start == 0) and (hi <= height or stop == height)
+            mine = x[..., pre_top : pre_top + rows, :]
             if same and rows >= kernel and edges_padded:
-                out = original(x, weight, bias)  # right but for the `own` rows at each inner edge
-                pieces = receive_rows(x, run.split, scale, run.group, need)
+                wait = post_rows(mine, run.split, scale, run.group, need)
+                out = original(x, weight, bias)  # right but for the rows next to inner edges
+                pieces = wait()
                 above = [piece for first, piece in pieces if first < start]
                 below = [piece for first, piece in pieces if first >= stop]
                 if above:
-                    out[..., :own, :] = run_conv(torch.cat([*above, x[..., : kernel - 1, :]], -2), weight, bias)
+                    out[..., :top, :] = run_conv(torch.cat([*above, mine[..., : kernel - 1, :]], -2), weight, bias)
                 if below:
-                    out[..., -own:, :] = run_conv(torch.cat([x[..., rows - kernel + 1 :, :], *below], -2), weight, bias)
+                    slab = torch.cat([mine[..., rows - kernel + 1 :, :], *below], -2)
+                    out[..., out.shape[-2] - bottom :, :] = run_conv(slab, weight, bias)
                 return out
             covered = start - pre_top
             if (pre_top or pre_bottom) and covered <= lo and hi <= stop + pre_bottom and edges_padded:
-                mine = x[..., pre_top : pre_top + rows, :]
                 for first, piece in receive_rows(mine, run.split, scale, run.group, need):
                     x[..., first - covered : first - covered + piece.shape[-2], :] = piece
                 return run_conv(x[..., lo - covered : hi - covered, :], weight, bias)
-            x = exchange_rows(x[..., pre_top : pre_top + rows, :], run.split, scale, run.group, need, mode)
+            x = exchange_rows(mine, run.split, scale, run.group, need, mode)
             return run_conv(x, weight, bias)
 
         return conv, "_conv_forward", conv_forward
@@ -242,6 +246,8 @@ def split_forward(part: nn.Module, plan: VAEPlan, group: dist.ProcessGroup, gath
     split one: each rank runs its rows, and the output is assembled on every rank (or only on the group
     rank ``gather_to``; the others get their own rows). An input too small to give every rank a row at the
     output's height runs whole on every rank. Returns the undo."""
+    if "forward" in part.__dict__:
+        raise ValueError(f"the VAE's {type(part).__name__} is already split (or its forward replaced); undo that first")
     adapters = _adapters(part, plan)
     factor = _downsampling(part)
     ranks = dist.get_world_size(group)

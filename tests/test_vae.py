@@ -37,23 +37,29 @@ def test_unsupported_vae_is_a_clear_error():
         parallelize_vae(AutoencoderKL(), None)
 
 
-def test_split_vae_is_inference_only():
-    errors = spawn(_decode_with_grad, 2, timeout=120)
-    assert all("inference-only" in e for e in errors), errors
+def test_split_vae_misuse_is_a_clear_error():
+    for errors in spawn(_misuse, 2, timeout=120):
+        assert "inference-only: run it under torch.no_grad()" in errors["grad"], errors
+        assert "already split" in errors["twice"], errors
 
 
-def _decode_with_grad() -> str:
+def _misuse() -> dict[str, str]:
+    """A decode of a latent that requires grad, and splitting a VAE twice: the errors raised."""
     import os
+
+    from vae_checks import build
 
     from dit_sp import ParallelConfig, init_parallel
 
     parallel = init_parallel(ParallelConfig(ulysses=int(os.environ["WORLD_SIZE"])))
-    from vae_checks import build
-
     vae = build("wan2.1")
     parallelize_vae(vae, parallel)
-    try:
-        vae.decode(torch.randn(1, 4, 1, 4, 4, requires_grad=True))
-    except RuntimeError as e:
-        return str(e)
-    return "no error"
+    errors = {}
+    for name, call in {"grad": lambda: vae.decode(torch.randn(1, 4, 1, 4, 4, requires_grad=True)),
+                       "twice": lambda: parallelize_vae(vae, parallel)}.items():  # fmt: skip
+        try:
+            call()
+            errors[name] = "no error"
+        except (RuntimeError, ValueError) as e:
+            errors[name] = str(e)
+    return errors

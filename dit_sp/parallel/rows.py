@@ -54,10 +54,11 @@ Need = Callable[[int], tuple[int, int]]
 """``need(rank) -> (lo, hi)``: the global rows (may reach outside ``[0, H)``) that ``rank`` needs."""
 
 
-def receive_rows(x: torch.Tensor, split: RowSplit, scale: int, group: dist.ProcessGroup,
-                 need: Need) -> list[tuple[int, torch.Tensor]]:  # fmt: skip
-    """Send each peer the part of this rank's rows ``x`` that ``need(peer)`` asks for, and receive the rows
-    of ``need(rank)`` that the peers hold: ``[(first global row, rows), ...]`` in row order."""
+def post_rows(x: torch.Tensor, split: RowSplit, scale: int, group: dist.ProcessGroup,
+              need: Need) -> Callable[[], list[tuple[int, torch.Tensor]]]:  # fmt: skip
+    """Start sending each peer the part of this rank's rows ``x`` that ``need(peer)`` asks for, and receiving
+    the rows of ``need(rank)`` that the peers hold; returns ``wait() -> [(first global row, rows), ...]`` (in
+    row order), so that work can run while the rows travel."""
     rank, parts = dist.get_rank(group), len(split.sizes)
     start, stop = split.bounds(rank, scale)
     lo, hi = need(rank)
@@ -75,9 +76,21 @@ def receive_rows(x: torch.Tensor, split: RowSplit, scale: int, group: dist.Proce
             buffer = x.new_empty((*x.shape[:-2], last - first, x.shape[-1]))
             ops.append(p2p_op(dist.irecv, buffer, group, peer))
             received.append((first, buffer))
-    for work in dist.batch_isend_irecv(ops) if ops else []:
-        work.wait()
-    return sorted(received, key=lambda piece: piece[0])
+    works = dist.batch_isend_irecv(ops) if ops else []
+
+    def wait() -> list[tuple[int, torch.Tensor]]:
+        for work in works:
+            work.wait()
+        ops.clear()  # the send buffers live until here
+        return sorted(received, key=lambda piece: piece[0])
+
+    return wait
+
+
+def receive_rows(x: torch.Tensor, split: RowSplit, scale: int, group: dist.ProcessGroup,
+                 need: Need) -> list[tuple[int, torch.Tensor]]:  # fmt: skip
+    """``post_rows`` and wait: the rows of ``need(rank)`` that the peers hold."""
+    return post_rows(x, split, scale, group, need)()
 
 
 def exchange_rows(x: torch.Tensor, split: RowSplit, scale: int, group: dist.ProcessGroup, need: Need,
