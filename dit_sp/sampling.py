@@ -70,6 +70,9 @@ class GenerateConfig:
     shard_weights: bool = False
     """Keep each transformer's weights sharded over the processes of a sample (gathered block by block) and
     read only this rank's shards from the checkpoint: for models larger than one device."""
+    parallel_vae: bool = True
+    """Decode with each frame's rows split over the processes of a sample (``dit_sp.parallelize_vae``);
+    off (``--no-parallel-vae``), one process decodes and sends the frames to the others."""
 
     def __post_init__(self) -> None:
         if self.dp is not None and self.dp < 1:
@@ -165,7 +168,13 @@ def _setup(config: GenerateConfig) -> tuple[ParallelState, Any, dict[str, float]
     guidance = guidance_arguments(pipe, config)
     pipe.set_progress_bar_config(disable=not parallel.is_sample_leader or parallel.dp_rank != 0)
     if world > 1:
-        parallelize(pipe, parallel, verify_inputs=config.verify_inputs, shard_weights=config.shard_weights)
+        parallelize(
+            pipe,
+            parallel,
+            verify_inputs=config.verify_inputs,
+            shard_weights=config.shard_weights,
+            parallel_vae=config.parallel_vae,
+        )
     return parallel, pipe, guidance
 
 

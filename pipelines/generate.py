@@ -33,8 +33,9 @@ def parse_args(argv: list[str] | None = None) -> GenerateConfig:
     for field in dataclasses.fields(GenerateConfig):
         flag = "--" + field.name.replace("_", "-")
         help_text = f"built-in {builtin_models()} or a local diffusers directory" if field.name == "model" else None
-        if field.type in ("bool", bool):
-            parser.add_argument(flag, dest=field.name, action="store_true", default=None)
+        if field.type in ("bool", bool):  # on by default: --no-NAME turns it off
+            action = argparse.BooleanOptionalAction if field.default is True else "store_true"
+            parser.add_argument(flag, dest=field.name, action=action, default=None)
         else:  # typed and range-checked by GenerateConfig.load
             parser.add_argument(flag, dest=field.name, help=help_text)
     args = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}

@@ -24,6 +24,7 @@ LAYOUTS = {  # name: (world, flags)
     "2x2": (4, {"ring": 2, "ulysses": 2}),
     "1x4": (4, {"ulysses": 4}),
     "cfg2x(1x2)": (4, {"ulysses": 2, "cfg_parallel": True}),
+    "1x2, one process decodes": (2, {"ulysses": 2, "parallel_vae": False}),
 }
 
 

@@ -105,6 +105,9 @@ class TrainConfig:
     activation_checkpointing: bool = False
     mixed_precision: Literal["bfloat16", "float16"] | None = None
     """Compute dtype of FSDP2 mixed precision (GPUs); ``None`` computes in fp32."""
+    parallel_vae: bool = True
+    """Decode the rollouts with each frame's rows split over a sample's SP ranks (``dit_sp.parallelize_vae``),
+    the frames assembled on the first, where the rewards are computed; off, the first rank decodes alone."""
     sample: SampleConfig = field(default_factory=SampleConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

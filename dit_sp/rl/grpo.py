@@ -187,18 +187,21 @@ def rollout(policy: Policy, batch: Batch, config: GRPOConfig, parallel: Parallel
 
 
 def rewards_of(policy: Policy, traj: Trajectory, batch: Batch, reward: WeightedReward, parallel: ParallelState,
-               config: GRPOConfig | None = None) -> tuple[Tensor, dict[str, Tensor], Tensor]:  # fmt: skip
+               config: GRPOConfig | None = None, *, split_decode: bool = False,
+               ) -> tuple[Tensor, dict[str, Tensor], Tensor]:  # fmt: skip
     """Rewards computed on the SP group's first rank and broadcast, so every peer trains on the same. The
     videos are decoded in ``config``'s micro-batches (the VAE's activations are a step's largest at high
-    resolution)."""
+    resolution); with ``split_decode`` (a VAE split over the SP group, ``parallelize_vae(..., gather_to=0)``)
+    every SP rank decodes its rows and the frames are assembled on the first."""
     parts_names = [name for name, _, _ in reward.parts]
     values = torch.full((len(parts_names) + 1, len(batch.prompts)), float("nan"))
     videos = None
-    if parallel.sp_rank == 0:
+    if parallel.sp_rank == 0 or split_decode:
         with torch.no_grad():
             final = traj.final
             parts = micro_batches(final.shape[0], config) if config is not None else [slice(None)]
             videos = torch.cat([policy.decode(final[part]) for part in parts])
+    if parallel.sp_rank == 0:
         parts = reward.components(videos.float().cpu(), batch.prompts)
         total = sum(w * parts[n] for n, w, _ in reward.parts)
         values = torch.stack([total, *parts.values()])
@@ -206,7 +209,7 @@ def rewards_of(policy: Policy, traj: Trajectory, batch: Batch, reward: WeightedR
         values = values.to(parallel.device)
         dist.broadcast(values, src=dist.get_global_rank(parallel.sp_group, 0), group=parallel.sp_group)
         values = values.cpu()
-    return values[0], dict(zip(parts_names, values[1:])), videos
+    return values[0], dict(zip(parts_names, values[1:])), videos if parallel.sp_rank == 0 else None
 
 
 def accumulate_gradients(

@@ -21,7 +21,7 @@ import json
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +30,9 @@ import torch.distributed as dist
 
 from dit_sp.bundled import asset_path
 from dit_sp.errors import ConfigError, MissingFileError
-from dit_sp.models import DiffusersPolicy, policy_for
+from dit_sp.models import DiffusersPolicy, policy_for, supported_vaes, vae_plan_of
 from dit_sp.parallel import ParallelConfig, ParallelState, check_ranks_agree, free_port, init_parallel
-from dit_sp.parallelizer import parallelize
+from dit_sp.parallelizer import parallelize, parallelize_vae
 from dit_sp.rl.advantages import gather_across, group_advantages
 from dit_sp.rl.config import TrainConfig
 from dit_sp.rl.embeddings import TEXT_ENCODERS, PromptEmbeddings, model_identity
@@ -151,6 +151,8 @@ class Rollout:
     parts: dict[str, Tensor]
     """Each reward component, ``(N,)``."""
     advantages: Tensor
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Wall time of the rollout (``sample``) and of decoding and scoring it (``reward``)."""
 
 
 class GRPOTrainer:
@@ -181,6 +183,7 @@ class GRPOTrainer:
         check_output_dir(config)  # before anything heavy: never clobber a run
         self.parallel = parallel or init_world(config)
         self.is_leader = self.parallel.rank == 0
+        self._split_decode = config.parallel_vae and self.parallel.sp > 1
         self.prompts = list(prompts) if prompts is not None else read_prompts(config.prompts)
         check_ranks_agree(self.parallel, [asdict(config), self.prompts], "settings or prompts")
         if reward is None:
@@ -201,8 +204,10 @@ class GRPOTrainer:
         self._source = source if source is not None and source.is_dir() else None
         if pipeline is None:
             # a checkpoint's text encoders load only if some prompt lacks its embedding, the VAE only where
-            # videos are decoded (a sample's first rank), and the transformer empty (filled after sharding)
-            without = (() if missing else TEXT_ENCODERS) + (("vae",) if self.parallel.sp_rank != 0 else ())
+            # videos are decoded (a sample's first rank, or all its ranks with the parallel VAE), and the
+            # transformer empty (filled after sharding)
+            decodes = self.parallel.sp_rank == 0 or self._split_decode
+            without = (() if missing else TEXT_ENCODERS) + (() if decodes else ("vae",))
             pipeline = load_pipeline(config.model, torch.float32, self.parallel.device, empty_transformers=True,
                                      without=without if source is not None else ())  # fmt: skip
         torch.manual_seed(config.seed)  # identical LoRA initialisation on every rank, however the model loaded
@@ -218,6 +223,11 @@ class GRPOTrainer:
             device=self.parallel.device,
         )  # fmt: skip
         self._encode_prompts(missing, free_encoders=source is not None)
+        if self._split_decode:
+            if vae_plan_of(self.pipe.vae) is None:
+                raise ConfigError(f"parallel_vae: {type(self.pipe.vae).__name__} cannot decode split (supported: "
+                                  f"{supported_vaes()}); set parallel_vae: false")  # fmt: skip
+            parallelize_vae(self.pipe.vae, self.parallel.sp_group, gather_to=0)
         self._shard(config)
         params = [p for p in self.transformer.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=config.optim.lr, weight_decay=config.optim.weight_decay)
@@ -304,24 +314,30 @@ class GRPOTrainer:
         grpo, parallel = self.config.grpo, self.parallel
         batch = make_batch(self.prompts, step, self.config.seed, grpo, parallel)
         self.transformer.eval()
+        began = time.perf_counter()
         traj, cond = rollout(self.policy, batch, grpo, parallel)
-        rewards, parts, _ = rewards_of(self.policy, traj, batch, self.reward, parallel, grpo)
+        sampled = time.perf_counter()
+        rewards, parts, _ = rewards_of(self.policy, traj, batch, self.reward, parallel, grpo,
+                                       split_decode=self._split_decode)  # fmt: skip
+        seconds = {"sample": sampled - began, "reward": time.perf_counter() - sampled}
         advantages = group_advantages(rewards, batch.prompt_ids, group=parallel.dp_group, std=grpo.adv_std,
                                       clip=grpo.adv_clip)  # fmt: skip
         self.transformer.train()
-        return Rollout(batch, traj, cond, rewards, parts, advantages)
+        return Rollout(batch, traj, cond, rewards, parts, advantages, seconds)
 
     def step(self) -> dict[str, Any]:
         """One iteration (roll out, score, update), logged; returns its metrics row (collective)."""
         config, step = self.config, self.step_index
         began = time.perf_counter()
         data = self.collect(step)
+        trained = time.perf_counter()
         stats = train_on_rollout(self.policy, self.transformer, self.optimizer, data.traj, data.cond, data.advantages,
                                  config.grpo, seed_for(config.seed, step, 1), config.optim.max_grad_norm)  # fmt: skip
         self.scheduler.step()
         skipped = bool(stats.pop("skipped"))
         self.skipped_steps += skipped
         self._skipped_in_a_row = self._skipped_in_a_row + 1 if skipped else 0
+        data.seconds["train"] = time.perf_counter() - trained
         row = self._metrics_row(step, stats, data, time.perf_counter() - began)
         row["skipped_steps"] = self.skipped_steps
         self.step_index = done = step + 1
@@ -378,6 +394,7 @@ class GRPOTrainer:
         row |= self._over_dp({k: v for k, v in row.items() if k in LOSS_STATS})
         for name, values in data.parts.items():
             row[f"reward/{name}"] = mean_std(values)[0]
+        row |= {f"seconds/{name}": value for name, value in data.seconds.items()}
         return row
 
     def _over_dp(self, stats: dict[str, float]) -> dict[str, float]:
@@ -414,8 +431,9 @@ class GRPOTrainer:
                                  shifted_sigmas(config.grpo.steps, config.grpo.shift), SDEConfig("ode"))  # fmt: skip
         self.transformer.train()
         reward = torch.zeros(1, device=parallel.device)
+        if parallel.rank == 0 or (self._split_decode and parallel.dp_rank == 0):
+            videos = policy.decode(traj.final).cpu()  # (B, F, C, H, W); assembled on rank 0
         if parallel.rank == 0:
-            videos = policy.decode(traj.final).cpu()  # (B, F, C, H, W)
             reward[0] = self.reward(videos, prompts).nanmean()
             if path is not None:
                 save_video(torch.cat(list(videos), dim=-1).permute(0, 2, 3, 1).numpy(), path)
