@@ -5,8 +5,11 @@ vs. sequence parallel on two (Ulysses 2, Ring 2), side by side in one run.
     python benchmarks/bench_grpo.py --height 96 --width 96
 
 Each method runs ``--steps`` GRPO iterations (rollout, reward, one update) after one warm-up iteration; a
-"sample" is one rollout + its share of the training forward/backward. Memory is the growth of the peak
-resident set during the timed iterations (CPU has no allocator statistics).
+"sample" is one rollout + its share of the training forward/backward. The time per sample is split into
+sampling (the transformer's rollout), reward (decoding and scoring) and training, as the trainer logs them
+(``seconds/*``). "ulysses2, serial VAE" decodes on one process of the two (``parallel_vae: false``), as
+before the parallel VAE. Memory is the growth of the peak resident set during the timed iterations (CPU has
+no allocator statistics).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from measure import peak_rss_mib, rss_mib  # benchmarks/measure.py
 
 from dit_sp import GRPOTrainer, TrainConfig, spawn
 
+PARTS = ("sample", "reward", "train")
+
 
 def worker(cfg: TrainConfig, steps: int) -> dict[str, float]:
     trainer = GRPOTrainer(cfg)
@@ -28,13 +33,16 @@ def worker(cfg: TrainConfig, steps: int) -> dict[str, float]:
     base = rss_mib()
     dist.barrier()
     start = time.perf_counter()
+    parts = dict.fromkeys(PARTS, 0.0)
     for _ in range(steps):
-        trainer.step()
+        row = trainer.step()
+        for part in PARTS:
+            parts[part] += row[f"seconds/{part}"]
     elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
     samples = steps * cfg.grpo.prompts_per_step * cfg.grpo.group_size
     peak = peak_rss_mib() - base
-    return {"s_per_sample": elapsed.item() / samples, "peak_mib": peak}
+    return {"s_per_sample": elapsed.item() / samples, "peak_mib": peak} | {p: t / samples for p, t in parts.items()}
 
 
 def main() -> None:
@@ -44,10 +52,11 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=9)
     parser.add_argument("--steps", type=int, default=2)
     args = parser.parse_args()
-    base = {"model": "tiny-wan", "checkpoint_every": 0, "output_dir": "outputs/bench_grpo",
+    base = {"model": "tiny-wan", "checkpoint_every": 0, "output_dir": "outputs/bench_grpo", "overwrite": True,
             "sample": {"frames": args.frames, "height": args.height, "width": args.width, "guidance": 4.0},
             "grpo": {"steps": 4, "group_size": 2, "prompts_per_step": 2, "train_fraction": 0.5}}  # fmt: skip
-    layouts = {"sp=1": (1, {}), "ulysses2": (2, {"ulysses": 2}), "ring2": (2, {"ring": 2})}
+    layouts = {"sp=1": (1, {}), "ulysses2": (2, {"ulysses": 2}), "ring2": (2, {"ring": 2}),
+               "ulysses2, serial VAE": (2, {"ulysses": 2, "parallel_vae": False})}  # fmt: skip
     rows = {}
     for name, (world, extra) in layouts.items():
         cfg = TrainConfig.from_dict(base | extra)
@@ -56,12 +65,17 @@ def main() -> None:
     tokens *= (args.height // 16) * (args.width // 16)
     print(f"\nGRPO on tiny-wan, {args.frames} frames of {args.height}x{args.width} ({tokens} tokens), guidance 4, "
           "1 thread per process")  # fmt: skip
-    print(f"{'layout':10s} {'procs':>5s} {'s/sample':>9s} {'speedup':>8s} {'peak MiB/proc':>14s}")
+    print(f"{'layout':22s} {'procs':>5s} {'s/sample':>9s} {'speedup':>8s} {'sample':>8s} {'reward':>8s} {'train':>8s} "
+          f"{'peak MiB/proc':>14s}")  # fmt: skip
     single = rows["sp=1"][0]["s_per_sample"]
     for name, results in rows.items():
         r = results[0]
-        print(f"{name:10s} {len(results):5d} {r['s_per_sample']:9.3f} {single / r['s_per_sample']:7.2f}x "
-              f"{max(x['peak_mib'] for x in results):14.1f}")  # fmt: skip
+        print(
+            f"{name:22s} {len(results):5d} {r['s_per_sample']:9.3f} {single / r['s_per_sample']:7.2f}x "
+            + " ".join(f"{r[part]:8.3f}" for part in PARTS)
+            + f" {max(x['peak_mib'] for x in results):14.1f}"
+        )
+    print("sample / reward / train: seconds per sample in rollout sampling, decoding + scoring, and training")
     print(f"ratio: sp=1 / ulysses2 time per sample = {single / rows['ulysses2'][0]['s_per_sample']:.2f}")
 
 

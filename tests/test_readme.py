@@ -172,10 +172,11 @@ def python_block(marker: str) -> str:
 ONE_LINE = "parallelize(pipe, parallel)  # the one line"
 USP = "out = usp_attention(q, k, v, parallel, seq_len=S)"
 TRAINER = "trainer = GRPOTrainer(config"
+SPLIT_VAE = "parallelize_vae(vae, parallel)  # decode and encode split over the processes of a sample"
 
 
 def test_every_python_block_has_a_test():
-    markers = (ONE_LINE, USP, TRAINER)
+    markers = (ONE_LINE, USP, TRAINER, SPLIT_VAE)
     for block in blocks("python"):
         assert sum(marker in block for marker in markers) == 1, f"no test runs this README block:\n{block}"
 
@@ -195,6 +196,21 @@ def test_readme_one_line_example_on_two_processes_equals_one_process(tiny_wan_di
     assert single.shape == (5, 32, 32, 3) and single.std() > 0.01
     for rank in parallel:
         assert abs(rank["video"] - single).max() <= 1e-4
+
+
+def test_readme_parallel_vae_example_equals_one_process(tiny_wan_dir, tmp_path):
+    """The README's ``parallelize_vae`` on 2 processes decodes the frames one process decodes."""
+    code = substitute(python_block(SPLIT_VAE), [
+        ("ParallelConfig(ulysses=8)", "ParallelConfig(ulysses=2)"),
+        ('"/ckpt/Wan2.1-T2V-14B-Diffusers"', repr(str(tiny_wan_dir))),
+        ("torch.randn(1, 16, 21, 60, 104,", "torch.randn(1, 4, 3, 6, 5,"),
+    ])  # fmt: skip
+    parallel = spawn(run_snippet, 2, args=(code, str(tmp_path), ("video",)), timeout=300)
+    stock = substitute(code, [("ParallelConfig(ulysses=2)", "ParallelConfig()"), (SPLIT_VAE, "")])
+    single = spawn(run_snippet, 1, args=(stock, str(tmp_path), ("video",)), timeout=300)[0]["video"]
+    assert single.shape == (1, 3, 9, 48, 40) and single.std() > 0.01
+    for rank in parallel:
+        assert (rank["video"] - single).abs().max() <= 1e-4
 
 
 def test_readme_usp_example_equals_attention_over_the_whole_sequence(tmp_path):
