@@ -214,3 +214,23 @@ def test_resume_on_another_layout_continues_the_same_run(tmp_path):
     for a, b in zip(resumed[2:], expected[2:]):
         for key in ("loss", "reward_mean", "grad_norm", "ratio_mean"):
             assert abs(a[key] - b[key]) <= 1e-5 * max(1.0, abs(b[key])), (key, a, b)
+
+
+EXITS_CLEANLY = """
+import atexit, torch.distributed as dist
+from dit_sp import ParallelConfig, init_parallel
+atexit.register(lambda: print("group left at exit:", dist.is_initialized(), flush=True))  # runs after dit_sp's
+parallel = init_parallel(ParallelConfig(ulysses=2))
+dist.all_reduce(__import__("torch").ones(1), group=parallel.sp_group)
+"""
+
+
+def test_a_torchrun_script_that_returns_leaves_no_process_group_to_finalization(tmp_path):
+    """Left alive into interpreter finalization, gloo's threads can abort a rank that finished its work
+    (SIGABRT, "terminate called without an active exception"): init_parallel's group is destroyed at exit."""
+    script = tmp_path / "job.py"
+    script.write_text(EXITS_CLEANLY)
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                             str(script)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("group left at exit: False") == 2, result.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -122,6 +123,14 @@ def single_process_state(device: torch.device | None = None) -> ParallelState:
     )
 
 
+def _destroy_process_group() -> None:
+    """At exit, tear down the process group that ``init_parallel`` started, unless the caller did: left to
+    interpreter finalization, gloo's worker threads can abort the process (SIGABRT, "terminate called without
+    an active exception") after all the work succeeded."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def init_parallel(
     config: ParallelConfig,
     *,
@@ -133,7 +142,8 @@ def init_parallel(
 
     The process group comes from torchrun's environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
     ``MASTER_PORT``), or is reused if already initialised. A single process with nothing launched gets
-    a state without process groups. Every group created here uses ``timeout``, so a lost peer raises
+    a state without process groups. A process group started here is destroyed at exit if the caller has
+    not done so. Every group created here uses ``timeout``, so a lost peer raises
     instead of hanging.
     """
     device = torch.device(device) if device is not None else default_device()
@@ -151,6 +161,7 @@ def init_parallel(
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group(backend=backend, timeout=timeout)
+        atexit.register(_destroy_process_group)
     config.check_world_size(dist.get_world_size())
 
     # Every group carries the timeout: DeviceMesh sub-groups otherwise wait 30 minutes.
