@@ -60,3 +60,9 @@ def _step_gradients(cfg: TrainConfig, lora_b: float | None) -> dict:
     return {"grads": grads, "rewards": data.rewards, "prompt_ids": data.batch.prompt_ids,
             "ratio_min": stats["ratio_min"], "ratio_max": stats["ratio_max"], "kl": stats["kl"],
             "rank": trainer.parallel.rank}  # fmt: skip
+
+
+def evaluation(cfg: TrainConfig, video: str) -> dict:
+    """The trainer's held-out evaluation: its reward (every rank) and the video rank 0 writes."""
+    trainer = GRPOTrainer(cfg)
+    return {"reward": trainer.evaluate(video), "rank": trainer.parallel.rank}

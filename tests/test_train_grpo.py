@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from compare import assert_all_close, max_errors
-from grpo_checks import step_gradients, tiny_config
+from grpo_checks import evaluation, step_gradients, tiny_config
 
 from dit_sp import spawn
 from dit_sp.bundled import ASSET_DIR
@@ -71,6 +71,21 @@ def test_data_parallel_fsdp_step_equals_single_process(single):
     torch.testing.assert_close(torch.cat([r["rewards"] for r in results]), single["rewards"], atol=1e-6, rtol=0)
     for result in results:
         _assert_grads_equal(result["grads"], single["grads"], f"rank {result['rank']}")
+
+
+@pytest.mark.parametrize("parallel_vae", [True, False], ids=["split decode", "one process decodes"])
+def test_evaluation_on_ulysses_2_equals_one_process(tmp_path, parallel_vae):
+    """Held-out evaluation decodes its ODE samples split over the SP ranks (or on rank 0 alone): the reward and
+    the written video are those of one process."""
+    import imageio.v3 as iio
+
+    one = spawn(evaluation, 1, args=(tiny_config(), str(tmp_path / "one.mp4")), timeout=300)[0]
+    two = spawn(evaluation, 2, args=(tiny_config(ulysses=2, parallel_vae=parallel_vae), str(tmp_path / "two.mp4")),
+                timeout=300)  # fmt: skip
+    assert 0 < one["reward"] < 1
+    for result in two:
+        assert abs(result["reward"] - one["reward"]) < 1e-5, (result, one)
+    assert abs(iio.imread(tmp_path / "two.mp4").astype(int) - iio.imread(tmp_path / "one.mp4").astype(int)).max() <= 2
 
 
 def _train_cmd(out: Path, *extra: str) -> list[str]:
