@@ -26,6 +26,7 @@ from dit_sp.models.processor import sequence_parallel_processor
 from dit_sp.parallel.comm import GatherGrad
 from dit_sp.parallel.state import ParallelState
 from dit_sp.vae import split_forward
+from dit_sp.vae_tiles import share_tiles
 from dit_sp.zoo import TRANSFORMERS
 
 _HANDLE_ATTR = "_dit_sp_parallel"
@@ -203,8 +204,8 @@ def parallelize_vae(vae: torch.nn.Module, group: dist.ProcessGroup | ParallelSta
     one-process run (``dit_sp.vae``). Every rank of the group calls ``decode``/``encode`` with the same input.
 
     Args:
-        vae: ``AutoencoderKLWan``, ``AutoencoderKLHunyuanVideo`` or ``AutoencoderKLCogVideoX``; tiling
-            (``vae.enable_tiling()``) works too, each tile split.
+        vae: ``AutoencoderKLWan``, ``AutoencoderKLHunyuanVideo`` or ``AutoencoderKLCogVideoX``; with tiling
+            (``vae.enable_tiling()``) the tiles are shared out whole, tile ``t`` on group rank ``t % N``.
         group: the processes that share the work.
         gather_to: assemble the frames only on this rank of the group (the others get their own rows);
             by default on every rank.

@@ -1,5 +1,5 @@
 """The parallel VAE: decode and encode split over 2 and 4 processes equal one process, for every family's VAE,
-untiled and tiled, on odd latent heights and widths and several frame counts."""
+untiled and tiled (the tiles shared out), on odd latent heights and widths and several frame counts."""
 
 from __future__ import annotations
 
@@ -28,6 +28,11 @@ def test_split_vae_equals_one_process(results, family):
         own = RowSplit.even(height, ranks).sizes[rank]
         assert own <= result["rows"]["decoder"][0] <= own + 2 < height + 2, result["rows"]["decoder"][:3]
         assert result["undone"] == 0.0
+    # tiled, the tiles are shared out: every part call of the one-process run ran once, on one of the ranks
+    for part in ("decoder", "encoder"):
+        one = per_rank[0][family]["one_process_tiled_calls"][part]
+        ran = [r[family]["tiled_calls"][part] for r in per_rank]
+        assert sum(ran) == one and max(ran) < one, (part, ran, one)
 
 
 def test_unsupported_vae_is_a_clear_error():

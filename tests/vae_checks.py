@@ -1,5 +1,5 @@
 """Workers of the parallel VAE tests: tiny VAEs of every family decode and encode on one process and split
-over the group, with and without tiling; the results and the rows each rank actually ran are returned."""
+over the group, with and without tiling; the results and the work each rank actually did are returned."""
 
 from __future__ import annotations
 
@@ -67,22 +67,31 @@ def _run(vae: torch.nn.Module, name: str, tiled: bool) -> dict[str, torch.Tensor
 
 def check_vae(name: str, parallel) -> dict:
     """Every case on one process, then split over the world (the processes of one sample); the largest
-    differences, and the rows this rank's decoder and encoder ran (their first convolution's input height)
-    per call."""
+    differences, the rows this rank's decoder and encoder ran untiled (their first convolution's input
+    height per call), and how many part calls ran tiled, on one process and on this rank."""
     vae = build(name)
-    reference = {**_run(vae, name, tiled=False), **_run(vae, name, tiled=True)}
-    rows: dict[str, list[int]] = {"decoder": [], "encoder": []}
-    for part in rows:
+    calls: dict[str, list[int]] = {}
+    for part in ("decoder", "encoder"):
         first = next(m for m in getattr(vae, part).modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d)))
-        first.register_forward_pre_hook(lambda m, args, part=part: rows[part].append(args[0].shape[-2]))
+        first.register_forward_pre_hook(lambda m, args, part=part: calls[part].append(args[0].shape[-2]))
+
+    def run(tiled: bool) -> tuple[dict, dict]:
+        calls.update(decoder=[], encoder=[])
+        return _run(vae, name, tiled), {part: list(heights) for part, heights in calls.items()}
+
+    (untiled, _), (tiled, tiled_calls) = run(False), run(True)
+    reference = untiled | tiled
     handle = parallelize_vae(vae, parallel)
-    split = {**_run(vae, name, tiled=False), **_run(vae, name, tiled=True)}
+    (untiled, rows), (tiled, split_tiled_calls) = run(False), run(True)
+    split = untiled | tiled
     errors = {key: (split[key] - reference[key]).abs().max().item() for key in reference}
     shapes = {key: split[key].shape == reference[key].shape for key in reference}
     handle.undo()
     vae.disable_tiling()
     undone = vae.decode(_inputs(name, *CASES[0])[0]).sample - reference[f"decode {'x'.join(map(str, CASES[0]))}"]
-    return {"errors": errors, "shapes": shapes, "rows": rows, "undone": undone.abs().max().item()}
+    return {"errors": errors, "shapes": shapes, "rows": rows, "undone": undone.abs().max().item(),
+            "tiled_calls": {part: len(c) for part, c in split_tiled_calls.items()},
+            "one_process_tiled_calls": {part: len(c) for part, c in tiled_calls.items()}}  # fmt: skip
 
 
 def check_vaes(names: list[str]) -> dict[str, dict]:

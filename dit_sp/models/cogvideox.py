@@ -11,6 +11,7 @@ import torch
 from dit_sp._compat import context_parallel_types
 from dit_sp.models.family import ModelFamily
 from dit_sp.vae import Padding, VAEPlan
+from dit_sp.vae_tiles import TileProtocol
 
 
 def _plan(model: torch.nn.Module) -> dict:
@@ -39,6 +40,8 @@ COGVIDEOX_VAE = VAEPlan(
     class_names=("AutoencoderKLCogVideoX",),
     padded_inputs=_vae_padded_inputs,
     unchunked=("CogVideoXSafeConv3d",),
+    # a tile's frame batches pass the conv cache along, starting from None; a call returns (out, cache)
+    tiles=TileProtocol(starts_tile=lambda kwargs: kwargs.get("conv_cache") is None, answer=lambda _, out: (out, {})),
 )
 
 

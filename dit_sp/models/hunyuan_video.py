@@ -14,6 +14,7 @@ from dit_sp.errors import ConfigError
 from dit_sp.models.family import ModelFamily
 from dit_sp.models.policy import DiffusersPolicy
 from dit_sp.vae import Padding, VAEPlan
+from dit_sp.vae_tiles import TileProtocol
 
 Tensor = torch.Tensor
 
@@ -91,6 +92,7 @@ HUNYUAN_VIDEO_VAE = VAEPlan(
     padded_inputs=_vae_padded_inputs,
     # its attention runs over (frames x rows x columns) flattened, with a causal mask over frames
     whole_frame=("HunyuanVideoMidBlock3D",),
+    tiles=TileProtocol(starts_tile=lambda kwargs: True, answer=lambda kwargs, out: out),  # one call a tile
 )
 
 

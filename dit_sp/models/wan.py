@@ -13,6 +13,7 @@ from dit_sp._compat import model_cp_plan
 from dit_sp.models.family import ModelFamily
 from dit_sp.models.policy import DiffusersPolicy
 from dit_sp.vae import Padding, VAEPlan
+from dit_sp.vae_tiles import TileProtocol
 
 Tensor = torch.Tensor
 
@@ -56,10 +57,17 @@ def _vae_padded_inputs(part: torch.nn.Module) -> dict[torch.nn.Module, Padding]:
     return padded
 
 
+def _tile_answer(kwargs: dict, out: Tensor) -> Tensor:
+    kwargs["feat_cache"][0] = out  # the cache looks used: the tile's next chunk is not a new tile
+    return out
+
+
 WAN_VAE = VAEPlan(
     class_names=("AutoencoderKLWan",),
     padded_inputs=_vae_padded_inputs,
     whole_frame=("WanAttentionBlock",),
+    # each tile starts with a cleared causal cache (clear_cache), then runs frame chunk by frame chunk
+    tiles=TileProtocol(starts_tile=lambda kwargs: all(c is None for c in kwargs["feat_cache"]), answer=_tile_answer),
 )
 
 

@@ -1,0 +1,161 @@
+"""Tiled VAE decode and encode with the tiles shared out over a process group.
+
+diffusers' ``tiled_decode``/``tiled_encode`` cut the input into overlapping tiles, run the decoder (or
+encoder) on each tile alone (for video, chunk by chunk with a causal cache that starts afresh per tile), and
+blend the tiles. The tiles are independent, so each process runs whole tiles (tile ``t`` on rank
+``t % N``) and the blend, which is cheap, runs on the assembled tiles. The stock method runs twice:
+
+1. **record**: the part's calls that belong to this rank's tiles run; the others return a small placeholder
+   at once. The pass stops where the blending starts (the placeholders cannot be blended).
+2. **replay**: after the tile outputs are exchanged, the stock method runs again with every part call
+   answered from the exchanged outputs, so the blending, cropping and clamping are diffusers' own.
+
+A family's ``TileProtocol`` says how its tiled methods call the part: which call starts a tile, and what a
+call that did not run returns. Inference only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from dit_sp._compat import p2p_op
+
+
+@dataclass(frozen=True)
+class TileProtocol:
+    """How a VAE family's tiled methods call its decoder/encoder (``part(x, **kwargs)``)."""
+
+    starts_tile: Callable[[dict], bool]
+    """Whether a call with these keyword arguments is the first of a tile (its cache empty)."""
+    answer: Callable[[dict, torch.Tensor], Any]
+    """What a call that did not run returns, given its output tensor; it also leaves the call's cache
+    looking used, so that the tile's next call is not taken for a new tile."""
+    methods: tuple[tuple[str, str], ...] = (("decoder", "tiled_decode"), ("encoder", "tiled_encode"))
+    """(part, the VAE's tiled method that calls it)."""
+
+
+class _BlendReached(Exception):
+    """Raised in the record pass where the stock method starts blending tiles."""
+
+
+def _out_channels(part: nn.Module) -> int:
+    convs = [m for m in part.conv_out.modules() if isinstance(m, (nn.Conv2d, nn.Conv3d))]
+    return convs[-1].out_channels
+
+
+class _Record:
+    """The record pass: which rank runs each call, and this rank's outputs."""
+
+    def __init__(self, part: nn.Module, protocol: TileProtocol, rank: int, ranks: int):
+        self.part, self.protocol, self.rank, self.ranks = part, protocol, rank, ranks
+        self.tile = -1
+        self.owners: list[int] = []
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.device: torch.device | None = None
+        self.channels = _out_channels(part)
+
+    def __call__(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if self.protocol.starts_tile(kwargs):
+            self.tile += 1
+        if self.tile < 0:
+            raise RuntimeError("parallel VAE tiles: a call came before any call that starts a tile")
+        call, owner = len(self.owners), self.tile % self.ranks
+        self.device = x.device
+        self.owners.append(owner)
+        if owner != self.rank:
+            # a 1x1x1 tensor with the output's channels, for what the method does to outputs before blending
+            return self.protocol.answer(kwargs, x.new_zeros((x.shape[0], self.channels, 1, 1, 1)))
+        out = type(self.part).forward(self.part, x, *args, **kwargs)
+        self.outputs[call] = out[0] if isinstance(out, tuple) else out
+        return out
+
+
+def _exchange(record: _Record, group: dist.ProcessGroup, gather_to: int | None) -> list[torch.Tensor]:
+    """Every call's output, from its owner: on every rank, or (``gather_to``) only there, the other ranks
+    getting zeros for the calls they did not run."""
+    tables: list[Any] = [None] * record.ranks
+    dist.all_gather_object(tables, {call: (tuple(t.shape), t.dtype) for call, t in record.outputs.items()},
+                           group=group)  # fmt: skip
+    outputs, ops = [], []
+    for call, owner in enumerate(record.owners):
+        if owner == record.rank:
+            out = record.outputs[call]
+        else:
+            shape, dtype = tables[owner][call]
+            out = torch.zeros(shape, dtype=dtype, device=record.device)
+        outputs.append(out)
+        if owner == record.rank and gather_to is None:
+            ops += [p2p_op(dist.isend, out, group, peer) for peer in range(record.ranks) if peer != owner]
+        elif owner == record.rank and record.rank != gather_to:
+            ops.append(p2p_op(dist.isend, out, group, gather_to))
+        elif owner != record.rank and gather_to in (None, record.rank):
+            ops.append(p2p_op(dist.irecv, out, group, owner))
+    for work in dist.batch_isend_irecv(ops) if ops else []:
+        work.wait()
+    return outputs
+
+
+def _share(vae: nn.Module, part: nn.Module, method: str, protocol: TileProtocol, group: dist.ProcessGroup,
+           gather_to: int | None) -> Callable[[], None]:  # fmt: skip
+    original = getattr(vae, method)
+    rank, ranks = dist.get_rank(group), dist.get_world_size(group)
+
+    def with_part(forward: Callable, *args: Any, **kwargs: Any) -> Any:
+        """The stock method with ``part.forward`` answered by ``forward`` (the row split stands aside)."""
+        saved = part.__dict__.get("forward")
+        part.forward = forward
+        try:
+            return original(*args, **kwargs)
+        finally:
+            if saved is None:
+                del part.forward
+            else:
+                part.forward = saved
+
+    def tiled(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if x.requires_grad and torch.is_grad_enabled():
+            raise RuntimeError("the parallel VAE is inference-only: run it under torch.no_grad(), or turn it off "
+                               "(parallelize(..., parallel_vae=False))")  # fmt: skip
+        record = _Record(part, protocol, rank, ranks)
+
+        def reached(*_: Any, **__: Any) -> None:
+            raise _BlendReached
+
+        vae.blend_v = vae.blend_h = reached
+        try:
+            with torch.no_grad():
+                with_part(record, x, *args, **kwargs)
+        except _BlendReached:
+            pass
+        finally:
+            del vae.blend_v, vae.blend_h
+        outputs = iter(_exchange(record, group, gather_to))
+        with torch.no_grad():
+            return with_part(lambda _, *a, **kw: protocol.answer(kw, next(outputs)), x, *args, **kwargs)
+
+    setattr(vae, method, tiled)
+    return lambda: vae.__dict__.pop(method, None)
+
+
+def share_tiles(vae: nn.Module, protocol: TileProtocol, group: dist.ProcessGroup,
+                gather_to: int | None = None) -> Callable[[], None]:  # fmt: skip
+    """Make ``vae``'s tiled methods share their tiles out over ``group`` (see the module docstring); the
+    result equals the one-process tiled run, assembled on every rank (or only on group rank ``gather_to``).
+    Returns the undo."""
+    undos = []
+    for part_name, method in protocol.methods:
+        part = getattr(vae, part_name, None)
+        if part is None or not hasattr(vae, method):
+            continue
+        if method in vae.__dict__:
+            raise ValueError(f"the VAE's {method} is already replaced; undo that first")
+        if not hasattr(part, "conv_out"):
+            raise NotImplementedError(f"parallel VAE tiles: {type(part).__name__} has no conv_out")
+        undos.append(_share(vae, part, method, protocol, group, gather_to))
+    return lambda: [undo() for undo in reversed(undos)]
