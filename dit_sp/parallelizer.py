@@ -180,8 +180,9 @@ def _parallelize_transformer(
         _set_instance_attr(model, "forward", wrapped, handle)
 
 
-def _decode_once_per_sample(vae: torch.nn.Module, parallel: ParallelState, handle: Parallelized) -> None:
-    """The sample's leader rank decodes; the result is broadcast to the other ranks of the sample."""
+def _decode_once_per_sample(vae: torch.nn.Module, parallel: ParallelState, handle: Parallelized, send: bool) -> None:
+    """The sample's leader rank decodes; the result is broadcast to the other ranks of the sample (``send``),
+    or they get an uninitialised tensor of its shape."""
     decode = vae.decode
     leader = dist.get_global_rank(parallel.sample_group, 0)
 
@@ -191,7 +192,8 @@ def _decode_once_per_sample(vae: torch.nn.Module, parallel: ParallelState, handl
         dist.broadcast_object_list(meta, src=leader, group=parallel.sample_group)
         kind, shape, dtype = meta[0]
         sample = _first(out).contiguous() if out is not None else torch.empty(shape, dtype=dtype, device=z.device)
-        dist.broadcast(sample, src=leader, group=parallel.sample_group)
+        if send:
+            dist.broadcast(sample, src=leader, group=parallel.sample_group)
         return out if out is not None else ((sample,) if kind is tuple else kind(sample=sample))
 
     _set_instance_attr(vae, "decode", decode_once, handle)
@@ -225,6 +227,8 @@ def parallelize_vae(vae: torch.nn.Module, group: dist.ProcessGroup | ParallelSta
         part = getattr(vae, name, None)
         if part is not None:
             handle.add_undo(split_forward(part, plan, group, gather_to))
+    if plan.tiles is not None:
+        handle.add_undo(share_tiles(vae, plan.tiles, group, gather_to))
     return handle
 
 
@@ -273,6 +277,7 @@ def parallelize(
     verify_inputs: bool = False,
     shard_weights: bool = False,
     parallel_vae: bool = True,
+    frames_on: str = "every_rank",
 ) -> Parallelized:
     """Make a diffusers transformer or pipeline run on the layout ``parallel``.
 
@@ -293,12 +298,17 @@ def parallelize(
         parallel_vae: a pipeline's VAE decodes (and encodes) with each frame's rows split over the
             processes of a sample (``parallelize_vae``); off, or for a VAE of no supported family, one
             process decodes and sends the frames to the others.
+        frames_on: where a pipeline's decoded frames are assembled: ``"every_rank"`` (a drop-in: every rank
+            returns the video) or ``"leader"``, only on the sample's leader (``parallel.is_sample_leader``),
+            which saves the other ranks the transfer and the memory; what they return must not be used.
 
     Returns:
         A handle whose ``undo()`` (or ``with`` exit, or ``unparallelize(obj)``) restores ``obj`` exactly.
     """
     if getattr(obj, _HANDLE_ATTR, None) is not None:
         raise ValueError(f"{type(obj).__name__} is already parallelized; call unparallelize() first")
+    if frames_on not in ("every_rank", "leader"):
+        raise ValueError(f"frames_on={frames_on!r}: expected 'every_rank' or 'leader'")
     handle = Parallelized(obj)
     options = {"gather_grad": gather_grad, "kernel": kernel, "verify": verify_inputs}
     try:
@@ -323,9 +333,10 @@ def parallelize(
             vae = getattr(obj, "vae", None)
             if vae is not None and parallel.sample_group is not None:
                 if parallel_vae and vae_plan_of(vae) is not None:
-                    handle.add_undo(parallelize_vae(vae, parallel.sample_group).undo)
+                    gather_to = 0 if frames_on == "leader" else None
+                    handle.add_undo(parallelize_vae(vae, parallel.sample_group, gather_to=gather_to).undo)
                 else:
-                    _decode_once_per_sample(vae, parallel, handle)
+                    _decode_once_per_sample(vae, parallel, handle, send=frames_on == "every_rank")
             _swap_pipeline_class(obj, family, parallel, guidance, handle)
     except BaseException:
         handle.undo()

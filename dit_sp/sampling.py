@@ -174,6 +174,7 @@ def _setup(config: GenerateConfig) -> tuple[ParallelState, Any, dict[str, float]
             verify_inputs=config.verify_inputs,
             shard_weights=config.shard_weights,
             parallel_vae=config.parallel_vae,
+            frames_on="leader",  # the leader writes
         )
     return parallel, pipe, guidance
 

@@ -110,3 +110,11 @@ def test_dtype_mismatch_is_a_clear_error(parallel):
     q = torch.randn(1, 4, 2, 8)
     with pytest.raises(ValueError, match="dtypes differ"):
         usp_attention(q, q, q.bfloat16(), parallel)
+
+
+def test_parallelize_names_the_frames_on_choices():
+    from dit_sp import parallelize
+    from dit_sp.zoo import build_tiny
+
+    with pytest.raises(ValueError, match="frames_on='rank0': expected 'every_rank' or 'leader'"):
+        parallelize(build_tiny("tiny-wan"), single_process_state(torch.device("cpu")), frames_on="rank0")
