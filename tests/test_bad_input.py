@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from cli_run import run_cli
 
-pytestmark = pytest.mark.slow  # one CLI process per case
+pytestmark = pytest.mark.slow  # one CLI process per case (forked from a server with the imports done)
 TRAIN = ["--config", "grpo_tiny_wan", "--max-steps", "1"]
 
 # (id, CLI module, argv, files to write first {name: text}, expected message as a regex)
@@ -88,8 +88,7 @@ def _run_case(case: tuple, tmp: Path) -> tuple[subprocess.CompletedProcess, floa
         (tmp / name).write_text(text)
     argv = [arg.replace("{tmp}", str(tmp)) for arg in argv]
     began = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", f"pipelines.{cli}", *argv], capture_output=True, text=True,
-                            timeout=120, cwd=tmp)  # fmt: skip
+    result = run_cli(f"pipelines.{cli}", argv, cwd=tmp)
     return result, time.monotonic() - began, tmp
 
 

@@ -7,11 +7,13 @@ import dataclasses
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import imageio.v3 as iio
 import numpy as np
 import pytest
 import torch
+from cli_run import run_cli
 
 from dit_sp import GenerateConfig, generate, spawn
 from dit_sp.zoo import build_tiny
@@ -94,10 +96,8 @@ def test_saved_checkpoint_loads_offline(tmp_path, reference):
     assert np.abs(report["frames"] - reference["frames"]).max() <= 1e-5
 
 
-def _error_of(argv: list[str]) -> str:
-    result = subprocess.run([sys.executable, "-m", "pipelines.generate", "--model", "tiny-wan", *argv],
-                            capture_output=True, text=True,
-                            timeout=300)  # fmt: skip
+def _error_of(argv: list[str], cwd: Path) -> str:
+    result = run_cli("pipelines.generate", ["--model", "tiny-wan", *argv], cwd=cwd)
     assert result.returncode != 0
     return result.stderr
 
@@ -114,23 +114,24 @@ def _error_of(argv: list[str]) -> str:
         (["--dtype", "float8"], "dtype: expected one of 'float32', 'bfloat16', 'float16'"),
     ],
 )
-def test_cli_errors_are_clear(argv, message):
+def test_cli_errors_are_clear(argv, message, tmp_path):
     import re
 
-    assert re.search(message, _error_of(argv)), _error_of(argv)
+    error = _error_of(argv, tmp_path)
+    assert re.search(message, error), error
 
 
 def test_cli_checkpoint_errors(tmp_path):
-    assert "model_index.json is missing" in _error_of(["--model", str(tmp_path)])
+    assert "model_index.json is missing" in _error_of(["--model", str(tmp_path)], tmp_path)
     (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "WanPipeline", "transformer": ["diffusers",
                                                            "WanTransformer3DModel"]}))  # fmt: skip
-    assert "incomplete diffusers pipeline directory" in _error_of(["--model", str(tmp_path)])
+    assert "incomplete diffusers pipeline directory" in _error_of(["--model", str(tmp_path)], tmp_path)
 
 
 def test_config_file_unknown_keys_and_overrides(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("steps: 3\nframez: 9\n")
-    assert "unknown key 'framez' (did you mean 'frames'?)" in _error_of(["--config", str(config)])
+    assert "unknown key 'framez' (did you mean 'frames'?)" in _error_of(["--config", str(config)], tmp_path)
     config.write_text("steps: 3\nheight: 64\n")
     settings = GenerateConfig.load(config, {"model": "tiny-wan", "height": 32})
     assert settings.steps == 3 and settings.height == 32  # overrides win over the file
