@@ -16,6 +16,7 @@ from pathlib import Path
 
 def _run_module(module: str, argv: list[str], cwd: str, out: str, err: str) -> None:
     os.chdir(cwd)
+    sys.path.insert(0, cwd)  # as -m does
     for fd, path in ((1, out), (2, err)):
         file = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(file, fd)
@@ -53,3 +54,15 @@ def run_cli(module: str, argv: list[str], cwd: Path, timeout: float = 120) -> su
             raise subprocess.TimeoutExpired([module, *argv], timeout)
         return subprocess.CompletedProcess([module, *argv], proc.exitcode, Path(out).read_text(),
                                            Path(err).read_text())  # fmt: skip
+
+
+def run_python(argv: list[str], cwd: Path | None = None, timeout: float = 600,
+               check: bool = False) -> subprocess.CompletedProcess:  # fmt: skip
+    """``subprocess.run(argv, ...)`` for ``argv = [sys.executable, "-m", MODULE, *args]``, through ``run_cli``
+    (in ``cwd``, by default this one); ``check`` raises ``CalledProcessError`` on a non-zero exit."""
+    if argv[:2] != [sys.executable, "-m"]:
+        raise ValueError(f"not a python -m command: {argv[:3]}")
+    result = run_cli(argv[2], argv[3:], cwd=cwd or Path.cwd(), timeout=timeout)
+    if check and result.returncode:
+        raise subprocess.CalledProcessError(result.returncode, argv, result.stdout, result.stderr)
+    return result

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_run import run_python
 from fault_checks import generate_with_rank_prompt, nan_loss_on_one_rank, train_with_rank_settings
 from grpo_checks import tiny_config
 
@@ -104,18 +105,16 @@ def file_hashes(root: Path) -> dict[str, str]:
 
 def test_runs_never_clobber_runs(tmp_path):
     out = tmp_path / "run"
-    subprocess.run(train_cmd(out, "--max-steps", "2", "--checkpoint-every", "1"), check=True, capture_output=True,
-                   timeout=600)  # fmt: skip
+    run_python(train_cmd(out, "--max-steps", "2", "--checkpoint-every", "1"), check=True, timeout=600)
     before = file_hashes(out)
-    again = subprocess.run(train_cmd(out, "--max-steps", "2"), capture_output=True, text=True, timeout=120)
+    again = run_python(train_cmd(out, "--max-steps", "2"), timeout=120)
     assert again.returncode == 2 and "already holds a run" in again.stderr and "--overwrite" in again.stderr
     assert "Traceback" not in again.stderr
     assert file_hashes(out) == before, "a refused run must not touch the first run's files"
     empty = tmp_path / "empty"
-    resume = subprocess.run(train_cmd(empty, "--resume"), capture_output=True, text=True, timeout=120)
+    resume = run_python(train_cmd(empty, "--resume"), timeout=120)
     assert resume.returncode == 2 and "holds no complete checkpoint" in resume.stderr
-    replaced = subprocess.run(train_cmd(out, "--max-steps", "1", "--overwrite"), capture_output=True, text=True,
-                              timeout=600)  # fmt: skip
+    replaced = run_python(train_cmd(out, "--max-steps", "1", "--overwrite"), timeout=600)
     assert replaced.returncode == 0, replaced.stderr[-2000:]
     assert [r["step"] for r in rows(out)] == [0]
     assert [p.name for p in sorted((out / "checkpoints").iterdir())] == ["step_00000001"]
@@ -126,8 +125,11 @@ def test_runs_never_clobber_runs(tmp_path):
     [("/proc/x.mp4", "cannot write to /proc"), ("x.webm", "unknown video format '.webm'")],
 )
 def test_outputs_that_cannot_be_written_are_errors(tmp_path, out, message):
-    result = subprocess.run([sys.executable, "-m", "pipelines.generate", "--model", "tiny-wan", "--steps", "1",
-                             "--out", out], capture_output=True, text=True, timeout=120, cwd=tmp_path)  # fmt: skip
+    result = run_python(
+        [sys.executable, "-m", "pipelines.generate", "--model", "tiny-wan", "--steps", "1", "--out", out],
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert result.returncode == 2 and message in result.stderr and "wrote" not in result.stdout, result.stderr
 
 
@@ -149,8 +151,11 @@ def test_outputs_are_replaced_whole(tmp_path):
 
 def test_a_reward_that_fails_everywhere_trains_nothing_and_is_logged(tmp_path):
     out = tmp_path / "run"
-    result = subprocess.run(train_cmd(out, "--max-steps", "2", "--set", "reward=tests.rewards_for_tests:nan_reward"),
-                            capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[1])  # fmt: skip
+    result = run_python(
+        train_cmd(out, "--max-steps", "2", "--set", "reward=tests.rewards_for_tests:nan_reward"),
+        timeout=600,
+        cwd=Path(__file__).parents[1],
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     logged = rows(out)
     assert all(r["reward_failed"] == 4 and r["masked"] == 4 and r["reward_mean"] is None for r in logged)
@@ -169,18 +174,15 @@ def test_a_nan_loss_on_one_rank_skips_the_update_on_every_rank():
 
 def test_a_damaged_latest_checkpoint_and_a_torn_metrics_line_are_survived(tmp_path):
     full, damaged = tmp_path / "full", tmp_path / "damaged"
-    subprocess.run(train_cmd(full, "--max-steps", "5", "--checkpoint-every", "2"), check=True, capture_output=True,
-                   timeout=600)  # fmt: skip
-    subprocess.run(train_cmd(damaged, "--max-steps", "4", "--checkpoint-every", "2"), check=True,
-                   capture_output=True, timeout=600)  # fmt: skip
+    run_python(train_cmd(full, "--max-steps", "5", "--checkpoint-every", "2"), check=True, timeout=600)
+    run_python(train_cmd(damaged, "--max-steps", "4", "--checkpoint-every", "2"), check=True, timeout=600)
     latest = damaged / "checkpoints" / "step_00000004"
     shard = next(latest.glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 3])  # truncated, as by a full disk
     with (damaged / "metrics.jsonl").open("a") as f:
         f.write('{"step": 4, "loss": 0.1')  # torn by a crash while writing
     (damaged / "checkpoints" / "step_00000005.tmp").mkdir()  # a crash during a later save
-    result = subprocess.run(train_cmd(damaged, "--max-steps", "5", "--checkpoint-every", "2", "--resume"),
-                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    result = run_python(train_cmd(damaged, "--max-steps", "5", "--checkpoint-every", "2", "--resume"), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "step_00000004 cannot be loaded" in result.stderr  # the warning says which one was skipped
     resumed, expected = rows(damaged), rows(full)
@@ -204,10 +206,9 @@ def test_resume_on_another_layout_continues_the_same_run(tmp_path):
     """Checkpointed on dp 2, resumed on Ulysses 2 (DCP reshards): the resumed steps log what an uninterrupted
     dp-2 run logs."""
     full, moved = tmp_path / "full", tmp_path / "moved"
-    subprocess.run(train_cmd(full, "--dp", "2", "--max-steps", "4"), check=True, capture_output=True, timeout=600)
-    subprocess.run(train_cmd(moved, "--dp", "2", "--max-steps", "2"), check=True, capture_output=True, timeout=600)
-    result = subprocess.run(train_cmd(moved, "--ulysses", "2", "--max-steps", "4", "--resume"), capture_output=True,
-                            text=True, timeout=600)  # fmt: skip
+    run_python(train_cmd(full, "--dp", "2", "--max-steps", "4"), check=True, timeout=600)
+    run_python(train_cmd(moved, "--dp", "2", "--max-steps", "2"), check=True, timeout=600)
+    result = run_python(train_cmd(moved, "--ulysses", "2", "--max-steps", "4", "--resume"), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     resumed, expected = rows(moved), rows(full)
     assert [r["step"] for r in resumed] == [0, 1, 2, 3]

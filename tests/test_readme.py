@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from cli_run import run_cli
 
 from dit_sp import spawn
 
@@ -53,12 +54,15 @@ def tiny_wan_dir(tmp_path_factory) -> Path:
 
 
 def _run(command: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    """A README command: ``python -m MODULE ...`` as that runs it, forked with the imports done (the
+    installed interpreter's own start is tested in test_install); torchrun as it is."""
     argv = shlex.split(command)
-    if argv[0] == "python":
-        argv[0] = sys.executable
-    elif argv[0] == "torchrun":
-        argv[:1] = [sys.executable, "-m", "torch.distributed.run"]
-    result = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    if argv[:2] == ["python", "-m"]:
+        result = run_cli(argv[2], argv[3:], cwd=cwd, timeout=timeout)
+    else:
+        if argv[0] == "torchrun":
+            argv[:1] = [sys.executable, "-m", "torch.distributed.run"]
+        result = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, f"{command}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
     return result
 
