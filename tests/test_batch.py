@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 from batch_checks import one_by_one
+from cli_run import run_python
 
 from dit_sp import GenerateConfig, generate, spawn
 from dit_sp.sampling import read_batch
@@ -64,7 +65,7 @@ def test_a_killed_batch_finishes_only_the_missing_videos(tmp_path):
     first = [json.loads(line) for line in manifest.read_text().splitlines() if line.strip()]
     assert 1 <= len(first) < 4, "the batch should have been killed halfway"
     stamps = {e["path"]: (tmp_path / "v" / e["path"]).stat().st_mtime_ns for e in first}
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    result = run_python(cmd, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"wrote {4 - len(first)} videos" in result.stdout and f"({len(first)} already there" in result.stdout
     entries = [json.loads(line) for line in manifest.read_text().splitlines()]

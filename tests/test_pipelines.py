@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import imageio.v3 as iio
 import numpy as np
 import pytest
 import torch
-from cli_run import run_cli
+from cli_run import run_cli, run_python
 
 from dit_sp import GenerateConfig, generate, spawn
 from dit_sp.zoo import build_tiny
@@ -64,7 +63,7 @@ def test_cli_writes_readable_video(tmp_path, out, kind):
     cmd = [sys.executable, "-m", "pipelines.generate", "--model", "tiny-wan", "--frames", "5", "--height", "32",
            "--width", "48",
            "--steps", "2", "--out", str(target)]  # fmt: skip
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    result = run_python(cmd, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"wrote {target}" in result.stdout and "s/step" in result.stdout
     pngs = sorted(target.glob("frame_*.png"))
@@ -85,7 +84,7 @@ def test_cli_runs_sequence_parallel_workers(tmp_path):
         "--out",
         str(tmp_path / "v.mp4"),
     ]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    result = run_python(cmd, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "ulysses=2" in result.stdout and len(list(iio.imiter(tmp_path / "v.mp4"))) == 9
 

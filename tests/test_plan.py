@@ -3,10 +3,10 @@ that matches measured peaks, layouts chosen to fit, and its CLI."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
+from cli_run import run_python
 from scale_checks import activation_peak
 
 from dit_sp import TrainConfig, spawn
@@ -51,12 +51,14 @@ def test_the_plan_picks_more_sequence_parallelism_when_memory_is_short():
 
 @pytest.mark.slow
 def test_plan_cli(tmp_path):
-    ok = subprocess.run([sys.executable, "-m", "pipelines.plan", "--config", "grpo_hunyuanvideo", "--gpus", "32"],
-                        capture_output=True, text=True, timeout=300)  # fmt: skip
+    ok = run_python(
+        [sys.executable, "-m", "pipelines.plan", "--config", "grpo_hunyuanvideo", "--gpus", "32"], timeout=300
+    )
     assert ok.returncode == 0, ok.stderr[-2000:]
     for part in ("weights (fp32, 1/32)", "AdamW state", "activations", "gathered block", "text encoder", "fits"):
         assert part in ok.stdout, ok.stdout
     (tmp_path / "c.yaml").write_text("model: /somewhere/my-model\n")
-    bad = subprocess.run([sys.executable, "-m", "pipelines.plan", "--config", str(tmp_path / "c.yaml"), "--gpus", "8"],
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    bad = run_python(
+        [sys.executable, "-m", "pipelines.plan", "--config", str(tmp_path / "c.yaml"), "--gpus", "8"], timeout=300
+    )
     assert bad.returncode == 2 and "cannot tell the architecture" in bad.stderr and "Traceback" not in bad.stderr

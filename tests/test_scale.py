@@ -4,11 +4,11 @@ inference, the lean GRPO setup (prompt embeddings computed once, encoders freed)
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 import sys
 
 import pytest
 import torch
+from cli_run import run_python
 from grpo_checks import tiny_config
 from scale_checks import filled_shards, setup_and_step, sharded_transformer
 
@@ -135,7 +135,7 @@ def _generate(checkpoint, out, name: str, *extra: str) -> torch.Tensor:
     cmd = [sys.executable, "-m", "pipelines.generate", "--model", str(checkpoint), "--steps", "3", "--frames", "5",
            "--height", "32", "--width", "48", "--max-sequence-length", "16", "--guidance", "4",
            "--out", str(out / f"{name}.mp4"), "--save-latents", str(out / f"{name}.pt"), *extra]  # fmt: skip
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    result = run_python(cmd, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return torch.load(out / f"{name}.pt")
 

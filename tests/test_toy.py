@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import imageio.v3 as iio
 import pytest
 import torch
+from cli_run import run_python
 
 from dit_sp import toyworld
 from dit_sp.bundled import ASSET_DIR
@@ -105,7 +105,7 @@ def test_default_generate_follows_its_prompt(tmp_path):
     for i, prompt in enumerate(prompts):
         out = tmp_path / f"{i}"
         cmd = [sys.executable, "-m", "pipelines.generate", "--prompt", prompt, "--seed", str(i), "--out", str(out)]
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+        result = run_python(cmd, timeout=300, cwd=REPO)
         assert result.returncode == 0, result.stderr[-2000:]
         frames = torch.stack([torch.from_numpy(iio.imread(p)) for p in sorted(out.glob("frame_*.png"))])
         seen = toyworld.evaluate(frames.permute(0, 3, 1, 2).float() / 255)
@@ -121,7 +121,7 @@ def test_train_toy_runs_end_to_end(tmp_path):
     out = tmp_path / "toy"
     cmd = [sys.executable, "-m", "pipelines.train_toy", "--vae-steps", "2", "--transformer-steps", "2",
            "--seeds-per-caption", "1", "--work-dir", str(tmp_path / "work"), "--out", str(out)]  # fmt: skip
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO)
+    result = run_python(cmd, timeout=900, cwd=REPO)
     assert result.returncode == 0, result.stderr[-2000:]
     from dit_sp.zoo import load_pipeline
 
@@ -141,7 +141,7 @@ def test_eval_toy_reports_accuracy_and_paired_gain():
     assert gain["gain"] == pytest.approx(1 / 9) and gain["gain_ci95"][0] < 1 / 9 < gain["gain_ci95"][1]
 
     cmd = [sys.executable, "-m", "pipelines.eval_toy", "--seeds", "1", "--steps", "2", "--baseline", str(TOY)]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True)
+    result = run_python(cmd, timeout=300, check=True)
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["model"] == report["baseline"] and report["model"]["samples"] == 8  # same model, same noise
     assert report["gain"] == 0 and report["gain_ci95"] == [0, 0]
@@ -150,8 +150,7 @@ def test_eval_toy_reports_accuracy_and_paired_gain():
 @pytest.mark.slow
 def test_eval_toy_input_errors(tmp_path):
     def error(*args: str) -> str:
-        result = subprocess.run([sys.executable, "-m", "pipelines.eval_toy", *args], capture_output=True, text=True,
-                                timeout=120)  # fmt: skip
+        result = run_python([sys.executable, "-m", "pipelines.eval_toy", *args], timeout=120)
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
         return result.stderr
 

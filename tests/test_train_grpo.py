@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_run import run_python
 from compare import assert_all_close, max_errors
 from grpo_checks import evaluation, step_gradients, tiny_config
 
@@ -103,8 +104,9 @@ def _rows(out: Path) -> list[dict]:
 
 def test_killed_run_resumes_exactly(tmp_path):
     full = tmp_path / "full"
-    subprocess.run(_train_cmd(full, "--max-steps", "6", "--checkpoint-every", "2", "--eval-every", "3"), check=True,
-                   timeout=600, capture_output=True)  # fmt: skip
+    run_python(
+        _train_cmd(full, "--max-steps", "6", "--checkpoint-every", "2", "--eval-every", "3"), check=True, timeout=600
+    )
     expected = _rows(full)
     assert [r["step"] for r in expected] == list(range(6))
     _check_eval_videos(full, expected)
@@ -122,8 +124,7 @@ def test_killed_run_resumes_exactly(tmp_path):
     # A save that crashed midway: a temporary directory and a directory without its marker.
     (killed / "checkpoints" / "step_00000005.tmp").mkdir()
     (killed / "checkpoints" / "step_00000006").mkdir()
-    subprocess.run(_train_cmd(killed, "--max-steps", "6", "--checkpoint-every", "2", "--resume"), check=True,
-                   timeout=600, capture_output=True)  # fmt: skip
+    run_python(_train_cmd(killed, "--max-steps", "6", "--checkpoint-every", "2", "--resume"), check=True, timeout=600)
     resumed = _rows(killed)
     assert [r["step"] for r in resumed] == list(range(6))
     for a, b in zip(resumed, expected):
@@ -132,9 +133,9 @@ def test_killed_run_resumes_exactly(tmp_path):
     assert any((killed / "tensorboard").iterdir())
 
     # The exported weights load in the generate CLI.
-    gen = subprocess.run([sys.executable, "-m", "pipelines.generate", "--model", str(killed / "final"), "--frames", "5",
-                          "--height", "32", "--width", "32", "--steps", "2", "--out", str(tmp_path / "v.mp4")],
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    gen = run_python([sys.executable, "-m", "pipelines.generate", "--model", str(killed / "final"), "--frames", "5",
+                      "--height", "32", "--width", "32", "--steps", "2", "--out", str(tmp_path / "v.mp4")],
+                     timeout=300)  # fmt: skip
     assert gen.returncode == 0, gen.stderr[-2000:]
 
 
@@ -154,7 +155,7 @@ def _check_eval_videos(out: Path, rows: list[dict]) -> None:
 def test_run_errors(tmp_path):
     def error(*overrides: str) -> str:
         cmd = _train_cmd(tmp_path / "out", "--max-steps", "1", *overrides)
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        result = run_python(cmd, timeout=300)
         assert result.returncode != 0
         return result.stderr
 
@@ -164,7 +165,7 @@ def test_run_errors(tmp_path):
     reward.write_text("reward: shiny\nprompts: prompts_demo.txt\n")
     cmd = [sys.executable, "-m", "pipelines.train_grpo", "--config", str(reward), "--max-steps", "1",
            "--output-dir", str(tmp_path / "o")]  # fmt: skip
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    result = run_python(cmd, timeout=300)
     assert "unknown reward 'shiny'" in result.stderr
 
 
@@ -266,7 +267,7 @@ def test_lora_run_exports_plain_merged_weights(tmp_path):
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "pipelines.train_grpo", "--config", str(config), "--output-dir", str(out),
            "--max-steps", "2", "--checkpoint-every", "0"]  # fmt: skip
-    subprocess.run(cmd, check=True, timeout=300, capture_output=True)
+    run_python(cmd, check=True, timeout=300)
     kl = [row["kl"] for row in _rows(out)]
     assert kl[0] == 0.0 and kl[1] > 1e-8, kl
     exported = load_file(next((out / "final" / "transformer").glob("*.safetensors")))
@@ -276,9 +277,9 @@ def test_lora_run_exports_plain_merged_weights(tmp_path):
     assert exported.keys() == base.keys()  # no lora_A/B, no base_layer
     changed = [k for k in base if not torch.equal(exported[k], base[k])]
     assert changed and all(".to_" in k for k in changed)  # only the adapted attention projections moved
-    gen = subprocess.run([sys.executable, "-m", "pipelines.generate", "--model", str(out / "final"), "--frames", "5",
-                          "--height", "32", "--width", "32", "--steps", "2", "--out", str(tmp_path / "v.gif")],
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    gen = run_python([sys.executable, "-m", "pipelines.generate", "--model", str(out / "final"), "--frames", "5",
+                      "--height", "32", "--width", "32", "--steps", "2", "--out", str(tmp_path / "v.gif")],
+                     timeout=300)  # fmt: skip
     assert gen.returncode == 0, gen.stderr[-2000:]
 
 
