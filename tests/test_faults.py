@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -65,23 +66,44 @@ def wait_for(condition, timeout: float, what: str) -> None:
         time.sleep(0.1)
 
 
-def start_training(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, list[int], Path]:
-    """A 2-worker run, returned once both workers have finished a step: (launcher, worker pids, TMPDIR)."""
-    tmpdir = tmp_path / "tmp"
-    tmpdir.mkdir(exist_ok=True)
-    out = tmp_path / "run"
-    proc = subprocess.Popen(train_cmd(out, "--ulysses", "2", "--max-steps", "1000", *extra), env=os.environ | {
-        "TMPDIR": str(tmpdir)}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    wait_for(lambda: (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text().strip(), 300,
-             "the first step")  # fmt: skip
-    workers = descendants(proc.pid)
-    assert len(workers) >= 3, workers  # two workers and the fork server (and multiprocessing's tracker)
-    return proc, workers, tmpdir
+def _as_in_a_terminal() -> None:
+    """Ctrl-C as a terminal delivers it: a shell ignores SIGINT in jobs it starts in the background (CI's
+    runner may be one), and a child inherits that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.fixture
+def start_training(tmp_path: Path):
+    """Starts a 2-worker run, returned once both workers have finished a step: (launcher, worker pids,
+    TMPDIR). Whatever the test leaves running is killed after it, so a failure cannot slow the tests after
+    it down with a run of 1000 steps."""
+    started: list[tuple[subprocess.Popen, list[int]]] = []
+
+    def start(*extra: str) -> tuple[subprocess.Popen, list[int], Path]:
+        tmpdir = tmp_path / "tmp"
+        tmpdir.mkdir(exist_ok=True)
+        out = tmp_path / "run"
+        proc = subprocess.Popen(train_cmd(out, "--ulysses", "2", "--max-steps", "1000", *extra),
+                                env=os.environ | {"TMPDIR": str(tmpdir)}, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True, preexec_fn=_as_in_a_terminal)  # fmt: skip
+        started.append((proc, []))
+        wait_for(lambda: (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text().strip(), 300,
+                 "the first step")  # fmt: skip
+        workers = descendants(proc.pid)
+        started[-1][1].extend(workers)
+        assert len(workers) >= 3, workers  # two workers and the fork server (and multiprocessing's tracker)
+        return proc, workers, tmpdir
+
+    yield start
+    for proc, workers in started:
+        for pid in [*descendants(proc.pid), *workers, proc.pid]:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
-def test_a_signal_to_the_launcher_stops_every_worker_and_cleans_up(tmp_path, sig):
-    proc, workers, tmpdir = start_training(tmp_path)
+def test_a_signal_to_the_launcher_stops_every_worker_and_cleans_up(start_training, sig):
+    proc, workers, tmpdir = start_training()
     os.kill(proc.pid, sig)  # the launcher only, as a scheduler or a closed terminal does
     proc.wait(timeout=20)
     assert proc.returncode == 128 + sig, proc.stderr.read()[-2000:]
@@ -90,8 +112,8 @@ def test_a_signal_to_the_launcher_stops_every_worker_and_cleans_up(tmp_path, sig
     assert "Traceback" not in proc.stderr.read()
 
 
-def test_workers_exit_when_their_launcher_is_killed(tmp_path):
-    proc, workers, _ = start_training(tmp_path)
+def test_workers_exit_when_their_launcher_is_killed(start_training):
+    proc, workers, _ = start_training()
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=10)
     wait_for(lambda: not any(alive(pid) for pid in workers), 15, "orphaned workers to exit by themselves")
