@@ -1,5 +1,6 @@
 """A non-editable install works away from the repository: configs, tiny model specs and the toy model travel
-inside the package, and the first README command runs from another directory."""
+inside the package, and the first README command runs from another directory; what the stock pipelines need
+at run time is installed."""
 
 from __future__ import annotations
 
@@ -43,3 +44,11 @@ def test_installed_package_runs_the_first_readme_command_from_another_directory(
     result = subprocess.run(bundled, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (elsewhere / "outputs" / "g" / "final" / "model_index.json").is_file()
+
+
+def test_wan_prompts_are_cleaned_as_the_stock_pipelines_expect():
+    """diffusers' Wan pipelines fix mojibake in prompts with ftfy when it is installed and skip it silently
+    otherwise (other embeddings than the reference); the project installs it."""
+    from diffusers.pipelines.wan.pipeline_wan import prompt_clean
+
+    assert prompt_clean("a caf\u00c3\u00a9 at night") == "a caf\u00e9 at night"
