@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dit_sp.parallel.rows import RowSplit, exchange_rows, gather_rows, post_rows, receive_rows
-from dit_sp.vae_tiles import TileProtocol
+from dit_sp.vae_tiles import TileProtocol, check_inference
 
 Padding = tuple[int, int, str]
 """Rows a module adds above and below a convolution's input before it runs, and how (``F.pad`` mode)."""
@@ -261,9 +261,7 @@ def split_forward(part: nn.Module, plan: VAEPlan, group: dist.ProcessGroup, gath
         rows = x.shape[-2]
         if rows % factor or rows // factor < ranks:
             return original(x, *args, **kwargs)
-        if x.requires_grad and torch.is_grad_enabled():
-            raise RuntimeError("the parallel VAE is inference-only: run it under torch.no_grad(), or turn it off "
-                               "(parallelize(..., parallel_vae=False))")  # fmt: skip
+        check_inference(x)
         run = _Run(RowSplit.even(rows // factor, ranks), group)
         start, stop = run.split.bounds(run.rank, factor)
         with torch.no_grad(), _adapted(adapters, run):

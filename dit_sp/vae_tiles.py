@@ -40,6 +40,13 @@ class TileProtocol:
     """(part, the VAE's tiled method that calls it)."""
 
 
+def check_inference(x: torch.Tensor) -> None:
+    """The parallel VAE has no backward (its exchanges are not autograd ops): refuse an input that wants one."""
+    if x.requires_grad and torch.is_grad_enabled():
+        raise RuntimeError("the parallel VAE is inference-only: run it under torch.no_grad(), or turn it off "
+                           "(parallelize(..., parallel_vae=False))")  # fmt: skip
+
+
 class _BlendReached(Exception):
     """Raised in the record pass where the stock method starts blending tiles."""
 
@@ -119,9 +126,7 @@ def _share(vae: nn.Module, part: nn.Module, method: str, protocol: TileProtocol,
                 part.forward = saved
 
     def tiled(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if x.requires_grad and torch.is_grad_enabled():
-            raise RuntimeError("the parallel VAE is inference-only: run it under torch.no_grad(), or turn it off "
-                               "(parallelize(..., parallel_vae=False))")  # fmt: skip
+        check_inference(x)
         record = _Record(part, protocol, rank, ranks)
 
         def reached(*_: Any, **__: Any) -> None:

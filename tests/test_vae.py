@@ -45,6 +45,7 @@ def test_unsupported_vae_is_a_clear_error():
 def test_split_vae_misuse_is_a_clear_error():
     for errors in spawn(_misuse, 2, timeout=120):
         assert "inference-only: run it under torch.no_grad()" in errors["grad"], errors
+        assert "inference-only: run it under torch.no_grad()" in errors["tiled grad"], errors
         assert "already split" in errors["twice"], errors
 
 
@@ -60,8 +61,16 @@ def _misuse() -> dict[str, str]:
     vae = build("wan2.1")
     parallelize_vae(vae, parallel)
     errors = {}
+
+    def tiled_grad():
+        vae.enable_tiling(32, 32, 24, 24)  # 4-row latent tiles: a 6 x 6 latent is tiled
+        try:
+            vae.decode(torch.randn(1, 4, 1, 6, 6, requires_grad=True))
+        finally:
+            vae.disable_tiling()
+
     for name, call in {"grad": lambda: vae.decode(torch.randn(1, 4, 1, 4, 4, requires_grad=True)),
-                       "twice": lambda: parallelize_vae(vae, parallel)}.items():  # fmt: skip
+                       "tiled grad": tiled_grad, "twice": lambda: parallelize_vae(vae, parallel)}.items():  # fmt: skip
         try:
             call()
             errors[name] = "no error"
