@@ -202,6 +202,8 @@ def plan_training(config: Any, gpus: int, gpu_memory_gb: float = 80, *, arch: st
     spec = architecture(config.model, arch)
     name, (class_name, transformer_config) = next(iter(spec["transformers"].items()))
     shape = TransformerShape.of(class_name, transformer_config)
+    experts = list(spec["transformers"])  # Wan 2.2 A14B: two of one shape
+    trained_experts = len([e for e in experts if config.experts is None or e in config.experts]) or 1
     sample, grpo = config.sample, config.grpo
     video = tokens(shape, sample.frames, sample.height, sample.width, spec["compression"])
     total_tokens = video + (min(sample.max_sequence_length, spec["text_tokens"]) if spec["joint"] else 0)
@@ -214,16 +216,16 @@ def plan_training(config: Any, gpus: int, gpu_memory_gb: float = 80, *, arch: st
         sp, dp = r * u, gpus // (r * u)
         shard = sp if config.hsdp else gpus
         lora = config.lora.rank
-        trained = 8 * shape.layers * lora * 2 * shape.dim if lora else shape.params
+        trained = (8 * shape.layers * lora * 2 * shape.dim if lora else shape.params) * trained_experts
         micro = grpo.micro_batch or max(samples // dp, 1)
         sequences = micro * (2 if sample.guidance > 1 else 1)
         parts = {
-            f"{name} weights (fp32, 1/{shard})": shape.params * 4 // shard,
+            f"{' + '.join(experts)} weights (fp32, 1/{shard})": len(experts) * shape.params * 4 // shard,
             "gradients (fp32)": trained * 4 // (shard if not lora else 1),
             "AdamW state (2 x fp32)": 2 * trained * 4 // (shard if not lora else 1),
         }
         if grpo.kl_coef and not lora:
-            parts["KL reference (fp32, sharded)"] = shape.params * 4 // shard
+            parts["KL reference (fp32, sharded)"] = trained_experts * shape.params * 4 // shard
         parts["gathered block (2 x params + grads)"] = shape.block_params * (2 * compute + 4)
         parts[f"activations ({sequences} seq x {math.ceil(total_tokens / sp)} tokens)"] = activation_bytes(
             shape, math.ceil(total_tokens / sp), sequences, compute, config.activation_checkpointing
@@ -236,6 +238,4 @@ def plan_training(config: Any, gpus: int, gpu_memory_gb: float = 80, *, arch: st
         if plan.fits:
             break
     assert plan is not None
-    if len(spec["transformers"]) > 1:
-        plan.components["(transformer_2, Wan 2.2's second expert: not trained by GRPO yet)"] = 0
     return plan

@@ -48,6 +48,9 @@ class GenerateConfig:
     """Classifier-free guidance scale (<= 1: off); HunyuanVideo: its ``true_cfg_scale``."""
     embedded_guidance: float | None = None
     """HunyuanVideo: the guidance distilled into the model, its ``guidance_scale`` (6.0)."""
+    guidance_2: float | None = None
+    """Wan 2.2 A14B: the guidance of the low-noise expert (``transformer_2``), its ``guidance_scale_2``;
+    default ``guidance``."""
     max_sequence_length: int = 16
     seed: int = 0
     """Random seed (per data-parallel rank: seed + dp rank)."""
@@ -121,6 +124,11 @@ def guidance_arguments(pipe: Any, config: GenerateConfig) -> dict[str, float]:
                 "guidance_scale is classifier-free guidance): use --guidance"
             )
         arguments["guidance_scale"] = config.embedded_guidance
+    if config.guidance_2 is not None:
+        if pipe.config.get("boundary_ratio") is None:
+            raise ConfigError("--guidance-2 is the guidance of Wan 2.2 A14B's low-noise expert; this model has one "
+                              "transformer: use --guidance")  # fmt: skip
+        arguments["guidance_scale_2"] = config.guidance_2
     return arguments
 
 

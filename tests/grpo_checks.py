@@ -66,3 +66,33 @@ def evaluation(cfg: TrainConfig, video: str) -> dict:
     """The trainer's held-out evaluation: its reward (every rank) and the video rank 0 writes."""
     trainer = GRPOTrainer(cfg)
     return {"reward": trainer.evaluate(video), "rank": trainer.parallel.rank}
+
+
+def expert_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Full copies of every weight of a (sharded) model, by name."""
+    return {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+            for name, p in model.state_dict().items()}  # fmt: skip
+
+
+def trained_experts(cfg: TrainConfig, export: str) -> dict:
+    """One step of a two-expert run, then its export: which experts' weights moved, and the frames of the
+    trained pipeline (the trainer's own experts) and of ``generate`` loading the export, from one seed."""
+    from dit_sp import GenerateConfig, generate
+
+    trainer = GRPOTrainer(cfg)
+    before = expert_weights(trainer.transformer)
+    trainer.step()
+    after = expert_weights(trainer.transformer)
+    moved = sorted({name.split(".")[0] for name in before if not torch.equal(before[name], after[name])})
+    trainer.export(export)
+    sample = cfg.sample
+    settings = {"prompt": "a red circle", "frames": sample.frames, "height": sample.height, "width": sample.width,
+                "steps": 4, "guidance": sample.guidance, "seed": 3}  # fmt: skip
+    with torch.no_grad():
+        trained = trainer.pipe(prompt=settings["prompt"], num_frames=sample.frames, height=sample.height,
+                               width=sample.width, num_inference_steps=4, guidance_scale=sample.guidance,
+                               max_sequence_length=16, generator=torch.Generator().manual_seed(3),
+                               output_type="np").frames[0]  # fmt: skip
+    exported = generate(GenerateConfig.load(overrides={"model": export, "out": export + ".mp4",
+                                                       "max_sequence_length": 16, **settings}), True)  # fmt: skip
+    return {"moved": moved, "trained": trained, "exported": exported["frames"]}

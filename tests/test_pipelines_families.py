@@ -1,5 +1,6 @@
-"""The tiny CogVideoX and HunyuanVideo pipelines through `pipelines.generate`: the same video on every
-layout (Ulysses, ring, CFG parallel), readable files, their prompt encoding, guidance and shape checks.
+"""The tiny CogVideoX, HunyuanVideo and two-expert Wan 2.2 pipelines through `pipelines.generate`: the same
+video on every layout (Ulysses, ring, CFG parallel), readable files, their prompt encoding, guidance and shape
+checks.
 
 Spawning workers costs most of the time here, so each world size is started once and its workers run
 every (model, layout) job of that size in turn.
@@ -24,22 +25,24 @@ from dit_sp.zoo import build_tiny, model_defaults
 
 pytestmark = pytest.mark.slow  # spawns worker processes or runs the CLIs end to end
 
-MODELS = ("tiny-cogvideox", "tiny-hunyuanvideo")
+MODELS = ("tiny-cogvideox", "tiny-hunyuanvideo", "tiny-wan2.2-a14b")
 LAYOUTS = {  # name: (world, flags)
     "1x2": (2, {"ulysses": 2}),
     "2x1": (2, {"ring": 2}),
     "cfg2x(1x2)": (4, {"ulysses": 2, "cfg_parallel": True}),
 }
 # CogVideoX at 48 x 32 (not its 64 x 64 default): 3 latent frames x 3 x 2 patches = 18 video tokens, as for
-# HunyuanVideo, and a RoPE grid off the transformer's sample size.
-SIZES = {"tiny-cogvideox": {"height": 48, "width": 32}, "tiny-hunyuanvideo": {}}
+# HunyuanVideo, and a RoPE grid off the transformer's sample size. Wan 2.2 A14B: both experts run (4 steps
+# cross its boundary), the low-noise one with its own guidance.
+SETTINGS = {"tiny-cogvideox": {"height": 48, "width": 32}, "tiny-hunyuanvideo": {},
+            "tiny-wan2.2-a14b": {"guidance_2": 2.5}}  # fmt: skip
 
 
 def _settings(tmp_path, model: str, name: str, path: str | None = None, **overrides) -> GenerateConfig:
     """The built-in ``model``'s settings (for ``path`` too: a saved copy of it)."""
     out, latents = tmp_path / f"{model}-{name}.mp4", tmp_path / f"{model}-{name}.pt"
     settings = GenerateConfig.load(overrides={"model": model, "out": str(out), "save_latents": str(latents),
-                                              "verify_inputs": True, **SIZES[model], **overrides})  # fmt: skip
+                                              "verify_inputs": True, **SETTINGS[model], **overrides})  # fmt: skip
     return dataclasses.replace(settings, model=path) if path else settings
 
 
@@ -79,7 +82,7 @@ def test_every_layout_gives_the_same_video(videos, model, layout):
 
 @pytest.mark.parametrize("model", MODELS)
 def test_videos_read_back_with_the_requested_frames(videos, model):
-    settings = GenerateConfig.load(overrides={"model": model, **SIZES[model]})
+    settings = GenerateConfig.load(overrides={"model": model, **SETTINGS[model]})
     for layout in ("single", *LAYOUTS):
         frames = list(iio.imiter(videos[(model, layout)]["out"]))
         assert len(frames) == settings.frames == 9

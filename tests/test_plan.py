@@ -49,6 +49,17 @@ def test_the_plan_picks_more_sequence_parallelism_when_memory_is_short():
     assert not crowded.fits and "to fit:" in crowded.report()
 
 
+def test_a_two_expert_plan_holds_both_experts_and_the_trained_ones_state():
+    both = plan_training(TrainConfig.load("grpo_wan2.2_a14b", {"lora.rank": 0}), 16, 80, ulysses=8)
+    low_only = plan_training(TrainConfig.load("grpo_wan2.2_a14b", {"lora.rank": 0, "experts": ["transformer_2"]}),
+                             16, 80, ulysses=8)  # fmt: skip
+    one = TransformerShape.of(*ARCHITECTURES["wan2.2-t2v-a14b"]["transformers"]["transformer"])
+    weights = "transformer + transformer_2 weights (fp32, 1/16)"
+    assert both.components[weights] == low_only.components[weights] == 2 * one.params * 4 // 16
+    for part in ("gradients (fp32)", "AdamW state (2 x fp32)", "KL reference (fp32, sharded)"):
+        assert both.components[part] == 2 * low_only.components[part] > 0, part
+
+
 @pytest.mark.slow
 def test_plan_cli(tmp_path):
     ok = run_python(

@@ -2,7 +2,8 @@
 
 Each model family's file subclasses ``DiffusersPolicy``, which holds what the families share: the latent
 shape, the reference model of the KL term, classifier-free guidance as one batch of both branches (the
-same batch in rollout and training, so their numerics agree) and decoding to ``(B, F, C, H, W)`` in [0, 1].
+same batch in rollout and training, so their numerics agree), the choice of expert of a two-expert model
+(Wan 2.2 A14B) and decoding to ``(B, F, C, H, W)`` in [0, 1].
 """
 
 from __future__ import annotations
@@ -19,18 +20,37 @@ Tensor = torch.Tensor
 
 class DiffusersPolicy:
     """A pipeline's text conditioning, the guided velocity of its (parallelized, sharded) transformer and
-    its VAE. Subclasses say how to encode prompts, call the transformer and undo the latent scaling."""
+    its VAE. Subclasses say how to encode prompts, call the transformer and undo the latent scaling.
+
+    A pipeline with a ``boundary_ratio`` (Wan 2.2 A14B) has two experts: ``transformer`` runs the noise
+    levels at or above the boundary, ``transformer_2`` those below it, with guidance ``guidance_2``
+    (default ``guidance``), as the stock pipeline does. ``reference`` / ``reference_2``: each expert's
+    reference model of the KL term (None: the expert itself)."""
 
     def __init__(self, pipe: Any, transformer: torch.nn.Module, *, frames: int, height: int, width: int,
                  guidance: float, negative_prompt: str = "", max_sequence_length: int = 32,
                  embedded_guidance: float | None = None, reference: torch.nn.Module | None = None,
+                 transformer_2: torch.nn.Module | None = None, guidance_2: float | None = None,
                  device: torch.device | None = None):  # fmt: skip
         check_shape(pipe, {"frames": frames, "height": height, "width": width,
                            "max_sequence_length": max_sequence_length}, flags=False)  # fmt: skip
         if embedded_guidance is not None:
             raise ConfigError(f"embedded_guidance is a HunyuanVideo setting; {type(pipe).__name__} has none")
+        self.boundary: float | None = getattr(pipe, "config", {}).get("boundary_ratio")
+        if (self.boundary is None) != (transformer_2 is None):
+            raise ConfigError(f"{type(pipe).__name__}: a second expert (transformer_2) runs below the pipeline's "
+                              f"boundary_ratio, and this one has boundary_ratio {self.boundary} and "
+                              f"{'no' if transformer_2 is None else 'a'} second expert")  # fmt: skip
+        if guidance_2 is not None and self.boundary is None:
+            raise ConfigError("guidance_2 is the guidance of Wan 2.2 A14B's low-noise expert; "
+                              f"{type(pipe).__name__} has one transformer: use guidance")  # fmt: skip
         self.pipe, self.transformer, self.reference = pipe, transformer, reference
+        self.transformer_2, self.reference_2 = transformer_2, None
+        self.train_timesteps = pipe.scheduler.config.num_train_timesteps if self.boundary is not None else 1000
         self.guidance, self.negative_prompt, self.max_sequence_length = guidance, negative_prompt, max_sequence_length
+        self.guidance_2 = guidance if guidance_2 is None else guidance_2
+        self.trained_experts: tuple[str, ...] = ("transformer", "transformer_2")
+        """The experts being trained; steps where another one runs train nothing."""
         self.device = device or torch.device("cpu")
         self.embeddings: Any | None = None
         temporal, spatial = pipe.vae_scale_factor_temporal, pipe.vae_scale_factor_spatial
@@ -70,9 +90,23 @@ class DiffusersPolicy:
             return torch.cat([negative, positive])
         return type(positive)(self._concat(n, p) for n, p in zip(negative, positive))
 
+    def expert_at(self, s: float) -> str:
+        """The transformer the stock pipeline runs at noise level ``s``: ``transformer_2`` below a two-expert
+        pipeline's boundary (timestep < ``boundary_ratio * num_train_timesteps``), else ``transformer``."""
+        if self.boundary is not None and s * 1000.0 < self.boundary * self.train_timesteps:
+            return "transformer_2"
+        return "transformer"
+
+    def trains(self, s: float) -> bool:
+        return self.expert_at(s) in self.trained_experts
+
     def velocity(self, x: Tensor, s: float, cond: tuple[Any, Any | None], *, reference: bool = False) -> Tensor:
-        """Guided velocity ``(B, C, F, H, W)`` fp32 at noise level ``s`` (timestep ``1000 s``)."""
-        model = self.reference if reference and self.reference is not None else self.transformer
+        """Guided velocity ``(B, C, F, H, W)`` fp32 at noise level ``s`` (timestep ``1000 s``), of the expert
+        that runs at ``s`` (or its reference model)."""
+        low_noise = self.expert_at(s) == "transformer_2"
+        model, ref = (self.transformer_2, self.reference_2) if low_noise else (self.transformer, self.reference)
+        model = ref if reference and ref is not None else model
+        guidance = self.guidance_2 if low_noise else self.guidance
         positive, negative = cond
         hidden = torch.cat([x, x]) if self.guided else x
         branches = self._concat(negative, positive) if self.guided else positive
@@ -82,7 +116,7 @@ class DiffusersPolicy:
         if not self.guided:
             return out
         uncond, cond_v = out.chunk(2)
-        return uncond + self.guidance * (cond_v - uncond)
+        return uncond + guidance * (cond_v - uncond)
 
     def _unscale(self, latents: Tensor) -> Tensor:
         raise NotImplementedError

@@ -29,6 +29,8 @@ class SampleConfig:
     width: int = 32
     guidance: float = 1.0
     """Classifier-free guidance scale (<= 1: off; both branches run as one batch)."""
+    guidance_2: float | None = None
+    """Wan 2.2 A14B: the guidance of the low-noise expert (``transformer_2``); default ``guidance``."""
     embedded_guidance: float | None = None
     """HunyuanVideo's distilled guidance (default 6.0); other families have none."""
     negative_prompt: str = ""
@@ -105,6 +107,10 @@ class TrainConfig:
     activation_checkpointing: bool = False
     mixed_precision: Literal["bfloat16", "float16"] | None = None
     """Compute dtype of FSDP2 mixed precision (GPUs); ``None`` computes in fp32."""
+    experts: list[str] | None = None
+    """Which transformers of a two-expert model train (Wan 2.2 A14B: ``transformer`` for the high noise
+    levels, ``transformer_2`` for the low ones); default all. The others stay frozen, but still run in the
+    rollouts wherever the stock pipeline would run them."""
     parallel_vae: bool = True
     """Decode the rollouts with each frame's rows split over a sample's SP ranks (``dit_sp.parallelize_vae``),
     the frames assembled on the first, where the rewards are computed; off, the first rank decodes alone."""

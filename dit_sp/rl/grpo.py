@@ -35,6 +35,10 @@ class Policy(Protocol):
 
     def velocity(self, x: Tensor, s: float, cond: Any, *, reference: bool = False) -> Tensor: ...
 
+    def trains(self, s: float) -> bool:
+        """Whether the model that runs at noise level ``s`` is trained (not a frozen expert)."""
+        ...
+
     def decode(self, latents: Tensor) -> Tensor:
         """``(B, F, C, H, W)`` floats in [0, 1]."""
         ...
@@ -148,11 +152,16 @@ def _per_sample_noise(seeds: list[int], shape: tuple[int, ...], device, leading:
     return torch.stack(out, dim=1 if leading else 0).to(device)
 
 
-def trained_steps(config: GRPOConfig, step_seed: int) -> list[int]:
+def trained_steps(config: GRPOConfig, step_seed: int, eligible: list[int] | None = None) -> list[int]:
+    """The steps whose transitions train this iteration: the SDE window's, or a random ``train_fraction`` of
+    them; of the ``eligible`` steps only (those whose model is trained: not a frozen expert's)."""
+    candidates = list(range(*config.sde_window) if config.sde_window is not None else range(config.steps))
+    if eligible is not None:
+        candidates = [t for t in candidates if t in eligible]
     if config.sde_window is not None:
-        return list(range(*config.sde_window))
-    count = max(1, round(config.train_fraction * config.steps))
-    return sorted(random.Random(step_seed).sample(range(config.steps), count))
+        return candidates
+    count = max(1, round(config.train_fraction * len(candidates)))
+    return sorted(random.Random(step_seed).sample(candidates, count))
 
 
 def select(cond: Any, index: slice) -> Any:
@@ -216,7 +225,7 @@ def accumulate_gradients(
     policy: Policy, traj: Trajectory, cond: Any, advantages: Tensor, config: GRPOConfig, step_seed: int
 ) -> dict[str, float]:
     """Backward of the GRPO loss, averaged over the trained steps (gradients accumulate in ``.grad``)."""
-    steps = trained_steps(config, step_seed)
+    steps = trained_steps(config, step_seed, [t for t in range(config.steps) if policy.trains(traj.sigmas[t])])
     totals: dict[str, float] = {}
     adv = advantages.to(traj.latents.device)
     size = adv.shape[0]
@@ -269,6 +278,13 @@ def train_on_rollout(
     """
     optimizer.zero_grad(set_to_none=True)
     stats = accumulate_gradients(policy, traj, cond, advantages, config, step_seed)
+    # A weight no trained step reached (a two-expert model whose expert ran at none of this iteration's trained
+    # steps) gets a zero gradient, not none: AdamW then keeps state for every weight, so every checkpoint holds
+    # the same optimizer keys and resumes exactly.
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
     device = next(model.parameters()).device

@@ -36,7 +36,16 @@ from dit_sp.parallelizer import parallelize, parallelize_vae
 from dit_sp.rl.advantages import gather_across, group_advantages
 from dit_sp.rl.config import TrainConfig
 from dit_sp.rl.embeddings import TEXT_ENCODERS, PromptEmbeddings, model_identity
-from dit_sp.rl.grpo import Batch, check_split, make_batch, rewards_of, rollout, seed_for, train_on_rollout
+from dit_sp.rl.grpo import (
+    Batch,
+    check_split,
+    make_batch,
+    rewards_of,
+    rollout,
+    seed_for,
+    train_on_rollout,
+    trained_steps,
+)
 from dit_sp.rl.metrics import MetricsLog
 from dit_sp.rl.rewards import RewardFn, WeightedReward, build_reward
 from dit_sp.rl.rollout import Trajectory, sample_trajectory
@@ -47,7 +56,7 @@ from dit_sp.train.fsdp import copy_sharded
 from dit_sp.train.lora import AdaptersDisabled, add_lora, merge_lora
 from dit_sp.video import save_video
 from dit_sp.weights import has_meta_parameters, load_shards
-from dit_sp.zoo import checkpoint_dir, load_pipeline
+from dit_sp.zoo import TRANSFORMERS, checkpoint_dir, load_pipeline
 
 Tensor = torch.Tensor
 
@@ -212,16 +221,28 @@ class GRPOTrainer:
                                      without=without if source is not None else ())  # fmt: skip
         torch.manual_seed(config.seed)  # identical LoRA initialisation on every rank, however the model loaded
         self.pipe = pipeline.to(self.parallel.device) if not has_meta_parameters(pipeline.transformer) else pipeline
-        self.transformer: torch.nn.Module = self.pipe.transformer
-        self._transformer_class = type(self.transformer)
+        self.experts: dict[str, torch.nn.Module] = {
+            name: getattr(self.pipe, name) for name in TRANSFORMERS if getattr(self.pipe, name, None) is not None
+        }
+        """The pipeline's transformers (Wan 2.2 A14B: two experts)."""
+        self.trained = _trained_experts(config.experts, list(self.experts))
+        self.transformer: torch.nn.Module = (
+            self.experts["transformer"] if len(self.experts) == 1 else torch.nn.ModuleDict(self.experts)
+        )
+        """What is trained, checkpointed and exported: the transformer, or a ``ModuleDict`` of the experts."""
         # the policy checks the settings against the model before it is sharded
         sample = config.sample
         self.policy: DiffusersPolicy = policy_for(self.pipe)(
-            self.pipe, self.transformer, frames=sample.frames, height=sample.height, width=sample.width,
+            self.pipe, self.experts["transformer"], frames=sample.frames, height=sample.height, width=sample.width,
             guidance=sample.guidance, negative_prompt=sample.negative_prompt,
             max_sequence_length=sample.max_sequence_length, embedded_guidance=sample.embedded_guidance,
-            device=self.parallel.device,
+            transformer_2=self.experts.get("transformer_2"), guidance_2=sample.guidance_2, device=self.parallel.device,
         )  # fmt: skip
+        self.policy.trained_experts = tuple(self.trained)
+        sigmas = shifted_sigmas(config.grpo.steps, config.grpo.shift)
+        if not trained_steps(config.grpo, 0, [t for t in range(config.grpo.steps) if self.policy.trains(sigmas[t])]):
+            raise ConfigError(f"experts {self.trained} run at none of the trained steps (grpo.steps, grpo.shift, "
+                              "grpo.sde_window): train another expert or move the steps")  # fmt: skip
         self._encode_prompts(missing, free_encoders=source is not None)
         if self._split_decode:
             if vae_plan_of(self.pipe.vae) is None:
@@ -279,30 +300,39 @@ class GRPOTrainer:
             gc.collect()
 
     def _shard(self, config: TrainConfig) -> None:
-        """LoRA, USP, activation checkpointing, FSDP2 (in that order), then the KL term's reference."""
-        parallel, transformer = self.parallel, self.transformer
-        if config.lora.rank:
-            add_lora(transformer, config.lora.rank, config.lora.alpha)
-        parallelize(transformer, parallel, gather_grad="sum")
-        if config.activation_checkpointing:
-            transformer.enable_gradient_checkpointing()
+        """Each expert: LoRA (trained ones) or frozen (the others), USP, activation checkpointing, FSDP2 (in
+        that order), then the KL term's reference."""
+        parallel = self.parallel
         compute_dtype = getattr(torch, config.mixed_precision) if config.mixed_precision else None
-        shard_model(transformer, parallel, hsdp=config.hsdp, param_dtype=compute_dtype)
-        if has_meta_parameters(transformer):
-            load_shards(transformer, transformer.weights_dir, parallel.device)
+        for name, transformer in self.experts.items():
+            trained = name in self.trained
+            if trained and config.lora.rank:
+                add_lora(transformer, config.lora.rank, config.lora.alpha)
+            elif not trained:
+                transformer.requires_grad_(False)
+            parallelize(transformer, parallel, gather_grad="sum")
+            if config.activation_checkpointing and trained:
+                transformer.enable_gradient_checkpointing()
+            shard_model(transformer, parallel, hsdp=config.hsdp, param_dtype=compute_dtype)
+            if has_meta_parameters(transformer):
+                load_shards(transformer, transformer.weights_dir, parallel.device)
         if config.grpo.kl_coef:
-            # LoRA: the same model with its adapters off; full fine-tuning: a frozen sharded copy
-            self.policy.reference = AdaptersDisabled(transformer) if config.lora.rank else self._frozen_copy()
+            # LoRA: the same model with its adapters off; full fine-tuning: a frozen sharded copy; a frozen
+            # expert is its own reference
+            references = {name: (AdaptersDisabled(model) if config.lora.rank else self._frozen_copy(model))
+                          for name, model in self.experts.items() if name in self.trained}  # fmt: skip
+            self.policy.reference = references.get("transformer")
+            self.policy.reference_2 = references.get("transformer_2")
 
-    def _frozen_copy(self) -> torch.nn.Module:
-        """The initial weights as a frozen, sharded, parallelized model, built on the meta device and filled
-        shard by shard from the trained model: never a second full copy in memory."""
+    def _frozen_copy(self, model: torch.nn.Module) -> torch.nn.Module:
+        """``model``'s initial weights as a frozen, sharded, parallelized model, built on the meta device and
+        filled shard by shard from it: never a second full copy in memory."""
         with torch.device("meta"):
-            reference = self._transformer_class.from_config(self.transformer.config)
+            reference = type(model).from_config(model.config)
         parallelize(reference, self.parallel)
         shard_model(reference, self.parallel, hsdp=self.config.hsdp)
         reference.to_empty(device=self.parallel.device)
-        copy_sharded(self.transformer, reference)
+        copy_sharded(model, reference)
         return reference.requires_grad_(False).eval()
 
     @property
@@ -441,28 +471,37 @@ class GRPOTrainer:
             dist.broadcast(reward, src=0)
         return reward.item()
 
+    def _plain_copy(self, name: str, state: dict[str, Tensor]) -> torch.nn.Module:
+        """Expert ``name`` as a plain diffusers model holding the full weights ``state`` (LoRA merged)."""
+        model = self.experts[name]
+        target = type(model).from_config(model.config)
+        adapted = bool(self.config.lora.rank) and name in self.trained
+        if adapted:
+            add_lora(target, self.config.lora.rank, self.config.lora.alpha)
+        missing, unexpected = target.load_state_dict(state, strict=False)
+        if unexpected or missing:
+            raise RuntimeError(f"exported weights of {name} do not fit the model: missing {missing}, "
+                               f"unexpected {unexpected}")  # fmt: skip
+        if adapted:
+            merge_lora(target)
+        return target
+
     def export(self, path: str | Path) -> Path:
         """The trained weights as a diffusers pipeline directory (LoRA merged), loadable by
         ``load_pipeline`` and ``python -m pipelines.generate --model PATH`` (collective). Written to
         ``PATH.tmp``, checked to load, then renamed (replacing an earlier export of this run)."""
         path = Path(path)
-        state = checkpoint.full_state_dict(self.transformer)
+        states = {name: checkpoint.full_state_dict(model) for name, model in self.experts.items()}
         if self.is_leader:
-            target = self._transformer_class.from_config(self.transformer.config)
-            if self.config.lora.rank:
-                add_lora(target, self.config.lora.rank, self.config.lora.alpha)
-            missing, unexpected = target.load_state_dict(state, strict=False)
-            if unexpected or missing:
-                raise RuntimeError(f"exported weights do not fit the model: missing {missing}, unexpected {unexpected}")
-            if self.config.lora.rank:
-                merge_lora(target)
+            targets = {name: self._plain_copy(name, state) for name, state in states.items()}
             tmp = path.with_name(path.name + ".tmp")
             shutil.rmtree(tmp, ignore_errors=True)
             if self._source is not None:  # the checkpoint's other components as they are (some were never loaded)
-                shutil.copytree(self._source, tmp, ignore=shutil.ignore_patterns("transformer"))
-                target.save_pretrained(tmp / "transformer")
+                shutil.copytree(self._source, tmp, ignore=shutil.ignore_patterns(*targets))
+                for name, target in targets.items():
+                    target.save_pretrained(tmp / name)
             else:
-                components = dict(self.pipe.components) | {"transformer": target}
+                components = dict(self.pipe.components) | targets
                 # the pipeline's other constructor settings too (e.g. Wan 2.2's boundary_ratio)
                 accepted = inspect.signature(type(self.pipe).__init__).parameters
                 settings = {k: v for k, v in self.pipe.config.items() if k in accepted and k not in components}
@@ -473,6 +512,16 @@ class GRPOTrainer:
         if self.parallel.world_size > 1:
             dist.barrier()
         return path
+
+
+def _trained_experts(chosen: list[str] | None, present: list[str]) -> list[str]:
+    """The experts a run trains: ``chosen`` (checked against the pipeline's) or all of them."""
+    if chosen is None:
+        return present
+    unknown = [name for name in chosen if name not in present]
+    if unknown or not chosen:
+        raise ConfigError(f"experts: {chosen} must name some of this pipeline's transformers {present}")
+    return [name for name in present if name in chosen]
 
 
 def train(config: TrainConfig) -> dict[str, Any]:

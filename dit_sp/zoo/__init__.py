@@ -62,13 +62,13 @@ def build_tiny(name: str, component: str | None = None) -> Any:
     for key, comp_spec in spec["components"].items():
         if component is not None and key != component:
             continue
-        torch.manual_seed(spec.get("seed", 0))  # each component independent of the others' sizes
+        torch.manual_seed(comp_spec.get("seed", spec.get("seed", 0)))  # independent of the others' sizes
         components[key] = _component(comp_spec)
     if component is not None:
         return components[component]
     import diffusers
 
-    return getattr(diffusers, spec["pipeline"])(**components)
+    return getattr(diffusers, spec["pipeline"])(**components, **spec.get("pipeline_config", {}))
 
 
 _SHAPE = ("frames", "height", "width", "steps", "guidance", "max_sequence_length")
