@@ -209,8 +209,8 @@ def parallelize_vae(vae: torch.nn.Module, group: dist.ProcessGroup | ParallelSta
         vae: ``AutoencoderKLWan``, ``AutoencoderKLHunyuanVideo`` or ``AutoencoderKLCogVideoX``; with tiling
             (``vae.enable_tiling()``) the tiles are shared out whole, tile ``t`` on group rank ``t % N``.
         group: the processes that share the work.
-        gather_to: assemble the frames only on this rank of the group (the others get their own rows);
-            by default on every rank.
+        gather_to: assemble the decoded frames only on this rank of the group (the others get their own
+            rows); by default on every rank. Encoded latents are always assembled on every rank.
 
     Returns:
         A handle whose ``undo()`` restores the VAE.
@@ -226,7 +226,8 @@ def parallelize_vae(vae: torch.nn.Module, group: dist.ProcessGroup | ParallelSta
     for name in plan.parts:
         part = getattr(vae, name, None)
         if part is not None:
-            handle.add_undo(split_forward(part, plan, group, gather_to))
+            # encoded latents condition every rank's sampling: only decoded frames stay on gather_to
+            handle.add_undo(split_forward(part, plan, group, gather_to if name == "decoder" else None))
     if plan.tiles is not None:
         handle.add_undo(share_tiles(vae, plan.tiles, group, gather_to))
     return handle

@@ -63,11 +63,17 @@ class GenerateConfig:
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     out: str = "outputs/video.mp4"
     """``FILE.mp4``, ``FILE.gif`` or a directory of PNG frames."""
+    image: str | None = None
+    """Image-to-video: the first frame (PNG, JPEG, ...), for an image-to-video model (Wan I2V / FLF2V, Wan 2.2
+    I2V and TI2V, CogVideoX I2V); resized to ``height`` x ``width`` by the pipeline."""
+    last_image: str | None = None
+    """First-last-frame: the last frame too (Wan2.1-FLF2V, Wan 2.2 I2V)."""
     save_latents: str | None = None
     """Also save the final latents to this ``.pt`` file (for exact comparisons)."""
     prompts: str | None = None
     """A batch: a .txt (one prompt per line) or .jsonl file (per line ``prompt`` and optionally ``seed``,
-    ``frames``, ``height``, ``width``, ``steps``, ``guidance``, ``negative_prompt``); see ``generate_batch``."""
+    ``frames``, ``height``, ``width``, ``steps``, ``guidance``, ``negative_prompt``, ``image``, ``last_image``:
+    image paths relative to the file); see ``generate_batch``."""
     verify_inputs: bool = False
     """Debug: checksum the latents across the sequence-parallel ranks at every forward."""
     shard_weights: bool = False
@@ -146,6 +152,53 @@ def check_before_loading(config: GenerateConfig) -> None:
     info = shape_info(config.model)
     if info is not None:
         check_shape(info, dataclasses.asdict(config))
+    check_image_inputs(config, info)
+
+
+def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
+    """``--image`` / ``--last-image`` against what the model's pipeline takes, and the files readable
+    (``ConfigError`` saying which flag to add or drop)."""
+    import inspect
+
+    import diffusers
+
+    from dit_sp.zoo import pipeline_class_name
+
+    name = pipeline_class_name(config.model, image=bool(config.image))
+    if name is None or not hasattr(diffusers, name):
+        return  # the full load reports what the model is
+    takes = inspect.signature(getattr(diffusers, name).__call__).parameters
+    if "image" not in takes:
+        if config.image or config.last_image:
+            raise ConfigError(f"--image: {config.model} is a text-to-video model ({name}) and takes no image; use an "
+                              "image-to-video model (e.g. tiny-wan-i2v, a Wan I2V or CogVideoX I2V checkpoint), "
+                              "or drop --image/--last-image")  # fmt: skip
+        return
+    if not config.image and takes["image"].default is inspect.Parameter.empty:
+        raise ConfigError(f"{config.model} is an image-to-video model ({name}): give its first frame with --image PATH")
+    if config.last_image:
+        if "last_image" not in takes or pipeline_class_name(config.model) != name:  # TI2V: first frame only
+            raise ConfigError(f"--last-image: {config.model} takes the first frame only; drop --last-image")
+        transformer = info.transformer.config if info is not None else {}
+        if transformer.get("image_dim") is not None and transformer.get("pos_embed_seq_len") is None:
+            raise ConfigError(f"--last-image: {config.model} encodes one image (Wan2.1-I2V); first-last-frame video "
+                              "needs a Wan2.1-FLF2V or Wan 2.2 I2V checkpoint, or drop --last-image")  # fmt: skip
+    for flag, path in (("--image", config.image), ("--last-image", config.last_image)):
+        if path is not None:
+            _read_image(path, flag)
+
+
+def _read_image(path: str, flag: str) -> Any:
+    """The image at ``path`` as RGB (PIL)."""
+    from PIL import Image, UnidentifiedImageError
+
+    if not Path(path).is_file():
+        raise MissingFileError(f"{flag} {path}: no such file")
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+    except (UnidentifiedImageError, OSError) as e:
+        raise ConfigError(f"{flag} {path}: not an image this machine can read ({e})") from e
 
 
 def _save_latents(latents: torch.Tensor, path: Path) -> Path:
@@ -162,7 +215,7 @@ def _save_latents(latents: torch.Tensor, path: Path) -> Path:
 def _setup(config: GenerateConfig) -> tuple[ParallelState, Any, dict[str, float]]:
     """This rank's layout on the running world, and the loaded (and, on several ranks, parallelized)
     pipeline with its guidance arguments."""
-    from dit_sp.zoo import load_pipeline
+    from dit_sp.zoo import as_image_to_video, load_pipeline
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     cfg = 2 if config.cfg_parallel else 1
@@ -172,6 +225,8 @@ def _setup(config: GenerateConfig) -> tuple[ParallelState, Any, dict[str, float]
     check_ranks_agree(parallel, dataclasses.asdict(config), "settings")
     dtype = getattr(torch, config.dtype)
     pipe = load_pipeline(config.model, dtype, parallel.device, empty_transformers=config.shard_weights)
+    if config.image:
+        pipe = as_image_to_video(pipe)
     check_shape(pipe, dataclasses.asdict(config))
     guidance = guidance_arguments(pipe, config)
     pipe.set_progress_bar_config(disable=not parallel.is_sample_leader or parallel.dp_rank != 0)
@@ -197,8 +252,11 @@ def _sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed:
         final["latents"] = tensors["latents"].detach().cpu()
         return tensors
 
+    images = {key: _read_image(path, "--" + key.replace("_", "-"))
+              for key, path in (("image", config.image), ("last_image", config.last_image)) if path}  # fmt: skip
     start = time.perf_counter()
     result = pipe(
+        **images,
         prompt=config.prompt,
         negative_prompt=config.negative_prompt or "",  # HunyuanVideo: no negative prompt, no guidance
         height=config.height,
@@ -241,7 +299,18 @@ def generate(config: GenerateConfig, return_frames: bool = False) -> dict[str, A
     return report
 
 
-PER_PROMPT = ("prompt", "seed", "negative_prompt", "frames", "height", "width", "steps", "guidance")
+PER_PROMPT = (
+    "prompt",
+    "seed",
+    "negative_prompt",
+    "frames",
+    "height",
+    "width",
+    "steps",
+    "guidance",
+    "image",
+    "last_image",
+)
 """Settings a line of a ``prompts`` file may give for its own video."""
 
 
@@ -266,6 +335,9 @@ def read_batch(config: GenerateConfig) -> list[GenerateConfig]:
             if not isinstance(entry, dict) or "prompt" not in entry or set(entry) - set(PER_PROMPT):
                 raise ConfigError(f"{path}:{index + 1}: expected a JSON object with a 'prompt' and any of {PER_PROMPT}")
         entry = {"seed": config.seed + index} | entry
+        for key in ("image", "last_image"):  # relative to the prompts file
+            if isinstance(entry.get(key), str):
+                entry[key] = str(path.parent / entry[key])
         videos.append(from_mapping(GenerateConfig, base | entry, where=f"{path}:{index + 1}"))
     if not videos:
         raise ConfigError(f"--prompts {config.prompts} holds no prompts")

@@ -151,8 +151,8 @@ def _share(vae: nn.Module, part: nn.Module, method: str, protocol: TileProtocol,
 def share_tiles(vae: nn.Module, protocol: TileProtocol, group: dist.ProcessGroup,
                 gather_to: int | None = None) -> Callable[[], None]:  # fmt: skip
     """Make ``vae``'s tiled methods share their tiles out over ``group`` (see the module docstring); the
-    result equals the one-process tiled run, assembled on every rank (or only on group rank ``gather_to``).
-    Returns the undo."""
+    result equals the one-process tiled run, assembled on every rank (decoded frames: or only on group rank
+    ``gather_to``). Returns the undo."""
     undos = []
     for part_name, method in protocol.methods:
         part = getattr(vae, part_name, None)
@@ -162,5 +162,6 @@ def share_tiles(vae: nn.Module, protocol: TileProtocol, group: dist.ProcessGroup
             raise ValueError(f"the VAE's {method} is already replaced; undo that first")
         if not hasattr(part, "conv_out"):
             raise NotImplementedError(f"parallel VAE tiles: {type(part).__name__} has no conv_out")
-        undos.append(_share(vae, part, method, protocol, group, gather_to))
+        # encoded latents condition every rank's sampling: only decoded frames stay on gather_to
+        undos.append(_share(vae, part, method, protocol, group, gather_to if part_name == "decoder" else None))
     return lambda: [undo() for undo in reversed(undos)]

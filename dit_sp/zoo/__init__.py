@@ -78,6 +78,8 @@ CHECKPOINT_DEFAULTS = {
     "CogVideoXPipeline": dict(zip(_SHAPE, (49, 480, 720, 50, 6.0, 226))),
     # guidance-distilled: true classifier-free guidance off; its embedded guidance_scale stays at 6.0
     "HunyuanVideoPipeline": dict(zip(_SHAPE, (61, 320, 512, 30, 1.0, 256))),
+    "WanImageToVideoPipeline": dict(zip(_SHAPE, (81, 480, 832, 50, 5.0, 512))),
+    "CogVideoXImageToVideoPipeline": dict(zip(_SHAPE, (49, 480, 720, 50, 6.0, 226))),
 }
 
 
@@ -91,6 +93,34 @@ def checkpoint_dir(model: str | Path) -> Path | None:
         raise MissingFileError(f"model directory {model} does not exist")
     spec = model_spec(str(model))  # raises for unknown names
     return PACKAGE_DIR / spec["path"] if "path" in spec else None
+
+
+def pipeline_class_name(model: str | Path, *, image: bool = False) -> str | None:
+    """The diffusers pipeline class of a built-in model or a checkpoint directory (from its files alone);
+    ``None`` where it cannot be read (the full load reports why). ``image``: the class that runs it with an
+    image (``as_image_to_video``)."""
+    try:
+        path = checkpoint_dir(model)
+        if path is None:
+            spec = model_spec(str(model))
+            name, settings = spec.get("pipeline"), spec.get("pipeline_config", {})
+        else:
+            settings = json.loads((path / "model_index.json").read_text())
+            name = settings.get("_class_name")
+    except (OSError, ValueError, AttributeError, ConfigError, MissingFileError):
+        return None
+    return "WanImageToVideoPipeline" if image and name == "WanPipeline" and settings.get("expand_timesteps") else name
+
+
+def as_image_to_video(pipe: Any) -> Any:
+    """A Wan 2.2 TI2V checkpoint (a ``WanPipeline`` with per-token timesteps) as the
+    ``WanImageToVideoPipeline`` of the same components, which takes an image; other pipelines as they are."""
+    if type(pipe).__name__ != "WanPipeline" or not pipe.config.get("expand_timesteps"):
+        return pipe
+    import diffusers
+
+    return diffusers.WanImageToVideoPipeline(**pipe.components, boundary_ratio=pipe.config.get("boundary_ratio"),
+                                             expand_timesteps=True)  # fmt: skip
 
 
 def model_defaults(model: str) -> dict[str, Any]:
@@ -172,6 +202,7 @@ def load_pipeline(
 # How each pipeline class derives its VAE's (temporal, spatial) compression from the VAE config.
 _VAE_FACTORS = {
     "WanPipeline": lambda vae: (vae.get("scale_factor_temporal", 4), vae.get("scale_factor_spatial", 8)),
+    "WanImageToVideoPipeline": lambda vae: (vae.get("scale_factor_temporal", 4), vae.get("scale_factor_spatial", 8)),
     "HunyuanVideoPipeline": lambda vae: (
         vae.get("temporal_compression_ratio", 4),
         vae.get("spatial_compression_ratio", 8),
@@ -181,6 +212,7 @@ _VAE_FACTORS = {
         2 ** (len(vae["block_out_channels"]) - 1),
     ),
 }
+_VAE_FACTORS["CogVideoXImageToVideoPipeline"] = _VAE_FACTORS["CogVideoXPipeline"]
 
 
 def _config_with_defaults(class_name: str, config: dict[str, Any]) -> dict[str, Any]:
