@@ -212,9 +212,9 @@ def _save_latents(latents: torch.Tensor, path: Path) -> Path:
     return path
 
 
-def _setup(config: GenerateConfig) -> tuple[ParallelState, Any, dict[str, float]]:
+def _setup(config: GenerateConfig, images: bool) -> tuple[ParallelState, Any, dict[str, float]]:
     """This rank's layout on the running world, and the loaded (and, on several ranks, parallelized)
-    pipeline with its guidance arguments."""
+    pipeline with its guidance arguments; with ``images``, the pipeline that takes them."""
     from dit_sp.zoo import as_image_to_video, load_pipeline
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -225,7 +225,7 @@ def _setup(config: GenerateConfig) -> tuple[ParallelState, Any, dict[str, float]
     check_ranks_agree(parallel, dataclasses.asdict(config), "settings")
     dtype = getattr(torch, config.dtype)
     pipe = load_pipeline(config.model, dtype, parallel.device, empty_transformers=config.shard_weights)
-    if config.image:
+    if images:
         pipe = as_image_to_video(pipe)
     check_shape(pipe, dataclasses.asdict(config))
     guidance = guidance_arguments(pipe, config)
@@ -283,7 +283,7 @@ def generate(config: GenerateConfig, return_frames: bool = False) -> dict[str, A
     if config.prompts is not None:
         return generate_batch(config, return_frames)
     check_before_loading(config)
-    parallel, pipe, guidance = _setup(config)
+    parallel, pipe, guidance = _setup(config, images=bool(config.image))
     video = _sample(pipe, config, guidance, parallel.dp_seed(config.seed), parallel.device)
     report: dict[str, Any] = {"layout": str(parallel.config), "seconds": video["seconds"],
                               "seconds_per_step": video["seconds_per_step"]}  # fmt: skip
@@ -383,7 +383,7 @@ def generate_batch(config: GenerateConfig, return_frames: bool = False) -> dict[
     check_output(directory / f"00000{suffix}")
     for video in videos:
         check_before_loading(video)
-    parallel, pipe, guidance = _setup(config)
+    parallel, pipe, guidance = _setup(config, images=any(video.image for video in videos))
     done = _done(directory)
     mine = [i for i in range(len(videos)) if i % parallel.dp == parallel.dp_rank]
     todo = [i for i in mine if done.get(i) != _manifest_entry(i, videos[i], f"{i:05d}{suffix}")]

@@ -1,0 +1,119 @@
+"""Image-to-video through ``generate --image`` (and ``--last-image``): Wan 2.1 I2V and FLF2V, Wan 2.2 TI2V
+(per-token timesteps, clean first frame) and CogVideoX I2V, from saved model directories, give the same
+video on every layout; the image conditions the video; a batch takes an image per prompt."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+import imageio.v3 as iio
+import numpy as np
+import pytest
+import torch
+from cli_run import run_python
+from PIL import Image
+
+from dit_sp import GenerateConfig, generate, spawn
+from dit_sp.zoo import build_tiny
+
+pytestmark = pytest.mark.slow  # spawns worker processes or runs the CLI
+
+MODELS = {  # built-in name: (settings, with a last frame)
+    "tiny-wan-i2v": ({}, False),
+    "tiny-wan-flf2v": ({}, True),
+    "tiny-wan2.2-ti2v": ({}, False),
+    "tiny-cogvideox-i2v": ({"height": 48, "width": 32}, False),
+}
+LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}}
+
+
+def _image(path, seed: int) -> str:
+    pixels = np.random.RandomState(seed).rand(40, 30, 3)  # another size and aspect than the video: resized
+    Image.fromarray((pixels * 255).astype("uint8")).save(path)
+    return str(path)
+
+
+def _settings(tmp, model: str, name: str, image: str, **flags) -> GenerateConfig:
+    overrides, flf = MODELS[model]
+    directory = tmp / "models" / model
+    if not directory.exists():
+        build_tiny(model).save_pretrained(directory)  # a model directory, as users pass one
+    settings = GenerateConfig.load(overrides={"model": model, "image": image, "steps": 3,
+                                              "last_image": str(tmp / "last.png") if flf else None,
+                                              "out": str(tmp / f"{model}-{name}.mp4"),
+                                              "save_latents": str(tmp / f"{model}-{name}.pt"),
+                                              **overrides, **flags})  # fmt: skip
+    return dataclasses.replace(settings, model=str(directory))  # the built-in model's sizes, from its directory
+
+
+def run_jobs(jobs: list[GenerateConfig]) -> list[dict]:
+    return [generate(settings, True) for settings in jobs]
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory):
+    """{(model, layout): the sample leader's report}; "single" is one process, "other" another image."""
+    tmp = tmp_path_factory.mktemp("i2v")
+    first, other = _image(tmp / "first.png", 0), _image(tmp / "other.png", 2)
+    _image(tmp / "last.png", 1)
+    reports = {}
+    for model in MODELS:
+        reports[(model, "single")] = generate(_settings(tmp, model, "single", first), True)
+        reports[(model, "other")] = generate(_settings(tmp, model, "other", other), True)
+    for layout, flags in LAYOUTS.items():
+        jobs = [_settings(tmp, model, layout, first, **flags) for model in MODELS]
+        by_rank = spawn(run_jobs, 2, args=(jobs,), timeout=300)
+        for i, model in enumerate(MODELS):
+            leaders = [rank_reports[i] for rank_reports in by_rank if "out" in rank_reports[i]]
+            assert len(leaders) == 1
+            reports[(model, layout)] = leaders[0]
+    return reports
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("model", list(MODELS))
+def test_every_layout_gives_the_one_process_video(videos, model, layout):
+    reference, report = videos[(model, "single")], videos[(model, layout)]
+    latents, expected = torch.load(report["latents"]), torch.load(reference["latents"])
+    assert latents.shape == expected.shape and (latents - expected).abs().max() <= 1e-4
+    assert np.abs(report["frames"] - reference["frames"]).max() <= 1e-4
+    frames = list(iio.imiter(report["out"]))
+    assert len(frames) == 9 and frames[0].shape[:2] == reference["frames"].shape[1:3]
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_the_image_conditions_the_video(videos, model):
+    a, b = videos[(model, "single")]["frames"], videos[(model, "other")]["frames"]
+    assert np.abs(a - b).max() > 0.05
+
+
+def test_the_cli_takes_an_image_on_two_processes(videos, tmp_path):
+    reference = videos[("tiny-wan-i2v", "single")]
+    settings = GenerateConfig.load(overrides={"model": "tiny-wan-i2v"})
+    image = _image(tmp_path / "first.png", 0)
+    result = run_python([sys.executable, "-m", "pipelines.generate", "--model", "tiny-wan-i2v", "--image", image,
+                         "--steps", "3", "--ulysses", "2", "--out", str(tmp_path / "v.mp4"), "--save-latents",
+                         str(tmp_path / "v.pt")], timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    latents = torch.load(tmp_path / "v.pt")
+    assert (latents - torch.load(reference["latents"])).abs().max() <= 1e-4
+    assert len(list(iio.imiter(tmp_path / "v.mp4"))) == settings.frames
+
+
+def test_a_batch_takes_an_image_per_prompt(videos, tmp_path):
+    _image(tmp_path / "first.png", 0)
+    _image(tmp_path / "other.png", 2)
+    prompts = tmp_path / "prompts.jsonl"
+    lines = [{"prompt": "a red circle moving left", "image": "first.png", "seed": 0},
+             {"prompt": "a red circle moving left", "image": "other.png", "seed": 0}]  # fmt: skip
+    prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    single = videos[("tiny-wan2.2-ti2v", "single")]
+    config = _settings(tmp_path, "tiny-wan2.2-ti2v", "batch", str(tmp_path / "first.png"))
+    config = dataclasses.replace(config, prompts=str(prompts), image=None, save_latents=None)
+    report = generate(config, True)
+    assert np.abs(report["frames"][0] - single["frames"]).max() <= 1e-5
+    assert np.abs(report["frames"][1] - videos[("tiny-wan2.2-ti2v", "other")]["frames"]).max() <= 1e-5
+    manifest = [json.loads(line) for line in (tmp_path / "tiny-wan2.2-ti2v-batch" / "manifest.jsonl").open()]
+    assert [m["image"] for m in manifest] == [str(tmp_path / "first.png"), str(tmp_path / "other.png")]
