@@ -189,13 +189,16 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
 
 
 def _read_image(path: str, flag: str) -> Any:
-    """The image at ``path`` as RGB (PIL)."""
+    """The image at ``path`` (or a bundled asset of that name, e.g. ``first_frame.png``) as RGB (PIL)."""
     from PIL import Image, UnidentifiedImageError
 
-    if not Path(path).is_file():
+    from dit_sp.bundled import asset_path
+
+    found = asset_path(path)
+    if found is None or not found.is_file():
         raise MissingFileError(f"{flag} {path}: no such file")
     try:
-        with Image.open(path) as image:
+        with Image.open(found) as image:
             return image.convert("RGB")
     except (UnidentifiedImageError, OSError) as e:
         raise ConfigError(f"{flag} {path}: not an image this machine can read ({e})") from e

@@ -92,6 +92,9 @@ def shell_cases(ckpt: Path, tmp: Path) -> dict[str, list[str]]:
         "python -m pipelines.generate --model tiny-hunyuanvideo --out v.gif": [
             f"python -m pipelines.generate --model tiny-hunyuanvideo --steps 2 --out {tmp}/v.gif"
         ],
+        "python -m pipelines.generate --model tiny-wan-i2v --image first_frame.png --ulysses 2": [
+            f"python -m pipelines.generate --model tiny-wan-i2v --image first_frame.png --ulysses 2 --steps 2 {out}"
+        ],
         "python -m pipelines.generate --model /ckpt/Wan2.1-T2V-1.3B-Diffusers --config wan2.1-t2v-1.3b": [
             f"python -m pipelines.generate --model {ckpt} --config wan2.1-t2v-1.3b --ulysses 1 {SMALL} {out}"
         ],
