@@ -96,3 +96,8 @@ def trained_experts(cfg: TrainConfig, export: str) -> dict:
     exported = generate(GenerateConfig.load(overrides={"model": export, "out": export + ".mp4",
                                                        "max_sequence_length": 16, **settings}), True)  # fmt: skip
     return {"moved": moved, "trained": trained, "exported": exported["frames"]}
+
+
+def each_step_gradients(configs: list[TrainConfig]) -> list[dict]:
+    """``step_gradients`` of several runs in turn, on one world."""
+    return [step_gradients(cfg) for cfg in configs]

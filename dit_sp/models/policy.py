@@ -54,7 +54,7 @@ class DiffusersPolicy:
         self.device = device or torch.device("cpu")
         self.embeddings: Any | None = None
         temporal, spatial = pipe.vae_scale_factor_temporal, pipe.vae_scale_factor_spatial
-        channels = transformer.config.in_channels
+        channels = transformer.config.out_channels  # image-to-video models take more (the image's) than they give
         self.shape = (channels, (frames - 1) // temporal + 1, height // spatial, width // spatial)
 
     @property
@@ -64,13 +64,33 @@ class DiffusersPolicy:
     def latent_shape(self) -> tuple[int, ...]:
         return self.shape
 
-    def encode(self, prompts: list[str]) -> tuple[Any, Any | None]:
+    @property
+    def takes_images(self) -> bool:
+        """Whether the pipeline is image-to-video: each prompt then comes with its conditioning image."""
+        return False
+
+    def encode(self, prompts: list[str], images: list[str] | None = None) -> tuple[Any, Any | None]:
         """``(positive, negative)`` conditioning, each as ``_forward`` takes it; negative is None unguided.
-        Read from ``self.embeddings`` (``dit_sp.rl.embeddings.PromptEmbeddings``) when it is set: then the
-        text encoders may be gone."""
-        if self.embeddings is not None:
-            return self.embeddings.read(prompts, self.device)
-        return self._encode(prompts)
+        The text part is read from ``self.embeddings`` (``dit_sp.rl.embeddings.PromptEmbeddings``) when it
+        is set: then the text encoders may be gone. ``images``: each prompt's conditioning image (a path),
+        for an image-to-video pipeline (collective over a split VAE's group: it encodes them)."""
+        text = self.embeddings.read(prompts, self.device) if self.embeddings is not None else self._encode(prompts)
+        if not self.takes_images:
+            if images is not None and any(image is not None for image in images):
+                raise ConfigError(f"{type(self.pipe).__name__} is text-to-video: its prompts take no image")
+            return text
+        if images is None or any(image is None for image in images):
+            raise ConfigError(f"{type(self.pipe).__name__} is image-to-video: every prompt needs an image "
+                              "(a JSONL prompt file with an 'image' per line)")  # fmt: skip
+        return self._with_images(text, images)
+
+    def _with_images(self, text: tuple[Any, Any | None], images: list[str]) -> tuple[Any, Any | None]:
+        """The text conditioning ``(positive, negative)`` joined with each sample's image conditioning."""
+        raise NotImplementedError
+
+    def clean(self, latents: Tensor, cond: tuple[Any, Any | None] | None = None) -> Tensor:
+        """The sampled latents as the pipeline returns them (Wan 2.2 TI2V: the first frame is the image's)."""
+        return latents
 
     def _encode(self, prompts: list[str]) -> tuple[Any, Any | None]:
         """What ``encode`` returns, from the pipeline's text encoders."""
@@ -122,7 +142,10 @@ class DiffusersPolicy:
         raise NotImplementedError
 
     @torch.no_grad()
-    def decode(self, latents: Tensor) -> Tensor:
+    def decode(self, latents: Tensor, cond: tuple[Any, Any | None] | None = None) -> Tensor:
+        """``(B, F, C, H, W)`` in [0, 1] of sampled latents ``(B, C, F, H, W)`` (``cond``: their conditioning,
+        which an image-to-video model's latents may take their first frame from)."""
         vae = self.pipe.vae
+        latents = self.clean(latents, cond)
         video = vae.decode(self._unscale(latents).to(vae.dtype), return_dict=False)[0]  # (B, C, F, H, W) in [-1, 1]
         return ((video.float() + 1) / 2).clamp(0, 1).permute(0, 2, 1, 3, 4)

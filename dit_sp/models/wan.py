@@ -5,6 +5,7 @@ Self-attention (``attn1``) runs through USP. Cross-attention to text and the I2V
 The split/gather plan is the ``_cp_plan`` diffusers ships with the model.
 """
 
+import inspect
 from typing import Any
 
 import torch
@@ -19,7 +20,64 @@ Tensor = torch.Tensor
 
 
 class WanPolicy(DiffusersPolicy):
-    """Wan 2.1/2.2 text-to-video (UMT5 text tokens)."""
+    """Wan 2.1/2.2 (UMT5 text tokens): text-to-video, and image-to-video (``WanImageToVideoPipeline``):
+
+    - Wan 2.1 I2V / 2.2 I2V: the image's latents and mask join the noise in channels (``condition``), and
+      Wan 2.1's CLIP image tokens join the text in cross-attention;
+    - Wan 2.2 TI2V: the first latent frame is the image's (``condition``) with timestep 0 per token
+      (``first_frame_mask``); its velocity there is zero, so those latents carry no log-probability that
+      depends on the weights, and the sampled first frame is replaced by the image's (``clean``).
+
+    Conditioning is the text embedding ``(B, L, D)``, or with images ``(text, condition)`` /
+    ``(text, clip_tokens, condition)``; each image is encoded once (cached by path)."""
+
+    @property
+    def takes_images(self) -> bool:
+        return (
+            hasattr(self.pipe, "prepare_latents") and "image" in inspect.signature(self.pipe.prepare_latents).parameters
+        )
+
+    @property
+    def per_token_timesteps(self) -> bool:
+        return bool(self.pipe.config.get("expand_timesteps"))
+
+    @torch.no_grad()
+    def _image_condition(self, path: str) -> tuple[Tensor, ...]:
+        """``(clip_tokens, condition)`` (Wan 2.1 I2V) or ``(condition,)`` of one image, batch 1, cached."""
+        cache = self.__dict__.setdefault("_image_cache", {})
+        if path not in cache:
+            from PIL import Image
+
+            pipe = self.pipe
+            with Image.open(path) as file:
+                image = file.convert("RGB")
+            _, frames, height, width = self.shape
+            spatial, temporal = pipe.vae_scale_factor_spatial, pipe.vae_scale_factor_temporal
+            pixels = pipe.video_processor.preprocess(image, height=height * spatial, width=width * spatial)
+            unused_noise = torch.Generator(self.device).manual_seed(0)
+            outputs = pipe.prepare_latents(pixels.to(self.device, torch.float32), 1, self.shape[0],
+                                           height * spatial, width * spatial, (frames - 1) * temporal + 1,
+                                           torch.float32, self.device, unused_noise)  # fmt: skip
+            condition = outputs[1]
+            if self.per_token_timesteps:
+                self.first_frame_mask = outputs[2]
+            parts = (condition,)
+            if self.transformer.config.image_dim is not None:
+                parts = (pipe.encode_image(image, self.device).float(), condition)
+            cache[path] = parts
+        return cache[path]
+
+    def _with_images(self, text: tuple[Tensor, Tensor | None], images: list[str]) -> tuple[Any, Any | None]:
+        unique = {path: self._image_condition(path) for path in dict.fromkeys(images)}
+        per_sample = tuple(torch.cat([unique[path][i] for path in images]) for i in range(len(unique[images[0]])))
+        positive, negative = text
+        return (positive, *per_sample), None if negative is None else (negative, *per_sample)
+
+    def clean(self, latents: Tensor, cond: tuple[Any, Any | None] | None = None) -> Tensor:
+        if not (self.per_token_timesteps and cond is not None and isinstance(cond[0], tuple)):
+            return latents
+        mask = self.first_frame_mask.to(latents)
+        return (1 - mask) * cond[0][-1].to(latents) + mask * latents
 
     @torch.no_grad()
     def _encode(self, prompts: list[str]) -> tuple[Tensor, Tensor | None]:
@@ -32,9 +90,24 @@ class WanPolicy(DiffusersPolicy):
         )
         return positive, negative
 
-    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: Tensor) -> Tensor:
-        return model(hidden_states=hidden, timestep=timestep, encoder_hidden_states=cond.to(hidden.dtype),
-                     return_dict=False)[0]  # fmt: skip
+    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: Tensor | tuple[Tensor, ...]) -> Tensor:
+        if isinstance(cond, Tensor):
+            return model(hidden_states=hidden, timestep=timestep, encoder_hidden_states=cond.to(hidden.dtype),
+                         return_dict=False)[0]  # fmt: skip
+        text, *clip_tokens, condition = cond
+        condition = condition.to(hidden.dtype)
+        mask = None
+        if self.per_token_timesteps:  # the image is the clean first frame: timestep 0 on its tokens
+            mask = self.first_frame_mask.to(hidden)
+            hidden = (1 - mask) * condition + mask * hidden
+            per_token = mask[0, 0, :, ::2, ::2].flatten()
+            timestep = timestep[:, None] * per_token[None]
+        else:
+            hidden = torch.cat([hidden, condition], dim=1)
+        out = model(hidden_states=hidden, timestep=timestep, encoder_hidden_states=text.to(hidden.dtype),
+                    encoder_hidden_states_image=clip_tokens[0].to(hidden.dtype) if clip_tokens else None,
+                    return_dict=False)[0]  # fmt: skip
+        return out if mask is None else out * mask
 
     def _unscale(self, latents: Tensor) -> Tensor:
         config = self.pipe.vae.config
@@ -77,7 +150,7 @@ WAN = ModelFamily(
     plan=model_cp_plan,
     attention_modules=("blocks.*.attn1",),
     cfg_mode="sequential",
-    pipelines=("WanPipeline",),
+    pipelines=("WanPipeline", "WanImageToVideoPipeline"),
     policy=WanPolicy,
     vae=WAN_VAE,
 )

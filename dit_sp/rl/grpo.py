@@ -31,7 +31,9 @@ Tensor = torch.Tensor
 class Policy(Protocol):
     """What GRPO needs from a model family: conditioning, guided velocity, decoding."""
 
-    def encode(self, prompts: list[str]) -> Any: ...
+    def encode(self, prompts: list[str], images: list[str] | None = None) -> Any:
+        """The conditioning of a batch: its prompts and, for an image-to-video model, their images."""
+        ...
 
     def velocity(self, x: Tensor, s: float, cond: Any, *, reference: bool = False) -> Tensor: ...
 
@@ -39,8 +41,8 @@ class Policy(Protocol):
         """Whether the model that runs at noise level ``s`` is trained (not a frozen expert)."""
         ...
 
-    def decode(self, latents: Tensor) -> Tensor:
-        """``(B, F, C, H, W)`` floats in [0, 1]."""
+    def decode(self, latents: Tensor, cond: Any = None) -> Tensor:
+        """``(B, F, C, H, W)`` floats in [0, 1] of sampled latents (``cond``: the batch's conditioning)."""
         ...
 
     def latent_shape(self) -> tuple[int, ...]: ...
@@ -106,6 +108,8 @@ class Batch:
     prompt_ids: Tensor
     sample_seeds: list[int]
     noise_seeds: list[int]
+    images: list[str] | None = None
+    """Each sample's conditioning image (image-to-video), or None."""
 
 
 def seed_for(*parts: int) -> int:
@@ -123,8 +127,10 @@ def check_split(config: GRPOConfig, dp: int) -> None:
         )
 
 
-def make_batch(prompts: list[str], step: int, seed: int, config: GRPOConfig, parallel: ParallelState) -> Batch:
-    """This dp rank's share of the iteration's ``prompts_per_step * group_size`` samples."""
+def make_batch(prompts: list[str], step: int, seed: int, config: GRPOConfig, parallel: ParallelState,
+               images: list[str | None] | None = None) -> Batch:  # fmt: skip
+    """This dp rank's share of the iteration's ``prompts_per_step * group_size`` samples (``images``: each
+    prompt's conditioning image, for an image-to-video model)."""
     check_split(config, parallel.dp)
     prompts_per_step = config.prompts_per_step
     total = prompts_per_step * config.group_size
@@ -141,6 +147,7 @@ def make_batch(prompts: list[str], step: int, seed: int, config: GRPOConfig, par
         prompt_ids=torch.tensor([pid for pid, _ in mine]),
         sample_seeds=[seed_for(seed, step, pid, k) for pid, k in mine],
         noise_seeds=[seed_for(seed, step, pid, 0 if config.same_noise_per_group else k) for pid, k in mine],
+        images=[images[pid] for pid, _ in mine] if images is not None and any(images) else None,
     )
 
 
@@ -180,7 +187,7 @@ def micro_batches(size: int, config: GRPOConfig) -> list[slice]:
 
 
 def rollout(policy: Policy, batch: Batch, config: GRPOConfig, parallel: ParallelState) -> tuple[Trajectory, Any]:
-    cond = policy.encode(batch.prompts)
+    cond = policy.encode(batch.prompts, batch.images)
     shape = policy.latent_shape()
     sigmas = shifted_sigmas(config.steps, config.shift)
     init = _per_sample_noise(batch.noise_seeds, shape, parallel.device)
@@ -196,7 +203,7 @@ def rollout(policy: Policy, batch: Batch, config: GRPOConfig, parallel: Parallel
 
 
 def rewards_of(policy: Policy, traj: Trajectory, batch: Batch, reward: WeightedReward, parallel: ParallelState,
-               config: GRPOConfig | None = None, *, split_decode: bool = False,
+               config: GRPOConfig | None = None, *, split_decode: bool = False, cond: Any = None,
                ) -> tuple[Tensor, dict[str, Tensor], Tensor]:  # fmt: skip
     """Rewards computed on the SP group's first rank and broadcast, so every peer trains on the same. The
     videos are decoded in ``config``'s micro-batches (the VAE's activations are a step's largest at high
@@ -209,9 +216,9 @@ def rewards_of(policy: Policy, traj: Trajectory, batch: Batch, reward: WeightedR
         with torch.no_grad():
             final = traj.final
             parts = micro_batches(final.shape[0], config) if config is not None else [slice(None)]
-            videos = torch.cat([policy.decode(final[part]) for part in parts])
+            videos = torch.cat([policy.decode(final[part], select(cond, part)) for part in parts])
     if parallel.sp_rank == 0:
-        parts = reward.components(videos.float().cpu(), batch.prompts)
+        parts = reward.components(videos.float().cpu(), batch.prompts, batch.images)
         total = sum(w * parts[n] for n, w, _ in reward.parts)
         values = torch.stack([total, *parts.values()])
     if parallel.sp_group is not None and parallel.sp > 1:

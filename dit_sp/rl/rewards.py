@@ -12,6 +12,7 @@ is not finite gets NaN (and so no gradient), the run goes on.
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -147,11 +148,14 @@ class WeightedReward:
     def __init__(self, parts: list[tuple[str, float, RewardFn]]):
         self.parts = parts
 
-    def components(self, videos: Tensor, prompts: list[str]) -> dict[str, Tensor]:
-        return {name: score(fn, videos, prompts) for name, _, fn in self.parts}
+    def components(self, videos: Tensor, prompts: list[str], images: list[str] | None = None) -> dict[str, Tensor]:
+        """Each part's rewards; ``images`` (the conditioning image of each video) go to the parts that take
+        an ``images`` argument."""
+        return {name: score(fn, videos, prompts, images) for name, _, fn in self.parts}
 
-    def __call__(self, videos: Tensor, prompts: list[str]) -> Tensor:
-        return sum(weight * part for (_, weight, _), part in zip(self.parts, self.components(videos, prompts).values()))
+    def __call__(self, videos: Tensor, prompts: list[str], images: list[str] | None = None) -> Tensor:
+        parts = self.components(videos, prompts, images).values()
+        return sum(weight * part for (_, weight, _), part in zip(self.parts, parts))
 
 
 def build_reward(spec: str | Mapping[str, Any] | list) -> WeightedReward:
@@ -166,11 +170,20 @@ def build_reward(spec: str | Mapping[str, Any] | list) -> WeightedReward:
     return WeightedReward(parts)
 
 
-def score(fn: RewardFn, videos: Tensor, prompts: list[str]) -> Tensor:
-    """``fn`` on the batch, falling back to one sample at a time if it raises; NaN marks samples
-    whose reward failed or is not finite (they are reported, not trained on)."""
+def _takes_images(fn: RewardFn) -> bool:
     try:
-        rewards = torch.as_tensor(fn(videos, prompts), dtype=torch.float32).reshape(-1).cpu()
+        return "images" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a callable without a signature
+        return False
+
+
+def score(fn: RewardFn, videos: Tensor, prompts: list[str], images: list[str] | None = None) -> Tensor:
+    """``fn`` on the batch, falling back to one sample at a time if it raises; NaN marks samples
+    whose reward failed or is not finite (they are reported, not trained on). A reward with an ``images``
+    argument also gets each video's conditioning image (a path; image-to-video)."""
+    extra = (lambda part: {"images": images[part]}) if images is not None and _takes_images(fn) else (lambda _: {})
+    try:
+        rewards = torch.as_tensor(fn(videos, prompts, **extra(slice(None))), dtype=torch.float32).reshape(-1).cpu()
         if rewards.numel() != videos.shape[0]:
             raise ValueError(f"returned {rewards.numel()} values for {videos.shape[0]} videos")
     except Exception as batch_error:  # noqa: BLE001 - isolate the failing samples
@@ -178,7 +191,8 @@ def score(fn: RewardFn, videos: Tensor, prompts: list[str]) -> Tensor:
         rewards = torch.full((videos.shape[0],), float("nan"))
         for i in range(videos.shape[0]):
             try:
-                rewards[i] = float(torch.as_tensor(fn(videos[i : i + 1], prompts[i : i + 1])).reshape(-1)[0])
+                one = slice(i, i + 1)
+                rewards[i] = float(torch.as_tensor(fn(videos[one], prompts[one], **extra(one))).reshape(-1)[0])
             except Exception as e:  # noqa: BLE001
                 log.warning("reward %s failed for sample %d (%r): %s; it gets no gradient", fn, i, prompts[i], e)
     bad = ~torch.isfinite(rewards)

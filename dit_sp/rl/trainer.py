@@ -56,7 +56,7 @@ from dit_sp.train.fsdp import copy_sharded
 from dit_sp.train.lora import AdaptersDisabled, add_lora, merge_lora
 from dit_sp.video import save_video
 from dit_sp.weights import has_meta_parameters, load_shards
-from dit_sp.zoo import TRANSFORMERS, checkpoint_dir, load_pipeline
+from dit_sp.zoo import TRANSFORMERS, as_image_to_video, checkpoint_dir, load_pipeline
 
 Tensor = torch.Tensor
 
@@ -64,22 +64,39 @@ Tensor = torch.Tensor
 def read_prompts(path: str | Path) -> list[str]:
     """Prompts of a .txt file (one per line) or a .jsonl file (``{"prompt": ...}`` per line); bundled
     prompt files (``toy_prompts_train.txt``) by name."""
+    return read_prompt_file(path)[0]
+
+
+def read_prompt_file(path: str | Path) -> tuple[list[str], list[str | None]]:
+    """``(prompts, images)`` of a prompt file: a .jsonl line may give an ``image`` (a path relative to the
+    file) that conditions an image-to-video model; ``images`` holds None where a line gives none."""
     file = asset_path(path)
     if file is None or not file.is_file():
         raise MissingFileError(f"prompt file {path} does not exist (give a .txt with one prompt per line or a .jsonl)")
     lines = [line for line in file.read_text().splitlines() if line.strip()]
+    prompts, images = [], []
     if file.suffix == ".jsonl":
-        prompts = []
         for number, line in enumerate(lines, 1):
             try:
-                prompts.append(str(json.loads(line)["prompt"]))
-            except (ValueError, KeyError, TypeError) as e:
+                entry = json.loads(line)
+                prompts.append(str(entry["prompt"]))
+                image = entry.get("image")
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
                 raise ConfigError(f"{file}:{number}: expected a JSON object with a 'prompt' ({e})") from e
+            if image is not None and not (file.parent / str(image)).is_file():
+                raise MissingFileError(
+                    f"{file}:{number}: image {image} does not exist (paths are relative to the file)"
+                )
+            images.append(None if image is None else str(file.parent / str(image)))
     else:
         prompts = [line.strip() for line in lines]
+        images = [None] * len(prompts)
     if not prompts:
         raise ConfigError(f"prompt file {path} holds no prompts")
-    return prompts
+    if any(images) and not all(images):
+        raise ConfigError(f"{file}: some prompts have an 'image' and some do not; give every prompt one (an "
+                          "image-to-video model) or none")  # fmt: skip
+    return prompts, images
 
 
 class NonFiniteError(RuntimeError):
@@ -128,7 +145,7 @@ def check_before_loading(config: TrainConfig, world_size: int) -> None:
     from dit_sp.zoo import shape_info
 
     check_output_dir(config)
-    read_prompts(config.prompts)
+    read_prompt_file(config.prompts)
     check_reward(config.reward)
     info = shape_info(config.model)
     if info is not None:
@@ -175,6 +192,7 @@ class GRPOTrainer:
         reward: a reward function ``(videos (B, F, C, H, W) in [0, 1], prompts) -> Tensor[B]`` or a
             ``WeightedReward``; default: ``build_reward(config.reward)``.
         prompts: the prompt list; default: read from ``config.prompts``.
+        images: each prompt's conditioning image (an image-to-video model); default: from ``config.prompts``.
         parallel: the layout; default: ``ring x ulysses`` of ``config`` on the running world, dp the rest.
     """
 
@@ -185,6 +203,7 @@ class GRPOTrainer:
         pipeline: Any | None = None,
         reward: RewardFn | WeightedReward | None = None,
         prompts: list[str] | None = None,
+        images: list[str] | None = None,
         parallel: ParallelState | None = None,
     ):
         self.config = config
@@ -193,8 +212,12 @@ class GRPOTrainer:
         self.parallel = parallel or init_world(config)
         self.is_leader = self.parallel.rank == 0
         self._split_decode = config.parallel_vae and self.parallel.sp > 1
-        self.prompts = list(prompts) if prompts is not None else read_prompts(config.prompts)
-        check_ranks_agree(self.parallel, [asdict(config), self.prompts], "settings or prompts")
+        if prompts is None:
+            prompts, images = read_prompt_file(config.prompts)
+        self.prompts = list(prompts)
+        self.images: list[str | None] | None = list(images) if images is not None and any(images) else None
+        """Each prompt's conditioning image (image-to-video), or None (text-to-video)."""
+        check_ranks_agree(self.parallel, [asdict(config), self.prompts, self.images], "settings or prompts")
         if reward is None:
             reward = build_reward(config.reward)
         self.reward = reward if isinstance(reward, WeightedReward) else WeightedReward([("reward", 1.0, reward)])
@@ -214,12 +237,15 @@ class GRPOTrainer:
         if pipeline is None:
             # a checkpoint's text encoders load only if some prompt lacks its embedding, the VAE only where
             # videos are decoded (a sample's first rank, or all its ranks with the parallel VAE), and the
-            # transformer empty (filled after sharding)
-            decodes = self.parallel.sp_rank == 0 or self._split_decode
+            # transformer empty (filled after sharding); every rank encodes the images of image-to-video
+            decodes = self.parallel.sp_rank == 0 or self._split_decode or self.images is not None
             without = (() if missing else TEXT_ENCODERS) + (() if decodes else ("vae",))
             pipeline = load_pipeline(config.model, torch.float32, self.parallel.device, empty_transformers=True,
                                      without=without if source is not None else ())  # fmt: skip
         torch.manual_seed(config.seed)  # identical LoRA initialisation on every rank, however the model loaded
+        self._export_class = type(pipeline)
+        if self.images is not None:
+            pipeline = as_image_to_video(pipeline)  # Wan 2.2 TI2V's WanPipeline: the same model, with images
         self.pipe = pipeline.to(self.parallel.device) if not has_meta_parameters(pipeline.transformer) else pipeline
         self.experts: dict[str, torch.nn.Module] = {
             name: getattr(self.pipe, name) for name in TRANSFORMERS if getattr(self.pipe, name, None) is not None
@@ -239,6 +265,12 @@ class GRPOTrainer:
             transformer_2=self.experts.get("transformer_2"), guidance_2=sample.guidance_2, device=self.parallel.device,
         )  # fmt: skip
         self.policy.trained_experts = tuple(self.trained)
+        if self.policy.takes_images != (self.images is not None):
+            raise ConfigError(
+                f"{config.model} is an image-to-video model: give a JSONL prompt file with an 'image' per prompt"
+                if self.policy.takes_images else
+                f"{config.model} is a text-to-video model ({type(self.pipe).__name__}): its prompts take no image"
+            )  # fmt: skip
         sigmas = shifted_sigmas(config.grpo.steps, config.grpo.shift)
         if not trained_steps(config.grpo, 0, [t for t in range(config.grpo.steps) if self.policy.trains(sigmas[t])]):
             raise ConfigError(f"experts {self.trained} run at none of the trained steps (grpo.steps, grpo.shift, "
@@ -342,13 +374,13 @@ class GRPOTrainer:
     def collect(self, step: int) -> Rollout:
         """Roll out iteration ``step``'s samples, score them and compute their advantages (collective)."""
         grpo, parallel = self.config.grpo, self.parallel
-        batch = make_batch(self.prompts, step, self.config.seed, grpo, parallel)
+        batch = make_batch(self.prompts, step, self.config.seed, grpo, parallel, self.images)
         self.transformer.eval()
         began = time.perf_counter()
         traj, cond = rollout(self.policy, batch, grpo, parallel)
         sampled = time.perf_counter()
         rewards, parts, _ = rewards_of(self.policy, traj, batch, self.reward, parallel, grpo,
-                                       split_decode=self._split_decode)  # fmt: skip
+                                       split_decode=self._split_decode, cond=cond)  # fmt: skip
         seconds = {"sample": sampled - began, "reward": time.perf_counter() - sampled}
         advantages = group_advantages(rewards, batch.prompt_ids, group=parallel.dp_group, std=grpo.adv_std,
                                       clip=grpo.adv_clip)  # fmt: skip
@@ -453,7 +485,8 @@ class GRPOTrainer:
         training RNG (collective)."""
         config, policy, parallel = self.config, self.policy, self.parallel
         prompts = self.prompts[: config.eval_prompts]
-        cond = policy.encode(prompts)
+        images = self.images[: config.eval_prompts] if self.images is not None else None
+        cond = policy.encode(prompts, images)
         generator = torch.Generator().manual_seed(config.seed)
         noise = torch.randn((len(prompts), *policy.latent_shape()), generator=generator)
         self.transformer.eval()
@@ -462,9 +495,9 @@ class GRPOTrainer:
         self.transformer.train()
         reward = torch.zeros(1, device=parallel.device)
         if parallel.rank == 0 or (self._split_decode and parallel.dp_rank == 0):
-            videos = policy.decode(traj.final).cpu()  # (B, F, C, H, W); assembled on rank 0
+            videos = policy.decode(traj.final, cond).cpu()  # (B, F, C, H, W); assembled on rank 0
         if parallel.rank == 0:
-            reward[0] = self.reward(videos, prompts).nanmean()
+            reward[0] = self.reward(videos, prompts, images).nanmean()
             if path is not None:
                 save_video(torch.cat(list(videos), dim=-1).permute(0, 2, 3, 1).numpy(), path)
         if parallel.world_size > 1:
@@ -501,12 +534,13 @@ class GRPOTrainer:
                 for name, target in targets.items():
                     target.save_pretrained(tmp / name)
             else:
-                components = dict(self.pipe.components) | targets
-                # the pipeline's other constructor settings too (e.g. Wan 2.2's boundary_ratio)
-                accepted = inspect.signature(type(self.pipe).__init__).parameters
+                # the pipeline's other constructor settings too (e.g. Wan 2.2's boundary_ratio), as the class it
+                # was loaded as (Wan 2.2 TI2V: a WanPipeline, though it trained with images)
+                accepted = inspect.signature(self._export_class.__init__).parameters
+                components = {k: v for k, v in (dict(self.pipe.components) | targets).items() if k in accepted}
                 settings = {k: v for k, v in self.pipe.config.items() if k in accepted and k not in components}
-                type(self.pipe)(**settings, **components).save_pretrained(tmp)
-            type(self.pipe).load_config(tmp)  # raises if what was written does not read back
+                self._export_class(**settings, **components).save_pretrained(tmp)
+            self._export_class.load_config(tmp)  # raises if what was written does not read back
             shutil.rmtree(path, ignore_errors=True)
             os.replace(tmp, path)
         if self.parallel.world_size > 1:
