@@ -38,7 +38,13 @@ def test_image_rollout_samples_what_the_stock_pipeline_samples(tmp_path, model):
                  output_type="latent", max_sequence_length=16).frames  # fmt: skip
     pipe.scheduler.set_timesteps(4)
     sigmas = [float(s) for s in pipe.scheduler.sigmas]
-    cond = policy.encode(["a red circle"], [image])
+    encodes = []
+    stock_encode = pipe.vae.encode
+    pipe.vae.encode = lambda *args, **kwargs: encodes.append(1) or stock_encode(*args, **kwargs)
+    cond = policy.encode(["a red circle"] * 3, [image] * 3)
+    policy.encode(["a red circle"], [image])
+    assert len(encodes) == 1, "an image is encoded once, whatever the group size and the step"
+    cond = tuple(None if branch is None else tuple(part[:1] for part in branch) for branch in cond)
     traj = sample_trajectory(lambda x, s: policy.velocity(x, s, cond), noise, sigmas, SDEConfig("ode"))
     assert (policy.clean(traj.final, cond) - stock).abs().max() <= 1e-4
     other = policy.encode(["a red circle"], [_image(tmp_path / "other.png", 1)])
@@ -132,3 +138,20 @@ def test_an_image_run_killed_with_sigkill_resumes_exactly_and_exports(tmp_path):
                          "--steps", "2", "--out", str(video)], timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert video.stat().st_size > 0
+
+
+def test_a_reward_that_takes_images_gets_each_videos_image():
+    from dit_sp.rl.rewards import WeightedReward
+
+    seen = []
+
+    def with_images(videos, prompts, images):
+        seen.append(list(images))
+        if len(videos) > 1:
+            raise RuntimeError("batch refused: scored one by one")
+        return torch.ones(len(videos))
+
+    reward = WeightedReward([("a", 1.0, with_images), ("b", 2.0, lambda videos, prompts: torch.zeros(len(videos)))])
+    total = reward(torch.zeros(2, 1, 3, 4, 4), ["p", "p"], ["x.png", "y.png"])
+    assert total.tolist() == [1.0, 1.0]
+    assert seen == [["x.png", "y.png"], ["x.png"], ["y.png"]]
