@@ -43,8 +43,8 @@ def _component(spec: dict[str, Any]) -> Any:
     config = dict(spec.get("config", {}))
     if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel):
         return cls(cls.config_class(**config)).eval()
-    if spec.get("vocab") == "llama3-bytes":
-        return llama3_byte_tokenizer(config)
+    if spec.get("vocab") in ("llama3-bytes", "llama3-bytes-i2v"):
+        return llama3_byte_tokenizer(config, image_to_video=spec["vocab"] == "llama3-bytes-i2v")
     if spec.get("vocab") == "clip-bytes":
         return cls(**clip_byte_vocab(), **config)
     if cls_name.endswith("Tokenizer"):
@@ -80,6 +80,7 @@ CHECKPOINT_DEFAULTS = {
     "HunyuanVideoPipeline": dict(zip(_SHAPE, (61, 320, 512, 30, 1.0, 256))),
     "WanImageToVideoPipeline": dict(zip(_SHAPE, (81, 480, 832, 50, 5.0, 512))),
     "CogVideoXImageToVideoPipeline": dict(zip(_SHAPE, (49, 480, 720, 50, 6.0, 226))),
+    "HunyuanVideoImageToVideoPipeline": dict(zip(_SHAPE, (129, 720, 1280, 50, 1.0, 256))),
 }
 
 
@@ -213,6 +214,7 @@ _VAE_FACTORS = {
     ),
 }
 _VAE_FACTORS["CogVideoXImageToVideoPipeline"] = _VAE_FACTORS["CogVideoXPipeline"]
+_VAE_FACTORS["HunyuanVideoImageToVideoPipeline"] = _VAE_FACTORS["HunyuanVideoPipeline"]
 
 
 def _config_with_defaults(class_name: str, config: dict[str, Any]) -> dict[str, Any]:

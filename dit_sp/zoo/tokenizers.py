@@ -11,20 +11,25 @@ _LLAMA3_SPLIT = (
 )
 
 
-def llama3_byte_tokenizer(config: dict[str, Any]) -> Any:
+def llama3_byte_tokenizer(config: dict[str, Any], image_to_video: bool = False) -> Any:
     """A Llama 3 style byte-level BPE tokenizer, built here (nothing to download): every byte, and as one
     token each word of HunyuanVideo's stock prompt template (as in Llama 3's vocabulary), so the stock
-    template's ``crop_start`` (95 tokens before the prompt) is exact for it too."""
+    template's ``crop_start`` (95 tokens before the prompt; image-to-video: 103, with ``<image>``) is exact
+    for it too."""
     import re
 
-    from diffusers.pipelines.hunyuan_video.pipeline_hunyuan_video import DEFAULT_PROMPT_TEMPLATE
     from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers, processors
     from tokenizers.models import BPE
     from transformers import PreTrainedTokenizerFast
 
+    if image_to_video:
+        from diffusers.pipelines.hunyuan_video.pipeline_hunyuan_video_image2video import DEFAULT_PROMPT_TEMPLATE
+    else:
+        from diffusers.pipelines.hunyuan_video.pipeline_hunyuan_video import DEFAULT_PROMPT_TEMPLATE
+
     template = DEFAULT_PROMPT_TEMPLATE["template"]
     bos, eos = config["bos_token"], config["eos_token"]
-    specials = list(dict.fromkeys([bos, eos, *re.findall(r"<\|[a-z_]+\|>", template)]))
+    specials = list(dict.fromkeys([bos, eos, *re.findall(r"<\|[a-z_]+\|>|<image>", template)]))
     split = pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated")
     pre = pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     parts = re.split("|".join(map(re.escape, specials)), template)
