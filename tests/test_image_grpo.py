@@ -52,6 +52,22 @@ def test_image_rollout_samples_what_the_stock_pipeline_samples(tmp_path, model):
     assert (policy.clean(moved.final, other) - stock).abs().max() > 1e-2  # the image conditions the sample
 
 
+def test_ti2v_text_to_video_rollout_samples_what_the_stock_pipeline_samples():
+    """Wan 2.2 TI2V without an image: its stock pipeline gives every token the step's timestep."""
+    pipe = build_tiny("tiny-wan2.2-ti2v")
+    policy = policy_for(pipe)(pipe, pipe.transformer, frames=9, height=96, width=64, guidance=4.0,
+                              max_sequence_length=16)  # fmt: skip
+    assert not policy.takes_images and pipe.config.expand_timesteps
+    noise = torch.randn((1, *policy.latent_shape()), generator=torch.Generator().manual_seed(0))
+    stock = pipe(prompt="a red circle", negative_prompt="", num_frames=9, height=96, width=64,
+                 num_inference_steps=4, guidance_scale=4.0, latents=noise.clone(), output_type="latent",
+                 max_sequence_length=16).frames  # fmt: skip
+    sigmas = [float(s) for s in pipe.scheduler.sigmas]
+    cond = policy.encode(["a red circle"])
+    traj = sample_trajectory(lambda x, s: policy.velocity(x, s, cond), noise, sigmas, SDEConfig("ode"))
+    assert (traj.final - stock).abs().max() <= 1e-4
+
+
 def _prompt_file(tmp_path) -> str:
     """Two prompts, each with its own image (paths relative to the file)."""
     (tmp_path / "images").mkdir(exist_ok=True)

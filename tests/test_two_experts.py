@@ -55,9 +55,13 @@ def test_rollout_runs_the_expert_and_guidance_the_stock_pipeline_runs():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("experts", [None, ["transformer_2"]])
-def test_one_step_moves_the_trained_experts_and_the_export_generates_the_same_video(tmp_path, experts):
-    cfg = tiny_config(model=MODEL, experts=experts, steps=4, width=32)
+@pytest.mark.parametrize(("experts", "lora"), [(None, {}), (["transformer_2"], {}),
+                                               (None, {"lora_rank": 2, "kl_coef": 0.01})],
+                         ids=["both", "low", "lora"])  # fmt: skip
+def test_one_step_moves_the_trained_experts_and_the_export_generates_the_same_video(tmp_path, experts, lora):
+    """Full fine-tuning or LoRA (adapters on both experts, each expert's KL to itself with adapters off):
+    the export (LoRA merged) generates what the trained pipeline generates."""
+    cfg = tiny_config(model=MODEL, experts=experts, steps=4, width=32, **lora)
     result = spawn(trained_experts, 1, args=(cfg, str(tmp_path / "export")), timeout=300)[0]
     assert result["moved"] == (experts or ["transformer", "transformer_2"])
     assert result["trained"].shape == result["exported"].shape
