@@ -66,3 +66,18 @@ def run_python(argv: list[str], cwd: Path | None = None, timeout: float = 600,
     if check and result.returncode:
         raise subprocess.CalledProcessError(result.returncode, argv, result.stdout, result.stderr)
     return result
+
+
+def kill_after(command: list[str], marker: Path, timeout: float = 300) -> None:
+    """Start ``command`` (a training run) in its own session and SIGKILL all of it as soon as ``marker``
+    (a checkpoint's completion marker) exists; fails if the run ended or timed out first."""
+    import signal
+    import time
+
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert marker.exists(), f"the run should have been killed once {marker} existed"

@@ -109,13 +109,9 @@ def test_image_grpo_step_gradients_on_every_layout_equal_one_process(tmp_path):
 
 @pytest.mark.slow
 def test_an_image_run_killed_with_sigkill_resumes_exactly_and_exports(tmp_path):
-    import os
-    import signal
-    import subprocess
     import sys
-    import time
 
-    from cli_run import run_python
+    from cli_run import kill_after, run_python
 
     prompts = _prompt_file(tmp_path)
 
@@ -131,15 +127,7 @@ def test_an_image_run_killed_with_sigkill_resumes_exactly_and_exports(tmp_path):
 
     run_python(command(tmp_path / "full"), check=True, timeout=600)
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(command(killed), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)  # fmt: skip
-    marker = killed / "checkpoints" / "step_00000002" / "COMPLETE"
-    deadline = time.monotonic() + 300
-    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert marker.exists(), "the run should have been killed after its step-2 checkpoint"
+    kill_after(command(killed), killed / "checkpoints" / "step_00000002" / "COMPLETE")
     assert not (killed / "final").exists(), "killed before the end: the resume has work to do"
     run_python(command(killed, "--resume"), check=True, timeout=600)
     expected, resumed = rows(tmp_path / "full"), rows(killed)

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from cli_run import run_python
+from cli_run import kill_after, run_python
 from compare import assert_all_close, max_errors
 from grpo_checks import evaluation, step_gradients, tiny_config
 
@@ -112,15 +108,10 @@ def test_killed_run_resumes_exactly(tmp_path):
     _check_eval_videos(full, expected)
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(_train_cmd(killed, "--max-steps", "6", "--checkpoint-every", "2"),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
-    marker = killed / "checkpoints" / "step_00000004" / "COMPLETE"
-    deadline = time.monotonic() + 300
-    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert marker.exists(), "the run should have been killed after its step-4 checkpoint"
+    kill_after(
+        _train_cmd(killed, "--max-steps", "6", "--checkpoint-every", "2"),
+        killed / "checkpoints" / "step_00000004" / "COMPLETE",
+    )
     # A save that crashed midway: a temporary directory and a directory without its marker.
     (killed / "checkpoints" / "step_00000005.tmp").mkdir()
     (killed / "checkpoints" / "step_00000006").mkdir()
