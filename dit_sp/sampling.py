@@ -69,7 +69,8 @@ class GenerateConfig:
     last_image: str | None = None
     """First-last-frame: the last frame too (Wan2.1-FLF2V, Wan 2.2 I2V)."""
     save_latents: str | None = None
-    """Also save the final latents to this ``.pt`` file (for exact comparisons)."""
+    """Also save the final latents to this ``.pt`` file (for exact comparisons): those of the last step (Wan 2.2
+    TI2V with an image: before the pipeline puts the image's latents into the first frame)."""
     prompts: str | None = None
     """A batch: a .txt (one prompt per line) or .jsonl file (per line ``prompt`` and optionally ``seed``,
     ``frames``, ``height``, ``width``, ``steps``, ``guidance``, ``negative_prompt``, ``image``, ``last_image``:
@@ -89,6 +90,10 @@ class GenerateConfig:
         for name in ("frames", "height", "width", "steps", "ulysses", "ring", "max_sequence_length"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.guidance_2 is not None and not self.guidance > 1:
+            raise ConfigError(f"guidance_2 {self.guidance_2} is the low-noise expert's classifier-free guidance, "
+                              f"and guidance {self.guidance} turns guidance off for both experts; use guidance > 1 "
+                              "or drop guidance_2")  # fmt: skip
         if self.cfg_parallel and not self.guidance > 1:
             raise ConfigError(
                 f"cfg_parallel runs the two guidance branches in parallel, but guidance {self.guidance} turns "
@@ -183,6 +188,9 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
         if transformer.get("image_dim") is not None and transformer.get("pos_embed_seq_len") is None:
             raise ConfigError(f"--last-image: {config.model} encodes one image (Wan2.1-I2V); first-last-frame video "
                               "needs a Wan2.1-FLF2V or Wan 2.2 I2V checkpoint, or drop --last-image")  # fmt: skip
+    elif info is not None and info.transformer.config.get("pos_embed_seq_len") is not None:
+        raise ConfigError(f"{config.model} is a first-last-frame model (Wan2.1-FLF2V): give the last frame too "
+                          "with --last-image PATH")  # fmt: skip
     for flag, path in (("--image", config.image), ("--last-image", config.last_image)):
         if path is not None:
             _read_image(path, flag)
@@ -344,6 +352,9 @@ def read_batch(config: GenerateConfig) -> list[GenerateConfig]:
         videos.append(from_mapping(GenerateConfig, base | entry, where=f"{path}:{index + 1}"))
     if not videos:
         raise ConfigError(f"--prompts {config.prompts} holds no prompts")
+    if any(video.image for video in videos) and not all(video.image for video in videos):
+        raise ConfigError(f"--prompts {config.prompts}: some lines give an 'image' and some do not; one model runs "
+                          "the whole batch: give every line an image (image-to-video) or none")  # fmt: skip
     return videos
 
 

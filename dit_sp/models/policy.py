@@ -44,6 +44,10 @@ class DiffusersPolicy:
         if guidance_2 is not None and self.boundary is None:
             raise ConfigError("guidance_2 is the guidance of Wan 2.2 A14B's low-noise expert; "
                               f"{type(pipe).__name__} has one transformer: use guidance")  # fmt: skip
+        if guidance_2 is not None and not guidance > 1:
+            raise ConfigError(f"guidance_2 {guidance_2} is the low-noise expert's classifier-free guidance, and "
+                              f"guidance {guidance} turns guidance off for both experts; use guidance > 1 or drop "
+                              "guidance_2")  # fmt: skip
         self.pipe, self.transformer, self.reference = pipe, transformer, reference
         self.transformer_2, self.reference_2 = transformer_2, None
         self.train_timesteps = pipe.scheduler.config.num_train_timesteps if self.boundary is not None else 1000

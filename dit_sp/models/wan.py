@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from dit_sp._compat import model_cp_plan
+from dit_sp.errors import ConfigError
 from dit_sp.models.family import ModelFamily
 from dit_sp.models.policy import DiffusersPolicy
 from dit_sp.vae import Padding, VAEPlan
@@ -33,9 +34,12 @@ class WanPolicy(DiffusersPolicy):
 
     @property
     def takes_images(self) -> bool:
-        return (
-            hasattr(self.pipe, "prepare_latents") and "image" in inspect.signature(self.pipe.prepare_latents).parameters
-        )
+        prepare = getattr(self.pipe, "prepare_latents", None)
+        takes = prepare is not None and "image" in inspect.signature(prepare).parameters
+        if takes and self.transformer.config.get("pos_embed_seq_len") is not None:
+            raise ConfigError("Wan2.1-FLF2V (first and last frame) is not trained by GRPO yet: prompts carry one "
+                              "image; use a Wan 2.1/2.2 I2V or Wan 2.2 TI2V model")  # fmt: skip
+        return takes
 
     @property
     def per_token_timesteps(self) -> bool:
@@ -43,7 +47,8 @@ class WanPolicy(DiffusersPolicy):
 
     @torch.no_grad()
     def _image_condition(self, path: str) -> tuple[Tensor, ...]:
-        """``(clip_tokens, condition)`` (Wan 2.1 I2V) or ``(condition,)`` of one image, batch 1, cached."""
+        """``(clip_tokens, condition)`` (Wan 2.1 I2V) or ``(condition,)`` of one image, batch 1, cached on the
+        CPU (a run may see thousands of images)."""
         cache = self.__dict__.setdefault("_image_cache", {})
         if path not in cache:
             from PIL import Image
@@ -64,12 +69,13 @@ class WanPolicy(DiffusersPolicy):
             parts = (condition,)
             if self.transformer.config.image_dim is not None:
                 parts = (pipe.encode_image(image, self.device).float(), condition)
-            cache[path] = parts
+            cache[path] = tuple(part.cpu() for part in parts)
         return cache[path]
 
     def _with_images(self, text: tuple[Tensor, Tensor | None], images: list[str]) -> tuple[Any, Any | None]:
         unique = {path: self._image_condition(path) for path in dict.fromkeys(images)}
-        per_sample = tuple(torch.cat([unique[path][i] for path in images]) for i in range(len(unique[images[0]])))
+        per_sample = tuple(torch.cat([unique[path][i] for path in images]).to(self.device)
+                           for i in range(len(unique[images[0]])))  # fmt: skip
         positive, negative = text
         return (positive, *per_sample), None if negative is None else (negative, *per_sample)
 

@@ -60,7 +60,8 @@ class GRPOConfig:
     """Prompts of one iteration (over all data-parallel ranks): ``prompts_per_step * group_size`` samples."""
     same_noise_per_group: bool = True
     train_fraction: float = 0.6
-    """Fraction of the rollout's steps trained on each iteration (chosen at random)."""
+    """Fraction of the rollout's steps trained on each iteration (chosen at random; of a two-expert model's
+    steps, among those whose expert is trained)."""
     sde_window: tuple[int, int] | None = None
     """Steps ``[start, end)``: the only stochastic steps of a rollout (the others are ODE steps), and the
     only trained ones, instead of a random fraction of an all-SDE rollout. With the same initial noise per
@@ -165,7 +166,7 @@ def trained_steps(config: GRPOConfig, step_seed: int, eligible: list[int] | None
     candidates = list(range(*config.sde_window) if config.sde_window is not None else range(config.steps))
     if eligible is not None:
         candidates = [t for t in candidates if t in eligible]
-    if config.sde_window is not None:
+    if config.sde_window is not None or not candidates:
         return candidates
     count = max(1, round(config.train_fraction * len(candidates)))
     return sorted(random.Random(step_seed).sample(candidates, count))
@@ -267,6 +268,22 @@ def _accumulate(totals: dict[str, float], stats: LossStats, share: float, steps:
             totals[key] = totals.get(key, 0.0) + (value if key == "masked" else value * share) / steps
 
 
+def _state_for_every_weight(optimizer: torch.optim.Optimizer) -> None:
+    """Give a weight that had no gradient yet (a two-expert model's expert that ran at none of the trained
+    steps) the state AdamW would start it with. Its update is still skipped while it gets no gradient (no
+    momentum, no weight decay), and then starts as from fresh; but every checkpoint holds the same optimizer
+    keys, so resuming is exact whenever it was saved."""
+    if not isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
+        return
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and not optimizer.state[p]:
+                optimizer.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
+                                      "exp_avg_sq": torch.zeros_like(p)}  # fmt: skip
+                if group.get("amsgrad"):
+                    optimizer.state[p]["max_exp_avg_sq"] = torch.zeros_like(p)
+
+
 def train_on_rollout(
     policy: Policy,
     model: torch.nn.Module,
@@ -285,13 +302,6 @@ def train_on_rollout(
     """
     optimizer.zero_grad(set_to_none=True)
     stats = accumulate_gradients(policy, traj, cond, advantages, config, step_seed)
-    # A weight no trained step reached (a two-expert model whose expert ran at none of this iteration's trained
-    # steps) gets a zero gradient, not none: AdamW then keeps state for every weight, so every checkpoint holds
-    # the same optimizer keys and resumes exactly.
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
     device = next(model.parameters()).device
@@ -300,6 +310,7 @@ def train_on_rollout(
         dist.all_reduce(finite, op=dist.ReduceOp.MIN)
     if finite.item():
         optimizer.step()
+        _state_for_every_weight(optimizer)
     else:
         optimizer.zero_grad(set_to_none=True)
     return stats | {"grad_norm": grad_norm, "skipped": float(not finite.item())}

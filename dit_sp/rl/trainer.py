@@ -524,22 +524,31 @@ class GRPOTrainer:
         ``load_pipeline`` and ``python -m pipelines.generate --model PATH`` (collective). Written to
         ``PATH.tmp``, checked to load, then renamed (replacing an earlier export of this run)."""
         path = Path(path)
-        states = {name: checkpoint.full_state_dict(model) for name, model in self.experts.items()}
-        if self.is_leader:
-            targets = {name: self._plain_copy(name, state) for name, state in states.items()}
-            tmp = path.with_name(path.name + ".tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            if self._source is not None:  # the checkpoint's other components as they are (some were never loaded)
-                shutil.copytree(self._source, tmp, ignore=shutil.ignore_patterns(*targets))
-                for name, target in targets.items():
-                    target.save_pretrained(tmp / name)
-            else:
-                # the pipeline's other constructor settings too (e.g. Wan 2.2's boundary_ratio), as the class it
-                # was loaded as (Wan 2.2 TI2V: a WanPipeline, though it trained with images)
+        tmp = path.with_name(path.name + ".tmp")
+        if self._source is not None:
+            # the checkpoint's other components as they are (some were never loaded), and its frozen experts;
+            # each trained expert gathered, saved and freed in turn (one full copy in host memory at a time)
+            if self.is_leader:
+                shutil.rmtree(tmp, ignore_errors=True)
+                shutil.copytree(self._source, tmp, ignore=shutil.ignore_patterns(*self.trained))
+            for name in self.trained:
+                state = checkpoint.full_state_dict(self.experts[name])
+                if self.is_leader:
+                    self._plain_copy(name, state).save_pretrained(tmp / name)
+                del state
+        else:
+            # a pipeline built in code (small): saved whole, with its other constructor settings (e.g. Wan 2.2's
+            # boundary_ratio), as the class it was loaded as (Wan 2.2 TI2V: a WanPipeline, though it trained
+            # with images)
+            states = {name: checkpoint.full_state_dict(model) for name, model in self.experts.items()}
+            if self.is_leader:
+                targets = {name: self._plain_copy(name, state) for name, state in states.items()}
+                shutil.rmtree(tmp, ignore_errors=True)
                 accepted = inspect.signature(self._export_class.__init__).parameters
                 components = {k: v for k, v in (dict(self.pipe.components) | targets).items() if k in accepted}
                 settings = {k: v for k, v in self.pipe.config.items() if k in accepted and k not in components}
                 self._export_class(**settings, **components).save_pretrained(tmp)
+        if self.is_leader:
             self._export_class.load_config(tmp)  # raises if what was written does not read back
             shutil.rmtree(path, ignore_errors=True)
             os.replace(tmp, path)
