@@ -7,7 +7,7 @@ import torch.distributed as dist
 
 from dit_sp import ParallelConfig, gather_sequence, init_parallel, shard_sequence
 from dit_sp.attention import ulysses
-from dit_sp.parallel.comm import RingComm
+from dit_sp.parallel.comm import RingComm, all_to_all
 
 
 def _full(seed: int, *shape: int) -> torch.Tensor:
@@ -32,7 +32,7 @@ def check_comm(ring: int, uly: int) -> dict[str, float]:
     # Ulysses all-to-all: (B, S/N, H, D) -> (B, S/R, H/U, D), forward and backward.
     full, weight = _full(0, 2, 8 * p.sp, 4 * uly, 3), _full(1, 2, 8 * p.sp, 4 * uly, 3)
     x = shard_sequence(full, p).clone().requires_grad_()
-    out = ulysses.scatter_heads(x, p)
+    (out,) = ulysses.scatter_heads([x], p)
     block = slice(p.ring_rank * 8 * uly, (p.ring_rank + 1) * 8 * uly)
     heads = slice(p.ulysses_rank * 4, (p.ulysses_rank + 1) * 4)
     errors["a2a_forward"] = (out - full[:, block, heads]).abs().max().item()
@@ -40,6 +40,34 @@ def check_comm(ring: int, uly: int) -> dict[str, float]:
     # Every rank holds the heads of its ring block: the sequence shard's gradient covers all heads.
     errors["a2a_backward"] = (x.grad - shard_sequence(weight, p)).abs().max().item()
     errors["a2a_roundtrip"] = (ulysses.gather_heads(out.detach(), p) - x.detach()).abs().max().item()
+
+    # The public all_to_all primitive: the same exchange, forward and backward.
+    y = x.detach().clone().requires_grad_()
+    out = all_to_all(y, p.ulysses_group, scatter_dim=-2, gather_dim=-3)
+    errors["a2a_public_forward"] = (out - full[:, block, heads]).abs().max().item()
+    (out * weight[:, block, heads]).sum().backward()
+    errors["a2a_public_backward"] = (y.grad - shard_sequence(weight, p)).abs().max().item()
+
+    # q, k, v in one exchange, with heads that U does not divide (zero-padded on the way, dropped back).
+    n_heads, group = 4 * uly - 1, 4
+    fulls = [_full(10 + i, 2, 8 * p.sp, n_heads, 3) for i in range(3)]
+    padded = [torch.nn.functional.pad(f, (0, 0, 0, 4 * uly - n_heads)) for f in fulls]
+    heads = slice(p.ulysses_rank * group, (p.ulysses_rank + 1) * group)
+    xs = [shard_sequence(f, p).clone().requires_grad_() for f in fulls]
+    outs = ulysses.scatter_heads(xs, p)
+    errors["packed_forward"] = max((o - f[:, block, heads]).abs().max().item() for o, f in zip(outs, padded))
+    weights = [_full(20 + i, 2, 8 * p.sp, 4 * uly, 3) for i in range(3)]
+    sum((o * w[:, block, heads]).sum() for o, w in zip(outs, weights)).backward()
+    errors["packed_backward"] = max(
+        (x.grad - shard_sequence(w[:, :, :n_heads], p)).abs().max().item() for x, w in zip(xs, weights)
+    )
+    # gather_heads: forward back to the sequence shard, backward (zeros for the padding heads)
+    leaf = outs[1].detach().clone().requires_grad_()
+    back = ulysses.gather_heads(leaf, p, n_heads)
+    errors["packed_roundtrip"] = (back - xs[1].detach()).abs().max().item()
+    (back * shard_sequence(weights[1][:, :, :n_heads], p)).sum().backward()
+    expected = torch.nn.functional.pad(weights[1][:, :, :n_heads], (0, 0, 0, 4 * uly - n_heads))[:, block, heads]
+    errors["gather_heads_backward"] = (leaf.grad - expected).abs().max().item()
 
     # gather_sequence with an uneven length, both backward modes.
     seq = 4 * p.sp - 1

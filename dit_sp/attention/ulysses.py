@@ -4,14 +4,22 @@
 then holds every head group ``ulysses_rank`` token of its ring block, so attention over the ring
 needs no further Ulysses traffic. Heads that ``U`` does not divide are zero-padded (a zero head
 attends uniformly to zero values: its output is zero and it is dropped again on the way back).
+
+Several tensors (q, k, v) travel in one collective, and each is copied once, straight into its place
+in the send buffer: the buffer is ``(U, B, S_local, n, H_pad/U, D)``, chunk ``j`` for rank ``j``. What
+arrives is laid out so that each tensor is a view of the receive buffer (for ``B == 1``; a copy
+otherwise), which attention reads as it is. No stacked, padded or reshaped copies in between.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
-from dit_sp.parallel.comm import all_gather, all_to_all
+from dit_sp.parallel.comm import all_gather
 from dit_sp.parallel.state import ParallelState
 
 Tensor = torch.Tensor
@@ -30,16 +38,100 @@ def pad_heads(x: Tensor, parallel: ParallelState, head_dim: int = -2) -> Tensor:
     return F.pad(x, [0, 0] * (x.dim() - head_dim - 1) + [0, pad])
 
 
-def scatter_heads(x: Tensor, parallel: ParallelState) -> Tensor:
-    """``(..., B, S_local, H_pad, D)`` -> ``(..., B, U*S_local, H_pad/U, D)``: gather the sequence of
-    the Ulysses group (in rank order) and keep head group ``ulysses_rank``. Leading dims (e.g. a
-    stacked q/k/v) ride along in the same single collective."""
-    return all_to_all(x, parallel.ulysses_group, scatter_dim=-2, gather_dim=-3)
+def _exchange(send: Tensor, group: dist.ProcessGroup) -> Tensor:
+    """Chunk ``j`` of ``send`` (dim 0) goes to rank ``j``; chunk ``j`` of the result came from rank ``j``."""
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    return recv
 
 
-def gather_heads(x: Tensor, parallel: ParallelState) -> Tensor:
-    """Inverse of ``scatter_heads``: ``(B, U*S_local, H_pad/U, D)`` -> ``(B, S_local, H_pad, D)``."""
-    return all_to_all(x, parallel.ulysses_group, scatter_dim=-3, gather_dim=-2)
+def _buffer(like: Tensor, world: int, count: int, local_len: int, group_heads: int, zeros: bool) -> Tensor:
+    """A ``(world, B, local_len, count, group_heads, D)`` exchange buffer."""
+    shape = (world, like.shape[0], local_len, count, group_heads, like.shape[-1])
+    return (torch.zeros if zeros else torch.empty)(shape, dtype=like.dtype, device=like.device)
+
+
+def _to_heads(xs: Sequence[Tensor | None], group: dist.ProcessGroup, heads_padded: int) -> list[Tensor]:
+    """``(B, S_local, H, D)`` each (``None``: zeros) -> ``(B, U*S_local, H_pad/U, D)`` each."""
+    world = dist.get_world_size(group)
+    like = next(x for x in xs if x is not None)
+    batch, local_len, heads, _ = like.shape
+    group_heads = heads_padded // world
+    full, rest = divmod(heads, group_heads)
+    send = _buffer(like, world, len(xs), local_len, group_heads, zeros=heads != heads_padded or None in xs)
+    for i, x in enumerate(xs):
+        if x is None:
+            continue
+        place = send[:, :, :, i].permute(1, 2, 0, 3, 4)  # (B, S_local, U, H_pad/U, D): head group j -> rank j
+        place[:, :, :full].copy_(x[:, :, : full * group_heads].unflatten(2, (full, group_heads)))
+        if rest:
+            place[:, :, full, :rest].copy_(x[:, :, full * group_heads :])
+    recv = _exchange(send, group)  # recv[j]: rank j's sequence chunk of my head group
+    return [recv[:, :, :, i].movedim(0, 1).reshape(batch, world * local_len, group_heads, -1) for i in range(len(xs))]
+
+
+def _to_sequence(xs: Sequence[Tensor | None], group: dist.ProcessGroup, heads: int) -> list[Tensor]:
+    """Inverse of ``_to_heads``: ``(B, U*S_local, H_pad/U, D)`` each -> ``(B, S_local, H, D)`` (padding dropped)."""
+    world = dist.get_world_size(group)
+    like = next(x for x in xs if x is not None)
+    batch, length, group_heads, _ = like.shape
+    local_len = length // world
+    send = _buffer(like, world, len(xs), local_len, group_heads, zeros=None in xs)
+    for i, x in enumerate(xs):
+        if x is not None:  # sequence chunk j -> rank j
+            send[:, :, :, i].copy_(x.unflatten(1, (world, local_len)).movedim(1, 0))
+    recv = _exchange(send, group)  # recv[j]: my sequence chunk of rank j's head group
+    return [recv[:, :, :, i].permute(1, 2, 0, 3, 4).reshape(batch, local_len, world * group_heads, -1)[:, :, :heads]
+            for i in range(len(xs))]  # fmt: skip
+
+
+class ScatterHeads(torch.autograd.Function):
+    """``(B, S_local, H, D)`` tensors -> ``(B, U*S_local, H_pad/U, D)``, all in one all-to-all.
+    Backward: the inverse exchange of the gradients (``GatherHeads``'s forward)."""
+
+    @staticmethod
+    def forward(ctx, group: dist.ProcessGroup, heads_padded: int, *xs: Tensor):
+        ctx.group, ctx.heads = group, xs[0].shape[2]
+        return tuple(_to_heads(xs, group, heads_padded))
+
+    @staticmethod
+    def backward(ctx, *grads: Tensor | None):
+        return None, None, *_to_sequence(grads, ctx.group, ctx.heads)
+
+
+class GatherHeads(torch.autograd.Function):
+    """``(B, U*S_local, H_pad/U, D)`` tensors -> ``(B, S_local, heads, D)`` (the padding heads dropped), in
+    one all-to-all. Backward: ``ScatterHeads``'s forward of the gradients (zeros for the padding)."""
+
+    @staticmethod
+    def forward(ctx, group: dist.ProcessGroup, heads: int, *xs: Tensor):
+        ctx.group, ctx.heads_padded = group, xs[0].shape[2] * dist.get_world_size(group)
+        return tuple(_to_sequence(xs, group, heads))
+
+    @staticmethod
+    def backward(ctx, *grads: Tensor | None):
+        return None, None, *_to_heads(grads, ctx.group, ctx.heads_padded)
+
+
+def scatter_heads(xs: Sequence[Tensor], parallel: ParallelState) -> list[Tensor]:
+    """``(B, S_local, H, D)`` tensors (e.g. q, k, v: same shape) -> ``(B, U*S_local, H_pad/U, D)`` each:
+    gather the sequence of the Ulysses group (in rank order) and keep head group ``ulysses_rank`` (of the
+    heads zero-padded to ``H_pad``, a multiple of ``U``). One collective for all of them."""
+    if parallel.ulysses == 1:
+        return list(xs)
+    shapes = {tuple(x.shape) for x in xs}
+    if len(shapes) != 1 or len(next(iter(shapes))) != 4:
+        raise ValueError(f"scatter_heads takes (B, S_local, H, D) tensors of one shape; got {sorted(shapes)}")
+    return list(ScatterHeads.apply(parallel.ulysses_group, padded_heads(xs[0].shape[2], parallel), *xs))
+
+
+def gather_heads(x: Tensor, parallel: ParallelState, heads: int | None = None) -> Tensor:
+    """Inverse of ``scatter_heads``: ``(B, U*S_local, H_pad/U, D)`` -> ``(B, S_local, heads, D)``, the first
+    ``heads`` (default all ``H_pad``) heads of the Ulysses group."""
+    if parallel.ulysses == 1:
+        return x if heads is None else x[:, :, :heads]
+    heads = x.shape[2] * parallel.ulysses if heads is None else heads
+    return GatherHeads.apply(parallel.ulysses_group, heads, x)[0]
 
 
 def local_heads(x: Tensor, parallel: ParallelState) -> Tensor:

@@ -7,6 +7,7 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from torch.profiler import record_function
 
 from dit_sp.attention import ulysses
 from dit_sp.attention.kernels import get_kernel
@@ -113,12 +114,9 @@ def usp_attention(
             joint_valid = None
 
     (qv, kv_, vv), joint = zip(*(_split_joint(x, joint_len, joint_position) for x in (q, k, v)))
-    if parallel.ulysses > 1:
-        # q, k, v travel in one collective: (3, B, S_local, H_pad, D) -> (3, B, U*S_local, H_pad/U, D)
-        qkv = ulysses.scatter_heads(ulysses.pad_heads(torch.stack([qv, kv_, vv]), parallel), parallel)
-        bq, bk, bv = qkv.unbind(0)
-    else:
-        bq, bk, bv = qv, kv_, vv
+    # q, k, v travel in one collective: (B, S_local, H, D) -> (B, U*S_local, H_pad/U, D) each
+    with record_function("dit_sp::ulysses_scatter"):
+        bq, bk, bv = ulysses.scatter_heads([qv, kv_, vv], parallel)
     block_len = bq.shape[1]
     if joint_len:
         jq, jk, jv = (ulysses.local_heads(ulysses.pad_heads(x, parallel), parallel) for x in joint)
@@ -140,9 +138,10 @@ def usp_attention(
         spec = RingSpec(parallel, kern, scale, block_valid, joint_valid)
         out = ring_attention(bq, bk, bv, spec, jk, jv)
 
-    if not joint_len:
-        return ulysses.gather_heads(out, parallel)[:, :, :heads]
-    video_out = ulysses.gather_heads(out[:, :block_len], parallel)[:, :, :heads]
-    joint_out = ulysses.all_heads(out[:, block_len:], parallel)[:, :, :heads]
+    with record_function("dit_sp::ulysses_gather"):
+        if not joint_len:
+            return ulysses.gather_heads(out, parallel, heads)
+        video_out = ulysses.gather_heads(out[:, :block_len], parallel, heads)
+        joint_out = ulysses.all_heads(out[:, block_len:], parallel)[:, :, :heads]
     parts = [joint_out, video_out] if joint_position == "front" else [video_out, joint_out]
     return torch.cat(parts, 1)
