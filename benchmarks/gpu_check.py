@@ -177,7 +177,7 @@ def simulate_ring(
     """Ring attention over ``ring`` sequence blocks of (B, S, H, D) tensors: ``(out, dq, dk, dv)``, (B, S, H, D).
 
     Rank ``r`` holds query block ``r`` and sees key/value block ``(r - step) % ring`` at each step, as in
-    ``RingAttention``; out/lse are merged in fp32 from zeros/-inf, dq and each block's dk/dv accumulate in fp32.
+    ``RingAttention``; out/lse are merged in fp32 from the first block, dq and each block's dk/dv accumulate in fp32.
     """
     qs, ks, vs, douts = (x.tensor_split(ring, dim=1) for x in (q, k, v, dout))
     dks = [torch.zeros_like(x, dtype=torch.float32) for x in ks]
@@ -186,10 +186,9 @@ def simulate_ring(
     for rank in range(ring):
         order = [(rank - step) % ring for step in range(ring)]
         b, sq, h, _ = qs[rank].shape
-        out = torch.zeros(qs[rank].shape, dtype=torch.float32, device=q.device)
-        lse = torch.full((b, h, sq), -torch.inf, dtype=torch.float32, device=q.device)
+        out = lse = None
         for blk in order:
-            out, lse = merge_block(out, lse, *kernel.forward(qs[rank], ks[blk], vs[blk], scale))
+            out, lse = merge_block(out, lse, *kernel.forward(qs[rank], ks[blk], vs[blk], scale), torch.float32)
         out = out.to(q.dtype)
         dq = torch.zeros_like(qs[rank], dtype=torch.float32)
         for blk in order:

@@ -90,4 +90,9 @@ def check_comm(ring: int, uly: int) -> dict[str, float]:
         comm.step(torch.full((3,), float(p.ring_rank)))
         got = comm.wait()
         errors["ring_exchange"] = (got - float((p.ring_rank - 1) % ring)).abs().max().item()
+        # several tensors in one step (a block's keys and values): each arrives in its own buffer
+        prev = float((p.ring_rank - 1) % ring)
+        comm.step((torch.full((3,), float(p.ring_rank)), torch.full((2, 5), 10.0 + p.ring_rank)))
+        keys, values = comm.wait()
+        errors["ring_exchange"] += (keys - prev).abs().max().item() + (values - 10.0 - prev).abs().max().item()
     return errors

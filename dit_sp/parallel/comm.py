@@ -192,10 +192,12 @@ def gather_sequence(
 
 
 class RingComm:
-    """Sends a tensor to the next ring peer while receiving one from the previous peer.
+    """Sends tensors to the next ring peer while receiving as many from the previous peer.
 
-    One ``step`` posts the exchange and returns at once; ``wait`` returns the received tensor. Keep
-    computing between the two: that is the overlap of communication and attention.
+    One ``step`` posts the exchange and returns at once; ``wait`` returns the received tensors. Keep
+    computing between the two: that is the overlap of communication and attention. ``step`` takes one
+    tensor or a tuple of them (e.g. a block's keys and values, sent as they are: no stacked copy); ``wait``
+    returns the same kind.
     """
 
     def __init__(self, parallel: ParallelState, tag: int = 0):
@@ -204,24 +206,36 @@ class RingComm:
         self.next = (parallel.ring_rank + 1) % parallel.ring
         self.prev = (parallel.ring_rank - 1) % parallel.ring
         self._works: list[dist.Work] = []
-        self._send: torch.Tensor | None = None  # kept alive until the send completes
-        self._recv: torch.Tensor | None = None
+        self._send: tuple[torch.Tensor, ...] = ()  # kept alive until the sends complete
+        self._recv: tuple[torch.Tensor, ...] = ()
+        self._single = False
 
-    def step(self, send: torch.Tensor, recv: torch.Tensor | None = None) -> None:
+    def step(
+        self,
+        send: torch.Tensor | tuple[torch.Tensor, ...],
+        recv: torch.Tensor | tuple[torch.Tensor, ...] | None = None,
+    ) -> None:
         if self._works:
             raise RuntimeError("RingComm.step called twice without wait()")
-        self._send = send.contiguous()
-        self._recv = torch.empty_like(self._send) if recv is None else recv
-        ops = [
-            p2p_op(dist.isend, self._send, self.group, self.next, self.tag),
-            p2p_op(dist.irecv, self._recv, self.group, self.prev, self.tag),
-        ]
+        self._single = isinstance(send, torch.Tensor)
+        sends = (send,) if self._single else tuple(send)
+        recvs = (recv,) if isinstance(recv, torch.Tensor) else recv
+        self._send = tuple(x.contiguous() for x in sends)  # gloo needs contiguous buffers
+        self._recv = tuple(torch.empty_like(x) for x in self._send) if recvs is None else tuple(recvs)
+        if len(self._recv) != len(self._send):
+            raise ValueError(f"RingComm.step got {len(self._send)} tensors to send and {len(self._recv)} buffers")
+        ops = []
+        for i, (out, into) in enumerate(zip(self._send, self._recv)):
+            tag = self.tag + 1024 * i  # one tag per tensor: matching never depends on message order
+            ops.append(p2p_op(dist.isend, out, self.group, self.next, tag))
+            ops.append(p2p_op(dist.irecv, into, self.group, self.prev, tag))
         self._works = dist.batch_isend_irecv(ops)
 
-    def wait(self) -> torch.Tensor:
+    def wait(self) -> torch.Tensor | tuple[torch.Tensor, ...]:
         for work in self._works:
             work.wait()
         self._works = []
-        recv, self._recv, self._send = self._recv, None, None
-        assert recv is not None
-        return recv
+        recv, self._recv, self._send = self._recv, (), ()
+        if not recv:
+            raise RuntimeError("RingComm.wait called without step()")
+        return recv[0] if self._single else recv
