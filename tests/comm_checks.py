@@ -69,6 +69,26 @@ def check_comm(ring: int, uly: int) -> dict[str, float]:
     expected = torch.nn.functional.pad(weights[1][:, :, :n_heads], (0, 0, 0, 4 * uly - n_heads))[:, block, heads]
     errors["gather_heads_backward"] = (leaf.grad - expected).abs().max().item()
 
+    # shard_sequence: even and uneven lengths, zero padding on the last shard only, a tensor of its own when
+    # autograd records it (a view would keep the whole sequence alive until backward), and the partial
+    # gradient (zeros outside the shard).
+    for name, seq in (("even", 4 * p.sp), ("uneven", 4 * p.sp - 3)):
+        full = _full(3, 2, seq, 3).requires_grad_()
+        shard = shard_sequence(full, p)
+        length = -(-seq // p.sp)
+        padded = torch.nn.functional.pad(full.detach(), (0, 0, 0, length * p.sp - seq))
+        errors[f"shard_{name}_values"] = (
+            (shard - padded[:, p.sp_rank * length : (p.sp_rank + 1) * length]).abs().max().item()
+        )
+        errors[f"shard_{name}_owns_storage"] = float(
+            shard.untyped_storage().data_ptr() == full.untyped_storage().data_ptr()
+        )
+        weight = _full(4, 2, length, 3)
+        (shard * weight).sum().backward()
+        expected = torch.zeros_like(padded)
+        expected[:, p.sp_rank * length : (p.sp_rank + 1) * length] = weight
+        errors[f"shard_{name}_backward"] = (full.grad - expected[:, :seq]).abs().max().item()
+
     # gather_sequence with an uneven length, both backward modes.
     seq = 4 * p.sp - 1
     full = _full(2, 2, seq, 3)

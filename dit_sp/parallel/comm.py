@@ -159,13 +159,24 @@ def shard_sequence(x: torch.Tensor, parallel: ParallelState, dim: int = 1) -> to
     shard does not remember ``S``: ``usp_attention`` and ``gather_sequence`` take it as ``seq_len`` (required
     when ``sp > 1``) to mask and drop the padding.
     The backward gives this rank's partial gradient of ``x`` (zeros outside its shard).
+
+    When autograd records the shard (``x`` requires grad), it is a tensor of its own, a copy of ``1/sp`` of
+    ``x``: a view would keep the whole of ``x`` alive until backward, as the first layer saves its input.
+    Otherwise it is a view (nothing saves it, and a copy would only add to the peak).
     """
+    if parallel.sp == 1:
+        return x
     dim %= x.dim()
-    length = shard_len(x.shape[dim], parallel)
-    pad = length * parallel.sp - x.shape[dim]
-    if pad:
-        x = F.pad(x, [0, 0] * (x.dim() - dim - 1) + [0, pad])
-    return x.narrow(dim, parallel.sp_rank * length, length)
+    total = x.shape[dim]
+    length = shard_len(total, parallel)
+    start = min(parallel.sp_rank * length, total)
+    real = min(length, total - start)
+    shard = x.narrow(dim, start, real)
+    if real < length:  # the tail of an uneven sequence: only this shard is padded, not the whole tensor
+        return F.pad(shard, [0, 0] * (x.dim() - dim - 1) + [0, length - real])
+    if x.requires_grad and torch.is_grad_enabled():
+        return shard.clone(memory_format=torch.contiguous_format)
+    return shard
 
 
 def gather_sequence(
