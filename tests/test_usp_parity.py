@@ -24,6 +24,7 @@ CASES = [
     Case(seq=5, heads=3, joint=2),  # shorter than the padding: some ranks hold only padding
     Case(seq=61, heads=4, joint=6, position="rear", joint_valid=(6, 2)),  # padded prompt, per sample
     Case(seq=64, heads=4, joint=6, joint_valid=(0, 3)),
+    Case(seq=61, heads=5, joint=7, joint_valid=(4, 4)),  # the same padding for the whole batch: cut, not masked
     Case(seq=64, heads=4, kernel="math"),  # the ring on another kernel
     Case(seq=64, heads=4, dtype=torch.bfloat16),
     Case(seq=61, heads=5, joint=7, dtype=torch.bfloat16),

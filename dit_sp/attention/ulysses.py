@@ -67,6 +67,7 @@ def _to_heads(xs: Sequence[Tensor | None], group: dist.ProcessGroup, heads_padde
         if rest:
             place[:, :, full, :rest].copy_(x[:, :, full * group_heads :])
     recv = _exchange(send, group)  # recv[j]: rank j's sequence chunk of my head group
+    del send  # freed before anything else is allocated
     return [recv[:, :, :, i].movedim(0, 1).reshape(batch, world * local_len, group_heads, -1) for i in range(len(xs))]
 
 
@@ -81,6 +82,7 @@ def _to_sequence(xs: Sequence[Tensor | None], group: dist.ProcessGroup, heads: i
         if x is not None:  # sequence chunk j -> rank j
             send[:, :, :, i].copy_(x.unflatten(1, (world, local_len)).movedim(1, 0))
     recv = _exchange(send, group)  # recv[j]: my sequence chunk of rank j's head group
+    del send  # freed before the outputs are allocated: backward's peak is a pass through here
     return [recv[:, :, :, i].permute(1, 2, 0, 3, 4).reshape(batch, local_len, world * group_heads, -1)[:, :, :heads]
             for i in range(len(xs))]  # fmt: skip
 

@@ -7,7 +7,6 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from torch.profiler import record_function
 
 from dit_sp.attention import ulysses
 from dit_sp.attention.kernels import get_kernel
@@ -115,8 +114,7 @@ def usp_attention(
 
     (qv, kv_, vv), joint = zip(*(_split_joint(x, joint_len, joint_position) for x in (q, k, v)))
     # q, k, v travel in one collective: (B, S_local, H, D) -> (B, U*S_local, H_pad/U, D) each
-    with record_function("dit_sp::ulysses_scatter"):
-        bq, bk, bv = ulysses.scatter_heads([qv, kv_, vv], parallel)
+    bq, bk, bv = ulysses.scatter_heads([qv, kv_, vv], parallel)
     block_len = bq.shape[1]
     if joint_len:
         jq, jk, jv = (ulysses.local_heads(ulysses.pad_heads(x, parallel), parallel) for x in joint)
@@ -129,19 +127,24 @@ def usp_attention(
         keys, values = bk[:, : block_valid[0]], bv[:, : block_valid[0]]
         mask = None
         if joint_len:
-            keys, values = torch.cat([keys, jk], 1), torch.cat([values, jv], 1)
-            if joint_valid is not None:
+            if joint_valid is None or len(set(joint_valid)) == 1:
+                # One count of real joint keys for the whole batch (always so for batch 1): the padding is
+                # cut off rather than masked, so SDPA runs unmasked (its fastest kernels) and no mask is
+                # built on the device each call.
+                real = joint_len if joint_valid is None else joint_valid[0]
+                jk, jv = jk[:, :real], jv[:, :real]
+            else:
                 mask = _joint_key_mask(block_valid[0], joint_len, joint_valid, q.device)
+            keys, values = torch.cat([keys, jk], 1), torch.cat([values, jv], 1)
         out = _sdpa(bq, keys, values, scale, mask)
     else:
         kern = get_kernel(kernel, q.device, q.dtype, head_dim)
         spec = RingSpec(parallel, kern, scale, block_valid, joint_valid)
         out = ring_attention(bq, bk, bv, spec, jk, jv)
 
-    with record_function("dit_sp::ulysses_gather"):
-        if not joint_len:
-            return ulysses.gather_heads(out, parallel, heads)
-        video_out = ulysses.gather_heads(out[:, :block_len], parallel, heads)
-        joint_out = ulysses.all_heads(out[:, block_len:], parallel)[:, :, :heads]
+    if not joint_len:
+        return ulysses.gather_heads(out, parallel, heads)
+    video_out = ulysses.gather_heads(out[:, :block_len], parallel, heads)
+    joint_out = ulysses.all_heads(out[:, block_len:], parallel)[:, :, :heads]
     parts = [joint_out, video_out] if joint_position == "front" else [video_out, joint_out]
     return torch.cat(parts, 1)

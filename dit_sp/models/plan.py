@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.profiler import record_function
 from torch.utils.hooks import RemovableHandle
 
 from dit_sp._compat import check_cp_plan
@@ -40,15 +39,13 @@ def _split(x: Any, spec: InputSpec, ctx: SequenceContext) -> Any:
     if not isinstance(x, torch.Tensor) or (spec.expected_dims is not None and x.dim() != spec.expected_dims):
         return x
     ctx.record_seq_len(x.shape[spec.split_dim])
-    with record_function("dit_sp::split"):
-        return shard_sequence(x, ctx.parallel, dim=spec.split_dim)
+    return shard_sequence(x, ctx.parallel, dim=spec.split_dim)
 
 
 def _gather(x: Any, spec: OutputSpec, ctx: SequenceContext) -> Any:
     if not isinstance(x, torch.Tensor) or (spec.expected_dims is not None and x.dim() != spec.expected_dims):
         return x
-    with record_function("dit_sp::gather"):
-        return gather_sequence(x, ctx.parallel, dim=spec.gather_dim, seq_len=ctx.seq_len, grad=ctx.gather_grad)
+    return gather_sequence(x, ctx.parallel, dim=spec.gather_dim, seq_len=ctx.seq_len, grad=ctx.gather_grad)
 
 
 def _input_hook(module: torch.nn.Module, specs: dict, ctx: SequenceContext, is_root: bool) -> Callable:
