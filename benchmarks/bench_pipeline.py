@@ -1,80 +1,86 @@
-"""Denoising-step benchmark of the tiny Wan transformer on a long video latent: one process vs. ours
-(Ulysses 2, Ring 2, CFG 2, all through ``dit_sp.parallelize``) vs. diffusers' own context parallelism.
+"""A Wan transformer forward on a long video latent: one process vs. ours (Ulysses 2, Ring 2, CFG 2, through
+``dit_sp.parallelize``) vs. diffusers' own context parallelism (Ulysses 2), against this machine's limit.
 
-    python benchmarks/bench_pipeline.py                        # 8x64x64 latent = 8192 tokens (~2.5 min on 2 cores)
-    python benchmarks/bench_pipeline.py --frames 4 --iters 3   # 4096 tokens
-    python benchmarks/bench_pipeline.py --heads 3              # only the first of the two tables
+    python benchmarks/bench_pipeline.py                       # 2 blocks, 9216 tokens (~3 min on 2 cores)
+    python benchmarks/bench_pipeline.py --layers 12           # 12 blocks (~12 min)
+    python benchmarks/bench_pipeline.py --backward            # forward + backward (training)
 
-One "step" is a denoising step with classifier-free guidance: the transformer on the same latent with the
-conditional and with the unconditional text embeddings (what WanPipeline does per step; the scheduler
-update is negligible). The model is ``build_tiny("tiny-wan", "transformer")`` (3 heads of 12, 2 layers)
-on a (1, 4, F, H, W) latent, (F*H*W)/4 tokens after its (1, 2, 2) patching, where self-attention is
-over 90% of the time; a second table gives it 4 heads, which Ulysses 2 divides (diffusers' plain
-Ulysses cannot run 3 heads; ours pads them to 4, so at 3 heads its slowest rank still does 2 heads).
+The model is a ``WanTransformer3DModel`` with ``--heads`` heads of ``--head-dim`` (default 8 of 32) and
+``--layers`` blocks on a (1, 16, F, H, W) latent: F*H*W/4 tokens after its (1, 2, 2) patching (default
+9 x 64 x 64 = 9216), 32 text tokens. fp32, one thread per process. Ours, CFG 2 is a ``WanPipeline``
+parallelized with ``ParallelConfig(cfg=2)``: a guidance step's conditional and unconditional calls run one
+on each process (forward only); its row gives the time per call, half the step.
 
-Sequence-parallel methods split every transformer call over 2 processes; ours-cfg2
-(``ParallelConfig(cfg=2)`` on a WanPipeline) runs the conditional branch on one process and the
-unconditional on the other. Every method uses processes of 1 thread (so two processes use two cores);
-times are the slowest rank's median over ``--iters`` steps after one warm-up step and a barrier;
-"peak MiB" is the growth of the process's peak resident memory during the timed steps, above the
-resident memory before them (CPU has no allocator stats; the peak is reset after the warm-up through
-/proc/self/clear_refs, or else counts from before the warm-up); "max|diff|" is the largest difference
-of both branches' outputs from the single-process ones. Other jobs on the cores skew the times badly
-(a rank that shares its core holds up its peer at every collective): run it on an idle machine.
+The machine's limit is measured the same way: the two processes each run the one-process forward at
+the same time, with no communication ("2 copies at once"). They do twice the work of one process in
+the slower copy's time, so ``limit = 2 * T(one process) / T(2 copies)``: what two processes can do here
+at best (shared memory bandwidth and caches, unequal cores). ``of limit`` is each method's speed-up
+divided by it.
+
+Every method lives in the same two processes (one model copy each, each process pinned to a core of its
+own) and they take turns: each round times every method once, in an order rotated from round to round,
+after a barrier (the one-process method runs on rank 0 while rank 1 waits),
+so a slow spell of the machine hits all methods alike; the table gives each method's median over
+``--rounds`` rounds of the slowest rank's time. "peak MiB" is the largest growth of a process's
+resident memory during the call over its resident memory before, measured in two more processes after
+the timed rounds (VmHWM reset through /proc/self/clear_refs; glibc there returns freed buffers at once, see
+``measure.steady_malloc``, which would slow the timed calls down with page faults).
+"max|diff|" compares the output with the one-process output.
 
 diffusers (0.42) on CPU: ``enable_parallelism`` computes ``rank % torch.accelerator.device_count()``,
 which divides by zero on CPU-only torch. ``_enable_diffusers_cp`` runs it unchanged but for that one
 step: the model's ``_resolve_parallel_config`` is shadowed, for the call only, by one that does what it
 does with ``torch.device("cpu")`` and a CPU ``DeviceMesh`` (``ParallelConfig.setup``, recorded on the
 model); diffusers' own checks, processor ``_parallel_config`` and split/gather hooks are then applied
-by ``enable_parallelism`` itself. Its plain Ulysses needs the head count divisible by the degree;
-its ``ulysses_anything`` mode does not.
+by ``enable_parallelism`` itself. Its plain Ulysses needs the head count divisible by the degree.
+Other jobs on the cores skew the times badly: run it on an idle machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import os
+import statistics
+import time
 from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
-from measure import median_seconds, peak_rss_mib, reset_peak_rss, rss_mib  # benchmarks/measure.py
+from measure import peak_rss_mib, reset_peak_rss, rss_mib, steady_malloc  # benchmarks/measure.py
 
 from dit_sp import ParallelConfig, init_parallel, parallelize, spawn
 
-Step = Callable[[], tuple[torch.Tensor, torch.Tensor]]
-
-METHODS = {  # name: processes
-    "single": 1,
-    "ours-ulysses2": 2,
-    "ours-ring2": 2,
-    "ours-cfg2": 2,
-    "diffusers-ulysses2": 2,
-    "diffusers-ulysses2-anything": 2,
+METHODS = ("single", "limit", "ours-ulysses2", "ours-ring2", "ours-cfg2", "diffusers-ulysses2")
+LABELS = {
+    "single": "one process",
+    "limit": "2 copies at once (the limit)",
+    "ours-ulysses2": "ours, Ulysses 2",
+    "ours-ring2": "ours, Ring 2",
+    "ours-cfg2": "ours, CFG 2 (per call)",
+    "diffusers-ulysses2": "diffusers, Ulysses 2",
 }
+CALLS = {"ours-cfg2": 2}  # transformer calls per timed run (a guidance step); the table shows time per call
 
 
-def _transformer(heads: int) -> torch.nn.Module:
-    from dit_sp.zoo import build_tiny
+def wan_transformer(heads: int, head_dim: int, layers: int) -> torch.nn.Module:
+    from diffusers import WanTransformer3DModel
 
-    model = build_tiny("tiny-wan", "transformer")
-    if heads != model.config.num_attention_heads:
-        torch.manual_seed(0)
-        model = type(model).from_config({**model.config, "num_attention_heads": heads}).eval()
-    return model
+    torch.manual_seed(0)
+    return WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=head_dim,
+                                 in_channels=16, out_channels=16, text_dim=64, freq_dim=64,
+                                 ffn_dim=4 * heads * head_dim, num_layers=layers, cross_attn_norm=True,
+                                 qk_norm="rms_norm_across_heads", rope_max_seq_len=64)  # fmt: skip
 
 
-def _enable_diffusers_cp(model: torch.nn.Module, ulysses: int, anything: bool) -> None:
+def _enable_diffusers_cp(model: torch.nn.Module, ulysses: int) -> None:
     """``model.enable_parallelism`` with a CPU device and mesh (see the module docstring)."""
     from diffusers.models._modeling_parallel import ContextParallelConfig
     from diffusers.models._modeling_parallel import ParallelConfig as DiffusersConfig
     from torch.distributed.device_mesh import init_device_mesh
 
-    if not dist.is_initialized():
-        dist.init_process_group("gloo")
-    cp = ContextParallelConfig(ulysses_degree=ulysses, ulysses_anything=anything)
+    cp = ContextParallelConfig(ulysses_degree=ulysses)
     mesh = init_device_mesh("cpu", mesh_shape=cp.mesh_shape, mesh_dim_names=cp.mesh_dim_names)
     cp.mesh = mesh
 
@@ -91,128 +97,132 @@ def _enable_diffusers_cp(model: torch.nn.Module, ulysses: int, anything: bool) -
         del model._resolve_parallel_config
 
 
-def build(method: str, heads: int, x: torch.Tensor, t: torch.Tensor, cond, uncond) -> Step:
-    """One guidance step of ``method``: (conditional, unconditional) full outputs on every rank."""
-    if method == "ours-cfg2":
-        from dit_sp.zoo import build_tiny
-
-        pipe = build_tiny("tiny-wan")
-        if heads != pipe.transformer.config.num_attention_heads:
-            pipe.transformer = _transformer(heads)
-        model = pipe.transformer
-        parallelize(pipe, init_parallel(ParallelConfig(cfg=2)))
-        # The pipeline calls the transformer twice per step: the first call only records its branch and
-        # returns a placeholder that the second call fills in after the two ranks have run one each.
-    else:
-        model = _transformer(heads)
-        if method in ("ours-ulysses2", "ours-ring2"):
-            ring, uly = (1, 2) if method == "ours-ulysses2" else (2, 1)
-            parallelize(model, init_parallel(ParallelConfig(ring=ring, ulysses=uly)))
-        elif method.startswith("diffusers-ulysses2"):
-            _enable_diffusers_cp(model, 2, anything=method.endswith("-anything"))
-        elif method != "single":
-            raise ValueError(f"unknown method {method!r}; known: {list(METHODS)}")
-
-    def step():
-        a = model(x, t, cond, return_dict=False)[0]
-        b = model(x, t, uncond, return_dict=False)[0]
-        return a, b
-
-    return step
-
-
-def worker(method: str, shape: tuple[int, ...], text_len: int, heads: int, iters: int) -> dict:
-    torch.manual_seed(1)
-    x, cond, uncond = torch.randn(shape), torch.randn(1, text_len, 16), torch.randn(1, text_len, 16)
-    t = torch.tensor([500.0])
-    step = build(method, heads, x, t, cond, uncond)
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    gc.collect()
-    base = rss_mib()
-    with torch.no_grad():
-        try:
-            outputs = step()  # warm-up
-        except RuntimeError as e:
-            if method.startswith("diffusers") and heads % 2:
-                raise RuntimeError(f"{heads} heads not divisible by Ulysses 2 ({str(e).splitlines()[0]})") from e
-            raise
-        gc.collect()
-        if reset_peak_rss():  # else the warm-up (and lazily loaded kernels) count too, as in bench_attention
-            base = rss_mib()
-        step_s = median_seconds(step, iters, warmup=False)
-    result = torch.tensor([step_s, peak_rss_mib() - base], dtype=torch.float64)
-    if world > 1:
-        dist.all_reduce(result, op=dist.ReduceOp.MAX)
-    step_s, peak = result.tolist()
-    return {"step_s": step_s, "peak_mib": peak, "outputs": [o.clone() for o in outputs]}
-
-
-def run(args: argparse.Namespace, heads: int) -> None:
-    shape = (1, 4, args.frames, args.height, args.width)
-    tokens = args.frames * args.height * args.width // 4
-    rows = {}
+def _models(args: argparse.Namespace) -> dict[str, torch.nn.Module]:
+    base = wan_transformer(args.heads, args.head_dim, args.layers)
+    models = {"single": base, "limit": base}
     for method in args.methods:
-        try:
-            rows[method] = spawn(
-                worker, METHODS[method], args=(method, shape, args.text_len, heads, args.iters), threads=1, timeout=900
-            )[0]
-        except Exception as e:  # a method that cannot run here is reported, not fatal
-            rows[method] = {"error": str(e).strip().splitlines()[-1][:110]}
+        if method == "ours-cfg2":  # a WanPipeline's two guidance branches, one on each process
+            from dit_sp.zoo import build_tiny
 
-    base = rows["single"]
-    if "error" in base:
-        raise SystemExit(f"single-process reference failed: {base['error']}")
-    print(
-        f"\ntiny-wan transformer, {heads} heads of 12, 2 layers; latent {shape} = {tokens} tokens + {args.text_len} "
-        f"text; fp32, CPU, 1 thread per process; step = transformer(cond) + transformer(uncond)"
-    )
-    print(f"{'method':28s} {'procs':>5s} {'ms/step':>9s} {'speedup':>8s} {'peak MiB':>9s} {'max|diff|':>10s}")
-    for method, r in rows.items():
-        if "error" in r:
-            print(f"{method:28s} {METHODS[method]:5d}   cannot run: {r['error']}")
-            continue
-        diff = max((a - b).abs().max().item() for a, b in zip(r["outputs"], base["outputs"]))
-        print(
-            f"{method:28s} {METHODS[method]:5d} {r['step_s'] * 1e3:9.1f} {base['step_s'] / r['step_s']:7.2f}x "
-            f"{r['peak_mib']:9.1f} {diff:10.2e}"
-        )
+            pipe = build_tiny("tiny-wan")
+            pipe.register_modules(transformer=copy.deepcopy(base))
+            parallelize(pipe, init_parallel(ParallelConfig(cfg=2)))
+            models[method] = pipe.transformer
+        elif method.startswith("ours"):
+            ring, ulysses = (1, 2) if method == "ours-ulysses2" else (2, 1)
+            models[method] = copy.deepcopy(base)
+            parallelize(models[method], init_parallel(ParallelConfig(ring=ring, ulysses=ulysses)))
+        elif method == "diffusers-ulysses2":
+            models[method] = copy.deepcopy(base)
+            _enable_diffusers_cp(models[method], 2)
+    return models
 
-    time_of = {m: r["step_s"] for m, r in rows.items() if "error" not in r}
-    ratios = [
-        f"{other}/{mine} time = {time_of[other] / time_of[mine]:.3f}"
-        for other, mine in [
-            ("diffusers-ulysses2", "ours-ulysses2"),
-            ("diffusers-ulysses2-anything", "ours-ulysses2"),
-            ("single", "ours-cfg2"),
-            ("ours-ulysses2", "ours-ring2"),
-        ]
-        if other in time_of and mine in time_of
-    ]
-    print("ratios: " + "; ".join(ratios), flush=True)
+
+def worker(args: argparse.Namespace, memory: bool) -> dict:
+    """Times of ``args.rounds`` interleaved rounds, or (``memory``) each method's peak memory growth."""
+    if memory:
+        steady_malloc()  # from the start, so that no freed buffer lingers in the heap to be reused
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    if len(os.sched_getaffinity(0)) >= 2:
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank]})  # a core each: no migrations
+    models = _models(args)
+    torch.manual_seed(1)
+    latent = torch.randn(1, 16, args.frames, args.height, args.width)
+    timestep, text, uncond = torch.tensor([500.0]), torch.randn(1, 32, 64), torch.randn(1, 32, 64)
+
+    def call(model: torch.nn.Module, method: str) -> Callable[[], torch.Tensor]:
+        def run() -> torch.Tensor:
+            with torch.set_grad_enabled(args.backward):
+                out = model(latent, timestep, text, return_dict=False)[0]
+                if method in CALLS:  # the unconditional branch: CFG 2 runs the pair, one on each process
+                    model(latent, timestep, uncond, return_dict=False)
+                if args.backward:
+                    out.square().mean().backward()
+            return out.detach()
+
+        return run
+
+    runs = {method: call(models[method], method) for method in args.methods}
+    outputs = {method: runs[method]() for method in args.methods if method != "limit"}  # warm-up
+
+    def measure(method: str) -> tuple[float, float]:
+        """(the slowest rank's seconds, the largest peak growth in MiB) of one call."""
+        for model in models.values():
+            model.zero_grad(set_to_none=True)
+        gc.collect()
+        dist.barrier()
+        base = rss_mib()
+        reset_peak_rss()
+        start = time.perf_counter()
+        if method != "single" or rank == 0:
+            runs[method]()
+        took = torch.tensor([time.perf_counter() - start, peak_rss_mib() - base], dtype=torch.float64)
+        dist.all_reduce(took, op=dist.ReduceOp.MAX)
+        return took[0].item(), took[1].item()
+
+    if memory:
+        return {method: measure(method)[1] for method in args.methods}
+    times: dict[str, list[float]] = {method: [] for method in args.methods}
+    for round_ in range(args.rounds):
+        shift = round_ % len(args.methods)  # each method in every place of the order in turn
+        for method in args.methods[shift:] + args.methods[:shift]:
+            times[method].append(measure(method)[0])
+    return {"times": times, "outputs": outputs}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--frames", type=int, default=8, help="latent frames F")
-    parser.add_argument("--height", type=int, default=64, help="latent height H (even)")
-    parser.add_argument("--width", type=int, default=64, help="latent width W (even)")
-    parser.add_argument("--text-len", type=int, default=32, help="text tokens (cross-attention)")
-    parser.add_argument(
-        "--heads", type=int, nargs="+", default=[3, 4], help="attention heads: 3 is tiny-wan's; one table each"
-    )
-    parser.add_argument("--iters", type=int, default=5)
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--layers", type=int, default=2, help="transformer blocks")
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=32)
+    parser.add_argument("--frames", type=int, default=9, help="latent frames F")
+    parser.add_argument("--height", type=int, default=64, help="latent height H (even, <= 128)")
+    parser.add_argument("--width", type=int, default=64, help="latent width W (even, <= 128)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--backward", action="store_true", help="time forward + backward of a loss on the output")
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     args = parser.parse_args()
-    if "single" not in args.methods:
-        parser.error("--methods must include 'single' (the reference)")
-    # the tiny model's rotary table has rope_max_seq_len = 32 positions per axis of the patch grid
-    if args.frames > 32 or args.height > 64 or args.width > 64 or args.height % 2 or args.width % 2:
-        parser.error("the tiny model needs frames <= 32 and even height, width <= 64 (rope_max_seq_len 32)")
+    if args.height % 2 or args.width % 2 or max(args.frames, args.height // 2, args.width // 2) > 64:
+        parser.error("the model needs even height and width and at most 64 positions per axis of its patch grid")
+    args.methods = ["single", "limit"] + [m for m in args.methods if m not in ("single", "limit")]
+    if args.backward and "ours-cfg2" in args.methods:
+        args.methods.remove("ours-cfg2")  # a guidance pair is sampling, not training
     load = os.getloadavg()[0]
     if load > 0.5:
         print(f"note: load average {load:.1f} before the run; other jobs on the {os.cpu_count()} cores skew timings")
-    for heads in args.heads:
-        run(args, heads)
+
+    result = spawn(worker, 2, args=(args, False), threads=1, timeout=7200)[0]
+    result["peaks"] = spawn(worker, 2, args=(args, True), threads=1, timeout=7200)[0]
+    tokens = args.frames * args.height * args.width // 4
+    median = {method: statistics.median(ts) / CALLS.get(method, 1) for method, ts in result["times"].items()}
+    single = median["single"]
+    limit = 2 * single / median["limit"]
+    print(
+        f"\nWan transformer, {args.layers} blocks, {args.heads} heads of {args.head_dim}, {tokens} video tokens + 32 "
+        "text; "
+        f"{'forward + backward' if args.backward else 'forward'}; fp32, CPU, 1 thread per process; "
+        f"median of {args.rounds} interleaved rounds"
+    )
+    header = ("procs", 5), ("seconds", 8), ("speed-up", 9), ("of limit", 9), ("peak MiB", 9), ("max|diff|", 10)
+    print(f"{'method':30s} " + " ".join(f"{name:>{width}s}" for name, width in header))
+    for method in args.methods:
+        procs = 1 if method == "single" else 2
+        speedup = limit if method == "limit" else single / median[method]
+        out = result["outputs"].get(method)
+        diff = "" if out is None else f"{(out - result['outputs']['single']).abs().max().item():10.2e}"
+        print(
+            f"{LABELS[method]:30s} {procs:5d} {median[method]:8.2f} {speedup:8.2f}x {speedup / limit:9.2f} "
+            f"{result['peaks'][method]:9.0f} {diff}"
+        )
+    ratios = [
+        f"{other}/{mine} time = {median[other] / median[mine]:.3f}"
+        for other, mine in [("diffusers-ulysses2", "ours-ulysses2"), ("ours-ulysses2", "ours-ring2")]
+        if other in median and mine in median
+    ]
+    spread = {m: f"{min(ts):.2f}-{max(ts):.2f}" for m, ts in result["times"].items()}
+    print("ratios: " + "; ".join(ratios))
+    print("range over rounds (s): " + ", ".join(f"{m} {s}" for m, s in spread.items()), flush=True)
 
 
 if __name__ == "__main__":
