@@ -1,8 +1,8 @@
 """A Wan transformer forward on a long video latent: one process vs. ours (Ulysses 2, Ring 2, CFG 2, through
 ``dit_sp.parallelize``) vs. diffusers' own context parallelism (Ulysses 2), against this machine's limit.
 
-    python benchmarks/bench_pipeline.py                       # 2 blocks, 9216 tokens (~3 min on 2 cores)
-    python benchmarks/bench_pipeline.py --layers 12           # 12 blocks (~12 min)
+    python benchmarks/bench_pipeline.py                       # 2 blocks, 9216 tokens (~4 min on 2 cores)
+    python benchmarks/bench_pipeline.py --layers 12           # 12 blocks (~15 min)
     python benchmarks/bench_pipeline.py --backward            # forward + backward (training)
 
 The model is a ``WanTransformer3DModel`` with ``--heads`` heads of ``--head-dim`` (default 8 of 32) and

@@ -1,7 +1,7 @@
 """Where the time of a sequence-parallel transformer goes: a per-component profile of the Wan, HunyuanVideo and
 CogVideoX transformers, forward and backward, on one process and on two (ours, Ulysses 2 and Ring 2).
 
-    python benchmarks/bench_profile.py                          # 3 families, ~4608 tokens (~4 min on 2 cores)
+    python benchmarks/bench_profile.py                          # 3 families, 4608 tokens (~7 min on 2 cores)
     python benchmarks/bench_profile.py --families wan --frames 9 --height 64   # 9216 tokens
 
 Each model has 8 heads of 32, a 4x MLP and 2 transformer blocks (HunyuanVideo: 1 dual-stream + 1
