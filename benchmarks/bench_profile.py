@@ -9,15 +9,15 @@ single-stream), random weights, fp32, one thread per process. The profile is tor
 of a forward and a backward after a warm-up (each component's median over ``--repeats`` profiled steps, default 3:
 one step alone varies by 10-20% on a shared machine), each operation counted once, in the first of:
 
-- ``gather``: gathering the output sequence (the ``AllGather`` in the output modules; in backward every
-  ``AllGather``'s reduce-scatter, the joint tokens' included);
+- ``split`` / ``gather``: cutting the sequence into shards and gathering the output (the calls of
+  ``parallelize``'s hooks, which this script wraps in profiler scopes; in backward every ``AllGather``'s
+  reduce-scatter counts as gather, the joint tokens' included);
 - ``all-to-all``: Ulysses' exchanges of q/k/v and of the attention output, packing included
   (``ScatterHeads``/``GatherHeads``, the joint tokens' head gather, and their backward); ``ring``: the
   ring's own work outside the kernels (merging block results, waiting for the next block);
 - ``attention kernels``: the SDPA / flash kernels, forward and backward;
 - ``embeddings`` / ``output``: everything in the model's modules that run before / after the
-  transformer blocks (patch and rotary embeddings, time and text embedders; final norm and projection). The
-  split of the sequence (a narrow, or a copy of 1/2 of it) counts where its hook runs: here or in the first block;
+  transformer blocks (patch and rotary embeddings, time and text embedders; final norm and projection);
 - ``blocks, other``: the rest of the blocks (projections, norms, MLP, rotary application, backward
   included).
 
@@ -46,7 +46,7 @@ from dit_sp import ParallelConfig, init_parallel, parallelize, spawn
 
 FAMILIES = ("wan", "hunyuanvideo", "cogvideox")
 LAYOUTS = {"one process": (1, 1), "ours Ulysses 2": (1, 2), "ours Ring 2": (2, 1)}
-COMPONENTS = ("embeddings", "all-to-all", "ring", "attention kernels", "blocks, other", "gather", "output")
+COMPONENTS = ("embeddings", "split", "all-to-all", "ring", "attention kernels", "blocks, other", "gather", "output")
 HEADS, HEAD_DIM, TEXT = 8, 32, 32
 
 
@@ -92,6 +92,22 @@ def build(family: str, frames: int, height: int, width: int) -> tuple[torch.nn.M
     raise ValueError(f"unknown family {family!r}; known: {FAMILIES}")
 
 
+def _scope_split_and_gather() -> None:
+    """Profiler scopes ``bench::split`` / ``bench::gather`` around the sequence split and output gather that
+    ``parallelize``'s hooks call (the library itself carries no scopes: each costs time on every call)."""
+    import dit_sp.models.plan as plan_hooks
+
+    def scoped(fn: Callable, scope: str) -> Callable:
+        def call(*args, **kwargs):
+            with record_function(scope):
+                return fn(*args, **kwargs)
+
+        return call
+
+    plan_hooks.shard_sequence = scoped(plan_hooks.shard_sequence, "bench::split")
+    plan_hooks.gather_sequence = scoped(plan_hooks.gather_sequence, "bench::gather")
+
+
 def _scope_modules(model: torch.nn.Module) -> None:
     """Profiler scopes ``module::embeddings`` / ``module::output`` around the top-level modules that run
     before / after the transformer blocks (those in ``ModuleList``s)."""
@@ -119,10 +135,12 @@ def _component(event) -> str | None:
     while event is not None:
         names.append(event.name)
         event = event.cpu_parent
+    if "bench::split" in names:
+        return "split"
+    if "bench::gather" in names or any(name.startswith("AllGatherBackward") for name in names):
+        return "gather"
     for name in names:
-        if name.startswith("AllGather"):
-            return "gather" if "module::output" in names or name.startswith("AllGatherBackward") else "all-to-all"
-        if "ScatterHeads" in name or "GatherHeads" in name or "AllToAll" in name:
+        if "ScatterHeads" in name or "GatherHeads" in name or "AllToAll" in name or name.startswith("AllGather"):
             return "all-to-all"
         if "scaled_dot_product" in name or "flash_attention" in name:
             return "attention kernels"
@@ -139,7 +157,7 @@ def breakdown(prof) -> dict[str, float]:
     """Self CPU milliseconds per component."""
     totals: dict[str, float] = defaultdict(float)
     for event in prof.events():
-        if event.name.startswith(("module::", "ProfilerStep")):
+        if event.name.startswith(("module::", "bench::", "ProfilerStep")):
             continue  # scopes: their operations are counted
         totals[_component(event)] += event.self_cpu_time_total / 1e3
     return dict(totals)
@@ -155,6 +173,7 @@ def worker(
     model, inputs = build(family, *shape)
     ring, ulysses = layout
     if ring * ulysses > 1:
+        _scope_split_and_gather()
         parallelize(model, init_parallel(ParallelConfig(ring=ring, ulysses=ulysses)))
     _scope_modules(model)
     weight = torch.randn(1, generator=torch.Generator().manual_seed(2))
