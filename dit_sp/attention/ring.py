@@ -42,7 +42,9 @@ class RingSpec:
         return [(torch.tensor(index), n) for n, index in groups.items() if n]
 
 
-def merge_block(out: Tensor | None, lse: Tensor | None, block_out: Tensor, block_lse: Tensor, dtype: torch.dtype):
+def merge_block(
+    out: Tensor | None, lse: Tensor | None, block_out: Tensor, block_lse: Tensor, dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
     """Fold one block's ``(out (B,S,H,D), lse (B,H,S))`` into the running pair, in ``dtype``; the first
     block (``out is None``) starts it."""
     block_out, block_lse = block_out.to(dtype), block_lse.to(dtype)

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from dit_sp.parallel.comm import all_gather
+from dit_sp.parallel.comm import all_gather, exchange_chunks
 from dit_sp.parallel.state import ParallelState
 
 Tensor = torch.Tensor
@@ -36,13 +36,6 @@ def pad_heads(x: Tensor, parallel: ParallelState, head_dim: int = -2) -> Tensor:
         return x
     head_dim %= x.dim()
     return F.pad(x, [0, 0] * (x.dim() - head_dim - 1) + [0, pad])
-
-
-def _exchange(send: Tensor, group: dist.ProcessGroup) -> Tensor:
-    """Chunk ``j`` of ``send`` (dim 0) goes to rank ``j``; chunk ``j`` of the result came from rank ``j``."""
-    recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send, group=group)
-    return recv
 
 
 def _buffer(like: Tensor, world: int, count: int, local_len: int, group_heads: int, zeros: bool) -> Tensor:
@@ -66,7 +59,7 @@ def _to_heads(xs: Sequence[Tensor | None], group: dist.ProcessGroup, heads_padde
         place[:, :, :full].copy_(x[:, :, : full * group_heads].unflatten(2, (full, group_heads)))
         if rest:
             place[:, :, full, :rest].copy_(x[:, :, full * group_heads :])
-    recv = _exchange(send, group)  # recv[j]: rank j's sequence chunk of my head group
+    recv = exchange_chunks(send, group)  # recv[j]: rank j's sequence chunk of my head group
     del send  # freed before anything else is allocated
     return [recv[:, :, :, i].movedim(0, 1).reshape(batch, world * local_len, group_heads, -1) for i in range(len(xs))]
 
@@ -81,7 +74,7 @@ def _to_sequence(xs: Sequence[Tensor | None], group: dist.ProcessGroup, heads: i
     for i, x in enumerate(xs):
         if x is not None:  # sequence chunk j -> rank j
             send[:, :, :, i].copy_(x.unflatten(1, (world, local_len)).movedim(1, 0))
-    recv = _exchange(send, group)  # recv[j]: my sequence chunk of rank j's head group
+    recv = exchange_chunks(send, group)  # recv[j]: my sequence chunk of rank j's head group
     del send  # freed before the outputs are allocated: backward's peak is a pass through here
     return [recv[:, :, :, i].permute(1, 2, 0, 3, 4).reshape(batch, local_len, world * group_heads, -1)[:, :, :heads]
             for i in range(len(xs))]  # fmt: skip

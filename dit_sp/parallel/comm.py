@@ -22,6 +22,14 @@ def _group_size(group: dist.ProcessGroup | None) -> int:
     return 1 if group is None else dist.get_world_size(group)
 
 
+def exchange_chunks(send: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """Chunk ``j`` of ``send`` (along dim 0, one per rank) goes to rank ``j``; chunk ``j`` of the result came
+    from rank ``j``. ``send`` must be contiguous (gloo silently corrupts other buffers)."""
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    return recv
+
+
 def _all_to_all(x: torch.Tensor, group: dist.ProcessGroup, scatter_dim: int, gather_dim: int) -> torch.Tensor:
     """Split ``x`` along ``scatter_dim`` into one chunk per rank, send chunk j to rank j, and
     concatenate the chunks received along ``gather_dim`` (in rank order)."""
@@ -35,9 +43,7 @@ def _all_to_all(x: torch.Tensor, group: dist.ProcessGroup, scatter_dim: int, gat
         )
     # (.., world*n, ..) -> (world, .., n, ..): chunk j is contiguous. gloo silently corrupts
     # non-contiguous or unevenly sized buffers, so both sides are exact contiguous tensors.
-    send = x.unflatten(scatter_dim, (world, -1)).movedim(scatter_dim, 0).contiguous()
-    recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send, group=group)
+    recv = exchange_chunks(x.unflatten(scatter_dim, (world, -1)).movedim(scatter_dim, 0).contiguous(), group)
     # recv[j] is rank j's chunk: put the rank index just before gather_dim and merge the two.
     return recv.movedim(0, gather_dim).flatten(gather_dim, gather_dim + 1)
 
@@ -74,10 +80,7 @@ def _reduce_scatter(x: torch.Tensor, group: dist.ProcessGroup, dim: int) -> torc
     """Sum over the group of chunk ``rank`` of ``x`` along ``dim`` (an all-to-all then a local sum:
     the same traffic as a reduce-scatter, which gloo lacks)."""
     world = dist.get_world_size(group)
-    send = x.unflatten(dim, (world, -1)).movedim(dim, 0).contiguous()
-    recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send, group=group)
-    return recv.sum(0)
+    return exchange_chunks(x.unflatten(dim, (world, -1)).movedim(dim, 0).contiguous(), group).sum(0)
 
 
 GatherGrad = Literal["sum", "slice"]
