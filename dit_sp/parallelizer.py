@@ -18,6 +18,7 @@ import torch.distributed as dist
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 
 from dit_sp._compat import model_parallel_config
+from dit_sp.cache import SEQUENCE_ATTR, CacheSpec, cache_context_of, enable_cache, set_cache_context
 from dit_sp.errors import ConfigError
 from dit_sp.models import ModelFamily, family_of, supported_vaes, vae_plan_of
 from dit_sp.models.context import SequenceContext
@@ -49,6 +50,8 @@ class _GuidancePair:
     runs the branch of this rank (cfg rank 0: the recorded conditional call, cfg rank 1: the
     unconditional one), the two results are exchanged, and the placeholder is filled in place.
     ``batched`` pipelines call once on ``[unconditional, conditional]``: each rank runs its half.
+    The recorded call runs in the step-cache context it was made in (``cond``), so each branch's cache
+    keeps its own state, as in one process.
     """
 
     def __init__(self, parallel: ParallelState, family: ModelFamily):
@@ -68,11 +71,19 @@ class _GuidancePair:
             hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
             channels = model.config.get("out_channels") or hidden.shape[1]
             placeholder = hidden.new_full((hidden.shape[0], channels, *hidden.shape[2:]), float("nan"))
-            self.pending = (forward, args, kwargs, placeholder)
+            self.pending = (forward, args, kwargs, placeholder, cache_context_of(model))
             return (placeholder,) if not kwargs.get("return_dict", True) else Transformer2DModelOutput(placeholder)
-        cond_forward, cond_args, cond_kwargs, placeholder = self.pending
+        cond_forward, cond_args, cond_kwargs, placeholder, cond_context = self.pending
         self.pending = None
-        out = cond_forward(*cond_args, **cond_kwargs) if self.parallel.cfg_rank == 0 else forward(*args, **kwargs)
+        if self.parallel.cfg_rank == 0:
+            context = cache_context_of(model)
+            set_cache_context(model, cond_context)
+            try:
+                out = cond_forward(*cond_args, **cond_kwargs)
+            finally:
+                set_cache_context(model, context)
+        else:
+            out = forward(*args, **kwargs)
         cond, uncond = self._exchange(_first(out))
         if cond.shape != placeholder.shape:
             raise RuntimeError(f"guidance branch output {tuple(cond.shape)} != expected {tuple(placeholder.shape)}")
@@ -96,6 +107,8 @@ class Parallelized:
 
     def __init__(self, target: Any):
         self.target = target
+        self.cache = None
+        """The ``StepCache`` of ``parallelize(..., cache=...)``: what it skipped (``cache.stats``)."""
         self._undo: list = []
 
     def add_undo(self, fn) -> None:
@@ -155,6 +168,7 @@ def _parallelize_transformer(
     ctx = SequenceContext(parallel, family.joint_position, gather_grad, kernel)
     handles = apply_plan(model, family.plan(model), ctx)
     handle.add_undo(lambda: [h.remove() for h in handles])
+    _set_instance_attr(model, SEQUENCE_ATTR, ctx, handle)  # what a step cache reduces over
     if verify and parallel.sp > 1:
         h = model.register_forward_pre_hook(_verify_identical_inputs(parallel, ctx), with_kwargs=True)
         handle.add_undo(h.remove)
@@ -279,6 +293,8 @@ def parallelize(
     shard_weights: bool = False,
     parallel_vae: bool = True,
     frames_on: str = "every_rank",
+    cache: str | CacheSpec | None = None,
+    compile: bool = False,
 ) -> Parallelized:
     """Make a diffusers transformer or pipeline run on the layout ``parallel``.
 
@@ -302,6 +318,10 @@ def parallelize(
         frames_on: where a pipeline's decoded frames are assembled: ``"every_rank"`` (a drop-in: every rank
             returns the video) or ``"leader"``, only on the sample's leader (``parallel.is_sample_leader``),
             which saves the other ranks the transfer and the memory; what they return must not be used.
+        cache: step caching, ``"first_block[:THRESHOLD]"`` or ``"teacache[:THRESHOLD]"`` (``dit_sp.cache``),
+            with decisions every process of a guidance branch shares; its stats are ``handle.cache.stats``.
+        compile: compile each transformer block (``dit_sp.compile.compile_blocks``), USP attention included
+            as one opaque op; before the cache, which then wraps the compiled blocks. Inference.
 
     Returns:
         A handle whose ``undo()`` (or ``with`` exit, or ``unparallelize(obj)``) restores ``obj`` exactly.
@@ -339,6 +359,15 @@ def parallelize(
                 else:
                     _decode_once_per_sample(vae, parallel, handle, send=frames_on == "every_rank")
             _swap_pipeline_class(obj, family, parallel, guidance, handle)
+        transformers = [obj] if isinstance(obj, torch.nn.Module) else [getattr(obj, n, None) for n in TRANSFORMERS]
+        if compile:
+            from dit_sp.compile import compile_blocks
+
+            for transformer in filter(None, transformers):
+                handle.add_undo(compile_blocks(transformer))
+        if cache is not None:
+            handle.cache = enable_cache(obj, cache)
+            handle.add_undo(handle.cache.undo)
     except BaseException:
         handle.undo()
         raise

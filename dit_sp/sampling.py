@@ -25,13 +25,14 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from dit_sp.cache import CacheSpec, StepCache, enable_cache
 from dit_sp.errors import ConfigError, MissingFileError
 from dit_sp.models import check_shape, family_of
 from dit_sp.parallel import ParallelConfig, ParallelState, check_ranks_agree, init_parallel
 from dit_sp.parallelizer import parallelize
 from dit_sp.schema import from_mapping, load_yaml
 from dit_sp.video import check_output, check_writable, save_video
-from dit_sp.zoo import default_model, model_defaults
+from dit_sp.zoo import TRANSFORMERS, default_model, model_defaults
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,17 @@ class GenerateConfig:
     parallel_vae: bool = True
     """Decode with each frame's rows split over the processes of a sample (``dit_sp.parallelize_vae``);
     off (``--no-parallel-vae``), one process decodes and sends the frames to the others."""
+    cache: str | None = None
+    """Step caching, ``NAME[:THRESHOLD]``: ``first_block`` or ``teacache`` (``dit_sp.cache``); without a
+    threshold, the model config's ``cache_thresholds`` or the policy's default. Same steps skipped on
+    every layout."""
+    cache_thresholds: dict[str, float] | None = None
+    """Per policy, the threshold ``--cache NAME`` uses for this model (the real models' configs give the
+    anchors' settings)."""
+    teacache_coefficients: list[float] | None = None
+    """TeaCache's polynomial rescaling of the relative change, highest power first (default: none)."""
+    compile: bool = False
+    """``torch.compile`` each transformer block (regional), USP attention included (``dit_sp.compile``)."""
 
     def __post_init__(self) -> None:
         if self.dp is not None and self.dp < 1:
@@ -94,11 +106,20 @@ class GenerateConfig:
             raise ConfigError(f"guidance_2 {self.guidance_2} is the low-noise expert's classifier-free guidance, "
                               f"and guidance {self.guidance} turns guidance off for both experts; use guidance > 1 "
                               "or drop guidance_2")  # fmt: skip
+        if self.cache is not None:
+            self.cache_spec  # noqa: B018 (checks the name and threshold now, before anything loads)
         if self.cfg_parallel and not self.guidance > 1:
             raise ConfigError(
                 f"cfg_parallel runs the two guidance branches in parallel, but guidance {self.guidance} turns "
                 "guidance off; use guidance > 1 or drop cfg_parallel"
             )
+
+    @property
+    def cache_spec(self) -> CacheSpec | None:
+        """``cache`` with the model's thresholds and coefficients, or None."""
+        if self.cache is None:
+            return None
+        return CacheSpec.parse(self.cache, self.teacache_coefficients, self.cache_thresholds)
 
     @property
     def world_size(self) -> int:
@@ -223,9 +244,10 @@ def _save_latents(latents: torch.Tensor, path: Path) -> Path:
     return path
 
 
-def _setup(config: GenerateConfig, images: bool) -> tuple[ParallelState, Any, dict[str, float]]:
-    """This rank's layout on the running world, and the loaded (and, on several ranks, parallelized)
-    pipeline with its guidance arguments; with ``images``, the pipeline that takes them."""
+def _setup(config: GenerateConfig, images: bool) -> tuple[ParallelState, Any, dict[str, float], StepCache | None]:
+    """This rank's layout on the running world, the loaded (and, on several ranks, parallelized)
+    pipeline with its guidance arguments (with ``images``, the pipeline that takes them), and its step
+    cache, if any."""
     from dit_sp.zoo import as_image_to_video, load_pipeline
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -242,15 +264,24 @@ def _setup(config: GenerateConfig, images: bool) -> tuple[ParallelState, Any, di
     guidance = guidance_arguments(pipe, config)
     pipe.set_progress_bar_config(disable=not parallel.is_sample_leader or parallel.dp_rank != 0)
     if world > 1:
-        parallelize(
+        handle = parallelize(
             pipe,
             parallel,
             verify_inputs=config.verify_inputs,
             shard_weights=config.shard_weights,
             parallel_vae=config.parallel_vae,
             frames_on="leader",  # the leader writes
+            compile=config.compile,
+            cache=config.cache_spec,
         )
-    return parallel, pipe, guidance
+        return parallel, pipe, guidance, handle.cache
+    if config.compile:
+        from dit_sp.compile import compile_blocks
+
+        for transformer in filter(None, (getattr(pipe, name, None) for name in TRANSFORMERS)):
+            compile_blocks(transformer)
+    cache = enable_cache(pipe, config.cache_spec) if config.cache is not None else None
+    return parallel, pipe, guidance, cache
 
 
 def _sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: int, device: torch.device) -> dict:
@@ -285,19 +316,31 @@ def _sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed:
             "seconds_per_step": sum(steps) / max(len(steps), 1)}  # fmt: skip
 
 
+def cache_report(cache: StepCache) -> dict[str, Any]:
+    """What a step cache did: ``{"cache", "saved_fraction", "blocks_run", "blocks", "computed"}``, where
+    ``computed`` gives, per context (``cond``, ``uncond``, ...), whether each call ran the blocks."""
+    stats = cache.stats
+    contexts = dict.fromkeys(r.context for r in stats.records)
+    return {"cache": str(cache.spec), "saved_fraction": stats.saved_fraction, "blocks_run": stats.blocks_run,
+            "blocks": stats.blocks, "computed": {c: stats.decisions(c) for c in contexts}}  # fmt: skip
+
+
 def generate(config: GenerateConfig, return_frames: bool = False) -> dict[str, Any]:
     """One rank's part of generating ``config.prompt`` (or, with ``config.prompts``, a batch: see
     ``generate_batch``): loads the pipeline, parallelizes it over the running world (torchrun's, ``spawn``'s,
-    or one process) and samples. Returns ``{"layout", "seconds", "seconds_per_step"}`` and, on the rank that
+    or one process) and samples. Returns ``{"layout", "seconds", "seconds_per_step"}`` (with a step cache,
+    ``"cache"``: ``cache_report``) and, on the rank that
     writes the sample, ``"out"`` (and ``"latents"``, and the float ``"frames"`` ``(F, H, W, 3)`` with
     ``return_frames``)."""
     if config.prompts is not None:
         return generate_batch(config, return_frames)
     check_before_loading(config)
-    parallel, pipe, guidance = _setup(config, images=bool(config.image))
+    parallel, pipe, guidance, cache = _setup(config, images=bool(config.image))
     video = _sample(pipe, config, guidance, parallel.dp_seed(config.seed), parallel.device)
     report: dict[str, Any] = {"layout": str(parallel.config), "seconds": video["seconds"],
                               "seconds_per_step": video["seconds_per_step"]}  # fmt: skip
+    if cache is not None:
+        report["cache"] = cache_report(cache)
     if parallel.is_sample_leader:
         suffix = f"_dp{parallel.dp_rank}" if parallel.dp > 1 else ""
         report["out"] = str(save_video(video["frames"], config.out, suffix))
@@ -397,7 +440,7 @@ def generate_batch(config: GenerateConfig, return_frames: bool = False) -> dict[
     check_output(directory / f"00000{suffix}")
     for video in videos:
         check_before_loading(video)
-    parallel, pipe, guidance = _setup(config, images=any(video.image for video in videos))
+    parallel, pipe, guidance, cache = _setup(config, images=any(video.image for video in videos))
     done = _done(directory)
     mine = [i for i in range(len(videos)) if i % parallel.dp == parallel.dp_rank]
     todo = [i for i in mine if done.get(i) != _manifest_entry(i, videos[i], f"{i:05d}{suffix}")]
@@ -417,6 +460,8 @@ def generate_batch(config: GenerateConfig, return_frames: bool = False) -> dict[
             if return_frames:
                 frames[index] = video["frames"]
     report["seconds"] = time.perf_counter() - start
+    if cache is not None:
+        report["cache"] = cache_report(cache)
     if parallel.is_sample_leader:
         report["written"] = written
         if return_frames:

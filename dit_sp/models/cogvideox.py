@@ -45,6 +45,13 @@ COGVIDEOX_VAE = VAEPlan(
 )
 
 
+def _teacache_probe(block: torch.nn.Module, meta: object, args: tuple, kwargs: dict) -> tuple[torch.Tensor, bool]:
+    """The first block's modulated video input (``norm1``), ``(B, S_local, C)``."""
+    get = meta._get_parameter_from_args_kwargs
+    hidden, text, temb = (get(name, args, kwargs) for name in ("hidden_states", "encoder_hidden_states", "temb"))
+    return block.norm1(hidden, text, temb)[0], True
+
+
 COGVIDEOX = ModelFamily(
     name="cogvideox",
     class_names=("CogVideoXTransformer3DModel",),
@@ -54,4 +61,5 @@ COGVIDEOX = ModelFamily(
     cfg_mode="batched",
     cfg_batched_args=("hidden_states", "encoder_hidden_states", "timestep", "ofs"),
     vae=COGVIDEOX_VAE,
+    teacache_probe=_teacache_probe,
 )

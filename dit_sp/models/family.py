@@ -40,3 +40,7 @@ class ModelFamily:
     """The GRPO policy class (a ``dit_sp.models.policy.DiffusersPolicy``) of those pipelines."""
     vae: VAEPlan | None = None
     """How the family's VAE decodes and encodes with its rows split (``dit_sp.vae``)."""
+    teacache_probe: Callable[[torch.nn.Module, object, tuple, dict], tuple[torch.Tensor, bool]] | None = None
+    """What the ``teacache`` step cache compares between steps, from the first block and its call
+    ``(block, metadata, args, kwargs)``: ``(tensor, per_token)``, per-token tensors laid out
+    ``(B, S_local, ...)`` (``dit_sp.cache.teacache``)."""

@@ -96,6 +96,17 @@ HUNYUAN_VIDEO_VAE = VAEPlan(
 )
 
 
+def _teacache_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict) -> tuple[torch.Tensor, bool]:
+    """The first double-stream block's modulated video input (``norm1``), ``(B, S_local, C)``, as TeaCache
+    measures HunyuanVideo."""
+    if type(block).__name__ != "HunyuanVideoTransformerBlock":
+        raise ConfigError(f"teacache: no probe for {type(block).__name__} (HunyuanVideo I2V's token replacement); "
+                          "use the first_block cache")  # fmt: skip
+    hidden = meta._get_parameter_from_args_kwargs("hidden_states", args, kwargs)
+    temb = meta._get_parameter_from_args_kwargs("temb", args, kwargs)
+    return block.norm1(hidden, emb=temb)[0], True
+
+
 HUNYUAN_VIDEO = ModelFamily(
     name="hunyuan_video",
     class_names=("HunyuanVideoTransformer3DModel",),
@@ -109,4 +120,5 @@ HUNYUAN_VIDEO = ModelFamily(
     pipelines=("HunyuanVideoPipeline",),
     policy=HunyuanVideoPolicy,
     vae=HUNYUAN_VIDEO_VAE,
+    teacache_probe=_teacache_probe,
 )

@@ -150,6 +150,13 @@ WAN_VAE = VAEPlan(
 )
 
 
+def _teacache_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict) -> tuple[torch.Tensor, bool]:
+    """The timestep modulation the blocks get (``temb``, ``(B, 6, C)``; Wan 2.2 TI2V: per token,
+    ``(B, S, 6, C)``), as TeaCache measures Wan."""
+    temb = meta._get_parameter_from_args_kwargs("temb", args, kwargs)
+    return temb, temb.dim() == 4
+
+
 WAN = ModelFamily(
     name="wan",
     class_names=("WanTransformer3DModel",),
@@ -159,4 +166,5 @@ WAN = ModelFamily(
     pipelines=("WanPipeline", "WanImageToVideoPipeline"),
     policy=WanPolicy,
     vae=WAN_VAE,
+    teacache_probe=_teacache_probe,
 )

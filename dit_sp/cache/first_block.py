@@ -1,0 +1,42 @@
+"""First-block cache: diffusers' own hooks (``apply_first_block_cache``), with the skip decision made
+from the first block's residual change reduced over the deciding group (``decide.relative_change``)."""
+
+from __future__ import annotations
+
+import torch
+from diffusers.hooks.first_block_cache import (
+    _FBC_BLOCK_HOOK,
+    _FBC_LEADER_BLOCK_HOOK,
+    FirstBlockCacheConfig,
+    apply_first_block_cache,
+)
+
+from dit_sp.cache.blocks import remove_hook, transformer_blocks
+from dit_sp.cache.decide import CacheStats, DecisionGroup, StepRecord, relative_change
+
+
+def apply(model: torch.nn.Module, threshold: float, where: DecisionGroup, stats: CacheStats):
+    """Returns the undo."""
+    blocks = transformer_blocks(model)
+    apply_first_block_cache(model, FirstBlockCacheConfig(threshold=threshold))
+    head = blocks[0]._diffusers_hook.get_hook(_FBC_LEADER_BLOCK_HOOK)
+
+    def should_compute(residual: torch.Tensor) -> bool:
+        state = head.state_manager.get_state()
+        previous = state.head_block_residual
+        change = local = None
+        if previous is not None:
+            change, local = relative_change(residual, previous, where, per_token=True)
+        computed = change is None or change > threshold
+        stats.records.append(StepRecord(head.state_manager.context.name, computed,
+                                        len(blocks) if computed else 1, len(blocks), change, local))  # fmt: skip
+        return computed
+
+    head._should_compute_remaining_blocks = should_compute  # the instance's, in place of diffusers' local one
+
+    def undo() -> None:
+        remove_hook(blocks[0], _FBC_LEADER_BLOCK_HOOK)
+        for block in blocks[1:]:
+            remove_hook(block, _FBC_BLOCK_HOOK)
+
+    return undo

@@ -1,0 +1,62 @@
+"""Which step cache runs, and how eagerly: ``first_block:0.08``, ``teacache:0.1``, or a ``CacheSpec``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from dit_sp.errors import ConfigError
+
+Policy = Literal["first_block", "teacache"]
+DEFAULT_THRESHOLDS: dict[str, float] = {"first_block": 0.05, "teacache": 0.1}
+"""Used when a spec names no threshold (diffusers' ``FirstBlockCacheConfig`` default; TeaCache's 0.1)."""
+_ALIASES = {"fbc": "first_block", "first-block": "first_block", "tea": "teacache", "tea_cache": "teacache"}
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """A step cache. Both policies reuse, on a skipped step, the residual the transformer blocks added at
+    the last computed step; they differ in what decides.
+
+    - ``first_block``: the first block always runs; the rest are skipped while its output residual moved
+      by less than ``threshold`` (relative mean absolute change) since the last computed step.
+    - ``teacache``: nothing runs on a skipped step; the relative change of the first block's modulated
+      input (the family's probe) is rescaled by the polynomial ``coefficients`` (highest power first)
+      and accumulated, and the blocks run again once the sum reaches ``threshold``.
+    """
+
+    policy: Policy
+    threshold: float
+    coefficients: tuple[float, ...] = (1.0, 0.0)
+
+    def __post_init__(self) -> None:
+        if self.policy not in DEFAULT_THRESHOLDS:
+            raise ConfigError(f"unknown cache policy {self.policy!r}; expected one of {sorted(DEFAULT_THRESHOLDS)}")
+        if not self.threshold >= 0:
+            raise ConfigError(f"cache threshold must be >= 0, got {self.threshold}")
+        if not self.coefficients:
+            raise ConfigError("teacache coefficients: give at least one polynomial coefficient")
+
+    @classmethod
+    def parse(cls, text: str | CacheSpec, coefficients: tuple[float, ...] | list[float] | None = None,
+              thresholds: dict[str, float] | None = None) -> CacheSpec:  # fmt: skip
+        """``NAME`` or ``NAME:THRESHOLD`` (``first_block``/``fbc``, ``teacache``); a missing threshold comes
+        from ``thresholds`` (a model config's), then ``DEFAULT_THRESHOLDS``."""
+        if isinstance(text, CacheSpec):
+            return text
+        name, _, value = text.strip().partition(":")
+        policy = _ALIASES.get(name.lower(), name.lower())
+        if policy not in DEFAULT_THRESHOLDS:
+            raise ConfigError(f"--cache {text!r}: unknown policy {name!r}; expected NAME[:THRESHOLD] with NAME one of "
+                              f"{sorted(DEFAULT_THRESHOLDS)} (e.g. first_block:0.05, teacache:0.1)")  # fmt: skip
+        if value:
+            try:
+                threshold = float(value)
+            except ValueError:
+                raise ConfigError(f"--cache {text!r}: the threshold {value!r} is not a number") from None
+        else:
+            threshold = (thresholds or {}).get(policy, DEFAULT_THRESHOLDS[policy])
+        return cls(policy, threshold, tuple(coefficients) if coefficients else (1.0, 0.0))  # type: ignore[arg-type]
+
+    def __str__(self) -> str:
+        return f"{self.policy}:{self.threshold:g}"
