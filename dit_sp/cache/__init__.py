@@ -60,8 +60,10 @@ def _decision_group(model: torch.nn.Module, family: Any) -> DecisionGroup:
         if ctx.seq_len is None:
             return local
         if local != ctx.local_len:
-            raise RuntimeError(f"step cache: a block's tensor holds {local} tokens, but this rank's shard of the "
-                               f"sequence has {ctx.local_len}; the family's blocks are not laid out (B, S, ...)")  # fmt: skip
+            raise RuntimeError(
+                f"step cache: a block's tensor holds {local} tokens, but this rank's shard of the sequence has "
+                f"{ctx.local_len}; the family's blocks are not laid out (B, S, ...)"
+            )
         return max(0, min(local, ctx.seq_len - parallel.sp_rank * local))
 
     return DecisionGroup(group, real_tokens)
@@ -86,12 +88,12 @@ def enable_cache(obj: Any, cache: str | CacheSpec) -> StepCache:
     else:
         models = [m for m in (getattr(obj, name, None) for name in TRANSFORMERS) if m is not None]
         if not models:
-            raise TypeError(f"{type(obj).__name__} is neither a diffusers transformer nor a pipeline with a `transformer`")
+            raise TypeError(f"{type(obj).__name__} is neither a diffusers transformer nor a pipeline with one")
     handle = StepCache(spec, CacheStats())
     try:
         for model in models:
             if getattr(model, _CACHE_ATTR, None) is not None or getattr(model, "_cache_config", None) is not None:
-                raise ConfigError(f"{type(model).__name__} already has a step cache; undo it (or disable_cache()) first")
+                raise ConfigError(f"{type(model).__name__} already has a step cache; undo it (or disable_cache())")
             family = family_of(model)
             where = _decision_group(model, family)
             if spec.policy == "first_block":

@@ -20,7 +20,7 @@ def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
         for block in child
     ]
     if len(blocks) < 2:
-        raise ConfigError(f"{type(model).__name__}: step caching needs at least 2 transformer blocks, found {len(blocks)}")
+        raise ConfigError(f"{type(model).__name__}: step caching needs 2+ blocks, it has {len(blocks)}")
     for block in blocks:
         try:
             TransformerBlockRegistry.get(type(block))
