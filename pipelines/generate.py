@@ -31,6 +31,8 @@ def parse_args(argv: list[str] | None = None) -> GenerateConfig:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="YAML file of settings, or a bundled config name (flags override it)")
     for field in dataclasses.fields(GenerateConfig):
+        if str(field.type).startswith(("dict", "list")):
+            continue  # a model config's tables (cache_thresholds, ...): YAML only
         flag = "--" + field.name.replace("_", "-")
         help_text = f"built-in {builtin_models()} or a local diffusers directory" if field.name == "model" else None
         if field.type in ("bool", bool):  # on by default: --no-NAME turns it off

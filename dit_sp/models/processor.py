@@ -7,6 +7,9 @@ to ``scaled_dot_product_attention`` is routed, through a ``TorchFunctionMode`` a
 processor call, to ``usp_attention``: the local tokens are this rank's video shard, plus the joint (text)
 tokens the processor concatenated in front or behind.
 
+Under ``torch.compile`` the routed call is one custom op, ``dit_sp::usp_attention``, opaque to the
+compiler: a compiled block has no graph break inside attention, and its collectives run as they do eagerly.
+
 A processor call that routed no attention raises: its stock processor reached attention some other way
 (a non-native diffusers attention backend, a custom kernel, a hand-written softmax), which would have
 attended over this rank's shard of the sequence only.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -56,6 +60,45 @@ def _joint_valid(mask: Tensor | None, local_len: int, joint_len: int, ctx: Seque
     return result
 
 
+def _attend(ctx: SequenceContext, query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None,
+            scale: float | None) -> Tensor:  # fmt: skip
+    """USP attention of this rank's queries, ``(B, H, S, D)`` in and out, as ``scaled_dot_product_attention``."""
+    local_len = ctx.local_len
+    joint_len = query.shape[2] - local_len
+    if joint_len < 0 or key.shape[2] != query.shape[2]:
+        raise RuntimeError(
+            f"attention over {query.shape[2]} queries and {key.shape[2]} keys does not fit this rank's "
+            f"{local_len} video tokens; is this module's sequence really split?"
+        )
+    out = usp_attention(
+        *(x.transpose(1, 2) for x in (query, key, value)),
+        ctx.parallel,
+        seq_len=ctx.seq_len,
+        joint_len=joint_len,
+        joint_position=ctx.joint_position,
+        joint_valid=_joint_valid(attn_mask, local_len, joint_len, ctx),
+        scale=scale,
+        kernel=ctx.kernel,
+    )
+    return out.transpose(1, 2)
+
+
+_CONTEXTS: weakref.WeakValueDictionary[int, SequenceContext] = weakref.WeakValueDictionary()
+"""The compiled op's handle to its model's context (a custom op takes no Python objects): ``id(ctx)``,
+registered by ``sequence_parallel_processor``; an entry goes when its model does."""
+
+
+@torch.library.custom_op("dit_sp::usp_attention", mutates_args=())
+def _usp_attention_op(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None, context: int,
+                      scale: float | None) -> Tensor:  # fmt: skip
+    return _attend(_CONTEXTS[context], query, key, value, attn_mask, scale).contiguous()  # the layout fake gives
+
+
+@_usp_attention_op.register_fake
+def _(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None, context: int, scale: float | None):
+    return torch.empty_like(query, memory_format=torch.contiguous_format)
+
+
 class RouteAttention(TorchFunctionMode):
     """Sends ``F.scaled_dot_product_attention`` calls to ``usp_attention`` (counting them in ``routed``);
     all else runs unchanged."""
@@ -68,6 +111,12 @@ class RouteAttention(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is not F.scaled_dot_product_attention:
+            if torch.compiler.is_compiling() and getattr(func, "__module__", None) == "torch._tensor":
+                # Tensor methods written in Python (unflatten, ...) end in super(), which dynamo cannot follow
+                # under a mode; the torch function of the same name is what that call reaches
+                same = getattr(torch, func.__name__, None)
+                if same is not None:
+                    return same(*args, **kwargs)
             return func(*args, **kwargs)
         self.routed += 1
         return self.attention(*args, **kwargs)
@@ -86,25 +135,14 @@ class RouteAttention(TorchFunctionMode):
         """``(B, H, S, D)`` in and out, as ``scaled_dot_product_attention``."""
         if is_causal or dropout_p or enable_gqa:
             raise NotImplementedError("sequence-parallel attention is non-causal, without dropout or GQA")
-        ctx = self.ctx
-        local_len = ctx.local_len
-        joint_len = query.shape[2] - local_len
-        if joint_len < 0 or key.shape[2] != query.shape[2]:
-            raise RuntimeError(
-                f"attention over {query.shape[2]} queries and {key.shape[2]} keys does not fit this rank's "
-                f"{local_len} video tokens; is this module's sequence really split?"
+        if not torch.compiler.is_compiling():
+            return _attend(self.ctx, query, key, value, attn_mask, scale)
+        if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value)):
+            raise NotImplementedError(
+                "compiled sequence-parallel attention is for inference (no autograd through the compiled op): "
+                "sample under torch.no_grad(), or train without compile"
             )
-        out = usp_attention(
-            *(x.transpose(1, 2) for x in (query, key, value)),
-            ctx.parallel,
-            seq_len=ctx.seq_len,
-            joint_len=joint_len,
-            joint_position=ctx.joint_position,
-            joint_valid=_joint_valid(attn_mask, local_len, joint_len, ctx),
-            scale=scale,
-            kernel=ctx.kernel,
-        )
-        return out.transpose(1, 2)
+        return torch.ops.dit_sp.usp_attention(query, key, value, attn_mask, id(self.ctx), scale)
 
 
 @functools.cache
@@ -139,6 +177,7 @@ def sequence_parallel_processor(stock: object, ctx: SequenceContext, name: str =
     processor = copy.copy(stock)
     processor.__class__ = _sequence_parallel_class(type(stock))
     processor._dit_sp_context = ctx
+    _CONTEXTS[id(ctx)] = ctx
     processor._dit_sp_name = name
     use_native_attention(processor)  # the stock call must reach torch SDPA
     return processor

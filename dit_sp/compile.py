@@ -1,0 +1,40 @@
+"""Regional ``torch.compile``: each transformer block compiled on its own, the rest left eager.
+
+Identical blocks share one compiled graph, so compiling costs one block's worth however deep the model,
+and the hooks that split and gather the sequence, the guidance pair and the step cache's decisions stay
+outside every graph. Under ``parallelize`` the sequence-parallel attention is one opaque op in the graph
+(``dit_sp.models.processor``): no graph break inside attention, and the collectives run as they do eagerly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from dit_sp.cache.blocks import transformer_blocks
+from dit_sp.errors import ConfigError
+
+
+def compile_blocks(transformer: torch.nn.Module, **options: Any) -> Callable[[], None]:
+    """Compile each block of a diffusers video transformer (``torch.compile(block.forward, **options)``;
+    default: inductor, ``dynamic=False``). Call it before ``enable_cache``, so that the cache's hooks wrap
+    the compiled blocks (their decisions are host-side). Inference: compiled sequence-parallel attention
+    has no backward. Returns the undo."""
+    blocks = transformer_blocks(transformer)
+    for block in blocks:
+        if getattr(block, "_diffusers_hook", None) is not None and block._diffusers_hook.hooks:
+            raise ConfigError("compile the transformer blocks before enabling a step cache (the cache's hooks must "
+                              "wrap the compiled blocks, not be compiled into them)")  # fmt: skip
+        if "forward" in block.__dict__:
+            raise ConfigError(f"{type(block).__name__}.forward is already replaced (compiled twice?)")
+    options = {"dynamic": False} | options
+    for block in blocks:
+        block.forward = torch.compile(block.forward, **options)
+
+    def undo() -> None:
+        for block in blocks:
+            block.__dict__.pop("forward", None)
+
+    return undo
