@@ -58,6 +58,13 @@ def main(argv: list[str] | None = None) -> None:
         reports = [generate(config)]
     else:
         reports = spawn(generate, config.world_size, args=(config,), timeout=None)
+    caches = [r["cache"] for r in reports if "cache" in r]
+    if caches:  # every rank of a branch decides alike; the branches may differ
+        run, total = sum(c["blocks_run"] for c in caches), sum(c["blocks"] for c in caches)
+        print(
+            f"cache {caches[0]['cache']} skipped {1 - run / total:.0%} of the transformer block evaluations "
+            f"({total - run} of {total}, all ranks)"
+        )
     if config.prompts is not None:
         leaders = [r for r in reports if "written" in r]
         videos, seconds = sum(len(r["written"]) for r in leaders), max(r["seconds"] for r in reports)

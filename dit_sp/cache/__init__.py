@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from diffusers.hooks.hooks import HookRegistry
 
 from dit_sp.cache import first_block, teacache
 from dit_sp.cache.blocks import cache_context_of, set_cache_context
@@ -69,6 +70,10 @@ def _decision_group(model: torch.nn.Module, family: Any) -> DecisionGroup:
     return DecisionGroup(group, real_tokens)
 
 
+def _forget_hook_locations(model: torch.nn.Module) -> None:
+    HookRegistry.check_if_exists_or_initialize(model).invalidate_child_registries_cache()
+
+
 def enable_cache(obj: Any, cache: str | CacheSpec) -> StepCache:
     """Step caching on a diffusers video transformer, or on each transformer of a pipeline.
 
@@ -104,6 +109,9 @@ def enable_cache(obj: Any, cache: str | CacheSpec) -> StepCache:
                 handle._undo.append(teacache.apply(model, spec, family.teacache_probe, where, handle.stats))
             setattr(model, _CACHE_ATTR, handle)
             handle._undo.append(lambda model=model: delattr(model, _CACHE_ATTR))
+            # diffusers caches where the hooks of a model's tree are; a call made before (or since) left it stale
+            _forget_hook_locations(model)
+            handle._undo.append(lambda model=model: _forget_hook_locations(model))
     except BaseException:
         handle.undo()
         raise

@@ -1,0 +1,51 @@
+"""Worker-side runs of cached and compiled sampling: the public path (load, parallelize, enable_cache,
+compile_blocks, a stock pipeline call) on whatever layout the spawned world gives."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from dit_sp import ParallelConfig, init_parallel, parallelize
+from dit_sp.cache import enable_cache
+from dit_sp.zoo import load_pipeline
+
+
+def _call(pipe, model: str, height: int, steps: int):
+    kwargs = {"true_cfg_scale": 4.0} if "hunyuan" in model else {"guidance_scale": 4.0}
+    return pipe(prompt="a red circle moving left", negative_prompt="", height=height, width=32, num_frames=9,
+                num_inference_steps=steps, generator=torch.Generator().manual_seed(0), max_sequence_length=16,
+                output_type="np", **kwargs).frames[0]  # fmt: skip
+
+
+def cached_runs(model: str, specs: list, layout: dict) -> list[dict]:
+    """Per spec (None: no cache): this rank's frames, and per call the context, whether the blocks ran,
+    and the reduced and local changes the cache decided on. ``layout``: cfg, ring, ulysses, and the run's
+    height, steps and compile."""
+    cfg, ring, ulysses = (layout.get(k, 1) for k in ("cfg", "ring", "ulysses"))
+    height, steps, compile = layout.get("height", 32), layout.get("steps", 10), layout.get("compile", False)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    parallel = init_parallel(ParallelConfig.for_world(world, ring=ring, ulysses=ulysses, cfg=cfg))
+    pipe = load_pipeline(model, torch.float32, parallel.device)
+    pipe.set_progress_bar_config(disable=True)
+    if world > 1:
+        parallelize(pipe, parallel)
+    if compile:
+        from dit_sp.compile import compile_blocks
+
+        compile_blocks(pipe.transformer)
+    results = []
+    for spec in specs:
+        cache = enable_cache(pipe, spec) if spec is not None else None
+        frames = _call(pipe, model, height, steps)
+        records = [] if cache is None else [vars(r) for r in cache.stats.records]
+        results.append({"frames": frames, "records": records,
+                        "saved": None if cache is None else cache.stats.saved_fraction})  # fmt: skip
+        if cache is not None:
+            cache.undo()
+    if compile:
+        from torch._dynamo.utils import counters
+
+        results.append({"graph_breaks": dict(counters["graph_break"]), "graphs": counters["stats"]["unique_graphs"]})
+    return results

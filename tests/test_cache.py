@@ -1,0 +1,155 @@
+"""Step caching and torch.compile under sequence and CFG parallelism: the same steps skipped and the same
+frames as one process, on every layout; compiled blocks without graph breaks in attention."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from cache_checks import cached_runs
+from cli_run import run_cli
+
+from dit_sp import spawn
+from dit_sp.cache import CacheSpec, enable_cache
+from dit_sp.errors import ConfigError
+from dit_sp.zoo import load_pipeline
+
+SPECS = ["first_block:0.1", "teacache:0.3"]
+LAYOUTS = {  # name: (world, cached_runs layout keywords)
+    "1x2": (2, {"ulysses": 2}),
+    "2x1": (2, {"ring": 2}),
+    "2x2": (4, {"ring": 2, "ulysses": 2, "height": 48}),  # 18 tokens over 4 ranks: the last shard padded
+    "cfg2x(1x2)": (4, {"cfg": 2, "ulysses": 2}),
+}
+
+
+def _decisions(records: list[dict]) -> dict[str, list[bool]]:
+    out: dict[str, list[bool]] = {}
+    for r in records:
+        out.setdefault(r["context"], []).append(r["computed"])
+    return out
+
+
+def test_cache_specs_parse_and_bad_ones_say_what_is_wrong():
+    assert CacheSpec.parse("fbc") == CacheSpec("first_block", 0.05)
+    assert CacheSpec.parse("teacache:0.2", [2.0, 0.1]) == CacheSpec("teacache", 0.2, (2.0, 0.1))
+    assert CacheSpec.parse("teacache", thresholds={"teacache": 0.08}).threshold == 0.08
+    for bad, words in [("magic:0.1", "unknown policy"), ("teacache:fast", "not a number"), ("fbc:-1", ">= 0")]:
+        with pytest.raises(ConfigError, match=words):
+            CacheSpec.parse(bad)
+
+
+def test_cache_skips_steps_and_undo_restores_the_uncached_pipeline():
+    pipe = load_pipeline("tiny-wan", torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    settings = {"height": 32, "width": 32, "num_frames": 9, "num_inference_steps": 10, "max_sequence_length": 16}
+    generator = lambda: torch.Generator().manual_seed(0)
+    call = lambda: pipe("a red circle", generator=generator(), output_type="np", **settings).frames[0]
+    plain = call()
+    for spec in SPECS:
+        cache = enable_cache(pipe, spec)
+        with pytest.raises(ConfigError, match="already has a step cache"):
+            enable_cache(pipe, spec)
+        cached = call()
+        stats = cache.stats
+        assert 0.2 <= stats.saved_fraction < 0.9 and stats.blocks == 10 * 2 * len(pipe.transformer.blocks)
+        assert set(_decisions([vars(r) for r in stats.records])) == {"cond", "uncond"}  # a state per branch
+        assert np.abs(cached - plain).max() > 1e-3  # skipping changed the result a little...
+        assert np.abs(cached - plain).mean() < 0.1  # ...not much
+        cache.undo()
+        assert np.array_equal(call(), plain)
+
+
+def _frames_and_decisions(results: list[list[dict]]) -> list[tuple[np.ndarray, dict]]:
+    """Per spec: the frames (from the rank that has them all: every rank here) and the decisions, which
+    must be the same on every rank of a branch."""
+    return [(runs[0]["frames"], _decisions(runs[0]["records"])) for runs in zip(*results)]
+
+
+@pytest.fixture(scope="module")
+def one_process():
+    return {height: spawn(cached_runs, 1, args=("tiny-wan", SPECS, {"height": height}), timeout=300)[0]
+            for height in (32, 48)}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_cached_sampling_on_every_layout_equals_cached_one_process(one_process, layout):
+    world, keywords = LAYOUTS[layout]
+    reports = spawn(cached_runs, world, args=("tiny-wan", SPECS, keywords), timeout=300)
+    reference = one_process[keywords.get("height", 32)]
+    for spec, expected, runs in zip(SPECS, reference, zip(*reports)):
+        decisions = [_decisions(run["records"]) for run in runs]
+        if keywords.get("cfg") == 2:  # each branch decides on its own ranks, exactly as in one process
+            by_branch = {context: d[context] for d in decisions for context in d}
+            assert by_branch == _decisions(expected["records"]), spec
+            assert all(len(d) == 1 for d in decisions)
+        else:
+            assert all(d == _decisions(expected["records"]) for d in decisions), spec
+        assert 0 < runs[0]["saved"] < 1 and not all(all(v) for v in decisions[0].values())
+        for run in runs:
+            assert np.abs(run["frames"] - expected["frames"]).max() <= 1e-4, spec
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["tiny-hunyuanvideo", "tiny-cogvideox"])
+def test_joint_attention_families_cache_the_same_on_two_ranks_and_cfg_pairs(model):
+    """HunyuanVideo (two guidance calls per step) and CogVideoX (one call on the guidance batch, so one
+    decision for both halves: reduced over the cfg pair too)."""
+    specs = ["first_block:0.2", "teacache:0.2"]  # these tiny random models change fast between steps
+    expected = spawn(cached_runs, 1, args=(model, specs, {}), timeout=300)[0]
+    layout = {"cfg": 2} if model == "tiny-cogvideox" else {"ulysses": 2}
+    reports = spawn(cached_runs, 2, args=(model, specs, layout), timeout=300)
+    for spec, reference, runs in zip(specs, expected, zip(*reports)):
+        for run in runs:
+            if model == "tiny-cogvideox":
+                assert _decisions(run["records"]) == _decisions(reference["records"]), spec
+            assert np.abs(run["frames"] - reference["frames"]).max() <= 1e-4, spec
+        assert any(not r["computed"] for r in reference["records"]), f"{spec} skipped nothing: a weak test"
+
+
+@pytest.mark.slow
+def test_ranks_whose_local_metrics_disagree_still_take_the_same_branch():
+    """Thresholds between the two shards' own changes: deciding locally, one rank would skip while the
+    other computes (a deadlock at the next all-to-all). Reduced, both take the one-process branch."""
+    probe = spawn(cached_runs, 2, args=("tiny-wan", ["first_block:0"], {"ulysses": 2}), timeout=300)
+    local = [[r["local_change"] for r in run[0]["records"] if r["change"] is not None] for run in probe]
+    thresholds = sorted({round((a + b) / 2, 6) for a, b in zip(*local) if abs(a - b) > 0.004})[:4]
+    assert thresholds, "the shards' changes never differ: no disagreement to test"
+    specs = [f"first_block:{t}" for t in thresholds]
+    reports = spawn(cached_runs, 2, args=("tiny-wan", specs, {"ulysses": 2}), timeout=300)
+    expected = spawn(cached_runs, 1, args=("tiny-wan", specs, {}), timeout=300)[0]
+    disagreements = 0
+    for spec, threshold, reference, (rank0, rank1) in zip(specs, thresholds, expected, zip(*reports)):
+        for a, b in zip(rank0["records"], rank1["records"]):
+            assert a["computed"] == b["computed"] and a["change"] == pytest.approx(b["change"], abs=1e-12)
+            if a["local_change"] is not None:
+                disagreements += (a["local_change"] > threshold) != (b["local_change"] > threshold)
+        assert _decisions(rank0["records"]) == _decisions(reference["records"]), spec
+    assert disagreements > 0, "no step where the ranks' own metrics fell on different sides of the threshold"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["1x2", "2x1"])
+def test_compiled_blocks_equal_eager_without_graph_breaks_and_with_the_cache(layout):
+    keywords = dict(LAYOUTS[layout][1], steps=4)
+    specs = [None, "teacache:0.3"]
+    eager = spawn(cached_runs, 1, args=("tiny-wan", specs, {"steps": 4}), timeout=300)[0]
+    reports = spawn(cached_runs, 2, args=("tiny-wan", specs, dict(keywords, compile=True)), timeout=600)
+    for report in reports:
+        *runs, compiled = report
+        assert compiled["graph_breaks"] == {} and compiled["graphs"] >= 1
+        for run, reference in zip(runs, eager):
+            assert np.abs(run["frames"] - reference["frames"]).max() <= 1e-5
+            assert _decisions(run["records"]) == _decisions(reference["records"])
+
+
+@pytest.mark.slow
+def test_generate_cli_with_cache_and_compile(tmp_path):
+    out = tmp_path / "v.mp4"
+    result = run_cli("pipelines.generate", ["--cache", "first_block:0.1", "--compile", "--ulysses", "2", "--steps",
+                                            "6", "--out", str(out)], cwd=tmp_path, timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert out.is_file() and "first_block:0.1 skipped" in result.stdout
+    bad = run_cli("pipelines.generate", ["--cache", "magic", "--out", str(out)], cwd=tmp_path)
+    assert bad.returncode == 2 and "unknown policy" in bad.stderr
