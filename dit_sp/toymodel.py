@@ -13,7 +13,7 @@ import copy
 import math
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -180,9 +180,26 @@ def sample_scores(model: str | Path, prompts: list[str], seeds: int, steps: int 
                   frames: int = 9, size: int = 32) -> list[dict[str, bool]]:  # fmt: skip
     """Per sample (seed-major, then prompt): which attributes the generated video shows as asked."""
     pipe = load_pipeline(str(model), torch.float32)
+    return _scores(pipe, Path(model).name, prompts, seeds, steps, guidance, frames, size)
+
+
+def cached_sample_scores(model: str | Path, prompts: list[str], seeds: int, cache: str, steps: int = 20,
+                         guidance: float = 4.0, frames: int = 9, size: int = 32) -> tuple[list, float]:  # fmt: skip
+    """``sample_scores`` with step caching (``dit_sp.cache.enable_cache(pipe, cache)``), and the fraction of
+    transformer block evaluations it skipped."""
+    from dit_sp.cache import enable_cache
+
+    pipe = load_pipeline(str(model), torch.float32)
+    step_cache = enable_cache(pipe, cache)
+    scores = _scores(pipe, f"{Path(model).name} {cache}", prompts, seeds, steps, guidance, frames, size)
+    return scores, step_cache.stats.saved_fraction
+
+
+def _scores(pipe: Any, name: str, prompts: list[str], seeds: int, steps: int, guidance: float, frames: int,
+            size: int) -> list[dict[str, bool]]:  # fmt: skip
     pipe.set_progress_bar_config(disable=True)
     scores = []
-    for seed in tqdm(range(seeds), desc=f"eval {Path(model).name}", leave=False):
+    for seed in tqdm(range(seeds), desc=f"eval {name}", leave=False):
         videos = pipe(prompt=prompts, negative_prompt=[""] * len(prompts), height=size, width=size, num_frames=frames,
                       num_inference_steps=steps, guidance_scale=guidance, max_sequence_length=16,
                       generator=torch.Generator().manual_seed(seed), output_type="pt").frames  # fmt: skip

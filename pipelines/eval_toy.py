@@ -2,11 +2,14 @@
 
     python -m pipelines.eval_toy                                   # the shipped model, held-out prompts
     python -m pipelines.eval_toy --model outputs/grpo_toy/final --baseline toy-wan
+    python -m pipelines.eval_toy --cache teacache:0.1 --baseline toy-wan --seeds 64  # cached vs uncached
 
 Each prompt is sampled with ``--seeds`` seeds (ODE sampling, guidance), and ``dit_sp.toyworld.evaluate``
 reads colour, shape and direction back from the pixels. With ``--baseline``, both models are sampled
 from the same noise and the gain in faithfulness is reported with a 95% confidence interval of the
-paired per-sample differences (``dit_sp.toymodel``).
+paired per-sample differences (``dit_sp.toymodel``). With ``--cache NAME[:THRESHOLD]`` the model samples
+with that step cache (``dit_sp.cache``), and the fraction of transformer block evaluations it skipped
+is reported as ``saved_fraction``.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ import json
 
 from dit_sp import toyworld
 from dit_sp.bundled import asset_path
+from dit_sp.cache import CacheSpec
 from dit_sp.cli import run_main
-from dit_sp.toymodel import paired_gain, sample_scores, summarize
+from dit_sp.toymodel import cached_sample_scores, paired_gain, sample_scores, summarize
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -28,6 +32,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, default=32)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--guidance", type=float, default=4.0)
+    parser.add_argument(
+        "--cache", help="sample the model with this step cache, NAME[:THRESHOLD] (first_block, teacache)"
+    )
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.steps < 1:
         parser.error(f"--seeds and --steps must be at least 1, got {args.seeds} and {args.steps}")
@@ -42,8 +49,13 @@ def main(argv: list[str] | None = None) -> None:
             toyworld.Attributes.parse(prompt)
     except ValueError as e:
         parser.error(f"{args.prompts}: {e}")
-    scores = sample_scores(args.model, prompts, args.seeds, args.steps, args.guidance)
-    result: dict = summarize(scores)
+    saved = None
+    if args.cache:
+        CacheSpec.parse(args.cache)  # a bad name or threshold: one line, before anything loads
+        scores, saved = cached_sample_scores(args.model, prompts, args.seeds, args.cache, args.steps, args.guidance)
+    else:
+        scores = sample_scores(args.model, prompts, args.seeds, args.steps, args.guidance)
+    result: dict = summarize(scores) | ({} if saved is None else {"cache": args.cache, "saved_fraction": saved})
     if args.baseline:
         base = sample_scores(args.baseline, prompts, args.seeds, args.steps, args.guidance)
         result = {"model": result, "baseline": summarize(base)} | paired_gain(scores, base)
