@@ -16,6 +16,8 @@ import torch
 from dit_sp.cache.blocks import transformer_blocks
 from dit_sp.errors import ConfigError
 
+_COMPILED = "_dit_sp_compiled"
+
 
 def compile_blocks(transformer: torch.nn.Module, **options: Any) -> Callable[[], None]:
     """Compile each block of a diffusers video transformer (``torch.compile(block.forward, **options)``;
@@ -27,14 +29,18 @@ def compile_blocks(transformer: torch.nn.Module, **options: Any) -> Callable[[],
         if getattr(block, "_diffusers_hook", None) is not None and block._diffusers_hook.hooks:
             raise ConfigError("compile the transformer blocks before enabling a step cache (the cache's hooks must "
                               "wrap the compiled blocks, not be compiled into them)")  # fmt: skip
-        if "forward" in block.__dict__:
-            raise ConfigError(f"{type(block).__name__}.forward is already replaced (compiled twice?)")
+        if getattr(block, _COMPILED, False):
+            raise ConfigError(f"the blocks of {type(transformer).__name__} are compiled already")
     options = {"dynamic": False} | options
+    before = [block.__dict__.get("forward") for block in blocks]  # e.g. what a removed hook left behind
     for block in blocks:
         block.forward = torch.compile(block.forward, **options)
+        setattr(block, _COMPILED, True)
 
     def undo() -> None:
-        for block in blocks:
-            block.__dict__.pop("forward", None)
+        for block, forward in zip(blocks, before):
+            del block.forward, block._dit_sp_compiled
+            if forward is not None:
+                block.forward = forward
 
     return undo
