@@ -14,7 +14,7 @@ import time
 from dit_sp.bundled import asset_path
 from dit_sp.toymodel import cached_sample_scores, paired_gain, sample_scores, summarize
 
-CACHES = ["first_block:0.05", "first_block:0.1", "first_block:0.2", "teacache:0.1", "teacache:0.2", "teacache:0.4"]
+CACHES = ["first_block:0.08", "first_block:0.12", "first_block:0.2", "teacache:0.1", "teacache:0.2", "teacache:0.3"]
 
 
 def main() -> None:

@@ -6,6 +6,9 @@ The public API::
     from dit_sp import shard_sequence, gather_sequence, usp_attention             # USP in your own model
     from dit_sp import GRPOTrainer, TrainConfig                                   # GRPO fine-tuning
     from dit_sp import GenerateConfig, generate, load_pipeline, spawn             # sampling, models, local workers
+
+Step caching and regional compile: ``dit_sp.cache.enable_cache``, ``dit_sp.compile.compile_blocks`` (or
+``parallelize(..., cache=..., compile=True)``).
 """
 
 from dit_sp.attention import usp_attention

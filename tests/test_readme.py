@@ -127,6 +127,15 @@ def shell_cases(ckpt: Path, tmp: Path) -> dict[str, list[str]]:
             f"--max-steps 1 --set grpo.prompts_per_step=1 --set grpo.steps=2 --eval-every 0 --output-dir {tmp}/g3"
         ],
         "python -m pipelines.eval_toy": ["python -m pipelines.eval_toy --seeds 1 --steps 2"],
+        "python -m pipelines.generate --cache teacache:0.2 --ulysses 2": [
+            f"python -m pipelines.generate --cache teacache:0.2 --ulysses 2 --steps 6 {out}"
+        ],
+        "python -m pipelines.generate --cache first_block --compile --cfg-parallel --ulysses 2": [
+            f"python -m pipelines.generate --cache first_block --compile --cfg-parallel --ulysses 2 --steps 4 {out}"
+        ],
+        "python -m pipelines.eval_toy --cache teacache:0.2 --baseline toy-wan": [
+            "python -m pipelines.eval_toy --cache teacache:0.2 --baseline toy-wan --seeds 1 --steps 4"
+        ],
         "python -m pipelines.train_grpo --config grpo_toy --ulysses 2": [
             f"python -m pipelines.train_grpo --config grpo_toy --ulysses 2 --max-steps 1 {SMALL_GRPO} "
             f"--output-dir {tmp}/grpo_toy"
@@ -147,6 +156,8 @@ def test_every_shell_command_of_the_readme_runs(tiny_wan_dir, tmp_path):
             result = _run(run, cwd=tmp_path)
             if "pipelines.generate" in run:
                 assert "wrote " in result.stdout, result.stdout
+            if "--cache" in run:
+                assert "skipped" in result.stdout or '"saved_fraction"' in result.stdout, result.stdout
             if "pipelines.eval_toy" in run:
                 assert '"faithfulness"' in result.stdout, result.stdout
     rows = (tmp_path / "g2" / "metrics.jsonl").read_text().splitlines()
@@ -180,10 +191,11 @@ ONE_LINE = "parallelize(pipe, parallel)  # the one line"
 USP = "out = usp_attention(q, k, v, parallel, seq_len=S)"
 TRAINER = "trainer = GRPOTrainer(config"
 SPLIT_VAE = "parallelize_vae(vae, parallel)  # decode and encode split over the processes of a sample"
+CACHED = 'handle = parallelize(pipe, parallel, cache="first_block:0.1", compile=True)'
 
 
 def test_every_python_block_has_a_test():
-    markers = (ONE_LINE, USP, TRAINER, SPLIT_VAE)
+    markers = (ONE_LINE, USP, TRAINER, SPLIT_VAE, CACHED)
     for block in blocks("python"):
         assert sum(marker in block for marker in markers) == 1, f"no test runs this README block:\n{block}"
 
@@ -218,6 +230,23 @@ def test_readme_parallel_vae_example_equals_one_process(tiny_wan_dir, tmp_path):
     assert single.shape == (1, 3, 9, 48, 40) and single.std() > 0.01
     for rank in parallel:
         assert (rank["video"] - single).abs().max() <= 1e-4
+
+
+def test_readme_cache_and_compile_example_equals_the_cached_one_process_run(tmp_path):
+    """The README's ``parallelize(..., cache=..., compile=True)`` on Ulysses 2 skips what one process
+    skips (``enable_cache`` there, eager) and gives its frames."""
+    code = python_block(CACHED) + "saved = handle.cache.stats.saved_fraction\n"
+    parallel = spawn(run_snippet, 2, args=(code, str(tmp_path), ("video", "saved")), timeout=600)
+    single = substitute(code, [
+        ("ParallelConfig(ulysses=2)", "ParallelConfig()"),
+        (CACHED, 'from dit_sp.cache import enable_cache\nhandle = enable_cache(pipe, "first_block:0.1")'),
+        ("handle.cache.stats", "handle.stats"),
+    ])  # fmt: skip
+    expected = spawn(run_snippet, 1, args=(single, str(tmp_path), ("video", "saved")), timeout=300)[0]
+    assert 0.1 < expected["saved"] < 0.9
+    for rank in parallel:
+        assert rank["saved"] == expected["saved"]
+        assert abs(rank["video"] - expected["video"]).max() <= 1e-4
 
 
 def test_readme_usp_example_equals_attention_over_the_whole_sequence(tmp_path):

@@ -4,7 +4,8 @@ Per call, the family's probe (``ModelFamily.teacache_probe``: the first block's 
 or the timestep embedding where TeaCache uses that, as for Wan) is compared with the last call's; the
 relative L1 change, reduced over the deciding group, is rescaled by a polynomial and accumulated. While
 the sum stays under the threshold no block runs: the output is the input plus the residual that all the
-blocks added at the last computed step. Built on diffusers' hook registry, so per-branch state follows
+blocks added at the last computed step. The first call runs, and so does the last step where the pipeline's
+cache context gives the step (as TeaCache does). Built on diffusers' hook registry, so per-branch state follows
 the pipeline's ``cache_context("cond" / "uncond")`` exactly as diffusers' own caches do.
 """
 
@@ -110,7 +111,9 @@ class _HeadHook(_BlockHook):
         if state.previous_probe is not None:
             change, local = relative_change(probe, state.previous_probe, self.where, per_token)
             state.accumulated += _polynomial(self.spec.coefficients, change)
-        computed = change is None or state.residuals is None or state.accumulated >= self.spec.threshold
+        context = self.state_manager.context  # the pipeline's step, where it says (Wan): the last always runs
+        last = context.step_index is not None and context.step_index == (context.num_inference_steps or 0) - 1
+        computed = change is None or state.residuals is None or last or state.accumulated >= self.spec.threshold
         if computed:
             state.accumulated = 0.0
         state.previous_probe, state.should_compute = probe, computed
