@@ -62,6 +62,24 @@ def _step_gradients(cfg: TrainConfig, lora_b: float | None) -> dict:
             "rank": trainer.parallel.rank}  # fmt: skip
 
 
+def moved_window_gradients(cfg: TrainConfig, step: int) -> dict:
+    """The gradients of iteration ``step`` (where a sliding window has moved), its window and ratio."""
+    trainer = GRPOTrainer(cfg)
+    data = trainer.collect(step)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    stats = accumulate_gradients(trainer.policy, data.traj, data.cond, data.advantages, cfg.grpo,
+                                 seed_for(cfg.seed, step, 1))  # fmt: skip
+    grads = {name: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone()
+             for name, p in trainer.transformer.named_parameters() if p.grad is not None}  # fmt: skip
+    return {
+        "grads": grads,
+        "window": data.traj.window,
+        "trained": stats["trained_steps"],
+        "ratio": (stats["ratio_min"], stats["ratio_max"]),
+        "log_probs": data.traj.log_probs,
+    }
+
+
 def evaluation(cfg: TrainConfig, video: str) -> dict:
     """The trainer's held-out evaluation: its reward (every rank) and the video rank 0 writes."""
     trainer = GRPOTrainer(cfg)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from dit_sp import spawn
+from dit_sp.errors import ConfigError
 from dit_sp.rl import (
     SDEConfig,
     build_reward,
@@ -20,6 +21,7 @@ from dit_sp.rl import (
     sde_step,
     shifted_sigmas,
 )
+from dit_sp.rl.grpo import GRPOConfig, SlidingWindow, sde_window_at, trained_steps
 
 
 def _velocity(x: torch.Tensor, s: float) -> torch.Tensor:
@@ -94,6 +96,20 @@ def test_sde_window_is_stochastic_only_inside():
             assert torch.equal(step.log_prob, traj.log_probs[t])
     assert not torch.allclose(runs[0].latents[3], runs[1].latents[3])  # the window's noise
     assert not torch.allclose(runs[0].final, runs[1].final)
+
+
+def test_sliding_window_moves_over_the_training_and_bad_ones_are_clear():
+    config = GRPOConfig(steps=6, sliding_window=SlidingWindow(size=2, every=3, stride=2))
+    assert [sde_window_at(config, step) for step in (0, 2, 3, 5, 6, 9, 100)] == [
+        (0, 2), (0, 2), (2, 4), (2, 4), (4, 6), (4, 6), (4, 6)]  # fmt: skip
+    assert sde_window_at(GRPOConfig(sde_window=(1, 3)), 7) == (1, 3) and sde_window_at(GRPOConfig(), 7) is None
+    assert trained_steps(config, 0, window=(2, 4)) == [2, 3]
+    with pytest.raises(ConfigError, match="exclude each other"):
+        GRPOConfig(sde_window=(0, 2), sliding_window=SlidingWindow())
+    with pytest.raises(ConfigError, match="more than steps"):
+        GRPOConfig(steps=2, sliding_window=SlidingWindow(size=3))
+    with pytest.raises(ConfigError, match=">= 1"):
+        SlidingWindow(every=0)
 
 
 def test_bad_steps_and_configs_are_clear_errors():

@@ -10,7 +10,7 @@ import pytest
 import torch
 from cli_run import kill_after, run_python
 from compare import assert_all_close, max_errors
-from grpo_checks import evaluation, step_gradients, tiny_config
+from grpo_checks import evaluation, moved_window_gradients, step_gradients, tiny_config
 
 from dit_sp import spawn
 from dit_sp.bundled import ASSET_DIR
@@ -48,6 +48,22 @@ def test_sequence_parallel_step_equals_single_process(single, world, ring, ulyss
     for result in results:  # every rank holds the same rewards and, after FSDP, the same full gradient
         torch.testing.assert_close(result["rewards"], single["rewards"], atol=1e-6, rtol=0)
         _assert_grads_equal(result["grads"], single["grads"], f"rank {result['rank']}")
+
+
+def test_sliding_window_step_equals_single_process_on_1x2_and_2x1():
+    """MixGRPO's sliding window at iteration 3 (moved to steps [1, 3) of 4): stochastic and trained only
+    there, exactly on-policy, and the same gradients on every layout."""
+    window = {"grpo.sliding_window": {"size": 2, "every": 2, "stride": 1}, "steps": 4}
+    single = spawn(moved_window_gradients, 1, args=(tiny_config(**window), 3), timeout=300)[0]
+    assert single["window"] == (1, 3) and single["trained"] == 2 and single["ratio"] == (1.0, 1.0)
+    log_probs = single["log_probs"]
+    assert (log_probs[[0, 3]] == 0).all() and (log_probs[1:3] != 0).all()
+    for ring, ulysses in ((1, 2), (2, 1)):
+        results = spawn(moved_window_gradients, 2, args=(tiny_config(ring=ring, ulysses=ulysses, **window), 3),
+                        timeout=300)  # fmt: skip
+        for result in results:
+            assert result["window"] == (1, 3) and result["ratio"] == (1.0, 1.0)
+            _assert_grads_equal(result["grads"], single["grads"], f"{ring}x{ulysses} rank")
 
 
 @pytest.mark.parametrize("layout", [{"ulysses": 2}, {"dp": 2}], ids=["1x2", "dp2"])

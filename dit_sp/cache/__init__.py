@@ -102,7 +102,7 @@ def enable_cache(obj: Any, cache: str | CacheSpec) -> StepCache:
             family = family_of(model)
             where = _decision_group(model, family)
             if spec.policy == "first_block":
-                handle._undo.append(first_block.apply(model, spec.threshold, where, handle.stats))
+                handle._undo.append(first_block.apply(model, spec.threshold, spec.warmup, where, handle.stats))
             else:
                 if family.teacache_probe is None:
                     raise ConfigError(f"teacache: no probe for the {family.name} family; use the first_block cache")

@@ -15,7 +15,7 @@ from dit_sp.cache.blocks import remove_hook, transformer_blocks
 from dit_sp.cache.decide import CacheStats, DecisionGroup, StepRecord, relative_change
 
 
-def apply(model: torch.nn.Module, threshold: float, where: DecisionGroup, stats: CacheStats):
+def apply(model: torch.nn.Module, threshold: float, warmup: int, where: DecisionGroup, stats: CacheStats):
     """Returns the undo."""
     blocks = transformer_blocks(model)
     apply_first_block_cache(model, FirstBlockCacheConfig(threshold=threshold))
@@ -24,10 +24,11 @@ def apply(model: torch.nn.Module, threshold: float, where: DecisionGroup, stats:
     def should_compute(residual: torch.Tensor) -> bool:
         state = head.state_manager.get_state()
         previous = state.head_block_residual
+        state.calls = calls = getattr(state, "calls", 0) + 1  # this context's calls (a fresh state per run)
         change = local = None
         if previous is not None:
             change, local = relative_change(residual, previous, where, per_token=True)
-        computed = change is None or change > threshold
+        computed = change is None or change > threshold or calls <= warmup
         stats.records.append(StepRecord(head.state_manager.context.name, computed,
                                         len(blocks) if computed else 1, len(blocks), change, local))  # fmt: skip
         return computed

@@ -28,23 +28,29 @@ class CacheSpec:
     policy: Policy
     threshold: float
     coefficients: tuple[float, ...] = (1.0, 0.0)
+    warmup: int = 0
+    """The first calls of each context (guidance branch) that always run: the early steps lay down the
+    layout of the video, where a skip costs the most."""
 
     def __post_init__(self) -> None:
         if self.policy not in DEFAULT_THRESHOLDS:
             raise ConfigError(f"unknown cache policy {self.policy!r}; expected one of {sorted(DEFAULT_THRESHOLDS)}")
         if not self.threshold >= 0:
             raise ConfigError(f"cache threshold must be >= 0, got {self.threshold}")
+        if self.warmup < 0:
+            raise ConfigError(f"cache warmup must be >= 0 steps, got {self.warmup}")
         if not self.coefficients:
             raise ConfigError("teacache coefficients: give at least one polynomial coefficient")
 
     @classmethod
     def parse(cls, text: str | CacheSpec, coefficients: tuple[float, ...] | list[float] | None = None,
               thresholds: dict[str, float] | None = None) -> CacheSpec:  # fmt: skip
-        """``NAME`` or ``NAME:THRESHOLD`` (``first_block``/``fbc``, ``teacache``); a missing threshold comes
-        from ``thresholds`` (a model config's), then ``DEFAULT_THRESHOLDS``."""
+        """``NAME``, ``NAME:THRESHOLD`` or ``NAME:THRESHOLD:WARMUP`` (``first_block``/``fbc``, ``teacache``); a
+        missing threshold comes from ``thresholds`` (a model config's), then ``DEFAULT_THRESHOLDS``."""
         if isinstance(text, CacheSpec):
             return text
         name, _, value = text.strip().partition(":")
+        value, _, warmup = value.partition(":")
         policy = _ALIASES.get(name.lower(), name.lower())
         if policy not in DEFAULT_THRESHOLDS:
             raise ConfigError(f"--cache {text!r}: unknown policy {name!r}; expected NAME[:THRESHOLD] with NAME one of "
@@ -56,7 +62,10 @@ class CacheSpec:
                 raise ConfigError(f"--cache {text!r}: the threshold {value!r} is not a number") from None
         else:
             threshold = (thresholds or {}).get(policy, DEFAULT_THRESHOLDS[policy])
-        return cls(policy, threshold, tuple(coefficients) if coefficients else (1.0, 0.0))  # type: ignore[arg-type]
+        if warmup and not warmup.isdigit():
+            raise ConfigError(f"--cache {text!r}: the warm-up {warmup!r} is not a whole number of steps")
+        return cls(policy, threshold, tuple(coefficients) if coefficients else (1.0, 0.0),  # type: ignore[arg-type]
+                   int(warmup or 0))  # fmt: skip
 
     def __str__(self) -> str:
-        return f"{self.policy}:{self.threshold:g}"
+        return f"{self.policy}:{self.threshold:g}" + (f":{self.warmup}" if self.warmup else "")

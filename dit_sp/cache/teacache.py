@@ -29,6 +29,7 @@ class _State(BaseState):
         super().__init__()
         self.previous_probe: torch.Tensor | None = None
         self.accumulated = 0.0
+        self.calls = 0
         self.should_compute = True
         self.head_inputs: tuple[torch.Tensor, torch.Tensor | None] | None = None
         self.residuals: tuple[torch.Tensor, torch.Tensor | None] | None = None
@@ -105,6 +106,7 @@ class _HeadHook(_BlockHook):
 
     def new_forward(self, module, *args, **kwargs):
         state = self.state_manager.get_state()
+        state.calls += 1
         probe, per_token = self.probe(module, self.meta, args, kwargs)
         probe = probe.detach()
         change = local = None
@@ -113,7 +115,8 @@ class _HeadHook(_BlockHook):
             state.accumulated += _polynomial(self.spec.coefficients, change)
         context = self.state_manager.context  # the pipeline's step, where it says (Wan): the last always runs
         last = context.step_index is not None and context.step_index == (context.num_inference_steps or 0) - 1
-        computed = change is None or state.residuals is None or last or state.accumulated >= self.spec.threshold
+        computed = (change is None or state.residuals is None or last or state.calls <= self.spec.warmup
+                    or state.accumulated >= self.spec.threshold)  # fmt: skip
         if computed:
             state.accumulated = 0.0
         state.previous_probe, state.should_compute = probe, computed

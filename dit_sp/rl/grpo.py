@@ -49,6 +49,23 @@ class Policy(Protocol):
 
 
 @dataclass(frozen=True)
+class SlidingWindow:
+    """MixGRPO's sliding SDE window: ``size`` stochastic (and trained) steps, starting at step 0 and moved
+    ``stride`` steps later every ``every`` iterations, until it holds the last steps. Early in training the
+    high-noise steps (where the layout forms) are optimised, later the detail; the steps outside it are ODE
+    steps, which cost no training."""
+
+    size: int = 2
+    every: int = 10
+    stride: int = 1
+
+    def __post_init__(self) -> None:
+        if self.size < 1 or self.every < 1 or self.stride < 1:
+            raise ConfigError(f"sliding_window: size, every and stride must be >= 1, got {self.size}, {self.every}, "
+                              f"{self.stride}")  # fmt: skip
+
+
+@dataclass(frozen=True)
 class GRPOConfig:
     steps: int = 8
     """Denoising steps of a rollout."""
@@ -66,6 +83,8 @@ class GRPOConfig:
     """Steps ``[start, end)``: the only stochastic steps of a rollout (the others are ODE steps), and the
     only trained ones, instead of a random fraction of an all-SDE rollout. With the same initial noise per
     group, the reward differences within a group then come from the window's noise alone."""
+    sliding_window: SlidingWindow | None = None
+    """An SDE window that moves over the training (``SlidingWindow``), instead of the fixed ``sde_window``."""
     clip_range: float = 1e-3
     """PPO clip range of the ratio (1e-4 in DanceGRPO; 1e-3 for Wan)."""
     kl_coef: float = 0.0
@@ -97,8 +116,23 @@ class GRPOConfig:
             raise ConfigError(f"train_fraction must be in (0, 1], got {self.train_fraction}")
         if self.sde_window is not None and not 0 <= self.sde_window[0] < self.sde_window[1] <= self.steps:
             raise ConfigError(f"sde_window {self.sde_window} must satisfy 0 <= start < end <= steps={self.steps}")
+        if self.sliding_window is not None:
+            if self.sde_window is not None:
+                raise ConfigError("sde_window (fixed) and sliding_window (moving) exclude each other: give one")
+            if self.sliding_window.size > self.steps:
+                raise ConfigError(f"sliding_window size {self.sliding_window.size} is more than steps={self.steps}")
         if self.sde.kind == "ode":
             raise ConfigError("GRPO needs a stochastic sampler: sde.kind 'dance' or 'flow'")
+
+
+def sde_window_at(config: GRPOConfig, step: int) -> tuple[int, int] | None:
+    """The SDE window of iteration ``step``: the fixed ``sde_window``, the sliding window's place, or None
+    (every step stochastic)."""
+    window = config.sliding_window
+    if window is None:
+        return config.sde_window
+    start = min(step // window.every * window.stride, config.steps - window.size)
+    return (start, start + window.size)
 
 
 @dataclass
@@ -111,6 +145,8 @@ class Batch:
     noise_seeds: list[int]
     images: list[str] | None = None
     """Each sample's conditioning image (image-to-video), or None."""
+    window: tuple[int, int] | None = None
+    """The iteration's SDE window (``sde_window_at``)."""
 
 
 def seed_for(*parts: int) -> int:
@@ -149,6 +185,7 @@ def make_batch(prompts: list[str], step: int, seed: int, config: GRPOConfig, par
         sample_seeds=[seed_for(seed, step, pid, k) for pid, k in mine],
         noise_seeds=[seed_for(seed, step, pid, 0 if config.same_noise_per_group else k) for pid, k in mine],
         images=[images[pid] for pid, _ in mine] if images is not None and any(images) else None,
+        window=sde_window_at(config, step),
     )
 
 
@@ -160,13 +197,15 @@ def _per_sample_noise(seeds: list[int], shape: tuple[int, ...], device, leading:
     return torch.stack(out, dim=1 if leading else 0).to(device)
 
 
-def trained_steps(config: GRPOConfig, step_seed: int, eligible: list[int] | None = None) -> list[int]:
-    """The steps whose transitions train this iteration: the SDE window's, or a random ``train_fraction`` of
-    them; of the ``eligible`` steps only (those whose model is trained: not a frozen expert's)."""
-    candidates = list(range(*config.sde_window) if config.sde_window is not None else range(config.steps))
+def trained_steps(config: GRPOConfig, step_seed: int, eligible: list[int] | None = None,
+                  window: tuple[int, int] | None = None) -> list[int]:  # fmt: skip
+    """The steps whose transitions train this iteration: the SDE ``window``'s (the trajectory's), or a
+    random ``train_fraction`` of all; of the ``eligible`` steps only (those whose model is trained: not a
+    frozen expert's)."""
+    candidates = list(range(*window) if window is not None else range(config.steps))
     if eligible is not None:
         candidates = [t for t in candidates if t in eligible]
-    if config.sde_window is not None or not candidates:
+    if window is not None or not candidates:
         return candidates
     count = max(1, round(config.train_fraction * len(candidates)))
     return sorted(random.Random(step_seed).sample(candidates, count))
@@ -193,7 +232,7 @@ def rollout(policy: Policy, batch: Batch, config: GRPOConfig, parallel: Parallel
     sigmas = shifted_sigmas(config.steps, config.shift)
     init = _per_sample_noise(batch.noise_seeds, shape, parallel.device)
     step_noise = _per_sample_noise(batch.sample_seeds, shape, parallel.device, leading=config.steps)
-    window = range(*config.sde_window) if config.sde_window else None
+    window = range(*batch.window) if batch.window else None
     parts = []
     with torch.no_grad():
         for part in micro_batches(len(batch.prompts), config):
@@ -233,7 +272,8 @@ def accumulate_gradients(
     policy: Policy, traj: Trajectory, cond: Any, advantages: Tensor, config: GRPOConfig, step_seed: int
 ) -> dict[str, float]:
     """Backward of the GRPO loss, averaged over the trained steps (gradients accumulate in ``.grad``)."""
-    steps = trained_steps(config, step_seed, [t for t in range(config.steps) if policy.trains(traj.sigmas[t])])
+    eligible = [t for t in range(config.steps) if policy.trains(traj.sigmas[t])]
+    steps = trained_steps(config, step_seed, eligible, traj.window)
     totals: dict[str, float] = {}
     adv = advantages.to(traj.latents.device)
     size = adv.shape[0]

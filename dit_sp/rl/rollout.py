@@ -22,6 +22,8 @@ class Trajectory:
     latents: Tensor
     log_probs: Tensor
     sigmas: list[float]
+    window: tuple[int, int] | None = None
+    """The steps ``[start, end)`` that were stochastic (an SDE window), or None: all of them."""
 
     @property
     def final(self) -> Tensor:
@@ -29,7 +31,7 @@ class Trajectory:
 
     def select(self, index: slice) -> Trajectory:
         """The samples ``index`` of every step (views, no copy)."""
-        return Trajectory(self.latents[:, index], self.log_probs[:, index], self.sigmas)
+        return Trajectory(self.latents[:, index], self.log_probs[:, index], self.sigmas, self.window)
 
     @staticmethod
     def concat(parts: list[Trajectory]) -> Trajectory:
@@ -37,7 +39,7 @@ class Trajectory:
         if len(parts) == 1:
             return parts[0]
         return Trajectory(torch.cat([p.latents for p in parts], 1), torch.cat([p.log_probs for p in parts], 1),
-                          parts[0].sigmas)  # fmt: skip
+                          parts[0].sigmas, parts[0].window)  # fmt: skip
 
     def transition(self, t: int, v: Tensor, sde: SDEConfig) -> Transition:
         """The recorded step ``t`` under velocity ``v`` (the current or the reference model's): its
@@ -75,4 +77,5 @@ def sample_trajectory(
                         noise=None if step_noise is None else step_noise[t], generator=generator)  # fmt: skip
         latents.append(step.x_next.float())
         log_probs.append(step.log_prob if step.log_prob is not None else torch.zeros(x.shape[0], device=x.device))
-    return Trajectory(torch.stack(latents), torch.stack(log_probs), list(sigmas))
+    window = None if sde_steps is None else (sde_steps.start, sde_steps.stop)
+    return Trajectory(torch.stack(latents), torch.stack(log_probs), list(sigmas), window)

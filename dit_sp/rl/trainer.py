@@ -42,6 +42,7 @@ from dit_sp.rl.grpo import (
     make_batch,
     rewards_of,
     rollout,
+    sde_window_at,
     seed_for,
     train_on_rollout,
     trained_steps,
@@ -272,7 +273,8 @@ class GRPOTrainer:
                 f"{config.model} is a text-to-video model ({type(self.pipe).__name__}): its prompts take no image"
             )  # fmt: skip
         sigmas = shifted_sigmas(config.grpo.steps, config.grpo.shift)
-        if not trained_steps(config.grpo, 0, [t for t in range(config.grpo.steps) if self.policy.trains(sigmas[t])]):
+        eligible = [t for t in range(config.grpo.steps) if self.policy.trains(sigmas[t])]
+        if not trained_steps(config.grpo, 0, eligible, sde_window_at(config.grpo, 0)):
             raise ConfigError(f"experts {self.trained} run at none of the trained steps (grpo.steps, grpo.shift, "
                               "grpo.sde_window): train another expert or move the steps")  # fmt: skip
         self._encode_prompts(missing, free_encoders=source is not None)
