@@ -12,6 +12,7 @@ import argparse
 import time
 
 from dit_sp.bundled import asset_path
+from dit_sp.cache import CacheSpec
 from dit_sp.toymodel import cached_sample_scores, paired_gain, sample_scores, summarize
 
 CACHES = ["first_block:0.08", "first_block:0.12", "first_block:0.2", "teacache:0.1", "teacache:0.2", "teacache:0.3"]
@@ -23,6 +24,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=64)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--caches", nargs="+", default=CACHES)
+    parser.add_argument("--coefficients", type=float, nargs="+", help="TeaCache's polynomial, highest power first")
     args = parser.parse_args()
     prompts = [p.strip() for p in asset_path("toy_prompts_heldout.txt").read_text().splitlines() if p.strip()]
     start = time.perf_counter()
@@ -34,6 +36,7 @@ def main() -> None:
     print("| cache | blocks skipped | faithfulness | change vs uncached (95% CI), points | wall vs uncached |")
     print("|---|---|---|---|---|")
     for cache in args.caches:
+        cache = CacheSpec.parse(cache, args.coefficients if cache.startswith("tea") else None)
         start = time.perf_counter()
         scores, saved = cached_sample_scores(args.model, prompts, args.seeds, cache, args.steps)
         seconds = time.perf_counter() - start

@@ -183,7 +183,7 @@ def sample_scores(model: str | Path, prompts: list[str], seeds: int, steps: int 
     return _scores(pipe, Path(model).name, prompts, seeds, steps, guidance, frames, size)
 
 
-def cached_sample_scores(model: str | Path, prompts: list[str], seeds: int, cache: str, steps: int = 20,
+def cached_sample_scores(model: str | Path, prompts: list[str], seeds: int, cache: Any, steps: int = 20,
                          guidance: float = 4.0, frames: int = 9, size: int = 32) -> tuple[list, float]:  # fmt: skip
     """``sample_scores`` with step caching (``dit_sp.cache.enable_cache(pipe, cache)``), and the fraction of
     transformer block evaluations it skipped."""

@@ -21,6 +21,7 @@ from dit_sp.rl import (
     sde_step,
     shifted_sigmas,
 )
+from dit_sp.rl.advantages import PromptStats
 from dit_sp.rl.grpo import GRPOConfig, SlidingWindow, sde_window_at, trained_steps
 
 
@@ -135,6 +136,23 @@ def test_group_advantages():
     torch.testing.assert_close(
         glob[:2], torch.tensor([-1.0, 1.0]) / torch.tensor([1.0, 3.0, 10.0, 20.0]).std(unbiased=False)
     )
+
+
+def test_per_prompt_statistics_track_past_iterations_and_restore():
+    stats = PromptStats(history=1)
+    first = stats.advantages(torch.tensor([1.0, 3.0, 0.0, 2.0]), torch.tensor([0, 0, 1, 1]), eps=0.0)
+    assert torch.equal(first, group_advantages(torch.tensor([1.0, 3.0, 0.0, 2.0]), torch.tensor([0, 0, 1, 1]), eps=0.0))
+    second = stats.advantages(torch.tensor([5.0, float("nan"), 7.0]), torch.tensor([0, 0, 0]), eps=0.0)
+    tracked = torch.tensor([1.0, 3.0, 5.0, 7.0])  # last iteration's and this one's valid rewards of prompt 0
+    expected = (torch.tensor([5.0, 7.0]) - tracked.mean()) / tracked.std(unbiased=False)
+    torch.testing.assert_close(second[[0, 2]], expected)
+    assert torch.isnan(second[1])
+    stats.advantages(torch.tensor([4.0]), torch.tensor([0]), eps=0.0)
+    assert stats.rewards[0] == [[5.0, 7.0], [4.0]]  # history 1: the oldest iteration dropped
+    restored = PromptStats(history=5)
+    restored.load_state_dict(stats.state_dict())
+    again = [s.advantages(torch.tensor([2.0, 6.0]), torch.tensor([1, 1]), eps=0.0) for s in (stats, restored)]
+    assert torch.equal(again[0], again[1]) and restored.history == 1
 
 
 def _dp_advantages() -> list[float]:

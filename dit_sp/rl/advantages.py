@@ -56,3 +56,62 @@ def group_advantages(
             advantages[mine] = (rewards[mine] - group_rewards.mean()) / (scale + eps)
     advantages[torch.isnan(rewards)] = float("nan")
     return advantages.clamp(-clip, clip).float()
+
+
+class PromptStats:
+    """Flow-GRPO's per-prompt reward statistics: a prompt's advantage is measured against its rewards of the
+    last ``history`` iterations it was drawn in as well as this one's, so a small group's mean and spread
+    are less noisy. Every rank holds the same statistics (they are updated from rewards gathered over the
+    data-parallel group); ``state_dict`` goes into checkpoints, so a resumed run continues them exactly."""
+
+    def __init__(self, history: int):
+        if history < 1:
+            raise ValueError(f"history must be >= 1 iteration, got {history}")
+        self.history = history
+        self.rewards: dict[int, list[list[float]]] = {}
+        """Per prompt id, its valid rewards of each iteration it was drawn in, oldest first."""
+
+    def advantages(
+        self,
+        rewards: Tensor,
+        prompt_ids: Tensor,
+        *,
+        group: dist.ProcessGroup | None = None,
+        std: Literal["group", "global"] = "group",
+        eps: float = 1e-4,
+        clip: float = 5.0,
+    ) -> Tensor:
+        """As ``group_advantages``, with each prompt's mean and std over its tracked rewards (this
+        iteration's included: they are recorded first)."""
+        rewards = rewards.double()
+        all_rewards = gather_across(rewards, group).cpu()
+        all_ids = gather_across(prompt_ids.long().to(rewards.device), group).cpu()
+        valid = ~torch.isnan(all_rewards)
+        for pid in all_ids.unique().tolist():
+            kept = self.rewards.setdefault(pid, [])
+            kept.append(all_rewards[(all_ids == pid) & valid].tolist())
+            del kept[: -(self.history + 1)]  # the past `history` iterations, and this one
+        global_std = all_rewards[valid].std(unbiased=False) if valid.any() else torch.tensor(0.0, dtype=torch.float64)
+        advantages = torch.zeros_like(rewards)
+        for pid in prompt_ids.unique().tolist():
+            tracked = torch.tensor([r for rows in self.rewards[pid] for r in rows], dtype=torch.float64)
+            mine = (prompt_ids == pid) & ~torch.isnan(rewards)
+            if not len(tracked):
+                continue
+            scale = tracked.std(unbiased=False) if std == "group" else global_std
+            if scale + eps > 0:
+                advantages[mine] = (rewards[mine] - tracked.mean().to(rewards.device)) / (
+                    scale.to(rewards.device) + eps
+                )
+        advantages[torch.isnan(rewards)] = float("nan")
+        return advantages.clamp(-clip, clip).float()
+
+    def state_dict(self) -> dict:
+        return {
+            "history": self.history,
+            "rewards": {pid: [list(r) for r in rows] for pid, rows in self.rewards.items()},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.history = state["history"]
+        self.rewards = {int(pid): [list(r) for r in rows] for pid, rows in state["rewards"].items()}

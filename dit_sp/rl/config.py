@@ -111,6 +111,9 @@ class TrainConfig:
     """Which transformers of a two-expert model train (Wan 2.2 A14B: ``transformer`` for the high noise
     levels, ``transformer_2`` for the low ones); default all. The others stay frozen, but still run in the
     rollouts wherever the stock pipeline would run them."""
+    ema_decay: float = 0.0
+    """Keep an exponential moving average of the trained weights (e.g. 0.99; 0: off), used for evaluation and
+    export, and checkpointed with the run."""
     parallel_vae: bool = True
     """Decode the rollouts with each frame's rows split over a sample's SP ranks (``dit_sp.parallelize_vae``),
     the frames assembled on the first, where the rewards are computed; off, the first rank decodes alone."""
@@ -128,6 +131,8 @@ class TrainConfig:
         for name in ("max_steps", "checkpoint_every", "eval_every", "max_skipped_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.ema_decay < 1:
+            raise ValueError(f"ema_decay must be in [0, 1) (0: no EMA), got {self.ema_decay}")
         if self.dp is not None and self.dp < 1:
             raise ValueError(f"dp must be >= 1, got {self.dp}")
 

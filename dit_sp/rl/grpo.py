@@ -96,6 +96,9 @@ class GRPOConfig:
     adv_std: Literal["group", "global"] = "group"
     """Advantage scale: each prompt group's reward std, or the std over all samples of the iteration."""
     adv_clip: float = 5.0
+    stat_tracking: int = 0
+    """Per-prompt reward statistics (Flow-GRPO): a prompt's advantages use its rewards of this many past
+    iterations it was drawn in, and this one's (``PromptStats``); 0: this iteration's group only."""
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.group_size < 1 or self.prompts_per_step < 1:
@@ -110,6 +113,8 @@ class GRPOConfig:
             )
         if self.micro_batch is not None and self.micro_batch < 1:
             raise ConfigError(f"micro_batch must be >= 1 (or null: the whole batch), got {self.micro_batch}")
+        if self.stat_tracking < 0:
+            raise ConfigError(f"stat_tracking must be >= 0 iterations (0: off), got {self.stat_tracking}")
         if self.adv_std not in ("group", "global"):
             raise ConfigError(f"adv_std must be 'group' or 'global', got {self.adv_std!r}")
         if not 0 < self.train_fraction <= 1:

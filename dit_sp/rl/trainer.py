@@ -15,6 +15,7 @@ appends one JSON line to ``OUTPUT_DIR/metrics.jsonl`` and TensorBoard scalars an
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import inspect
 import json
@@ -33,7 +34,7 @@ from dit_sp.errors import ConfigError, MissingFileError
 from dit_sp.models import DiffusersPolicy, policy_for, supported_vaes, vae_plan_of
 from dit_sp.parallel import ParallelConfig, ParallelState, check_ranks_agree, free_port, init_parallel
 from dit_sp.parallelizer import parallelize, parallelize_vae
-from dit_sp.rl.advantages import gather_across, group_advantages
+from dit_sp.rl.advantages import PromptStats, gather_across, group_advantages
 from dit_sp.rl.config import TrainConfig
 from dit_sp.rl.embeddings import TEXT_ENCODERS, PromptEmbeddings, model_identity
 from dit_sp.rl.grpo import (
@@ -53,6 +54,7 @@ from dit_sp.rl.rollout import Trajectory, sample_trajectory
 from dit_sp.rl.schedule import shifted_sigmas
 from dit_sp.rl.sde import SDEConfig
 from dit_sp.train import checkpoint, shard_model
+from dit_sp.train.ema import EMA
 from dit_sp.train.fsdp import copy_sharded
 from dit_sp.train.lora import AdaptersDisabled, add_lora, merge_lora
 from dit_sp.video import save_video
@@ -289,13 +291,17 @@ class GRPOTrainer:
         warmup = max(1, config.optim.warmup_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
 
+        self.ema = EMA(self.transformer, config.ema_decay) if config.ema_decay else None
+        """The moving average of the trained weights (``ema_decay``), used by ``evaluate`` and ``export``."""
+        self.prompt_stats = PromptStats(config.grpo.stat_tracking) if config.grpo.stat_tracking else None
+        """Per-prompt reward statistics across iterations (``grpo.stat_tracking``), or None."""
         self.step_index = 0
         """Iterations done (the next ``step()`` runs iteration ``step_index``)."""
         self.skipped_steps = 0
         """Updates skipped for a non-finite loss or gradient norm, over the whole run."""
         self._skipped_in_a_row = 0
         if config.resume:
-            found = checkpoint.load_latest(self.checkpoint_dir, self.transformer, self.optimizer)
+            found = checkpoint.load_latest(self.checkpoint_dir, self.transformer, self.optimizer, self._tensor_states())
             if found is None:
                 raise ConfigError(f"resume: {self.checkpoint_dir} holds no complete checkpoint; start a new run "
                                   "without resume")  # fmt: skip
@@ -303,6 +309,11 @@ class GRPOTrainer:
             self.scheduler.load_state_dict(extra["scheduler"])
             self.step_index = extra["step"]
             self.skipped_steps = extra.get("skipped_steps", 0)
+            if self.prompt_stats is not None:
+                if "prompt_stats" not in extra:
+                    raise ConfigError("resume: grpo.stat_tracking is on, but the checkpoint holds no per-prompt "
+                                      "statistics (the run was started without it)")  # fmt: skip
+                self.prompt_stats.load_state_dict(extra["prompt_stats"])
         if self.parallel.world_size > 1:
             dist.barrier()  # the leader's clearing of an overwritten run is done before anyone writes
         if self.is_leader:
@@ -384,8 +395,12 @@ class GRPOTrainer:
         rewards, parts, _ = rewards_of(self.policy, traj, batch, self.reward, parallel, grpo,
                                        split_decode=self._split_decode, cond=cond)  # fmt: skip
         seconds = {"sample": sampled - began, "reward": time.perf_counter() - sampled}
-        advantages = group_advantages(rewards, batch.prompt_ids, group=parallel.dp_group, std=grpo.adv_std,
-                                      clip=grpo.adv_clip)  # fmt: skip
+        if self.prompt_stats is not None:
+            advantages = self.prompt_stats.advantages(rewards, batch.prompt_ids, group=parallel.dp_group,
+                                                      std=grpo.adv_std, clip=grpo.adv_clip)  # fmt: skip
+        else:
+            advantages = group_advantages(rewards, batch.prompt_ids, group=parallel.dp_group, std=grpo.adv_std,
+                                          clip=grpo.adv_clip)  # fmt: skip
         self.transformer.train()
         return Rollout(batch, traj, cond, rewards, parts, advantages, seconds)
 
@@ -399,6 +414,8 @@ class GRPOTrainer:
                                  config.grpo, seed_for(config.seed, step, 1), config.optim.max_grad_norm)  # fmt: skip
         self.scheduler.step()
         skipped = bool(stats.pop("skipped"))
+        if self.ema is not None and not skipped:
+            self.ema.update()
         self.skipped_steps += skipped
         self._skipped_in_a_row = self._skipped_in_a_row + 1 if skipped else 0
         data.seconds["train"] = time.perf_counter() - trained
@@ -437,7 +454,18 @@ class GRPOTrainer:
     def save_checkpoint(self) -> Path:
         """Model, optimizer, LR schedule and RNG states at ``step_index`` (atomic; collective)."""
         extra = {"step": self.step_index, "scheduler": self.scheduler.state_dict(), "skipped_steps": self.skipped_steps}
-        return checkpoint.save(self.checkpoint_dir, self.step_index, self.transformer, self.optimizer, extra)
+        if self.prompt_stats is not None:
+            extra["prompt_stats"] = self.prompt_stats.state_dict()
+        return checkpoint.save(self.checkpoint_dir, self.step_index, self.transformer, self.optimizer, extra,
+                               tensors=self._tensor_states())  # fmt: skip
+
+    def _tensor_states(self) -> dict[str, dict[str, Tensor]] | None:
+        """What checkpoints hold beside the model and optimizer, sharded like them (the EMA)."""
+        return {"ema": self.ema.state_dict()} if self.ema is not None else None
+
+    def _averaged(self):
+        """The weights evaluation and export use: the EMA's inside the block when there is one."""
+        return self.ema.swapped() if self.ema is not None else contextlib.nullcontext()
 
     def _metrics_row(self, step: int, stats: dict, data: Rollout, seconds: float) -> dict[str, Any]:
         """Rewards over every data-parallel rank, loss statistics, learning rate and time of one step."""
@@ -492,8 +520,10 @@ class GRPOTrainer:
         generator = torch.Generator().manual_seed(config.seed)
         noise = torch.randn((len(prompts), *policy.latent_shape()), generator=generator)
         self.transformer.eval()
-        traj = sample_trajectory(lambda x, s: policy.velocity(x, s, cond), noise.to(parallel.device),
-                                 shifted_sigmas(config.grpo.steps, config.grpo.shift), SDEConfig("ode"))  # fmt: skip
+        sigmas = shifted_sigmas(config.grpo.steps, config.grpo.shift)
+        with self._averaged():
+            traj = sample_trajectory(lambda x, s: policy.velocity(x, s, cond), noise.to(parallel.device), sigmas,
+                                     SDEConfig("ode"))  # fmt: skip
         self.transformer.train()
         reward = torch.zeros(1, device=parallel.device)
         if parallel.rank == 0 or (self._split_decode and parallel.dp_rank == 0):
@@ -522,9 +552,10 @@ class GRPOTrainer:
         return target
 
     def export(self, path: str | Path) -> Path:
-        """The trained weights as a diffusers pipeline directory (LoRA merged), loadable by
-        ``load_pipeline`` and ``python -m pipelines.generate --model PATH`` (collective). Written to
-        ``PATH.tmp``, checked to load, then renamed (replacing an earlier export of this run)."""
+        """The trained weights (their EMA, with ``ema_decay``) as a diffusers pipeline directory (LoRA
+        merged), loadable by ``load_pipeline`` and ``python -m pipelines.generate --model PATH``
+        (collective). Written to ``PATH.tmp``, checked to load, then renamed (replacing an earlier export
+        of this run)."""
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
         if self._source is not None:
@@ -534,7 +565,8 @@ class GRPOTrainer:
                 shutil.rmtree(tmp, ignore_errors=True)
                 shutil.copytree(self._source, tmp, ignore=shutil.ignore_patterns(*self.trained))
             for name in self.trained:
-                state = checkpoint.full_state_dict(self.experts[name])
+                with self._averaged():
+                    state = checkpoint.full_state_dict(self.experts[name])
                 if self.is_leader:
                     self._plain_copy(name, state).save_pretrained(tmp / name)
                 del state
@@ -542,7 +574,8 @@ class GRPOTrainer:
             # a pipeline built in code (small): saved whole, with its other constructor settings (e.g. Wan 2.2's
             # boundary_ratio), as the class it was loaded as (Wan 2.2 TI2V: a WanPipeline, though it trained
             # with images)
-            states = {name: checkpoint.full_state_dict(model) for name, model in self.experts.items()}
+            with self._averaged():
+                states = {name: checkpoint.full_state_dict(model) for name, model in self.experts.items()}
             if self.is_leader:
                 targets = {name: self._plain_copy(name, state) for name, state in states.items()}
                 shutil.rmtree(tmp, ignore_errors=True)

@@ -87,10 +87,12 @@ def save(
     optimizer: torch.optim.Optimizer,
     extra: dict[str, Any],
     keep: int = 2,
+    tensors: dict[str, dict[str, torch.Tensor]] | None = None,
 ) -> Path:
     """Collective: every rank calls it. ``extra`` (the same on every rank) is saved by rank 0 with its RNG
-    states. Keeps the ``keep`` newest checkpoints up to ``step``; newer ones (of an earlier, longer run
-    resumed from here) are never touched."""
+    states; ``tensors`` (e.g. ``{"ema": ema.state_dict()}``, sharded like the model) beside the model.
+    Keeps the ``keep`` newest checkpoints up to ``step``; newer ones (of an earlier, longer run resumed from
+    here) are never touched."""
     root = Path(root)
     final, tmp = _step_dir(root, step), root / f"step_{step:08d}.tmp"
     rank = dist.get_rank()
@@ -100,7 +102,7 @@ def save(
         tmp.mkdir(parents=True)
     dist.barrier()
     model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp))
+    dcp.save({"model": model_state, "optim": optim_state, **(tensors or {})}, checkpoint_id=str(tmp))
     if rank == 0:
         torch.save(extra | {"rng": rng_state()}, tmp / STATE)
     dist.barrier()
@@ -117,8 +119,10 @@ def save(
     return final
 
 
-def load(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Restore model, optimizer and RNG states (collective; any layout); returns the saved ``extra``."""
+def load(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+         tensors: dict[str, dict[str, torch.Tensor]] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Restore model, optimizer, RNG states and ``tensors`` (in place; collective; any layout); returns the
+    saved ``extra``."""
     path = Path(path)
     if not (path / MARKER).is_file():
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no {MARKER} marker)")
@@ -130,7 +134,7 @@ def load(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimi
         state_file = legacy
     extra = torch.load(state_file, weights_only=False)
     model_state, optim_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optim": optim_state}
+    state = {"model": model_state, "optim": optim_state, **(tensors or {})}
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     set_rng_state(extra.pop("rng"))
@@ -138,7 +142,10 @@ def load(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimi
 
 
 def load_latest(
-    root: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    root: str | Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    tensors: dict[str, dict[str, torch.Tensor]] | None = None,
 ) -> tuple[Path, dict[str, Any]] | None:
     """The newest complete checkpoint under ``root`` that loads, as ``(path, extra)``; damaged ones (a
     truncated shard, a missing file) are skipped with a warning. ``None`` if there is none at all.
@@ -148,7 +155,7 @@ def load_latest(
     candidates = complete(root)
     for path in reversed(candidates):
         try:
-            return path, load(path, model, optimizer)
+            return path, load(path, model, optimizer, tensors)
         except (Exception, CheckpointException) as e:  # noqa: BLE001 - any damage: try the previous checkpoint
             log.warning("checkpoint %s cannot be loaded (%s: %s); trying the previous one", path, type(e).__name__, e)
     if candidates:
