@@ -183,6 +183,18 @@ def test_a_killed_run_with_the_stabilisers_resumes_exactly(tmp_path):
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])  # the same EMA, exported
 
 
+def test_wandb_offline_run_gets_the_metrics_and_the_eval_videos(tmp_path):
+    out = tmp_path / "run"
+    run_python(_train_cmd(out, "--max-steps", "2", "--eval-every", "1", "--set", "wandb={mode: offline, name: t}"),
+               check=True, timeout=600)  # fmt: skip
+    (run,) = (out / "wandb").glob("offline-run-*")
+    records = next(run.glob("run-*.wandb")).read_bytes()
+    for key in (b"reward_mean", b"grad_norm", b"eval_reward", b"seconds/sample", b"eval/video"):
+        assert key in records, key
+    assert len(list((run / "files" / "media" / "videos").rglob("*.mp4"))) == 2  # one per evaluation
+    assert (out / "wandb_run_id").read_text() in run.name  # a resumed run continues this one
+
+
 def test_run_errors(tmp_path):
     def error(*overrides: str) -> str:
         cmd = _train_cmd(tmp_path / "out", "--max-steps", "1", *overrides)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dit_sp.rl.grpo import GRPOConfig
+from dit_sp.rl.metrics import WandbConfig
 from dit_sp.schema import from_mapping, load_yaml, set_dotted
 
 
@@ -114,6 +115,9 @@ class TrainConfig:
     ema_decay: float = 0.0
     """Keep an exponential moving average of the trained weights (e.g. 0.99; 0: off), used for evaluation and
     export, and checkpointed with the run."""
+    wandb: WandbConfig | None = None
+    """Also log to Weights & Biases (``{project, name, mode}``; offline by default), beside JSONL and
+    TensorBoard; evaluation videos go to its media panel."""
     parallel_vae: bool = True
     """Decode the rollouts with each frame's rows split over a sample's SP ranks (``dit_sp.parallelize_vae``),
     the frames assembled on the first, where the rewards are computed; off, the first rank decodes alone."""

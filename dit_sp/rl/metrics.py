@@ -1,12 +1,17 @@
-"""What a training run writes per step: ``metrics.jsonl``, TensorBoard scalars and the reward-curve PNG."""
+"""What a training run writes per step: ``metrics.jsonl``, TensorBoard scalars, the reward-curve PNG and,
+when asked for, a Weights & Biases run (offline by default: ``wandb sync`` uploads it later)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import secrets
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from dit_sp.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -24,12 +29,28 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-class MetricsLog:
-    """metrics.jsonl (one line per step), TensorBoard and the reward-curve PNG; rank 0 only."""
+@dataclass(frozen=True)
+class WandbConfig:
+    """Where a run's Weights & Biases logs go (``pip install wandb``)."""
 
-    def __init__(self, out: Path, resume_step: int, enabled: bool):
+    project: str = "dit-sp"
+    name: str | None = None
+    """The run's display name (default: W&B's)."""
+    mode: Literal["offline", "online"] = "offline"
+    """``offline`` writes ``OUTPUT_DIR/wandb`` only (no network; ``wandb sync`` uploads it later)."""
+
+
+class MetricsLog:
+    """metrics.jsonl (one line per step), TensorBoard, the reward-curve PNG and optionally W&B; rank 0 only.
+
+    A resumed run continues the same W&B run (its id is kept in ``OUTPUT_DIR/wandb_run_id``), with the
+    training step as the x-axis, so the steps it redoes are logged again rather than dropped."""
+
+    def __init__(self, out: Path, resume_step: int, enabled: bool, wandb: WandbConfig | None = None,
+                 settings: dict[str, Any] | None = None):  # fmt: skip
         self.enabled, self.path, self.out = enabled, out / "metrics.jsonl", out
         self.rows: list[dict[str, Any]] = []
+        self.wandb = None
         if not enabled:
             return
         if self.path.exists():  # keep what the resumed run already logged, drop steps it will redo
@@ -40,6 +61,20 @@ class MetricsLog:
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(str(out / "tensorboard"), purge_step=resume_step)
+        if wandb is not None:
+            self.wandb = _start_wandb(out, wandb, settings or {})
+
+    def log_video(self, path: Path, step: int) -> None:
+        """An evaluation video, where the tracker shows videos (W&B's media panel)."""
+        if self.wandb is not None:
+            import wandb
+
+            self.wandb.log({"eval/video": wandb.Video(str(path), format=path.suffix.lstrip(".")), "step": step})
+
+    def close(self) -> None:
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None
 
     def log(self, row: dict[str, Any]) -> None:
         if not self.enabled:
@@ -53,6 +88,8 @@ class MetricsLog:
             if key != "step" and isinstance(value, (int, float)):
                 self.writer.add_scalar(key, value, row["step"])
         self.writer.flush()
+        if self.wandb is not None:
+            self.wandb.log({k: v for k, v in row.items() if isinstance(v, (int, float)) or v is None})
         self.plot()
 
     def plot(self) -> None:
@@ -76,3 +113,18 @@ class MetricsLog:
         fig.tight_layout()
         fig.savefig(self.out / "reward_curve.png", dpi=100)
         plt.close(fig)
+
+
+def _start_wandb(out: Path, config: WandbConfig, settings: dict[str, Any]) -> Any:
+    try:
+        import wandb
+    except ImportError:
+        raise ConfigError("wandb tracking needs the wandb package: pip install wandb (or dit-sp[tracking]); "
+                          "or drop the wandb setting") from None  # fmt: skip
+    id_file = out / "wandb_run_id"
+    if not id_file.exists():
+        id_file.write_text(secrets.token_hex(8))
+    run = wandb.init(project=config.project, name=config.name, mode=config.mode, dir=str(out), id=id_file.read_text(),
+                     resume="allow", config=settings)  # fmt: skip
+    run.define_metric("*", step_metric="step")
+    return run

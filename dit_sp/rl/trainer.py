@@ -321,7 +321,7 @@ class GRPOTrainer:
             import yaml
 
             (self.output_dir / "config.yaml").write_text(yaml.safe_dump(asdict(config), sort_keys=False))
-        self.metrics = MetricsLog(self.output_dir, self.step_index, self.is_leader)
+        self.metrics = MetricsLog(self.output_dir, self.step_index, self.is_leader, config.wandb, asdict(config))
 
     def _agreed(self, value: Any) -> Any:
         """Rank 0's ``value`` on every rank (ranks may look at a shared directory at different moments)."""
@@ -423,7 +423,10 @@ class GRPOTrainer:
         row["skipped_steps"] = self.skipped_steps
         self.step_index = done = step + 1
         if config.eval_every and done % config.eval_every == 0:
-            row["eval_reward"] = self.evaluate(self.output_dir / f"eval_step{done:06d}.mp4")
+            video = self.output_dir / f"eval_step{done:06d}.mp4"
+            row["eval_reward"] = self.evaluate(video)
+            if self.is_leader:
+                self.metrics.log_video(video, step)
         self.metrics.log(row)
         if self._skipped_in_a_row >= config.max_skipped_steps:
             raise NonFiniteError(
@@ -449,6 +452,7 @@ class GRPOTrainer:
         bar.close()
         self.save_checkpoint()
         self.export(self.output_dir / "final")
+        self.metrics.close()
         return self.metrics.rows if self.is_leader else []
 
     def save_checkpoint(self) -> Path:
