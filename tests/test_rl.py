@@ -22,7 +22,8 @@ from dit_sp.rl import (
     shifted_sigmas,
 )
 from dit_sp.rl.advantages import PromptStats
-from dit_sp.rl.grpo import GRPOConfig, SlidingWindow, sde_window_at, trained_steps
+from dit_sp.rl.grpo import GRPOConfig, SlidingWindow, drift_free_log_prob, sde_window_at, trained_steps
+from dit_sp.rl.rollout import branched_trajectory, representatives
 
 
 def _velocity(x: torch.Tensor, s: float) -> torch.Tensor:
@@ -111,6 +112,52 @@ def test_sliding_window_moves_over_the_training_and_bad_ones_are_clear():
         GRPOConfig(steps=2, sliding_window=SlidingWindow(size=3))
     with pytest.raises(ConfigError, match=">= 1"):
         SlidingWindow(every=0)
+    with pytest.raises(ConfigError, match="same_noise_per_group"):
+        GRPOConfig(branch=True, same_noise_per_group=False)
+
+
+def test_branched_trajectory_shares_the_start_of_each_group_and_equals_the_plain_one():
+    """Two groups of three (same initial noise within a group): the ODE step before the window and the velocity
+    at its first step run once per group, the samples then branch; the trajectory is the plain one."""
+    sigmas, config = shifted_sigmas(5, 2.0), SDEConfig("flow")
+    keys = torch.tensor([7, 7, 7, 9, 9, 9])
+    noise = torch.randn(2, 8)[torch.tensor([0, 0, 0, 1, 1, 1])]
+    step_noise = torch.randn(5, 6, 8)
+    calls = []
+
+    def velocity(x, s, index=None):
+        calls.append(x.shape[0])
+        return _velocity(x, s)
+
+    window = range(1, 3)
+    plain = sample_trajectory(velocity, noise, sigmas, config, step_noise=step_noise, sde_steps=window)
+    plain_calls, calls[:] = sum(calls), []
+    branched = branched_trajectory(velocity, noise, sigmas, config, keys, step_noise=step_noise, sde_steps=window)
+    assert calls == [2, 2, 6, 6, 6] and plain_calls == 30  # steps 0 and 1 once per group, then every sample
+    torch.testing.assert_close(branched.latents, plain.latents, atol=1e-6, rtol=0)
+    torch.testing.assert_close(branched.log_probs, plain.log_probs, atol=1e-6, rtol=0)
+    assert branched.window == (1, 3) and branched.branch_step == 1 and torch.equal(branched.branch_keys, keys)
+    assert not torch.equal(branched.latents[2, 0], branched.latents[2, 1])  # branched at step 1
+    first, inverse = representatives(torch.tensor([5, 3, 5, 3, 8]))
+    assert first.tolist() == [1, 0, 4] and inverse.tolist() == [1, 0, 1, 0, 2]
+
+
+def test_ratio_normalisation_removes_the_drift_below_one_and_keeps_the_on_policy_ratio():
+    """Sampled from the old policy, the plain log-ratio of a moved mean averages -mean(d^2)/(2 std^2) < 0 (every
+    step's ratio drifts below 1, so clipping is lopsided); without that term it averages 0, and where the mean
+    has not moved it is exactly the log-probability, with the same gradient."""
+    sigmas, config = shifted_sigmas(4, 2.0), SDEConfig("flow")
+    x = torch.randn(20000, 16, dtype=torch.float64)
+    v_old = torch.sin(3 * x)
+    old = sde_step(x, v_old, sigmas[1], sigmas[2], config, s_cap=sigmas[1], generator=torch.Generator().manual_seed(0))
+    v_new = (v_old + 0.3).requires_grad_()
+    new = sde_step(x, v_new, sigmas[1], sigmas[2], config, s_cap=sigmas[1], x_next=old.x_next)
+    plain, centred = new.log_prob - old.log_prob, drift_free_log_prob(new, old.mean) - old.log_prob
+    drift = ((new.mean - old.mean) ** 2).flatten(1).mean(1) / (2 * new.std**2)
+    assert plain.mean() < -0.5 * drift.mean() < 0 and abs(centred.mean()) < 0.1 * drift.mean()
+    same = sde_step(x, v_old.clone().requires_grad_(), sigmas[1], sigmas[2], config, s_cap=sigmas[1],
+                    x_next=old.x_next)  # fmt: skip
+    assert torch.equal(drift_free_log_prob(same, old.mean), same.log_prob)  # on-policy: ratio exactly 1
 
 
 def test_bad_steps_and_configs_are_clear_errors():

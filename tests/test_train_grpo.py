@@ -66,6 +66,34 @@ def test_sliding_window_step_equals_single_process_on_1x2_and_2x1():
             _assert_grads_equal(result["grads"], single["grads"], f"{ring}x{ulysses} rank")
 
 
+def test_branched_rollouts_are_on_policy_and_give_the_plain_gradients_on_every_layout():
+    """Groups of 4 share the ODE step before the SDE window [1, 3) and the velocity at step 1: exactly on-policy,
+    the unbranched step's gradients, and the one-process gradients on 1x2, 2x1 and dp 2."""
+    settings = {"grpo.sde_window": [1, 3], "steps": 4, "group_size": 4, "prompts_per_step": 1}
+    plain = spawn(moved_window_gradients, 1, args=(tiny_config(**settings), 0), timeout=300)[0]
+    branched = spawn(moved_window_gradients, 1, args=(tiny_config(**settings, **{"grpo.branch": True}), 0),
+                     timeout=300)[0]  # fmt: skip
+    assert branched["ratio"] == (1.0, 1.0) and branched["window"] == (1, 3)
+    torch.testing.assert_close(branched["log_probs"], plain["log_probs"], atol=1e-5, rtol=0)
+    _assert_grads_equal(branched["grads"], plain["grads"], "branched vs plain")
+    for layout in ({"ulysses": 2}, {"ring": 2}, {"dp": 2}):
+        results = spawn(moved_window_gradients, 2, args=(tiny_config(**settings, **layout, **{"grpo.branch": True}), 0),
+                        timeout=300)  # fmt: skip
+        for result in results:
+            assert result["ratio"] == (1.0, 1.0)
+            _assert_grads_equal(result["grads"], branched["grads"], f"{layout} rank")
+
+
+def test_ratio_normalised_step_is_on_policy_with_the_plain_gradients(single):
+    """With grpo.ratio_norm the first step is still exactly on-policy and, the means not having moved, its
+    gradients are the plain step's, in one process and on 1x2."""
+    normed = tiny_config(**{"grpo.ratio_norm": True})
+    for result in [spawn(step_gradients, 1, args=(normed,), timeout=300)[0],
+                   *spawn(step_gradients, 2, args=(tiny_config(ulysses=2, **{"grpo.ratio_norm": True}),), timeout=300)]:  # fmt: skip
+        assert result["ratio_min"] == 1.0 and result["ratio_max"] == 1.0
+        _assert_grads_equal(result["grads"], single["grads"], "ratio-normalised")
+
+
 @pytest.mark.parametrize("layout", [{"ulysses": 2}, {"dp": 2}], ids=["1x2", "dp2"])
 def test_micro_batched_step_equals_the_one_batch_step(layout):
     """Rollouts and training one sample per forward (gradients accumulated) give the one-batch step."""

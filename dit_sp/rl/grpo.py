@@ -21,9 +21,9 @@ from dit_sp.errors import ConfigError
 from dit_sp.parallel.state import ParallelState
 from dit_sp.rl.loss import LossStats, grpo_loss, kl_to_reference
 from dit_sp.rl.rewards import WeightedReward
-from dit_sp.rl.rollout import Trajectory, sample_trajectory
+from dit_sp.rl.rollout import Trajectory, branched_trajectory, sample_trajectory, shared_velocity
 from dit_sp.rl.schedule import shifted_sigmas
-from dit_sp.rl.sde import SDEConfig
+from dit_sp.rl.sde import SDEConfig, Transition
 
 Tensor = torch.Tensor
 
@@ -96,6 +96,17 @@ class GRPOConfig:
     adv_std: Literal["group", "global"] = "group"
     """Advantage scale: each prompt group's reward std, or the std over all samples of the iteration."""
     adv_clip: float = 5.0
+    branch: bool = False
+    """Branching rollouts (Flow-GRPO-Fast / BranchGRPO style): a group's samples, which start from the same
+    noise (``same_noise_per_group``), share their ODE steps before the first stochastic step and the velocity
+    there, computed once per group, and branch with their own noise at that step; training evaluates the
+    branch step once per group too. Saves ``(G - 1) / G`` of the model evaluations up to the branch."""
+    ratio_norm: bool = False
+    """Ratio normalisation against the clipping bias (after GRPO-Guard): a Gaussian transition's log-ratio
+    is ``mean(e*d)/std^2 - mean(d^2)/(2 std^2)`` (``d``: the change of the mean, ``e``: the sampled noise times
+    ``std``), whose second term pulls the ratio below 1 on every step, so the clip range acts lopsided. With
+    this on, that term is added back (the rollout keeps its means), leaving a log-ratio centred on 0; the
+    gradient at the rollout's weights is unchanged, and the ratio is still exactly 1 before the first update."""
     stat_tracking: int = 0
     """Per-prompt reward statistics (Flow-GRPO): a prompt's advantages use its rewards of this many past
     iterations it was drawn in, and this one's (``PromptStats``); 0: this iteration's group only."""
@@ -113,6 +124,9 @@ class GRPOConfig:
             )
         if self.micro_batch is not None and self.micro_batch < 1:
             raise ConfigError(f"micro_batch must be >= 1 (or null: the whole batch), got {self.micro_batch}")
+        if self.branch and not self.same_noise_per_group:
+            raise ConfigError("grpo.branch shares a group's start, so its samples need the same initial noise: "
+                              "set same_noise_per_group: true or drop branch")  # fmt: skip
         if self.stat_tracking < 0:
             raise ConfigError(f"stat_tracking must be >= 0 iterations (0: off), got {self.stat_tracking}")
         if self.adv_std not in ("group", "global"):
@@ -238,12 +252,22 @@ def rollout(policy: Policy, batch: Batch, config: GRPOConfig, parallel: Parallel
     init = _per_sample_noise(batch.noise_seeds, shape, parallel.device)
     step_noise = _per_sample_noise(batch.sample_seeds, shape, parallel.device, leading=config.steps)
     window = range(*batch.window) if batch.window else None
+    # a group: the same initial noise and prompt (so the same start and conditioning)
+    keys = torch.tensor([seed_for(n, pid) for n, pid in zip(batch.noise_seeds, batch.prompt_ids.tolist())])
     parts = []
     with torch.no_grad():
         for part in micro_batches(len(batch.prompts), config):
-            part_cond = select(cond, part)
-            parts.append(sample_trajectory(lambda x, s, c=part_cond: policy.velocity(x, s, c), init[part], sigmas,
-                                           config.sde, step_noise=step_noise[:, part], sde_steps=window))  # fmt: skip
+            c = select(cond, part)
+            if config.branch:
+                velocity = lambda x, s, index, c=c: policy.velocity(x, s, c if index is None else select(c, index))
+                traj = branched_trajectory(velocity, init[part], sigmas, config.sde, keys[part],
+                                           step_noise=step_noise[:, part], sde_steps=window,
+                                           keep_means=config.ratio_norm)  # fmt: skip
+            else:
+                traj = sample_trajectory(lambda x, s, c=c: policy.velocity(x, s, c), init[part], sigmas, config.sde,
+                                         step_noise=step_noise[:, part], sde_steps=window,
+                                         keep_means=config.ratio_norm)  # fmt: skip
+            parts.append(traj)
     return Trajectory.concat(parts), cond
 
 
@@ -273,6 +297,14 @@ def rewards_of(policy: Policy, traj: Trajectory, batch: Batch, reward: WeightedR
     return values[0], dict(zip(parts_names, values[1:])), videos if parallel.sp_rank == 0 else None
 
 
+def drift_free_log_prob(step: Transition, old_mean: Tensor) -> Tensor:
+    """``step.log_prob`` plus ``mean((mean - old_mean)^2) / (2 std^2)``, ``(B,)``: against the sampled
+    log-probability, a log-ratio without the term that pulls every step's ratio below 1
+    (``GRPOConfig.ratio_norm``); equal to ``step.log_prob`` where the mean has not moved."""
+    drift = (step.mean - old_mean.to(step.mean.dtype)) ** 2
+    return step.log_prob + drift.flatten(1).mean(1) / (2.0 * step.std * step.std)
+
+
 def accumulate_gradients(
     policy: Policy, traj: Trajectory, cond: Any, advantages: Tensor, config: GRPOConfig, step_seed: int
 ) -> dict[str, float]:
@@ -288,13 +320,19 @@ def accumulate_gradients(
             share = (part.stop - part.start) / size
             sub, part_cond = traj.select(part), select(cond, part)
             x, s = sub.latents[t], sub.sigmas[t]
-            step = sub.transition(t, policy.velocity(x, s, part_cond), config.sde)
+            if sub.branch_keys is not None and t == sub.branch_step:  # once per group, as in the rollout
+                velocity = lambda z, level, index, c=part_cond: policy.velocity(z, level, select(c, index))
+                v = shared_velocity(velocity, x, s, sub.branch_keys)
+            else:
+                v = policy.velocity(x, s, part_cond)
+            step = sub.transition(t, v, config.sde)
+            log_prob = drift_free_log_prob(step, sub.means[t]) if config.ratio_norm else step.log_prob
             kl = None
             if config.kl_coef:
                 with torch.no_grad():
                     reference = sub.transition(t, policy.velocity(x, s, part_cond, reference=True), config.sde)
                 kl = kl_to_reference(step.mean, reference.mean, step.std)
-            loss, stats = grpo_loss(step.log_prob, sub.log_probs[t], adv[part], clip_range=config.clip_range, kl=kl,
+            loss, stats = grpo_loss(log_prob, sub.log_probs[t], adv[part], clip_range=config.clip_range, kl=kl,
                                     kl_coef=config.kl_coef)  # fmt: skip
             (loss * share / len(steps)).backward()
             _accumulate(totals, stats, share, len(steps))
