@@ -87,9 +87,10 @@ def test_branched_rollouts_are_on_policy_and_give_the_plain_gradients_on_every_l
 def test_ratio_normalised_step_is_on_policy_with_the_plain_gradients(single):
     """With grpo.ratio_norm the first step is still exactly on-policy and, the means not having moved, its
     gradients are the plain step's, in one process and on 1x2."""
-    normed = tiny_config(**{"grpo.ratio_norm": True})
-    for result in [spawn(step_gradients, 1, args=(normed,), timeout=300)[0],
-                   *spawn(step_gradients, 2, args=(tiny_config(ulysses=2, **{"grpo.ratio_norm": True}),), timeout=300)]:  # fmt: skip
+    normed = {"grpo.ratio_norm": True}
+    one = spawn(step_gradients, 1, args=(tiny_config(**normed),), timeout=300)
+    two = spawn(step_gradients, 2, args=(tiny_config(ulysses=2, **normed),), timeout=300)
+    for result in one + two:
         assert result["ratio_min"] == 1.0 and result["ratio_max"] == 1.0
         _assert_grads_equal(result["grads"], single["grads"], "ratio-normalised")
 
