@@ -81,7 +81,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--cache", default="teacache:0.2")
+    parser.add_argument("--cache", default="first_block:0.2")  # random weights: their own thresholds
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     runs = {}
