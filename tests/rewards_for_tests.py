@@ -15,3 +15,11 @@ def fails_on_blue(videos, prompts):
 
 def nan_reward(videos, prompts):
     return torch.full((videos.shape[0],), float("nan"))
+
+
+def slow_brightness(videos, prompts):
+    """Brightness after a pause: a reward server that is slow."""
+    import time
+
+    time.sleep(3)
+    return videos.flatten(1).mean(1)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 import random
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -107,6 +109,9 @@ class GRPOConfig:
     ``std``), whose second term pulls the ratio below 1 on every step, so the clip range acts lopsided. With
     this on, that term is added back (the rollout keeps its means), leaving a log-ratio centred on 0; the
     gradient at the rollout's weights is unchanged, and the ratio is still exactly 1 before the first update."""
+    overlap_rewards: bool = False
+    """Score each micro-batch (``micro_batch``) in a background thread while the next one samples: a remote
+    reward (or any reward that waits) overlaps the rollout. Same numbers as without."""
     stat_tracking: int = 0
     """Per-prompt reward statistics (Flow-GRPO): a prompt's advantages use its rewards of this many past
     iterations it was drawn in, and this one's (``PromptStats``); 0: this iteration's group only."""
@@ -245,7 +250,10 @@ def micro_batches(size: int, config: GRPOConfig) -> list[slice]:
     return [slice(start, min(start + step, size)) for start in range(0, size, step)]
 
 
-def rollout(policy: Policy, batch: Batch, config: GRPOConfig, parallel: ParallelState) -> tuple[Trajectory, Any]:
+def rollout(policy: Policy, batch: Batch, config: GRPOConfig, parallel: ParallelState,
+            after_part: Callable[[slice, Trajectory, Any], None] | None = None) -> tuple[Trajectory, Any]:  # fmt: skip
+    """The batch's trajectories, micro-batch by micro-batch (``after_part(part, trajectory, cond)`` after
+    each: e.g. sending it to be scored while the next one samples), and its conditioning."""
     cond = policy.encode(batch.prompts, batch.images)
     shape = policy.latent_shape()
     sigmas = shifted_sigmas(config.steps, config.shift)
@@ -268,6 +276,8 @@ def rollout(policy: Policy, batch: Batch, config: GRPOConfig, parallel: Parallel
                                          step_noise=step_noise[:, part], sde_steps=window,
                                          keep_means=config.ratio_norm)  # fmt: skip
             parts.append(traj)
+            if after_part is not None:
+                after_part(part, traj, c)
     return Trajectory.concat(parts), cond
 
 
@@ -287,14 +297,61 @@ def rewards_of(policy: Policy, traj: Trajectory, batch: Batch, reward: WeightedR
             parts = micro_batches(final.shape[0], config) if config is not None else [slice(None)]
             videos = torch.cat([policy.decode(final[part], select(cond, part)) for part in parts])
     if parallel.sp_rank == 0:
-        parts = reward.components(videos.float().cpu(), batch.prompts, batch.images)
-        total = sum(w * parts[n] for n, w, _ in reward.parts)
-        values = torch.stack([total, *parts.values()])
+        values = score_batch(reward, videos, batch.prompts, batch.images)
+    values = share_over_sp(values, parallel)
+    return values[0], dict(zip(parts_names, values[1:])), videos if parallel.sp_rank == 0 else None
+
+
+def score_batch(reward: WeightedReward, videos: Tensor, prompts: list[str], images: list[str] | None) -> Tensor:
+    """``(1 + parts, B)``: the weighted reward, then each part's."""
+    parts = reward.components(videos.float().cpu(), prompts, images)
+    total = sum(w * parts[n] for n, w, _ in reward.parts)
+    return torch.stack([total, *parts.values()])
+
+
+def share_over_sp(values: Tensor, parallel: ParallelState) -> Tensor:
+    """The SP group's first rank's ``values`` on all its ranks."""
     if parallel.sp_group is not None and parallel.sp > 1:
         values = values.to(parallel.device)
         dist.broadcast(values, src=dist.get_global_rank(parallel.sp_group, 0), group=parallel.sp_group)
         values = values.cpu()
-    return values[0], dict(zip(parts_names, values[1:])), videos if parallel.sp_rank == 0 else None
+    return values
+
+
+def rollout_scored(
+    policy: Policy,
+    batch: Batch,
+    reward: WeightedReward,
+    config: GRPOConfig,
+    parallel: ParallelState,
+    *,
+    split_decode: bool = False,
+) -> tuple[Trajectory, Any, Tensor, dict[str, Tensor], float]:
+    """``rollout`` then ``rewards_of``, overlapped: each micro-batch is decoded when it is sampled and scored
+    in a background thread while the next one samples (a reward server works while this process does).
+    Returns the trajectories, conditioning, rewards, their parts, and the seconds spent waiting for scores
+    after the last micro-batch. The numbers are ``rollout`` + ``rewards_of``'s."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    futures = []
+    with ThreadPoolExecutor(1, thread_name_prefix="reward") as pool:
+
+        def after_part(part: slice, traj: Trajectory, cond: Any) -> None:
+            if parallel.sp_rank == 0 or split_decode:  # a split decode is a collective of the SP group
+                with torch.no_grad():
+                    videos = policy.decode(traj.final, cond)
+                if parallel.sp_rank == 0:
+                    images = None if batch.images is None else batch.images[part]
+                    futures.append(pool.submit(score_batch, reward, videos, batch.prompts[part], images))
+
+        traj, cond = rollout(policy, batch, config, parallel, after_part)
+        waited = time.perf_counter()
+        values = torch.full((len(reward.parts) + 1, len(batch.prompts)), float("nan"))
+        if parallel.sp_rank == 0:
+            values = torch.cat([future.result() for future in futures], 1)
+        waited = time.perf_counter() - waited
+    values = share_over_sp(values, parallel)
+    return traj, cond, values[0], dict(zip([n for n, _, _ in reward.parts], values[1:])), waited
 
 
 def drift_free_log_prob(step: Transition, old_mean: Tensor) -> Tensor:
@@ -380,8 +437,9 @@ def train_on_rollout(
 ) -> dict[str, float]:
     """One policy update from a rollout: accumulate the loss over the trained steps, clip, step.
 
-    A non-finite loss (on any rank) or gradient norm skips the update on every rank alike (``skipped``
-    is 1 in the returned statistics): non-finite numbers never reach the weights or the optimizer state.
+    A non-finite loss (on any rank) or gradient norm, or a step in which no sample got a reward, skips the
+    update on every rank alike (``skipped`` is 1 in the returned statistics): non-finite numbers never reach
+    the weights or the optimizer state.
     """
     optimizer.zero_grad(set_to_none=True)
     stats = accumulate_gradients(policy, traj, cond, advantages, config, step_seed)
@@ -389,11 +447,13 @@ def train_on_rollout(
     grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
     device = next(model.parameters()).device
     finite = torch.tensor([float(math.isfinite(stats["loss"]) and math.isfinite(grad_norm))], device=device)
+    scored = torch.tensor([float(torch.isfinite(advantages).any())], device=device)
     if dist.is_initialized():  # the gradient norm is global already; the loss is per rank
         dist.all_reduce(finite, op=dist.ReduceOp.MIN)
-    if finite.item():
+        dist.all_reduce(scored, op=dist.ReduceOp.MAX)
+    if finite.item() and scored.item():  # no sample scored (a reward server down): no update, not even Adam's
         optimizer.step()
         _state_for_every_weight(optimizer)
     else:
         optimizer.zero_grad(set_to_none=True)
-    return stats | {"grad_norm": grad_norm, "skipped": float(not finite.item())}
+    return stats | {"grad_norm": grad_norm, "skipped": float(not (finite.item() and scored.item()))}

@@ -5,8 +5,9 @@ Built in: pixel rewards that need no weights (``brightness``, ``saturation``, ``
 ``faithfulness`` to the prompt in the synthetic shape world (and its smooth ``dense_faithfulness``; both
 live in ``dit_sp.toyworld`` and are registered here by reference), and ``clip_score`` (text-video cosine
 similarity of a CLIP model loaded from a local path). A user reward is named ``package.module:function``.
-``build_reward`` combines several with weights; ``score`` isolates failures: a sample whose reward raises or
-is not finite gets NaN (and so no gradient), the run goes on.
+``remote`` scores with a reward server (``dit_sp.rl.remote``). ``build_reward`` combines several with
+weights; ``score`` isolates failures: a sample whose reward raises or is not finite gets NaN (and so no
+gradient), the run goes on.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from dit_sp.errors import ConfigError, MissingFileError
+from dit_sp.rl.remote import RewardUnavailable
 
 Tensor = torch.Tensor
 RewardFn = Callable[[Tensor, list[str]], Tensor]
@@ -91,6 +93,8 @@ BUILTIN: dict[str, RewardFn | type | str] = {
     # registry does not depend on the toy world.
     "faithfulness": "dit_sp.toyworld:faithfulness",
     "dense_faithfulness": "dit_sp.toyworld:dense_faithfulness",
+    # any of these behind an HTTP server (python -m pipelines.reward_server), scored from the trainer
+    "remote": "dit_sp.rl.remote:RemoteReward",
 }
 """Rewards by name: a reward function, a class constructed with the entry's options, or a
 ``module:function`` reference imported when used."""
@@ -186,6 +190,9 @@ def score(fn: RewardFn, videos: Tensor, prompts: list[str], images: list[str] | 
         rewards = torch.as_tensor(fn(videos, prompts, **extra(slice(None))), dtype=torch.float32).reshape(-1).cpu()
         if rewards.numel() != videos.shape[0]:
             raise ValueError(f"returned {rewards.numel()} values for {videos.shape[0]} videos")
+    except RewardUnavailable as e:  # a server that is down: asking it once per sample would only wait longer
+        log.warning("%s; the batch's %d samples get no reward", e, videos.shape[0])
+        return torch.full((videos.shape[0],), float("nan"))
     except Exception as batch_error:  # noqa: BLE001 - isolate the failing samples
         log.warning("reward %s failed on the batch (%s); scoring samples one by one", fn, batch_error)
         rewards = torch.full((videos.shape[0],), float("nan"))

@@ -43,6 +43,7 @@ from dit_sp.rl.grpo import (
     make_batch,
     rewards_of,
     rollout,
+    rollout_scored,
     sde_window_at,
     seed_for,
     train_on_rollout,
@@ -390,11 +391,16 @@ class GRPOTrainer:
         batch = make_batch(self.prompts, step, self.config.seed, grpo, parallel, self.images)
         self.transformer.eval()
         began = time.perf_counter()
-        traj, cond = rollout(self.policy, batch, grpo, parallel)
-        sampled = time.perf_counter()
-        rewards, parts, _ = rewards_of(self.policy, traj, batch, self.reward, parallel, grpo,
-                                       split_decode=self._split_decode, cond=cond)  # fmt: skip
-        seconds = {"sample": sampled - began, "reward": time.perf_counter() - sampled}
+        if grpo.overlap_rewards:
+            traj, cond, rewards, parts, waited = rollout_scored(self.policy, batch, self.reward, grpo, parallel,
+                                                                split_decode=self._split_decode)  # fmt: skip
+            seconds = {"sample": time.perf_counter() - began - waited, "reward": waited}
+        else:
+            traj, cond = rollout(self.policy, batch, grpo, parallel)
+            sampled = time.perf_counter()
+            rewards, parts, _ = rewards_of(self.policy, traj, batch, self.reward, parallel, grpo,
+                                           split_decode=self._split_decode, cond=cond)  # fmt: skip
+            seconds = {"sample": sampled - began, "reward": time.perf_counter() - sampled}
         if self.prompt_stats is not None:
             advantages = self.prompt_stats.advantages(rewards, batch.prompt_ids, group=parallel.dp_group,
                                                       std=grpo.adv_std, clip=grpo.adv_clip)  # fmt: skip
@@ -431,8 +437,9 @@ class GRPOTrainer:
         if self._skipped_in_a_row >= config.max_skipped_steps:
             raise NonFiniteError(
                 f"{self._skipped_in_a_row} updates in a row (the last at step {step}) had a non-finite loss or "
-                f"gradient norm and were skipped; the weights are still those of the last good update. Check the "
-                "reward and the data, lower optim.lr, or raise max_skipped_steps"
+                f"gradient norm, or no sample with a reward, and were skipped; the weights are still those of the "
+                "last good update. Check the reward (a reward server that is down?) and the data, lower optim.lr, "
+                "or raise max_skipped_steps"
             )
         return row
 

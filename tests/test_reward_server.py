@@ -1,0 +1,101 @@
+"""The reward server and the trainer's ``remote`` reward: a loopback round trip, a server that is down or
+slow (a clear error or a step without an update, never a hang), and scoring overlapped with sampling."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from grpo_checks import tiny_config
+
+from dit_sp import GRPOTrainer
+from dit_sp.errors import ConfigError
+from dit_sp.rl.remote import RemoteReward, RewardUnavailable, decode_batch, encode_batch
+from dit_sp.rl.rewards import brightness, build_reward, score
+
+TESTS = Path(__file__).resolve().parent
+
+
+class Server:
+    """``python -m pipelines.reward_server`` on a free loopback port, stopped on exit."""
+
+    def __init__(self, *args: str):
+        env = os.environ | {"PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "pipelines.reward_server", "--port", "0", *args],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                     cwd=TESTS.parent)  # fmt: skip
+        line = self.proc.stdout.readline()  # the server prints its address once it listens
+        assert line.startswith("serving "), f"{line}\n{self.proc.stderr.read()[-2000:]}"
+        self.url = line.split(" on ")[1].strip()
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def test_the_wire_format_round_trips_and_refuses_what_it_is_not():
+    videos = torch.rand(3, 2, 3, 4, 5)
+    back, prompts, images = decode_batch(encode_batch(videos, ["a", "b", "c"], ["x.png", None, "y.png"], "float32"))
+    assert torch.equal(back, videos) and prompts == ["a", "b", "c"] and images == ["x.png", None, "y.png"]
+    quantized, _, _ = decode_batch(encode_batch(videos, ["a", "b", "c"]))
+    assert (quantized - videos).abs().max() <= 0.5 / 255 + 1e-7
+    with pytest.raises(ValueError, match="not a dit-sp reward request"):
+        decode_batch(b"\x00" * 16)
+    with pytest.raises(ConfigError, match="http"):
+        RemoteReward("scorer:8000")
+
+
+@pytest.mark.slow
+def test_server_round_trip_then_down_gives_a_clear_error_and_no_reward():
+    videos = torch.rand(4, 2, 3, 8, 8)
+    prompts = ["a red circle", "a blue square", "x", "y"]
+    with Server("--reward", "brightness") as server:
+        remote = build_reward([{"name": "remote", "url": server.url, "dtype": "float32", "batch_size": 3}])
+        assert torch.equal(remote(videos, prompts), brightness(videos, prompts))  # 2 requests, exact scores
+    began = time.monotonic()
+    with pytest.raises(RewardUnavailable, match="no answer after 2 tries.*reward_server"):
+        RemoteReward(server.url, timeout=2, retries=1, backoff=0.1)(videos, prompts)
+    assert time.monotonic() - began < 10
+    assert torch.isnan(score(RemoteReward(server.url, retries=0), videos, prompts)).all()  # skipped, no hang
+
+
+@pytest.mark.slow
+def test_a_slow_server_times_out_quickly():
+    with Server("--reward", "rewards_for_tests:slow_brightness") as server:
+        began = time.monotonic()
+        with pytest.raises(RewardUnavailable, match="within 0.5 s"):
+            RemoteReward(server.url, timeout=0.5, retries=1, backoff=0.1)(torch.rand(1, 1, 3, 4, 4), ["a"])
+        assert time.monotonic() - began < 3
+
+
+@pytest.mark.slow
+def test_training_with_the_remote_reward_overlapped_gives_the_local_rewards_and_skips_without_a_server(tmp_path):
+    """Remote scoring, each micro-batch while the next samples, gives the rewards of the local reward; with
+    the server gone the step is skipped (no update), and a run of such steps stops with a clear error."""
+    local = GRPOTrainer(tiny_config(reward="brightness", output_dir=str(tmp_path / "local")))
+    expected = local.collect(0).rewards
+    with Server("--reward", "brightness") as server:
+        remote = {"name": "remote", "url": server.url, "dtype": "float32", "timeout": 30}
+        config = tiny_config(reward=[remote], micro_batch=1, output_dir=str(tmp_path / "remote"),
+                             **{"grpo.overlap_rewards": True, "max_skipped_steps": 2})  # fmt: skip
+        trainer = GRPOTrainer(config)
+        data = trainer.collect(0)
+        assert torch.equal(data.rewards, expected) and data.seconds["reward"] >= 0
+    weights = {n: p.detach().clone() for n, p in trainer.transformer.named_parameters()}
+    trainer.reward = build_reward([remote | {"retries": 0, "timeout": 2}])
+    row = trainer.step()
+    assert row["reward_failed"] == 4 and row["skipped_steps"] == 1
+    assert all(torch.equal(p, weights[n]) for n, p in trainer.transformer.named_parameters())  # no update at all
+    with pytest.raises(RuntimeError, match="a reward server that is down"):
+        trainer.step()
