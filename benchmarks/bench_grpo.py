@@ -10,12 +10,21 @@ sampling (the transformer's rollout), reward (decoding and scoring) and training
 (``seconds/*``). "ulysses2, serial VAE" decodes on one process of the two (``parallel_vae: false``), as
 before the parallel VAE. Memory is the growth of the peak resident set during the timed iterations (CPU has
 no allocator statistics).
+
+The last rows score with the ``remote`` reward: a reward server on this machine (``pipelines.reward_server``)
+whose scorer pauses ``--scorer-seconds`` per request, like a reward model on another node, with the rollout
+in micro-batches of one sample; "overlapped" scores each micro-batch while the next one samples
+(``grpo.overlap_rewards``), "serial" after the whole rollout.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -51,6 +60,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--frames", type=int, default=9)
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--scorer-seconds", type=float, default=0.5, help="the remote scorer's pause per request")
     args = parser.parse_args()
     base = {"model": "tiny-wan", "checkpoint_every": 0, "output_dir": "outputs/bench_grpo", "overwrite": True,
             "sample": {"frames": args.frames, "height": args.height, "width": args.width, "guidance": 4.0},
@@ -61,22 +71,38 @@ def main() -> None:
     for name, (world, extra) in layouts.items():
         cfg = TrainConfig.from_dict(base | extra)
         rows[name] = spawn(worker, world, args=(cfg, args.steps), threads=1, timeout=3600)
+    env = os.environ | {"PYTHONPATH": str(Path(__file__).parent), "SLOW_SCORER_SECONDS": str(args.scorer_seconds)}
+    server = subprocess.Popen([sys.executable, "-m", "pipelines.reward_server", "--reward",
+                               "slow_scorer:brightness_after_pause", "--port", "0"], stdout=subprocess.PIPE, text=True,
+                              env=env)  # fmt: skip
+    try:
+        url = server.stdout.readline().split(" on ")[1].strip()
+        remote = {"reward": [{"name": "remote", "url": url, "timeout": 600}]}
+        for name, overlap in (("remote reward, serial", False), ("remote reward, overlapped", True)):
+            grpo = base["grpo"] | {"micro_batch": 1, "overlap_rewards": overlap}
+            cfg = TrainConfig.from_dict(base | remote | {"grpo": grpo})
+            rows[name] = spawn(worker, 1, args=(cfg, args.steps), threads=1, timeout=3600)
+    finally:
+        server.kill()
     tokens = (args.frames - 1) // 4 + 1
     tokens *= (args.height // 16) * (args.width // 16)
     print(f"\nGRPO on tiny-wan, {args.frames} frames of {args.height}x{args.width} ({tokens} tokens), guidance 4, "
           "1 thread per process")  # fmt: skip
-    print(f"{'layout':22s} {'procs':>5s} {'s/sample':>9s} {'speedup':>8s} {'sample':>8s} {'reward':>8s} {'train':>8s} "
+    print(f"{'layout':26s} {'procs':>5s} {'s/sample':>9s} {'speedup':>8s} {'sample':>8s} {'reward':>8s} {'train':>8s} "
           f"{'peak MiB/proc':>14s}")  # fmt: skip
     single = rows["sp=1"][0]["s_per_sample"]
     for name, results in rows.items():
         r = results[0]
         print(
-            f"{name:22s} {len(results):5d} {r['s_per_sample']:9.3f} {single / r['s_per_sample']:7.2f}x "
+            f"{name:26s} {len(results):5d} {r['s_per_sample']:9.3f} {single / r['s_per_sample']:7.2f}x "
             + " ".join(f"{r[part]:8.3f}" for part in PARTS)
             + f" {max(x['peak_mib'] for x in results):14.1f}"
         )
     print("sample / reward / train: seconds per sample in rollout sampling, decoding + scoring, and training")
     print(f"ratio: sp=1 / ulysses2 time per sample = {single / rows['ulysses2'][0]['s_per_sample']:.2f}")
+    serial, overlapped = (rows[f"remote reward, {kind}"][0]["s_per_sample"] for kind in ("serial", "overlapped"))
+    print(f"remote scorer pausing {args.scorer_seconds:g} s per request: overlapped / serial time per sample = "
+          f"{overlapped / serial:.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
+from rewards_for_tests import tiny_clip
 
 from dit_sp import spawn
 from dit_sp.errors import ConfigError
@@ -272,23 +274,7 @@ def test_reward_registry_and_failures():
 
 
 def test_clip_score_from_a_local_tiny_checkpoint(tmp_path):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import CLIPConfig, CLIPModel, PreTrainedTokenizerFast
-
-    words = ["<pad>", "<unk>", "a", "red", "blue", "circle", "square", "green", "triangle"]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>").save_pretrained(tmp_path)
-    config = CLIPConfig(
-        text_config={"vocab_size": 16, "eos_token_id": 2, "bos_token_id": 0, "pad_token_id": 0,
-                     "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
-                     "num_attention_heads": 2, "max_position_embeddings": 16},
-        vision_config={"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
-                       "image_size": 16, "patch_size": 8},
-        projection_dim=8,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    CLIPModel(config).save_pretrained(tmp_path)
+    tiny_clip(tmp_path)
     reward = build_reward([{"name": "clip_score", "path": str(tmp_path), "frames": 2}])
     videos = torch.rand(2, 3, 3, 20, 20)
     scores = reward(videos, ["a red circle", "a blue square"])
@@ -296,3 +282,29 @@ def test_clip_score_from_a_local_tiny_checkpoint(tmp_path):
     assert not torch.equal(scores, reward(videos, ["a green triangle", "a blue square"]))
     with pytest.raises(FileNotFoundError, match="holds no CLIP checkpoint"):
         build_reward([{"name": "clip_score", "path": str(tmp_path / "nope")}])
+
+
+def test_pickscore_and_aesthetic_head_from_tiny_local_checkpoints(tmp_path):
+    from dit_sp.rl.rewards import ClipScore
+
+    tiny_clip(tmp_path)
+    videos, prompts = torch.rand(3, 5, 3, 20, 20), ["a red circle", "a blue square", "a green triangle"]
+    clip = ClipScore(str(tmp_path), frames=3)
+    frames, text = clip.frame_embeddings(videos), clip.text_embeddings(prompts)
+    pick = build_reward([{"name": "pickscore", "path": str(tmp_path), "frames": 3}])
+    expected = clip.model.logit_scale.exp() * (frames * text.unsqueeze(1)).sum(-1).mean(1)
+    torch.testing.assert_close(pick(videos, prompts), expected.detach())
+    torch.manual_seed(1)
+    head = {"layers.0.weight": torch.randn(16, 8), "layers.0.bias": torch.randn(16),
+            "layers.2.weight": torch.randn(1, 16), "layers.2.bias": torch.randn(1)}  # fmt: skip
+    torch.save(head, tmp_path / "head.pth")
+    aesthetic = build_reward([{"name": "aesthetic", "path": str(tmp_path), "head": str(tmp_path / "head.pth"),
+                               "frames": 3}])  # fmt: skip
+    manual = F.linear(F.linear(frames, head["layers.0.weight"], head["layers.0.bias"]), head["layers.2.weight"],
+                      head["layers.2.bias"]).squeeze(-1).mean(1)  # fmt: skip
+    torch.testing.assert_close(aesthetic(videos, prompts), manual.detach())
+    torch.save({"layers.0.weight": torch.randn(4, 12), "layers.0.bias": torch.randn(4)}, tmp_path / "other.pth")
+    with pytest.raises(ConfigError, match="12-dim features, the CLIP model gives 8"):
+        build_reward([{"name": "aesthetic", "path": str(tmp_path), "head": str(tmp_path / "other.pth")}])
+    with pytest.raises(FileNotFoundError, match="head"):
+        build_reward([{"name": "aesthetic", "path": str(tmp_path), "head": str(tmp_path / "none.pth")}])

@@ -84,6 +84,23 @@ def test_branched_rollouts_are_on_policy_and_give_the_plain_gradients_on_every_l
             _assert_grads_equal(result["grads"], branched["grads"], f"{layout} rank")
 
 
+def test_reward_models_score_the_same_on_every_layout(tmp_path):
+    """CLIP-family reward models from tiny local checkpoints: the rollouts' rewards on 1x2 and 2x1 are the
+    one-process rewards (the videos are scored once per sample, on its first SP rank, then shared)."""
+    from rewards_for_tests import tiny_clip
+
+    tiny_clip(tmp_path)
+    torch.save({"layers.0.weight": torch.randn(1, 8), "layers.0.bias": torch.zeros(1)}, tmp_path / "head.pth")
+    head = str(tmp_path / "head.pth")
+    reward = [{"name": "pickscore", "path": str(tmp_path), "frames": 2},
+              {"name": "aesthetic", "path": str(tmp_path), "head": head, "weight": 0.5}]  # fmt: skip
+    single = spawn(step_gradients, 1, args=(tiny_config(reward=reward),), timeout=300)[0]
+    assert torch.isfinite(single["rewards"]).all() and single["rewards"].std() > 0
+    for layout in ({"ulysses": 2}, {"ring": 2}):
+        for result in spawn(step_gradients, 2, args=(tiny_config(reward=reward, **layout),), timeout=300):
+            torch.testing.assert_close(result["rewards"], single["rewards"], atol=1e-4, rtol=0)
+
+
 def test_ratio_normalised_step_is_on_policy_with_the_plain_gradients(single):
     """With grpo.ratio_norm the first step is still exactly on-policy and, the means not having moved, its
     gradients are the plain step's, in one process and on 1x2."""

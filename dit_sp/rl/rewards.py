@@ -3,8 +3,10 @@ floats in [0, 1].
 
 Built in: pixel rewards that need no weights (``brightness``, ``saturation``, ``temporal_smoothness``),
 ``faithfulness`` to the prompt in the synthetic shape world (and its smooth ``dense_faithfulness``; both
-live in ``dit_sp.toyworld`` and are registered here by reference), and ``clip_score`` (text-video cosine
-similarity of a CLIP model loaded from a local path). A user reward is named ``package.module:function``.
+live in ``dit_sp.toyworld`` and are registered here by reference), and CLIP-family models from local
+paths: ``clip_score`` (text-video cosine similarity), ``pickscore`` (a preference-tuned CLIP's scaled
+similarity) and ``aesthetic`` (an aesthetic head on CLIP image features), frames subsampled. A user
+reward is named ``package.module:function``.
 ``remote`` scores with a reward server (``dit_sp.rl.remote``). ``build_reward`` combines several with
 weights; ``score`` isolates failures: a sample whose reward raises or is not finite gets NaN (and so no
 gradient), the run goes on.
@@ -67,8 +69,8 @@ class ClipScore:
         self.mean = torch.tensor([0.48145466, 0.4578275, 0.40821073]).view(1, 3, 1, 1)
         self.std = torch.tensor([0.26862954, 0.26130258, 0.27577711]).view(1, 3, 1, 1)
 
-    @torch.no_grad()
-    def __call__(self, videos: Tensor, prompts: list[str]) -> Tensor:
+    def frame_embeddings(self, videos: Tensor) -> Tensor:
+        """``(B, frames, D)``: unit CLIP image embeddings of ``frames`` frames spread over each video."""
         device = next(self.model.parameters()).device
         b, f = videos.shape[:2]
         index = torch.linspace(0, f - 1, min(self.frames, f)).round().long()
@@ -77,11 +79,66 @@ class ClipScore:
         frames = (frames - self.mean.to(device)) / self.std.to(device)
         image = self.model.get_image_features(pixel_values=frames)
         image = getattr(image, "pooler_output", image)  # transformers versions differ
-        image = F.normalize(image.view(b, len(index), -1).mean(1), dim=-1)
+        return F.normalize(image, dim=-1).view(b, len(index), -1)
+
+    def text_embeddings(self, prompts: list[str]) -> Tensor:
+        """``(B, D)``: unit CLIP text embeddings."""
+        device = next(self.model.parameters()).device
         tokens = self.tokenizer(prompts, padding=True, truncation=True, return_tensors="pt").to(device)
         text = self.model.get_text_features(**tokens)
-        text = F.normalize(getattr(text, "pooler_output", text), dim=-1)
-        return (image * text).sum(-1).cpu()
+        return F.normalize(getattr(text, "pooler_output", text), dim=-1)
+
+    @torch.no_grad()
+    def __call__(self, videos: Tensor, prompts: list[str]) -> Tensor:
+        image = F.normalize(self.frame_embeddings(videos).mean(1), dim=-1)
+        return (image * self.text_embeddings(prompts)).sum(-1).cpu()
+
+
+class PickScore(ClipScore):
+    """PickScore-style preference: a preference-tuned ``CLIPModel`` checkpoint (e.g. yuvalkirstain/PickScore_v1
+    with its processor's tokenizer, downloaded beforehand) scores ``logit_scale * cos(text, image)`` per
+    frame, averaged over the frames."""
+
+    @torch.no_grad()
+    def __call__(self, videos: Tensor, prompts: list[str]) -> Tensor:
+        per_frame = (self.frame_embeddings(videos) * self.text_embeddings(prompts).unsqueeze(1)).sum(-1)
+        return (self.model.logit_scale.exp() * per_frame).mean(1).cpu()
+
+
+class AestheticScore(ClipScore):
+    """An aesthetic head on CLIP image features (the LAION aesthetic predictor's format: a stack of linear
+    layers over unit CLIP ViT-L/14 image embeddings, e.g. ``sac+logos+ava1-l14-linearMSE.pth``): the mean
+    predicted score of the video's frames. ``path``: the CLIP checkpoint directory; ``head``: the head's
+    state dict (``.pth``/``.pt`` read without pickle, or ``.safetensors``)."""
+
+    def __init__(self, path: str, head: str, frames: int = 4, device: str | None = None):
+        super().__init__(path, frames, device)
+        if not Path(head).is_file():
+            raise MissingFileError(f"aesthetic: head {head} does not exist (the aesthetic MLP's state dict)")
+        if head.endswith(".safetensors"):
+            from safetensors.torch import load_file
+
+            state = load_file(head)
+        else:
+            state = torch.load(head, map_location="cpu", weights_only=True)
+        weights = sorted((k for k, v in state.items() if k.endswith("weight") and v.dim() == 2),
+                         key=lambda k: [int(part) if part.isdigit() else part for part in k.split(".")])  # fmt: skip
+        if not weights:
+            raise ConfigError(f"aesthetic: {head} holds no linear layers")
+        device = next(self.model.parameters()).device
+        self.layers = [(state[k].float().to(device), state[k[: -len("weight")] + "bias"].float().to(device))
+                       for k in weights]  # fmt: skip
+        if self.layers[0][0].shape[1] != self.model.config.projection_dim:
+            width, clip = self.layers[0][0].shape[1], self.model.config.projection_dim
+            raise ConfigError(f"aesthetic: the head takes {width}-dim features, the CLIP model gives {clip}; pair "
+                              "the head with its CLIP model")  # fmt: skip
+
+    @torch.no_grad()
+    def __call__(self, videos: Tensor, prompts: list[str]) -> Tensor:
+        x = self.frame_embeddings(videos)
+        for weight, bias in self.layers:  # the LAION head has no nonlinearity (its dropouts are off in eval)
+            x = F.linear(x, weight, bias)
+        return x.squeeze(-1).mean(1).cpu()
 
 
 BUILTIN: dict[str, RewardFn | type | str] = {
@@ -89,6 +146,8 @@ BUILTIN: dict[str, RewardFn | type | str] = {
     "saturation": saturation,
     "temporal_smoothness": temporal_smoothness,
     "clip_score": ClipScore,
+    "pickscore": PickScore,
+    "aesthetic": AestheticScore,
     # The synthetic shape world's prompt faithfulness (and its smooth version for RL), by reference: the
     # registry does not depend on the toy world.
     "faithfulness": "dit_sp.toyworld:faithfulness",
