@@ -44,3 +44,43 @@ def tiny_clip(path) -> None:
     )  # fmt: skip
     torch.manual_seed(0)
     CLIPModel(config).save_pretrained(path)
+
+
+def tiny_qwen2_vl(path) -> None:
+    """A random tiny Qwen2-VL chat model with a word-level tokenizer, its chat template and image processor,
+    saved to ``path`` as a real checkpoint directory."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import (
+        PreTrainedTokenizerFast,
+        Qwen2VLConfig,
+        Qwen2VLForConditionalGeneration,
+        Qwen2VLImageProcessor,
+    )
+
+    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+               "<|video_pad|>"]  # fmt: skip
+    words = [*special, "<unk>", "1", "2", "3", "4", "5", "user", "assistant", "how", "well", "does", "this", "video",
+             "show", "a", "red", "blue", "circle", "square", "rate", "it"]  # fmt: skip
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<|endoftext|>",
+                                        eos_token="<|im_end|>", additional_special_tokens=special[1:])  # fmt: skip
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|im_start|> {{ m['role'] }} {% for c in m['content'] %}{% if c['type'] == 'image' %}"
+        "<|vision_start|><|image_pad|><|vision_end|> {% else %}{{ c['text'] }} {% endif %}{% endfor %}<|im_end|> "
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
+    )
+    tokenizer.save_pretrained(path)
+    Qwen2VLImageProcessor(min_pixels=16 * 16, max_pixels=64 * 64, patch_size=8, merge_size=2,
+                          temporal_patch_size=2).save_pretrained(path)  # fmt: skip
+    config = Qwen2VLConfig(
+        text_config={"vocab_size": len(words), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                     "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 512,
+                     "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}},
+        vision_config={"depth": 1, "embed_dim": 16, "hidden_size": 32, "num_heads": 2, "patch_size": 8,
+                       "spatial_merge_size": 2, "temporal_patch_size": 2, "in_chans": 3, "mlp_ratio": 2},
+        image_token_id=words.index("<|image_pad|>"), video_token_id=words.index("<|video_pad|>"),
+        vision_start_token_id=words.index("<|vision_start|>"),
+    )  # fmt: skip
+    torch.manual_seed(0)
+    Qwen2VLForConditionalGeneration(config).save_pretrained(path)

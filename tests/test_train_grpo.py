@@ -85,15 +85,18 @@ def test_branched_rollouts_are_on_policy_and_give_the_plain_gradients_on_every_l
 
 
 def test_reward_models_score_the_same_on_every_layout(tmp_path):
-    """CLIP-family reward models from tiny local checkpoints: the rollouts' rewards on 1x2 and 2x1 are the
+    """CLIP-family and vision-language reward models from tiny local checkpoints: the rollouts' rewards on
+    1x2 and 2x1 are the
     one-process rewards (the videos are scored once per sample, on its first SP rank, then shared)."""
-    from rewards_for_tests import tiny_clip
+    from rewards_for_tests import tiny_clip, tiny_qwen2_vl
 
     tiny_clip(tmp_path)
+    tiny_qwen2_vl(tmp_path / "vlm")
     torch.save({"layers.0.weight": torch.randn(1, 8), "layers.0.bias": torch.zeros(1)}, tmp_path / "head.pth")
     head = str(tmp_path / "head.pth")
     reward = [{"name": "pickscore", "path": str(tmp_path), "frames": 2},
-              {"name": "aesthetic", "path": str(tmp_path), "head": head, "weight": 0.5}]  # fmt: skip
+              {"name": "aesthetic", "path": str(tmp_path), "head": head, "weight": 0.5},
+              {"name": "vlm_score", "path": str(tmp_path / "vlm"), "frames": 2, "weight": 0.1}]  # fmt: skip
     single = spawn(step_gradients, 1, args=(tiny_config(reward=reward),), timeout=300)[0]
     assert torch.isfinite(single["rewards"]).all() and single["rewards"].std() > 0
     for layout in ({"ulysses": 2}, {"ring": 2}):
