@@ -209,10 +209,11 @@ def _check_eval_videos(out: Path, rows: list[dict]) -> None:
 
 
 def test_a_killed_run_with_the_stabilisers_resumes_exactly(tmp_path):
-    """EMA weights, per-prompt reward statistics and a sliding SDE window: a run killed with SIGKILL after its
-    step-2 checkpoint and resumed logs the uninterrupted run's losses and rewards and exports its EMA."""
-    stabilisers = ["--set", "ema_decay=0.5", "--set", "grpo.stat_tracking=2", "--set",
-                   "grpo.sliding_window={size: 2, every: 2}"]  # fmt: skip
+    """EMA weights, per-prompt reward statistics, ratio normalisation and a sliding SDE window: a run killed
+    with SIGKILL after its step-2 checkpoint and resumed logs the uninterrupted run's losses and rewards and
+    exports its EMA."""
+    stabilisers = ["--set", "ema_decay=0.5", "--set", "grpo.stat_tracking=2", "--set", "grpo.ratio_norm=true",
+                   "--set", "grpo.sliding_window={size: 2, every: 2}"]  # fmt: skip
     full, killed = tmp_path / "full", tmp_path / "killed"
     run_python(_train_cmd(full, "--max-steps", "4", "--checkpoint-every", "2", *stabilisers), check=True, timeout=600)
     kill_after(_train_cmd(killed, "--max-steps", "4", "--checkpoint-every", "2", *stabilisers),
