@@ -330,6 +330,13 @@ def parallelize(
         raise ValueError(f"{type(obj).__name__} is already parallelized; call unparallelize() first")
     if frames_on not in ("every_rank", "leader"):
         raise ValueError(f"frames_on={frames_on!r}: expected 'every_rank' or 'leader'")
+    if shard_weights and compile:
+        raise ConfigError("shard_weights gathers each module's weights in hooks as it runs, which compiled blocks "
+                          "cannot hold: use one of shard_weights and compile")  # fmt: skip
+    if shard_weights and cache is not None and parallel.cfg == 2:
+        raise ConfigError("with cfg parallelism each guidance branch's step cache decides on its own, but sharded "
+                          "weights are gathered across both branches (a skipped block on one would leave the other "
+                          "waiting): drop shard_weights, the cache, or cfg parallelism")  # fmt: skip
     handle = Parallelized(obj)
     options = {"gather_grad": gather_grad, "kernel": kernel, "verify": verify_inputs}
     try:

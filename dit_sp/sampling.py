@@ -172,6 +172,12 @@ def check_before_loading(config: GenerateConfig) -> None:
     if config.shard_weights and (2 if config.cfg_parallel else 1) * config.ring * config.ulysses == 1:
         raise ConfigError("--shard-weights shards the weights over the processes of one sample, and this layout "
                           "has one: add --ulysses/--ring/--cfg-parallel, or drop --shard-weights")  # fmt: skip
+    if config.shard_weights and config.compile:
+        raise ConfigError("--shard-weights gathers each module's weights in hooks as it runs, which compiled blocks "
+                          "cannot hold: drop --compile or --shard-weights")  # fmt: skip
+    if config.shard_weights and config.cache and config.cfg_parallel:
+        raise ConfigError("--cache with --cfg-parallel lets each guidance branch skip on its own, but --shard-weights "
+                          "gathers weights across both branches: drop one of the three")  # fmt: skip
     check_output(config.out)
     if config.save_latents:
         check_writable(config.save_latents, "--save-latents")
