@@ -77,6 +77,7 @@ def moved_window_gradients(cfg: TrainConfig, step: int) -> dict:
         "trained": stats["trained_steps"],
         "ratio": (stats["ratio_min"], stats["ratio_max"]),
         "log_probs": data.traj.log_probs,
+        "forwards": trainer.policy.forwards,
     }
 
 

@@ -74,6 +74,8 @@ def test_branched_rollouts_are_on_policy_and_give_the_plain_gradients_on_every_l
     branched = spawn(moved_window_gradients, 1, args=(tiny_config(**settings, **{"grpo.branch": True}), 0),
                      timeout=300)[0]  # fmt: skip
     assert branched["ratio"] == (1.0, 1.0) and branched["window"] == (1, 3)
+    # 4 samples x 2 guidance branches: rollout 4 steps, training steps 1 and 2; branched, steps 0 and 1 once
+    assert plain["forwards"] == 8 * 4 + 8 * 2 and branched["forwards"] == 2 + 2 + 8 * 2 + 2 + 8
     torch.testing.assert_close(branched["log_probs"], plain["log_probs"], atol=1e-5, rtol=0)
     _assert_grads_equal(branched["grads"], plain["grads"], "branched vs plain")
     for layout in ({"ulysses": 2}, {"ring": 2}, {"dp": 2}):

@@ -49,6 +49,8 @@ class DiffusersPolicy:
                               f"guidance {guidance} turns guidance off for both experts; use guidance > 1 or drop "
                               "guidance_2")  # fmt: skip
         self.pipe, self.transformer, self.reference = pipe, transformer, reference
+        self.forwards = 0
+        """Samples the transformers were evaluated on (each guidance branch counts): what a step costs."""
         self.transformer_2, self.reference_2 = transformer_2, None
         self.train_timesteps = pipe.scheduler.config.num_train_timesteps if self.boundary is not None else 1000
         self.guidance, self.negative_prompt, self.max_sequence_length = guidance, negative_prompt, max_sequence_length
@@ -133,6 +135,7 @@ class DiffusersPolicy:
         guidance = self.guidance_2 if low_noise else self.guidance
         positive, negative = cond
         hidden = torch.cat([x, x]) if self.guided else x
+        self.forwards += hidden.shape[0]
         branches = self._concat(negative, positive) if self.guided else positive
         timestep = torch.full((hidden.shape[0],), s * 1000.0, device=x.device)
         dtype = next(model.parameters()).dtype

@@ -108,10 +108,11 @@ class NonFiniteError(RuntimeError):
 
 
 LOSS_STATS = {"loss": "mean", "policy_loss": "mean", "ratio_mean": "mean", "clip_fraction": "mean", "kl": "mean",
-              "ratio_min": "min", "ratio_max": "max", "masked": "sum"}  # fmt: skip
+              "ratio_min": "min", "ratio_max": "max", "masked": "sum", "transformer_forwards": "sum"}  # fmt: skip
 """How each per-rank loss statistic combines over the data-parallel ranks."""
 
-RUN_FILES = ("metrics.jsonl", "checkpoints", "config.yaml", "final", "tensorboard", "reward_curve.png")
+RUN_FILES = ("metrics.jsonl", "checkpoints", "config.yaml", "final", "tensorboard", "reward_curve.png", "wandb",
+             "wandb_run_id")  # fmt: skip
 """What a training run writes to its output directory (and, with ``overwrite``, what is removed)."""
 
 
@@ -413,12 +414,13 @@ class GRPOTrainer:
     def step(self) -> dict[str, Any]:
         """One iteration (roll out, score, update), logged; returns its metrics row (collective)."""
         config, step = self.config, self.step_index
-        began = time.perf_counter()
+        began, forwards = time.perf_counter(), self.policy.forwards
         data = self.collect(step)
         trained = time.perf_counter()
         stats = train_on_rollout(self.policy, self.transformer, self.optimizer, data.traj, data.cond, data.advantages,
                                  config.grpo, seed_for(config.seed, step, 1), config.optim.max_grad_norm)  # fmt: skip
         self.scheduler.step()
+        stats["transformer_forwards"] = float(self.policy.forwards - forwards)  # rollout and training, all ranks
         skipped = bool(stats.pop("skipped"))
         if self.ema is not None and not skipped:
             self.ema.update()
