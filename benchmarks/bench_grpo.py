@@ -12,7 +12,7 @@ before the parallel VAE. Memory is the growth of the peak resident set during th
 no allocator statistics).
 
 The last rows score with the ``remote`` reward: a reward server on this machine (``pipelines.reward_server``)
-whose scorer pauses ``--scorer-seconds`` per request, like a reward model on another node, with the rollout
+whose scorer pauses ``--scorer-seconds`` per video, like a reward model on another node, with the rollout
 in micro-batches of one sample; "overlapped" scores each micro-batch while the next one samples
 (``grpo.overlap_rewards``), "serial" after the whole rollout.
 """
@@ -60,7 +60,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--frames", type=int, default=9)
     parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--scorer-seconds", type=float, default=0.5, help="the remote scorer's pause per request")
+    parser.add_argument("--scorer-seconds", type=float, default=0.05, help="the remote scorer's pause per video")
     args = parser.parse_args()
     base = {"model": "tiny-wan", "checkpoint_every": 0, "output_dir": "outputs/bench_grpo", "overwrite": True,
             "sample": {"frames": args.frames, "height": args.height, "width": args.width, "guidance": 4.0},
@@ -101,7 +101,7 @@ def main() -> None:
     print("sample / reward / train: seconds per sample in rollout sampling, decoding + scoring, and training")
     print(f"ratio: sp=1 / ulysses2 time per sample = {single / rows['ulysses2'][0]['s_per_sample']:.2f}")
     serial, overlapped = (rows[f"remote reward, {kind}"][0]["s_per_sample"] for kind in ("serial", "overlapped"))
-    print(f"remote scorer pausing {args.scorer_seconds:g} s per request: overlapped / serial time per sample = "
+    print(f"remote scorer pausing {args.scorer_seconds:g} s per video: overlapped / serial time per sample = "
           f"{overlapped / serial:.2f}")  # fmt: skip
 
 
