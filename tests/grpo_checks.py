@@ -120,3 +120,32 @@ def trained_experts(cfg: TrainConfig, export: str) -> dict:
 def each_step_gradients(configs: list[TrainConfig]) -> list[dict]:
     """``step_gradients`` of several runs in turn, on one world."""
     return [step_gradients(cfg) for cfg in configs]
+
+
+def remote_reward_run(url: str, out: str) -> dict:
+    """The rewards of one rollout scored locally and through the reward server at ``url`` (overlapped,
+    micro-batches of one); then a step and a second one with the server unreachable."""
+    import socket
+
+    from dit_sp.rl.rewards import build_reward
+
+    expected = GRPOTrainer(tiny_config(reward="brightness", output_dir=f"{out}/local")).collect(0).rewards
+    remote = {"name": "remote", "url": url, "dtype": "float32", "timeout": 30}
+    config = tiny_config(reward=[remote], micro_batch=1, output_dir=f"{out}/remote",
+                         **{"grpo.overlap_rewards": True, "max_skipped_steps": 2})  # fmt: skip
+    trainer = GRPOTrainer(config)
+    data = trainer.collect(0)
+    with socket.socket() as s:  # a port where nothing listens: the server is gone
+        s.bind(("127.0.0.1", 0))
+        gone = f"http://127.0.0.1:{s.getsockname()[1]}"
+    trainer.reward = build_reward([remote | {"url": gone, "retries": 0, "timeout": 2}])
+    weights = {n: p.detach().clone() for n, p in trainer.transformer.named_parameters()}
+    row = trainer.step()
+    unchanged = all(torch.equal(p, weights[n]) for n, p in trainer.transformer.named_parameters())
+    try:
+        trainer.step()
+        error = ""
+    except RuntimeError as e:
+        error = str(e)
+    return {"local": expected, "remote": data.rewards, "waited": data.seconds["reward"], "row": row,
+            "unchanged": unchanged, "error": error}  # fmt: skip
