@@ -84,3 +84,34 @@ def tiny_qwen2_vl(path) -> None:
     )  # fmt: skip
     torch.manual_seed(0)
     Qwen2VLForConditionalGeneration(config).save_pretrained(path)
+
+
+def as_open_clip(state: dict) -> dict:
+    """A transformers ``CLIPModel`` state dict in open_clip's layout (fused attention, (D, P) projections):
+    what an HPS checkpoint holds."""
+    out = {"logit_scale": state["logit_scale"], "attn_mask": torch.zeros(1)}
+    towers = {"text_model": "", "vision_model": "visual."}
+    for key, value in state.items():
+        if key.endswith("position_ids") or key == "logit_scale":
+            continue
+        if key in ("text_projection.weight", "visual_projection.weight"):
+            out["text_projection" if key.startswith("text") else "visual.proj"] = value.t()
+            continue
+        tower, rest = key.split(".", 1)
+        head = towers[tower]
+        rest = (rest.replace("embeddings.token_embedding", "token_embedding")
+                .replace("embeddings.position_embedding.weight", "positional_embedding")
+                .replace("embeddings.class_embedding", "class_embedding")
+                .replace("embeddings.patch_embedding", "conv1").replace("pre_layrnorm", "ln_pre")
+                .replace("post_layernorm", "ln_post").replace("final_layer_norm", "ln_final")
+                .replace("encoder.layers", "transformer.resblocks").replace("layer_norm1", "ln_1")
+                .replace("layer_norm2", "ln_2").replace("mlp.fc1", "mlp.c_fc").replace("mlp.fc2", "mlp.c_proj")
+                .replace("self_attn.out_proj", "attn.out_proj"))  # fmt: skip
+        if ".self_attn.q_proj." in rest:
+            kind = rest.rsplit(".", 1)[1]
+            base = rest.split(".self_attn.")[0]
+            parts = [state[key.replace("q_proj", p)] for p in ("q_proj", "k_proj", "v_proj")]
+            out[f"{head}{base}.attn.in_proj_{kind}"] = torch.cat(parts)
+        elif ".self_attn." not in rest:
+            out[f"{head}{rest}"] = value
+    return out

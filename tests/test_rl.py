@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from rewards_for_tests import tiny_clip, tiny_qwen2_vl
+from rewards_for_tests import as_open_clip, tiny_clip, tiny_qwen2_vl
 
 from dit_sp import spawn
 from dit_sp.errors import ConfigError
@@ -321,3 +321,32 @@ def test_vlm_score_rates_videos_with_a_tiny_local_qwen2_vl(tmp_path):
     assert not torch.equal(scores, reward(videos.flip(-1), ["a red circle", "a blue square"]))  # and the frames
     with pytest.raises(ConfigError, match="no single token"):
         build_reward([{"name": "vlm_score", "path": str(tmp_path), "scale": ["1", "10"]}])
+
+
+def test_hps_loads_an_open_clip_checkpoint_into_the_clip_architecture(tmp_path):
+    """An open_clip-format checkpoint (what HPSv2 ships) of one tiny CLIP, loaded into the architecture
+    directory of another, scores exactly as the first: per-frame text-image cosine, averaged."""
+    from transformers import CLIPModel
+
+    from dit_sp.rl.rewards import ClipScore
+
+    tiny_clip(tmp_path / "arch")
+    tiny_clip(tmp_path / "trained")
+    trained = CLIPModel.from_pretrained(tmp_path / "trained")
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.add_(0.1 * torch.randn_like(p))  # other weights than the architecture directory's
+    trained.save_pretrained(tmp_path / "trained")
+    torch.save({"state_dict": {"module." + k: v for k, v in as_open_clip(trained.state_dict()).items()}},
+               tmp_path / "hps.pt")  # fmt: skip
+    videos, prompts = torch.rand(2, 4, 3, 20, 20), ["a red circle", "a blue square"]
+    hps = build_reward([{"name": "hps", "path": str(tmp_path / "arch"), "weights": str(tmp_path / "hps.pt"),
+                         "frames": 3}])  # fmt: skip
+    reference = ClipScore(str(tmp_path / "trained"), frames=3)
+    expected = (reference.frame_embeddings(videos) * reference.text_embeddings(prompts).unsqueeze(1)).sum(-1).mean(1)
+    torch.testing.assert_close(hps(videos, prompts), expected.detach(), atol=1e-5, rtol=0)
+    untouched = ClipScore(str(tmp_path / "arch"), frames=3)
+    assert not torch.allclose(untouched.frame_embeddings(videos), reference.frame_embeddings(videos))
+    torch.save({"visual.extra.weight": torch.zeros(1)}, tmp_path / "bad.pt")
+    with pytest.raises(ConfigError, match="unknown keys"):
+        build_reward([{"name": "hps", "path": str(tmp_path / "arch"), "weights": str(tmp_path / "bad.pt")}])

@@ -5,9 +5,9 @@ Built in: pixel rewards that need no weights (``brightness``, ``saturation``, ``
 ``faithfulness`` to the prompt in the synthetic shape world (and its smooth ``dense_faithfulness``; both
 live in ``dit_sp.toyworld`` and are registered here by reference), and CLIP-family models from local
 paths: ``clip_score`` (text-video cosine similarity), ``pickscore`` (a preference-tuned CLIP's scaled
-similarity) and ``aesthetic`` (an aesthetic head on CLIP image features), frames subsampled, and
-``vlm_score`` (a chat vision-language model's expected rating of the video). A user
-reward is named ``package.module:function``.
+similarity), ``hps`` (an open_clip HPS checkpoint) and ``aesthetic`` (an aesthetic head on CLIP image
+features), frames subsampled, and ``vlm_score`` (a chat vision-language model's expected rating of the
+video). A user reward is named ``package.module:function``.
 ``remote`` scores with a reward server (``dit_sp.rl.remote``). ``build_reward`` combines several with
 weights; ``score`` isolates failures: a sample whose reward raises or is not finite gets NaN (and so no
 gradient), the run goes on.
@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,72 @@ class PickScore(ClipScore):
         return (self.model.logit_scale.exp() * per_frame).mean(1).cpu()
 
 
+def open_clip_to_transformers(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """An open_clip CLIP state dict (e.g. an HPS checkpoint) as the state dict of transformers'
+    ``CLIPModel``: the fused ``in_proj`` attention weights split into q, k, v, and the projections
+    transposed. Raises ``ConfigError`` naming any key it does not know."""
+    block = {"ln_1": "layer_norm1", "ln_2": "layer_norm2", "mlp.c_fc": "mlp.fc1", "mlp.c_proj": "mlp.fc2",
+             "attn.out_proj": "self_attn.out_proj"}  # fmt: skip
+    fixed = {"logit_scale": "logit_scale", "token_embedding.weight": "text_model.embeddings.token_embedding.weight",
+             "positional_embedding": "text_model.embeddings.position_embedding.weight",
+             "visual.class_embedding": "vision_model.embeddings.class_embedding",
+             "visual.positional_embedding": "vision_model.embeddings.position_embedding.weight",
+             "visual.conv1.weight": "vision_model.embeddings.patch_embedding.weight"}  # fmt: skip
+    norms = {"ln_final": "text_model.final_layer_norm", "visual.ln_pre": "vision_model.pre_layrnorm",
+             "visual.ln_post": "vision_model.post_layernorm"}  # fmt: skip
+    fixed |= {f"{a}.{kind}": f"{b}.{kind}" for a, b in norms.items() for kind in ("weight", "bias")}
+    resblock = re.compile(r"(visual\.)?transformer\.resblocks\.(\d+)\.(.+)\.(weight|bias|in_proj_weight|in_proj_bias)")
+    out, unknown = {}, []
+    for key, value in state.items():
+        match = resblock.fullmatch(key)
+        if key in fixed:
+            out[fixed[key]] = value
+        elif key in ("text_projection", "visual.proj"):
+            out["text_projection.weight" if key == "text_projection" else "visual_projection.weight"] = value.t()
+        elif key == "attn_mask":
+            continue  # a buffer (the causal mask)
+        elif match:
+            tower = "vision_model" if match.group(1) else "text_model"
+            prefix, name, kind = f"{tower}.encoder.layers.{match.group(2)}", match.group(3), match.group(4)
+            if kind.startswith("in_proj"):
+                for part, chunk in zip("qkv", value.chunk(3)):
+                    out[f"{prefix}.self_attn.{part}_proj.{kind.removeprefix('in_proj_')}"] = chunk
+            elif name in block:
+                out[f"{prefix}.{block[name]}.{kind}"] = value
+            else:
+                unknown.append(key)
+        else:
+            unknown.append(key)
+    if unknown:
+        raise ConfigError(f"not an open_clip CLIP state dict: unknown keys {unknown[:5]}")
+    return out
+
+
+class HPSScore(ClipScore):
+    """HPS-style preference (HPSv2): an open_clip CLIP checkpoint (e.g. ``HPS_v2_compressed.pt``) loaded
+    into the transformers CLIP architecture at ``path`` (its ``config.json`` and tokenizer, e.g.
+    CLIP-ViT-H-14 for HPSv2); the reward is the text-image cosine similarity per frame, averaged."""
+
+    def __init__(self, path: str, weights: str, frames: int = 4, device: str | None = None):
+        super().__init__(path, frames, None)
+        if not Path(weights).is_file():
+            raise MissingFileError(f"hps: weights {weights} do not exist (an open_clip checkpoint)")
+        state = torch.load(weights, map_location="cpu", weights_only=True)
+        state = state.get("state_dict", state)
+        state = {k.removeprefix("module."): v for k, v in state.items()}
+        missing, unexpected = self.model.load_state_dict(open_clip_to_transformers(state), strict=False)
+        missing = [k for k in missing if not k.endswith("position_ids")]
+        if missing or unexpected:
+            raise ConfigError(f"hps: {weights} does not fit the CLIP architecture at {path}: missing {missing[:5]}, "
+                              f"unexpected {unexpected[:5]}")  # fmt: skip
+        if device:
+            self.model.to(device)
+
+    @torch.no_grad()
+    def __call__(self, videos: Tensor, prompts: list[str]) -> Tensor:
+        return (self.frame_embeddings(videos) * self.text_embeddings(prompts).unsqueeze(1)).sum(-1).mean(1).cpu()
+
+
 class AestheticScore(ClipScore):
     """An aesthetic head on CLIP image features (the LAION aesthetic predictor's format: a stack of linear
     layers over unit CLIP ViT-L/14 image embeddings, e.g. ``sac+logos+ava1-l14-linearMSE.pth``): the mean
@@ -149,6 +216,7 @@ BUILTIN: dict[str, RewardFn | type | str] = {
     "clip_score": ClipScore,
     "pickscore": PickScore,
     "aesthetic": AestheticScore,
+    "hps": HPSScore,
     "vlm_score": "dit_sp.rl.rewards:VLMScore",
     # The synthetic shape world's prompt faithfulness (and its smooth version for RL), by reference: the
     # registry does not depend on the toy world.
