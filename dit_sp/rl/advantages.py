@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 import torch
@@ -27,6 +28,7 @@ def group_advantages(
     std: Literal["group", "global"] = "group",
     eps: float = 1e-4,
     clip: float = 5.0,
+    past: Mapping[int, list[float]] | None = None,
 ) -> Tensor:
     """Advantages ``(r - mean_group) / (std + eps)`` clipped to ``+-clip``, for this rank's samples.
 
@@ -34,6 +36,8 @@ def group_advantages(
     ``grpo_loss`` leaves them out, and they do not count in the statistics). ``prompt_ids``: ``(N,)`` integer id of each
     sample's prompt; samples of one prompt may live on several data-parallel ranks of ``group``: rewards
     are gathered and matched by id. ``std="global"`` uses the standard deviation over all samples.
+    ``past``: per prompt id, rewards of earlier iterations that join its group's mean and std
+    (``PromptStats``).
     """
     if rewards.shape != prompt_ids.shape or rewards.dim() != 1:
         raise ValueError(f"rewards {tuple(rewards.shape)} and prompt_ids {tuple(prompt_ids.shape)} must be (N,)")
@@ -50,6 +54,9 @@ def group_advantages(
         if not members.any():
             continue
         group_rewards = all_rewards[members]
+        if past is not None and past.get(int(pid)):
+            earlier = torch.tensor(past[int(pid)], dtype=group_rewards.dtype, device=group_rewards.device)
+            group_rewards = torch.cat([earlier, group_rewards])
         scale = group_rewards.std(unbiased=False) if std == "group" else global_std
         mine = (prompt_ids == pid) & ~torch.isnan(rewards)
         if scale + eps > 0:  # identical rewards (a group of one, or no spread) carry no signal
@@ -81,30 +88,18 @@ class PromptStats:
         eps: float = 1e-4,
         clip: float = 5.0,
     ) -> Tensor:
-        """As ``group_advantages``, with each prompt's mean and std over its tracked rewards (this
-        iteration's included: they are recorded first)."""
-        rewards = rewards.double()
-        all_rewards = gather_across(rewards, group).cpu()
+        """``group_advantages`` with each prompt's rewards of its last ``history`` iterations joining its
+        group; then this iteration's rewards are recorded."""
+        past = {pid: [r for rows in kept[-self.history :] for r in rows] for pid, kept in self.rewards.items()}
+        advantages = group_advantages(rewards, prompt_ids, group=group, std=std, eps=eps, clip=clip, past=past)
+        all_rewards = gather_across(rewards.double(), group).cpu()
         all_ids = gather_across(prompt_ids.long().to(rewards.device), group).cpu()
         valid = ~torch.isnan(all_rewards)
         for pid in all_ids.unique().tolist():
             kept = self.rewards.setdefault(pid, [])
             kept.append(all_rewards[(all_ids == pid) & valid].tolist())
             del kept[: -(self.history + 1)]  # the past `history` iterations, and this one
-        global_std = all_rewards[valid].std(unbiased=False) if valid.any() else torch.tensor(0.0, dtype=torch.float64)
-        advantages = torch.zeros_like(rewards)
-        for pid in prompt_ids.unique().tolist():
-            tracked = torch.tensor([r for rows in self.rewards[pid] for r in rows], dtype=torch.float64)
-            mine = (prompt_ids == pid) & ~torch.isnan(rewards)
-            if not len(tracked):
-                continue
-            scale = tracked.std(unbiased=False) if std == "group" else global_std
-            if scale + eps > 0:
-                advantages[mine] = (rewards[mine] - tracked.mean().to(rewards.device)) / (
-                    scale.to(rewards.device) + eps
-                )
-        advantages[torch.isnan(rewards)] = float("nan")
-        return advantages.clamp(-clip, clip).float()
+        return advantages
 
     def state_dict(self) -> dict:
         return {
