@@ -91,6 +91,12 @@ def _worker(
         torch.set_num_threads(threads)
     try:
         result = fn(*args)
+        import torch.distributed as dist
+
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            # no rank tears its connections down while a peer still reads the last collective's data from them
+            # (a socket closed with data unread resets the connection: "Connection reset by peer" on the peer)
+            dist.barrier()
         torch.save(result, Path(out_dir) / f"rank{rank}.pt")
     except BaseException as error:
         failure = {"time": time.time(), "traceback": traceback.format_exc(), "error": None}
