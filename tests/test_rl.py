@@ -24,7 +24,14 @@ from dit_sp.rl import (
     shifted_sigmas,
 )
 from dit_sp.rl.advantages import PromptStats
-from dit_sp.rl.grpo import GRPOConfig, SlidingWindow, drift_free_log_prob, sde_window_at, trained_steps
+from dit_sp.rl.grpo import (
+    GRPOConfig,
+    SlidingWindow,
+    drift_free_log_prob,
+    rollout_sigmas,
+    sde_window_at,
+    trained_steps,
+)
 from dit_sp.rl.rollout import branched_trajectory, representatives
 
 
@@ -116,6 +123,24 @@ def test_sliding_window_moves_over_the_training_and_bad_ones_are_clear():
         SlidingWindow(every=0)
     with pytest.raises(ConfigError, match="same_noise_per_group"):
         GRPOConfig(branch=True, same_noise_per_group=False)
+
+
+def test_coarse_tail_keeps_the_window_levels_and_respaces_the_rest():
+    """tail_steps: the window's noise levels are the schedule's own; after it, tail_steps steps down to the
+    schedule's last non-zero level, then 0; a tail as long as the schedule's is left alone."""
+    config = GRPOConfig(steps=10, shift=2.0, sde_window=(0, 2), tail_steps=3)
+    full = shifted_sigmas(10, 2.0)
+    coarse = rollout_sigmas(config, (0, 2))
+    assert coarse[:3] == full[:3] and coarse[-2:] == full[-2:] and len(coarse) == 2 + 3 + 1
+    assert all(a > b for a, b in zip(coarse, coarse[1:]))
+    moved = rollout_sigmas(config, (6, 8))  # a slid window: 2 ODE steps left, fewer than the tail's 3
+    assert moved == full and rollout_sigmas(GRPOConfig(steps=10, shift=2.0), None) == full
+    assert rollout_sigmas(GRPOConfig(steps=4, sde_window=(0, 1), tail_steps=1), (0, 1))[1:] == [
+        shifted_sigmas(4, 3.0)[1], 0.0]  # fmt: skip
+    with pytest.raises(ConfigError, match="there is none"):
+        GRPOConfig(tail_steps=2)
+    with pytest.raises(ConfigError, match="tail_steps must be >= 1"):
+        GRPOConfig(sde_window=(0, 2), tail_steps=0)
 
 
 def test_branched_trajectory_shares_the_start_of_each_group_and_equals_the_plain_one():

@@ -86,6 +86,39 @@ def test_branched_rollouts_are_on_policy_and_give_the_plain_gradients_on_every_l
             _assert_grads_equal(result["grads"], branched["grads"], f"{layout} rank")
 
 
+def test_coarse_ode_tail_is_on_policy_cheaper_and_the_same_on_every_layout():
+    """grpo.tail_steps: the ODE steps after the SDE window [0, 2) of 5 re-spaced into 1. The window's steps
+    keep their noise levels, the step is exactly on-policy and the gradients are one process's on 1x2 and 2x1;
+    branched, the branch step and its KL reference run once per group."""
+    settings = {"grpo.sde_window": [0, 2], "steps": 5, "group_size": 4, "prompts_per_step": 1,
+                "grpo.tail_steps": 1, "grpo.kl_coef": 0.1}  # fmt: skip
+    single = spawn(moved_window_gradients, 1, args=(tiny_config(**settings), 0), timeout=300)[0]
+    assert single["ratio"] == (1.0, 1.0) and single["trained"] == 2
+    assert single["log_probs"].shape[0] == 3  # 2 window steps + 1 tail step
+    # 4 samples x 2 guidance branches: rollout 3 steps; training 2 steps, each with its reference
+    assert single["forwards"] == 8 * 3 + 8 * 2 * 2
+    for layout in ({"ulysses": 2}, {"ring": 2}):
+        for result in spawn(moved_window_gradients, 2, args=(tiny_config(**settings, **layout), 0), timeout=300):
+            assert result["ratio"] == (1.0, 1.0)
+            _assert_grads_equal(result["grads"], single["grads"], f"{layout} rank")
+    branched = spawn(moved_window_gradients, 1, args=(tiny_config(**settings, **{"grpo.branch": True}), 0),
+                     timeout=300)[0]  # fmt: skip
+    assert branched["ratio"] == (1.0, 1.0)
+    assert branched["forwards"] == (2 + 8 + 8) + (2 + 2) + (8 + 8)  # rollout; step 0 once per group; step 1
+    _assert_grads_equal(branched["grads"], single["grads"], "branched vs plain")
+
+
+@pytest.mark.parametrize("layout", [{"ulysses": 2}, {"ring": 2}], ids=["1x2", "2x1"])
+@pytest.mark.parametrize("batch", [{}, {"group_size": 3, "prompts_per_step": 1}], ids=["4 samples", "3 samples"])
+def test_decode_split_by_samples_equals_one_process(layout, batch):
+    """vae_split: samples: every SP rank decodes whole videos, its share of the batch (4 samples as 2 + 2; 3
+    as 2 + 2, the second rank's last a repeat that is dropped); rewards and gradients are one process's."""
+    reference = spawn(step_gradients, 1, args=(tiny_config(**batch),), timeout=300)[0]
+    for result in spawn(step_gradients, 2, args=(tiny_config(vae_split="samples", **layout, **batch),), timeout=300):
+        torch.testing.assert_close(result["rewards"], reference["rewards"], atol=1e-6, rtol=0)
+        _assert_grads_equal(result["grads"], reference["grads"], f"rank {result['rank']}")
+
+
 def test_reward_models_score_the_same_on_every_layout(tmp_path):
     """CLIP-family and vision-language reward models from tiny local checkpoints: the rollouts' rewards on
     1x2 and 2x1 are the
@@ -137,15 +170,15 @@ def test_data_parallel_fsdp_step_equals_single_process(single):
         _assert_grads_equal(result["grads"], single["grads"], f"rank {result['rank']}")
 
 
-@pytest.mark.parametrize("parallel_vae", [True, False], ids=["split decode", "one process decodes"])
-def test_evaluation_on_ulysses_2_equals_one_process(tmp_path, parallel_vae):
+@pytest.mark.parametrize("split", ["rows", "samples", None], ids=["rows split", "samples split", "one process decodes"])
+def test_evaluation_on_ulysses_2_equals_one_process(tmp_path, split):
     """Held-out evaluation decodes its ODE samples split over the SP ranks (or on rank 0 alone): the reward and
     the written video are those of one process."""
     import imageio.v3 as iio
 
     one = spawn(evaluation, 1, args=(tiny_config(), str(tmp_path / "one.mp4")), timeout=300)[0]
-    two = spawn(evaluation, 2, args=(tiny_config(ulysses=2, parallel_vae=parallel_vae), str(tmp_path / "two.mp4")),
-                timeout=300)  # fmt: skip
+    cfg = tiny_config(ulysses=2, parallel_vae=split is not None, vae_split=split or "rows")
+    two = spawn(evaluation, 2, args=(cfg, str(tmp_path / "two.mp4")), timeout=300)
     assert 0 < one["reward"] < 1
     for result in two:
         assert abs(result["reward"] - one["reward"]) < 1e-5, (result, one)

@@ -119,8 +119,12 @@ class TrainConfig:
     """Also log to Weights & Biases (``{project, name, mode}``; offline by default), beside JSONL and
     TensorBoard; evaluation videos go to its media panel."""
     parallel_vae: bool = True
-    """Decode the rollouts with each frame's rows split over a sample's SP ranks (``dit_sp.parallelize_vae``),
-    the frames assembled on the first, where the rewards are computed; off, the first rank decodes alone."""
+    """Decode the rollouts split over a sample's SP ranks (``vae_split``), the frames assembled on the first,
+    where the rewards are computed; off, the first rank decodes alone."""
+    vae_split: Literal["rows", "samples"] = "rows"
+    """How ``parallel_vae`` splits: ``rows``, each frame's rows (``dit_sp.parallelize_vae``: a decode's
+    activation memory divided over the SP ranks, for high resolutions); ``samples``, whole videos, each rank
+    its share of the batch (no halo exchange: faster for many small videos)."""
     sample: SampleConfig = field(default_factory=SampleConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

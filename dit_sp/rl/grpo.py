@@ -24,7 +24,7 @@ from dit_sp.parallel.state import ParallelState
 from dit_sp.rl.loss import LossStats, grpo_loss, kl_to_reference
 from dit_sp.rl.rewards import WeightedReward
 from dit_sp.rl.rollout import Trajectory, branched_trajectory, sample_trajectory, shared_velocity
-from dit_sp.rl.schedule import shifted_sigmas
+from dit_sp.rl.schedule import shifted_sigmas, shifted_sigmas_between
 from dit_sp.rl.sde import SDEConfig, Transition
 
 Tensor = torch.Tensor
@@ -87,6 +87,11 @@ class GRPOConfig:
     group, the reward differences within a group then come from the window's noise alone."""
     sliding_window: SlidingWindow | None = None
     """An SDE window that moves over the training (``SlidingWindow``), instead of the fixed ``sde_window``."""
+    tail_steps: int | None = None
+    """ODE steps after the SDE window (MixGRPO-Flash's cheaper tail): the schedule from the window's end to 0
+    re-spaced into this many steps, so a rollout costs ``window end + tail_steps`` model evaluations instead
+    of ``steps``. The window's steps, and so the log-probabilities and what trains, are the schedule's own;
+    only the deterministic part after them is coarser. None: the schedule's own steps."""
     clip_range: float = 1e-3
     """PPO clip range of the ratio (1e-4 in DanceGRPO; 1e-3 for Wan)."""
     kl_coef: float = 0.0
@@ -145,6 +150,12 @@ class GRPOConfig:
                 raise ConfigError("sde_window (fixed) and sliding_window (moving) exclude each other: give one")
             if self.sliding_window.size > self.steps:
                 raise ConfigError(f"sliding_window size {self.sliding_window.size} is more than steps={self.steps}")
+        if self.tail_steps is not None:
+            if self.tail_steps < 1:
+                raise ConfigError(f"tail_steps must be >= 1 (or null: the schedule's own), got {self.tail_steps}")
+            if self.sde_window is None and self.sliding_window is None:
+                raise ConfigError("tail_steps re-spaces the ODE steps after the SDE window, and there is none: "
+                                  "give grpo.sde_window or grpo.sliding_window, or drop tail_steps")  # fmt: skip
         if self.sde.kind == "ode":
             raise ConfigError("GRPO needs a stochastic sampler: sde.kind 'dance' or 'flow'")
 
@@ -157,6 +168,18 @@ def sde_window_at(config: GRPOConfig, step: int) -> tuple[int, int] | None:
         return config.sde_window
     start = min(step // window.every * window.stride, config.steps - window.size)
     return (start, start + window.size)
+
+
+def rollout_sigmas(config: GRPOConfig, window: tuple[int, int] | None) -> list[float]:
+    """The noise levels of a rollout with SDE ``window``: the shifted schedule of ``config.steps``, its part
+    after the window re-spaced into ``config.tail_steps`` steps when that is fewer (same shift, same last
+    non-zero level, then 0)."""
+    sigmas = shifted_sigmas(config.steps, config.shift)
+    if config.tail_steps is None or window is None or config.steps - window[1] <= config.tail_steps:
+        return sigmas
+    end = window[1]
+    tail = shifted_sigmas_between(sigmas[end], sigmas[-2], config.tail_steps, config.shift)
+    return sigmas[:end] + tail + [0.0]
 
 
 @dataclass
@@ -256,7 +279,7 @@ def rollout(policy: Policy, batch: Batch, config: GRPOConfig, parallel: Parallel
     each: e.g. sending it to be scored while the next one samples), and its conditioning."""
     cond = policy.encode(batch.prompts, batch.images)
     shape = policy.latent_shape()
-    sigmas = shifted_sigmas(config.steps, config.shift)
+    sigmas = rollout_sigmas(config, batch.window)
     init = _per_sample_noise(batch.noise_seeds, shape, parallel.device)
     step_noise = _per_sample_noise(batch.sample_seeds, shape, parallel.device, leading=config.steps)
     window = range(*batch.window) if batch.window else None
@@ -281,25 +304,45 @@ def rollout(policy: Policy, batch: Batch, config: GRPOConfig, parallel: Parallel
     return Trajectory.concat(parts), cond
 
 
+def decode_videos(policy: Policy, final: Tensor, cond: Any, parallel: ParallelState, config: GRPOConfig | None = None,
+                  split: Literal["rows", "samples"] | None = None) -> Tensor | None:  # fmt: skip
+    """``(B, F, C, H, W)`` frames of the sampled latents ``final`` on the SP group's first rank (None on the
+    others), decoded in ``config``'s micro-batches (a VAE's activations are a step's largest at high
+    resolution). ``split``: None, the first rank decodes alone; ``"rows"``, every SP rank decodes its rows of
+    each frame (``parallelize_vae(..., gather_to=0)``: a collective); ``"samples"``, every SP rank decodes
+    whole videos, its share of the batch, gathered on the first (no halo exchange: faster for many small
+    videos; a rank's activations are those of one micro-batch)."""
+    sp, first = parallel.sp, parallel.sp_rank == 0
+    if split == "samples" and sp > 1:
+        size = -(-final.shape[0] // sp)  # every rank decodes as many (the last repeats its last sample)
+        rows = torch.arange(parallel.sp_rank * size, (parallel.sp_rank + 1) * size).clamp(max=final.shape[0] - 1)
+        mine = _decode(policy, final[rows.to(final.device)], select(cond, rows), config).contiguous()
+        gathered = [torch.empty_like(mine) for _ in range(sp)] if first else None
+        dist.gather(mine, gathered, dst=dist.get_global_rank(parallel.sp_group, 0), group=parallel.sp_group)
+        return torch.cat(gathered)[: final.shape[0]] if first else None
+    if first or (split == "rows" and sp > 1):
+        return _decode(policy, final, cond, config)
+    return None
+
+
+def _decode(policy: Policy, final: Tensor, cond: Any, config: GRPOConfig | None) -> Tensor:
+    parts = micro_batches(final.shape[0], config) if config is not None else [slice(None)]
+    with torch.no_grad():
+        return torch.cat([policy.decode(final[part], select(cond, part)) for part in parts])
+
+
 def rewards_of(policy: Policy, traj: Trajectory, batch: Batch, reward: WeightedReward, parallel: ParallelState,
-               config: GRPOConfig | None = None, *, split_decode: bool = False, cond: Any = None,
-               ) -> tuple[Tensor, dict[str, Tensor], Tensor]:  # fmt: skip
-    """Rewards computed on the SP group's first rank and broadcast, so every peer trains on the same. The
-    videos are decoded in ``config``'s micro-batches (the VAE's activations are a step's largest at high
-    resolution); with ``split_decode`` (a VAE split over the SP group, ``parallelize_vae(..., gather_to=0)``)
-    every SP rank decodes its rows and the frames are assembled on the first."""
+               config: GRPOConfig | None = None, *, split_decode: Literal["rows", "samples"] | None = None,
+               cond: Any = None) -> tuple[Tensor, dict[str, Tensor], Tensor]:  # fmt: skip
+    """Rewards computed on the SP group's first rank and broadcast, so every peer trains on the same; the
+    videos are decoded by ``decode_videos`` (``split_decode``: its ``split``)."""
     parts_names = [name for name, _, _ in reward.parts]
     values = torch.full((len(parts_names) + 1, len(batch.prompts)), float("nan"))
-    videos = None
-    if parallel.sp_rank == 0 or split_decode:
-        with torch.no_grad():
-            final = traj.final
-            parts = micro_batches(final.shape[0], config) if config is not None else [slice(None)]
-            videos = torch.cat([policy.decode(final[part], select(cond, part)) for part in parts])
+    videos = decode_videos(policy, traj.final, cond, parallel, config, split_decode)
     if parallel.sp_rank == 0:
         values = score_batch(reward, videos, batch.prompts, batch.images)
     values = share_over_sp(values, parallel)
-    return values[0], dict(zip(parts_names, values[1:])), videos if parallel.sp_rank == 0 else None
+    return values[0], dict(zip(parts_names, values[1:])), videos
 
 
 def score_batch(reward: WeightedReward, videos: Tensor, prompts: list[str], images: list[str] | None) -> Tensor:
@@ -325,7 +368,7 @@ def rollout_scored(
     config: GRPOConfig,
     parallel: ParallelState,
     *,
-    split_decode: bool = False,
+    split_decode: Literal["rows", "samples"] | None = None,
 ) -> tuple[Trajectory, Any, Tensor, dict[str, Tensor], float]:
     """``rollout`` then ``rewards_of``, overlapped: each micro-batch is decoded when it is sampled and scored
     in a background thread while the next one samples (a reward server works while this process does).
@@ -337,12 +380,10 @@ def rollout_scored(
     with ThreadPoolExecutor(1, thread_name_prefix="reward") as pool:
 
         def after_part(part: slice, traj: Trajectory, cond: Any) -> None:
-            if parallel.sp_rank == 0 or split_decode:  # a split decode is a collective of the SP group
-                with torch.no_grad():
-                    videos = policy.decode(traj.final, cond)
-                if parallel.sp_rank == 0:
-                    images = None if batch.images is None else batch.images[part]
-                    futures.append(pool.submit(score_batch, reward, videos, batch.prompts[part], images))
+            videos = decode_videos(policy, traj.final, cond, parallel, split=split_decode)
+            if parallel.sp_rank == 0:
+                images = None if batch.images is None else batch.images[part]
+                futures.append(pool.submit(score_batch, reward, videos, batch.prompts[part], images))
 
         traj, cond = rollout(policy, batch, config, parallel, after_part)
         waited = time.perf_counter()
@@ -362,11 +403,20 @@ def drift_free_log_prob(step: Transition, old_mean: Tensor) -> Tensor:
     return step.log_prob + drift.flatten(1).mean(1) / (2.0 * step.std * step.std)
 
 
+def _velocity_at(policy: Policy, traj: Trajectory, t: int, cond: Any, *, reference: bool = False) -> Tensor:
+    """The velocity at step ``t`` of ``traj``'s states; a branch point once per group, as the rollout did."""
+    x, s = traj.latents[t], traj.sigmas[t]
+    if traj.branch_keys is None or t != traj.branch_step:
+        return policy.velocity(x, s, cond, reference=reference)
+    velocity = lambda z, level, index: policy.velocity(z, level, select(cond, index), reference=reference)  # noqa: E731
+    return shared_velocity(velocity, x, s, traj.branch_keys)
+
+
 def accumulate_gradients(
     policy: Policy, traj: Trajectory, cond: Any, advantages: Tensor, config: GRPOConfig, step_seed: int
 ) -> dict[str, float]:
     """Backward of the GRPO loss, averaged over the trained steps (gradients accumulate in ``.grad``)."""
-    eligible = [t for t in range(config.steps) if policy.trains(traj.sigmas[t])]
+    eligible = [t for t in range(len(traj.sigmas) - 1) if policy.trains(traj.sigmas[t])]
     steps = trained_steps(config, step_seed, eligible, traj.window)
     totals: dict[str, float] = {}
     adv = advantages.to(traj.latents.device)
@@ -376,18 +426,12 @@ def accumulate_gradients(
             # the loss is a mean over the batch: each micro-batch's mean counts with its share of the samples
             share = (part.stop - part.start) / size
             sub, part_cond = traj.select(part), select(cond, part)
-            x, s = sub.latents[t], sub.sigmas[t]
-            if sub.branch_keys is not None and t == sub.branch_step:  # once per group, as in the rollout
-                velocity = lambda z, level, index, c=part_cond: policy.velocity(z, level, select(c, index))
-                v = shared_velocity(velocity, x, s, sub.branch_keys)
-            else:
-                v = policy.velocity(x, s, part_cond)
-            step = sub.transition(t, v, config.sde)
+            step = sub.transition(t, _velocity_at(policy, sub, t, part_cond), config.sde)
             log_prob = drift_free_log_prob(step, sub.means[t]) if config.ratio_norm else step.log_prob
             kl = None
             if config.kl_coef:
                 with torch.no_grad():
-                    reference = sub.transition(t, policy.velocity(x, s, part_cond, reference=True), config.sde)
+                    reference = sub.transition(t, _velocity_at(policy, sub, t, part_cond, reference=True), config.sde)
                 kl = kl_to_reference(step.mean, reference.mean, step.std)
             loss, stats = grpo_loss(log_prob, sub.log_probs[t], adv[part], clip_range=config.clip_range, kl=kl,
                                     kl_coef=config.kl_coef)  # fmt: skip

@@ -19,3 +19,19 @@ def shifted_sigmas(steps: int, shift: float = 1.0, sigma_min: float = 1e-3) -> l
 
     grid = torch.linspace(1.0, shifted(sigma_min), steps, dtype=torch.float64)
     return shifted(grid).tolist() + [0.0]
+
+
+def shifted_sigmas_between(start: float, last: float, steps: int, shift: float = 1.0) -> list[float]:
+    """``steps`` noise levels from ``start`` down to ``last`` (both included; one step: ``start`` alone),
+    uniform before the time shift like ``shifted_sigmas``: a coarser grid for the end of a schedule."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    if steps == 1:
+        return [start]
+
+    def unshifted(s: float) -> float:
+        return s / (shift - (shift - 1) * s)
+
+    grid = torch.linspace(unshifted(start), unshifted(last), steps, dtype=torch.float64)
+    levels = (shift * grid / (1 + (shift - 1) * grid)).tolist()
+    return [start, *levels[1:-1], last]

@@ -40,6 +40,7 @@ from dit_sp.rl.embeddings import TEXT_ENCODERS, PromptEmbeddings, model_identity
 from dit_sp.rl.grpo import (
     Batch,
     check_split,
+    decode_videos,
     make_batch,
     rewards_of,
     rollout,
@@ -216,7 +217,7 @@ class GRPOTrainer:
         check_output_dir(config)  # before anything heavy: never clobber a run
         self.parallel = parallel or init_world(config)
         self.is_leader = self.parallel.rank == 0
-        self._split_decode = config.parallel_vae and self.parallel.sp > 1
+        self._split_decode = config.vae_split if config.parallel_vae and self.parallel.sp > 1 else None
         if prompts is None:
             prompts, images = read_prompt_file(config.prompts)
         self.prompts = list(prompts)
@@ -243,7 +244,7 @@ class GRPOTrainer:
             # a checkpoint's text encoders load only if some prompt lacks its embedding, the VAE only where
             # videos are decoded (a sample's first rank, or all its ranks with the parallel VAE), and the
             # transformer empty (filled after sharding); every rank encodes the images of image-to-video
-            decodes = self.parallel.sp_rank == 0 or self._split_decode or self.images is not None
+            decodes = self.parallel.sp_rank == 0 or self._split_decode is not None or self.images is not None
             without = (() if missing else TEXT_ENCODERS) + (() if decodes else ("vae",))
             pipeline = load_pipeline(config.model, torch.float32, self.parallel.device, empty_transformers=True,
                                      without=without if source is not None else ())  # fmt: skip
@@ -282,7 +283,7 @@ class GRPOTrainer:
             raise ConfigError(f"experts {self.trained} run at none of the trained steps (grpo.steps, grpo.shift, "
                               "grpo.sde_window): train another expert or move the steps")  # fmt: skip
         self._encode_prompts(missing, free_encoders=source is not None)
-        if self._split_decode:
+        if self._split_decode == "rows":
             if vae_plan_of(self.pipe.vae) is None:
                 raise ConfigError(f"parallel_vae: {type(self.pipe.vae).__name__} cannot decode split (supported: "
                                   f"{supported_vaes()}); set parallel_vae: false")  # fmt: skip
@@ -539,9 +540,10 @@ class GRPOTrainer:
                                      SDEConfig("ode"))  # fmt: skip
         self.transformer.train()
         reward = torch.zeros(1, device=parallel.device)
-        if parallel.rank == 0 or (self._split_decode and parallel.dp_rank == 0):
-            videos = policy.decode(traj.final, cond).cpu()  # (B, F, C, H, W); assembled on rank 0
+        if parallel.dp_rank == 0:
+            videos = decode_videos(policy, traj.final, cond, parallel, split=self._split_decode)  # on rank 0
         if parallel.rank == 0:
+            videos = videos.cpu()
             reward[0] = self.reward(videos, prompts, images).nanmean()
             if path is not None:
                 save_video(torch.cat(list(videos), dim=-1).permute(0, 2, 3, 1).numpy(), path)

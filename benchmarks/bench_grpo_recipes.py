@@ -1,0 +1,112 @@
+"""Cheaper GRPO rollouts on the shipped toy model, side by side: the current recipe (``grpo_toy``: a fixed SDE
+window on steps [0, 2) of 10) against MixGRPO's sliding window (with MixGRPO-Flash's coarser ODE tail) and
+branching rollouts (a group's shared start evaluated once; with and without the coarse tail). Every recipe
+runs the same seeds on 2 processes (Ulysses 2), in stages of ``--every`` steps (``--resume`` continues a
+run exactly); each stage's export is scored by ``eval_toy``'s measurement: held-out prompts, ODE sampling
+without guidance, paired against the base model on the same noise. Reported against the wall-clock time
+of the training steps (``seconds`` in the metrics, summed) and against the transformer forwards.
+
+    python benchmarks/bench_grpo_recipes.py                      # 4 recipes x 40 steps, about an hour
+    python benchmarks/bench_grpo_recipes.py --recipes current branch --steps 20 --every 10 --seeds 16
+
+Results are kept in ``--out`` (``benchmarks/outputs/grpo_recipes``): a finished stage is not re-run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from dit_sp.bundled import asset_path
+from dit_sp.toymodel import paired_gain, sample_scores, summarize
+
+# Every recipe decodes its rollouts split by samples (the faster split for many small videos).
+COMMON = ["vae_split=samples", "eval_every=0", "checkpoint_every=0"]
+RECIPES = {
+    "current": [],
+    "sliding": ["grpo.sde_window=null", "grpo.sliding_window={size: 2, every: 10, stride: 1}", "grpo.tail_steps=4"],
+    "branch": ["grpo.branch=true"],
+    "branch+tail": ["grpo.branch=true", "grpo.tail_steps=4"],
+}
+DESCRIPTIONS = {
+    "current": "fixed window [0, 2) of 10 steps",
+    "sliding": "sliding window (2 steps, +1 every 10 iterations), ODE tail in 4 steps",
+    "branch": "fixed window, branching (step 0 once per group)",
+    "branch+tail": "branching, ODE tail in 4 steps",
+}
+
+
+def train_stage(recipe: str, steps: int, out: Path) -> None:
+    run = out / recipe
+    cmd = [sys.executable, "-m", "pipelines.train_grpo", "--config", "grpo_toy", "--ulysses", "2",
+           "--output-dir", str(run), "--max-steps", str(steps)]  # fmt: skip
+    cmd += ["--resume"] if (run / "checkpoints").is_dir() else ["--overwrite"]
+    for setting in COMMON + RECIPES[recipe]:
+        cmd += ["--set", setting]
+    subprocess.run(cmd, check=True, env=os.environ | {"TQDM_DISABLE": "1"})
+    shutil.copytree(run / "final", out / f"{recipe}-{steps}", dirs_exist_ok=True)
+
+
+def run_totals(run: Path, steps: int) -> tuple[float, float]:
+    """Summed step seconds and transformer forwards of a run's first ``steps`` iterations."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = {row["step"]: row for row in rows}  # a resumed run rewrites no step; keep the last of each
+    seconds = sum(rows[s]["seconds"] for s in range(steps))
+    forwards = sum(rows[s]["transformer_forwards"] for s in range(steps))
+    return seconds, forwards
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=list(RECIPES))
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--every", type=int, default=10, help="evaluate every N steps")
+    parser.add_argument("--seeds", type=int, default=64, help="eval seeds per held-out prompt")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/outputs/grpo_recipes"))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    results_path = args.out / "results.json"
+    results = json.loads(results_path.read_text()) if results_path.is_file() else {}
+    if results.get("seeds") != args.seeds:
+        results = {"seeds": args.seeds, "rows": {}}
+    prompts = [p.strip() for p in asset_path("toy_prompts_heldout.txt").read_text().splitlines() if p.strip()]
+    base = sample_scores("toy-wan", prompts, args.seeds, guidance=1.0)
+    for recipe in args.recipes:
+        for steps in range(args.every, args.steps + 1, args.every):
+            key = f"{recipe}-{steps}"
+            if key in results["rows"]:
+                continue
+            train_stage(recipe, steps, args.out)
+            scores = sample_scores(args.out / key, prompts, args.seeds, guidance=1.0)
+            seconds, forwards = run_totals(args.out / recipe, steps)
+            gain = paired_gain(scores, base)
+            results["rows"][key] = {"recipe": recipe, "steps": steps, "seconds": seconds, "forwards": forwards,
+                                    "faithfulness": summarize(scores)["faithfulness"]} | gain  # fmt: skip
+            results_path.write_text(json.dumps(results, indent=1))
+            print(json.dumps(results["rows"][key]), flush=True)
+    report(results["rows"], args.recipes, summarize(base)["faithfulness"], len(base))
+
+
+def report(rows: dict, recipes: list[str], base: float, samples: int) -> None:
+    print(f"\nheld-out faithfulness without guidance, {samples} paired samples; base model {100 * base:.1f}%")
+    reference = {r["steps"]: r for r in rows.values() if r["recipe"] == "current"}
+    print("| recipe | steps | step time (s) | vs current | transformer forwards | vs current | faithfulness "
+          "| paired gain, points (95% CI) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for recipe in recipes:
+        for row in sorted((r for r in rows.values() if r["recipe"] == recipe), key=lambda r: r["steps"]):
+            ref = reference.get(row["steps"])
+            ratio = {k: f"{row[k] / ref[k]:.2f}" if ref else "" for k in ("seconds", "forwards")}
+            low, high = (100 * x for x in row["gain_ci95"])
+            print(f"| {recipe}: {DESCRIPTIONS[recipe]} | {row['steps']} | {row['seconds']:.0f} | {ratio['seconds']} "
+                  f"| {row['forwards']:.0f} | {ratio['forwards']} | {100 * row['faithfulness']:.1f}% "
+                  f"| {100 * row['gain']:+.1f} [{low:+.1f}, {high:+.1f}] |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
