@@ -32,12 +32,14 @@ RECIPES = {
     "sliding": ["grpo.sde_window=null", "grpo.sliding_window={size: 2, every: 10, stride: 1}", "grpo.tail_steps=4"],
     "branch": ["grpo.branch=true"],
     "branch+tail": ["grpo.branch=true", "grpo.tail_steps=4"],
+    "branch-1+tail": ["grpo.sde_window=[0, 1]", "grpo.branch=true", "grpo.tail_steps=4"],
 }
 DESCRIPTIONS = {
     "current": "fixed window [0, 2) of 10 steps",
     "sliding": "sliding window (2 steps, +1 every 10 iterations), ODE tail in 4 steps",
     "branch": "fixed window, branching (step 0 once per group)",
     "branch+tail": "branching, ODE tail in 4 steps",
+    "branch-1+tail": "window [0, 1) branched (one SDE step, trained once per group), ODE tail in 4 steps",
 }
 
 
@@ -67,6 +69,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--every", type=int, default=10, help="evaluate every N steps")
     parser.add_argument("--seeds", type=int, default=64, help="eval seeds per held-out prompt")
+    parser.add_argument("--target", type=float, default=7.5, help="paired gain, points, whose time is compared")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/outputs/grpo_recipes"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -89,10 +92,10 @@ def main() -> None:
                                     "faithfulness": summarize(scores)["faithfulness"]} | gain  # fmt: skip
             results_path.write_text(json.dumps(results, indent=1))
             print(json.dumps(results["rows"][key]), flush=True)
-    report(results["rows"], args.recipes, summarize(base)["faithfulness"], len(base))
+    report(results["rows"], args.recipes, summarize(base)["faithfulness"], len(base), args.target)
 
 
-def report(rows: dict, recipes: list[str], base: float, samples: int) -> None:
+def report(rows: dict, recipes: list[str], base: float, samples: int, target: float) -> None:
     print(f"\nheld-out faithfulness without guidance, {samples} paired samples; base model {100 * base:.1f}%")
     reference = {r["steps"]: r for r in rows.values() if r["recipe"] == "current"}
     print("| recipe | steps | step time (s) | vs current | transformer forwards | vs current | faithfulness "
@@ -106,6 +109,17 @@ def report(rows: dict, recipes: list[str], base: float, samples: int) -> None:
             print(f"| {recipe}: {DESCRIPTIONS[recipe]} | {row['steps']} | {row['seconds']:.0f} | {ratio['seconds']} "
                   f"| {row['forwards']:.0f} | {ratio['forwards']} | {100 * row['faithfulness']:.1f}% "
                   f"| {100 * row['gain']:+.1f} [{low:+.1f}, {high:+.1f}] |")  # fmt: skip
+    ordered = sorted(rows.values(), key=lambda r: r["steps"])
+    reached = {recipe: next((r for r in ordered if r["recipe"] == recipe and 100 * r["gain"] >= target), None)
+               for recipe in recipes}  # fmt: skip
+    print(f"\nfirst evaluated step with a gain of at least +{target} points:")
+    for recipe, row in reached.items():
+        if row is None:
+            print(f"  {recipe}: not reached")
+            continue
+        current = reached.get("current")
+        versus = f" ({row['seconds'] / current['seconds']:.2f}x the current recipe's time)" if current else ""
+        print(f"  {recipe}: step {row['steps']}, {row['seconds']:.0f} s of steps{versus}")
 
 
 if __name__ == "__main__":
