@@ -143,6 +143,9 @@ class TrainConfig:
             raise ValueError(f"ema_decay must be in [0, 1) (0: no EMA), got {self.ema_decay}")
         if self.dp is not None and self.dp < 1:
             raise ValueError(f"dp must be >= 1, got {self.dp}")
+        if self.vae_split == "samples" and not self.parallel_vae:
+            raise ValueError("vae_split: samples splits the decode over the SP ranks, and parallel_vae: false "
+                             "decodes on the first rank alone: drop one of them")  # fmt: skip
 
     @property
     def world_size(self) -> int:
