@@ -119,6 +119,8 @@ CASES = [
      r"vae_split: expected one of 'rows', 'samples', got 'columns'"),
     ("train-vae-split-serial", "train_grpo", [*TRAIN, "--set", "vae_split=samples", "--set", "parallel_vae=false"], {},
      r"vae_split: samples splits the decode over the SP ranks, and parallel_vae: false"),
+    ("train-vae-batch", "train_grpo", [*TRAIN, "--set", "vae_batch=0"], {},
+     r"vae_batch must be >= 1 \(or null: the micro-batch\), got 0"),
     ("train-tail-no-window", "train_grpo", [*TRAIN, "--set", "grpo.tail_steps=2"], {},
      r"tail_steps re-spaces the ODE steps after the SDE window, and there is none"),
     ("eval-seeds", "eval_toy", ["--seeds", "0"], {}, r"--seeds and --steps must be at least 1"),

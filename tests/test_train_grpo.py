@@ -119,10 +119,26 @@ def test_decode_split_by_samples_equals_one_process(layout, batch):
         _assert_grads_equal(result["grads"], reference["grads"], f"rank {result['rank']}")
 
 
+@pytest.mark.parametrize(
+    "settings",
+    [{"vae_batch": 1}, {"micro_batch": 3, "grpo.overlap_rewards": True}, {"vae_batch": 2, "vae_split": "rows"}],
+    ids=["chunks of 1", "overlapped in micro-batches of 3", "rows split in chunks of 2"],
+)
+def test_decode_in_chunks_and_overlapped_shares_equal_one_process(settings):
+    """vae_batch decodes a few videos per VAE call, whatever the micro-batch; with overlap_rewards each
+    micro-batch (3 + 1 samples) is decoded and its shares scored by their SP ranks while the next samples.
+    The rewards and gradients are still one process's on 1x2."""
+    reference = spawn(step_gradients, 1, args=(tiny_config(),), timeout=300)[0]
+    config = tiny_config(ulysses=2, **({"vae_split": "samples"} | settings))
+    for result in spawn(step_gradients, 2, args=(config,), timeout=300):
+        torch.testing.assert_close(result["rewards"], reference["rewards"], atol=1e-6, rtol=0)
+        _assert_grads_equal(result["grads"], reference["grads"], f"rank {result['rank']}")
+
+
 def test_reward_models_score_the_same_on_every_layout(tmp_path):
     """CLIP-family and vision-language reward models from tiny local checkpoints: the rollouts' rewards on
-    1x2 and 2x1 are the
-    one-process rewards (the videos are scored once per sample, on its first SP rank, then shared)."""
+    1x2 and 2x1 are the one-process rewards (the videos are scored once per sample, on its first SP rank,
+    then shared)."""
     from rewards_for_tests import tiny_clip, tiny_qwen2_vl
 
     tiny_clip(tmp_path)

@@ -124,13 +124,20 @@ class TrainConfig:
     vae_split: Literal["rows", "samples"] = "rows"
     """How ``parallel_vae`` splits: ``rows``, each frame's rows (``dit_sp.parallelize_vae``: a decode's
     activation memory divided over the SP ranks, for high resolutions); ``samples``, whole videos, each rank
-    its share of the batch (no halo exchange: faster for many small videos)."""
+    its share of the batch (no halo exchange: faster for many small videos), which it also scores (only the
+    scores travel)."""
+    vae_batch: int | None = None
+    """Videos per VAE decode call (a decode's activations follow it, not the samples per step); ``None``: the
+    micro-batch (``grpo.micro_batch``, or a rank's whole batch). Many small videos decode fastest in moderate
+    chunks (the toy model: 32)."""
     sample: SampleConfig = field(default_factory=SampleConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     lora: LoRAConfig = field(default_factory=LoRAConfig)
 
     def __post_init__(self) -> None:
+        if self.vae_batch is not None and self.vae_batch < 1:
+            raise ValueError(f"vae_batch must be >= 1 (or null: the micro-batch), got {self.vae_batch}")
         for name in ("ring", "ulysses", "eval_prompts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

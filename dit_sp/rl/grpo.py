@@ -2,9 +2,10 @@
 
 Everything a sequence-parallel group shares is made identical on its ranks by construction: prompts,
 initial noise and every SDE noise draw come from per-sample seeds (independent of the rank layout),
-trained timesteps from the step's seed, and rewards are computed on the group's first rank and
-broadcast. Rollout and training run the same batch, so before the first update the recomputed
-log-probabilities equal the sampled ones bit for bit (ratio exactly 1).
+trained timesteps from the step's seed, and rewards are scored once per sample (on the group's first
+rank, or each rank its share of the samples) and shared. Rollout and training run the same batch, so
+before the first update the recomputed log-probabilities equal the sampled ones bit for bit (ratio
+exactly 1).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from dit_sp.rl.schedule import shifted_sigmas, shifted_sigmas_between
 from dit_sp.rl.sde import SDEConfig, Transition
 
 Tensor = torch.Tensor
+Split = Literal["rows", "samples"] | None
+"""How the SP ranks share a decode (``TrainConfig.vae_split``); None: the first rank decodes alone."""
 
 
 class Policy(Protocol):
@@ -304,45 +307,86 @@ def rollout(policy: Policy, batch: Batch, config: GRPOConfig, parallel: Parallel
     return Trajectory.concat(parts), cond
 
 
-def decode_videos(policy: Policy, final: Tensor, cond: Any, parallel: ParallelState, config: GRPOConfig | None = None,
-                  split: Literal["rows", "samples"] | None = None) -> Tensor | None:  # fmt: skip
+def decode_videos(policy: Policy, final: Tensor, cond: Any, parallel: ParallelState, *,
+                  split: Split = None, chunk: int | None = None) -> Tensor | None:  # fmt: skip
     """``(B, F, C, H, W)`` frames of the sampled latents ``final`` on the SP group's first rank (None on the
-    others), decoded in ``config``'s micro-batches (a VAE's activations are a step's largest at high
-    resolution). ``split``: None, the first rank decodes alone; ``"rows"``, every SP rank decodes its rows of
-    each frame (``parallelize_vae(..., gather_to=0)``: a collective); ``"samples"``, every SP rank decodes
-    whole videos, its share of the batch, gathered on the first (no halo exchange: faster for many small
-    videos; a rank's activations are those of one micro-batch)."""
-    sp, first = parallel.sp, parallel.sp_rank == 0
-    if split == "samples" and sp > 1:
-        size = -(-final.shape[0] // sp)  # every rank decodes as many (the last repeats its last sample)
-        rows = torch.arange(parallel.sp_rank * size, (parallel.sp_rank + 1) * size).clamp(max=final.shape[0] - 1)
-        mine = _decode(policy, final[rows.to(final.device)], select(cond, rows), config).contiguous()
-        gathered = [torch.empty_like(mine) for _ in range(sp)] if first else None
+    others), decoded ``chunk`` videos per VAE call (None: all at once; a decode's activations are a step's
+    largest at high resolution, and many small videos decode faster in moderate chunks). ``split``: None,
+    the first rank decodes alone; ``"rows"``, every SP rank decodes its rows of each frame
+    (``parallelize_vae(..., gather_to=0)``: a collective); ``"samples"``, every SP rank decodes whole
+    videos, its share of the batch, gathered on the first (no halo exchange: faster for many small videos)."""
+    first = parallel.sp_rank == 0
+    if split == "samples" and parallel.sp > 1:
+        mine = _decode(policy, final, cond, _my_share(final.shape[0], parallel), chunk).contiguous()
+        gathered = [torch.empty_like(mine) for _ in range(parallel.sp)] if first else None
         dist.gather(mine, gathered, dst=dist.get_global_rank(parallel.sp_group, 0), group=parallel.sp_group)
         return torch.cat(gathered)[: final.shape[0]] if first else None
-    if first or (split == "rows" and sp > 1):
-        return _decode(policy, final, cond, config)
+    if first or (split == "rows" and parallel.sp > 1):
+        return _decode(policy, final, cond, torch.arange(final.shape[0]), chunk)
     return None
 
 
-def _decode(policy: Policy, final: Tensor, cond: Any, config: GRPOConfig | None) -> Tensor:
-    parts = micro_batches(final.shape[0], config) if config is not None else [slice(None)]
-    with torch.no_grad():
-        return torch.cat([policy.decode(final[part], select(cond, part)) for part in parts])
-
-
-def rewards_of(policy: Policy, traj: Trajectory, batch: Batch, reward: WeightedReward, parallel: ParallelState,
-               config: GRPOConfig | None = None, *, split_decode: Literal["rows", "samples"] | None = None,
-               cond: Any = None) -> tuple[Tensor, dict[str, Tensor], Tensor]:  # fmt: skip
-    """Rewards computed on the SP group's first rank and broadcast, so every peer trains on the same; the
-    videos are decoded by ``decode_videos`` (``split_decode``: its ``split``)."""
-    parts_names = [name for name, _, _ in reward.parts]
-    values = torch.full((len(parts_names) + 1, len(batch.prompts)), float("nan"))
-    videos = decode_videos(policy, traj.final, cond, parallel, config, split_decode)
+def score_videos(policy: Policy, final: Tensor, cond: Any, prompts: list[str], images: list[str] | None,
+                 reward: WeightedReward, parallel: ParallelState, *, split: Split = None,
+                 chunk: int | None = None) -> Tensor:  # fmt: skip
+    """``(1 + parts, B)`` rewards (``score_batch``) of the sampled latents ``final``, the same on every rank
+    of the SP group, so every peer trains on the same. ``split="samples"``: each SP rank decodes and scores
+    its own share of the batch and the scores are gathered (no frames travel); otherwise the videos are
+    decoded by ``decode_videos`` and scored on the first rank, and the scores broadcast."""
+    if split == "samples" and parallel.sp > 1:
+        mine = score_batch(reward, *_decode_share(policy, final, cond, prompts, images, parallel, chunk))
+        return gather_shares(mine, final.shape[0], parallel)
+    values = torch.full((len(reward.parts) + 1, final.shape[0]), float("nan"))
+    videos = decode_videos(policy, final, cond, parallel, split=split, chunk=chunk)
     if parallel.sp_rank == 0:
-        values = score_batch(reward, videos, batch.prompts, batch.images)
-    values = share_over_sp(values, parallel)
-    return values[0], dict(zip(parts_names, values[1:])), videos
+        values = score_batch(reward, videos, prompts, images)
+    return share_over_sp(values, parallel)
+
+
+def _my_share(size: int, parallel: ParallelState) -> Tensor:
+    """The samples of a batch of ``size`` that this SP rank decodes in a split by samples: as many on every
+    rank (the last repeats the batch's last sample), so that the gathers are even."""
+    share = -(-size // parallel.sp)
+    return torch.arange(parallel.sp_rank * share, (parallel.sp_rank + 1) * share).clamp(max=size - 1)
+
+
+def gather_shares(mine: Tensor, size: int, parallel: ParallelState) -> Tensor:
+    """``(K, size)``: every SP rank's ``(K, share)`` scores of its ``_my_share``, in sample order, on all."""
+    parts = [torch.empty_like(mine, device=parallel.device) for _ in range(parallel.sp)]
+    dist.all_gather(parts, mine.to(parallel.device), group=parallel.sp_group)
+    return torch.cat(parts, 1)[:, :size].cpu()
+
+
+def _decode_share(
+    policy: Policy,
+    final: Tensor,
+    cond: Any,
+    prompts: list[str],
+    images: list[str] | None,
+    parallel: ParallelState,
+    chunk: int | None,
+) -> tuple[Tensor, list[str], list[str] | None]:
+    """This SP rank's ``_my_share`` of the batch: its videos, decoded here, their prompts and images."""
+    rows = _my_share(final.shape[0], parallel)
+    picked = rows.tolist()
+    return (_decode(policy, final, cond, rows, chunk), [prompts[i] for i in picked],
+            None if images is None else [images[i] for i in picked])  # fmt: skip
+
+
+def _decode(policy: Policy, final: Tensor, cond: Any, rows: Tensor, chunk: int | None) -> Tensor:
+    step = chunk or rows.numel()
+    with torch.no_grad():
+        parts = [rows[start : start + step] for start in range(0, rows.numel(), step)]
+        return torch.cat([policy.decode(final[part.to(final.device)], select(cond, part)) for part in parts])
+
+
+def rewards_of(policy: Policy, traj: Trajectory, batch: Batch, reward: WeightedReward, parallel: ParallelState, *,
+               split_decode: Split = None, decode_chunk: int | None = None,
+               cond: Any = None) -> tuple[Tensor, dict[str, Tensor]]:  # fmt: skip
+    """The batch's rewards and each part's, the same on every rank of the SP group (``score_videos``)."""
+    values = score_videos(policy, traj.final, cond, batch.prompts, batch.images, reward, parallel,
+                          split=split_decode, chunk=decode_chunk)  # fmt: skip
+    return values[0], dict(zip([name for name, _, _ in reward.parts], values[1:]))
 
 
 def score_batch(reward: WeightedReward, videos: Tensor, prompts: list[str], images: list[str] | None) -> Tensor:
@@ -368,7 +412,8 @@ def rollout_scored(
     config: GRPOConfig,
     parallel: ParallelState,
     *,
-    split_decode: Literal["rows", "samples"] | None = None,
+    split_decode: Split = None,
+    decode_chunk: int | None = None,
 ) -> tuple[Trajectory, Any, Tensor, dict[str, Tensor], float]:
     """``rollout`` then ``rewards_of``, overlapped: each micro-batch is decoded when it is sampled and scored
     in a background thread while the next one samples (a reward server works while this process does).
@@ -376,22 +421,32 @@ def rollout_scored(
     after the last micro-batch. The numbers are ``rollout`` + ``rewards_of``'s."""
     from concurrent.futures import ThreadPoolExecutor
 
-    futures = []
+    by_samples = split_decode == "samples" and parallel.sp > 1
+    scored = []  # (micro-batch size, future of this rank's scores), where this rank scores
     with ThreadPoolExecutor(1, thread_name_prefix="reward") as pool:
 
         def after_part(part: slice, traj: Trajectory, cond: Any) -> None:
-            videos = decode_videos(policy, traj.final, cond, parallel, split=split_decode)
-            if parallel.sp_rank == 0:
-                images = None if batch.images is None else batch.images[part]
-                futures.append(pool.submit(score_batch, reward, videos, batch.prompts[part], images))
+            prompts, images = batch.prompts[part], None if batch.images is None else batch.images[part]
+            size = len(prompts)
+            if by_samples:  # this rank's share of the micro-batch
+                videos, prompts, images = _decode_share(policy, traj.final, cond, prompts, images, parallel,
+                                                        decode_chunk)  # fmt: skip
+            else:
+                videos = decode_videos(policy, traj.final, cond, parallel, split=split_decode, chunk=decode_chunk)
+            if by_samples or parallel.sp_rank == 0:
+                scored.append((size, pool.submit(score_batch, reward, videos, prompts, images)))
 
         traj, cond = rollout(policy, batch, config, parallel, after_part)
         waited = time.perf_counter()
+        results = [(size, future.result()) for size, future in scored]
+        waited = time.perf_counter() - waited
+    if by_samples:
+        values = torch.cat([gather_shares(mine, size, parallel) for size, mine in results], 1)
+    else:
         values = torch.full((len(reward.parts) + 1, len(batch.prompts)), float("nan"))
         if parallel.sp_rank == 0:
-            values = torch.cat([future.result() for future in futures], 1)
-        waited = time.perf_counter() - waited
-    values = share_over_sp(values, parallel)
+            values = torch.cat([mine for _, mine in results], 1)
+        values = share_over_sp(values, parallel)
     return traj, cond, values[0], dict(zip([n for n, _, _ in reward.parts], values[1:])), waited
 
 

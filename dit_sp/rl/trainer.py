@@ -218,6 +218,7 @@ class GRPOTrainer:
         self.parallel = parallel or init_world(config)
         self.is_leader = self.parallel.rank == 0
         self._split_decode = config.vae_split if config.parallel_vae and self.parallel.sp > 1 else None
+        self._decode_chunk = config.vae_batch or config.grpo.micro_batch
         if prompts is None:
             prompts, images = read_prompt_file(config.prompts)
         self.prompts = list(prompts)
@@ -395,13 +396,14 @@ class GRPOTrainer:
         began = time.perf_counter()
         if grpo.overlap_rewards:
             traj, cond, rewards, parts, waited = rollout_scored(self.policy, batch, self.reward, grpo, parallel,
-                                                                split_decode=self._split_decode)  # fmt: skip
+                                                                split_decode=self._split_decode,
+                                                                decode_chunk=self._decode_chunk)  # fmt: skip
             seconds = {"sample": time.perf_counter() - began - waited, "reward": waited}
         else:
             traj, cond = rollout(self.policy, batch, grpo, parallel)
             sampled = time.perf_counter()
-            rewards, parts, _ = rewards_of(self.policy, traj, batch, self.reward, parallel, grpo,
-                                           split_decode=self._split_decode, cond=cond)  # fmt: skip
+            rewards, parts = rewards_of(self.policy, traj, batch, self.reward, parallel, cond=cond,
+                                        split_decode=self._split_decode, decode_chunk=self._decode_chunk)  # fmt: skip
             seconds = {"sample": sampled - began, "reward": time.perf_counter() - sampled}
         if self.prompt_stats is not None:
             advantages = self.prompt_stats.advantages(rewards, batch.prompt_ids, group=parallel.dp_group,
@@ -541,7 +543,9 @@ class GRPOTrainer:
         self.transformer.train()
         reward = torch.zeros(1, device=parallel.device)
         if parallel.dp_rank == 0:
-            videos = decode_videos(policy, traj.final, cond, parallel, split=self._split_decode)  # on rank 0
+            videos = decode_videos(
+                policy, traj.final, cond, parallel, split=self._split_decode, chunk=self._decode_chunk
+            )  # on rank 0
         if parallel.rank == 0:
             videos = videos.cpu()
             reward[0] = self.reward(videos, prompts, images).nanmean()
