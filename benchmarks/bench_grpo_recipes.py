@@ -1,12 +1,14 @@
 """Cheaper GRPO rollouts on the shipped toy model, side by side: the current recipe (``grpo_toy``: a fixed SDE
 window on steps [0, 2) of 10) against MixGRPO's sliding window (with MixGRPO-Flash's coarser ODE tail) and
-branching rollouts (a group's shared start evaluated once; with and without the coarse tail). Every recipe
+branching rollouts (a group's shared start evaluated once; with and without the coarse tail), and the current
+and the one-step branched recipes on half the samples per step. Every recipe
 runs the same seeds on 2 processes (Ulysses 2), in stages of ``--every`` steps (``--resume`` continues a
 run exactly); each stage's export is scored by ``eval_toy``'s measurement: held-out prompts, ODE sampling
 without guidance, paired against the base model on the same noise. Reported against the wall-clock time
 of the training steps (``seconds`` in the metrics, summed) and against the transformer forwards.
 
-    python benchmarks/bench_grpo_recipes.py                      # 4 recipes x 40 steps, about an hour
+    python benchmarks/bench_grpo_recipes.py                      # 7 recipes x 40 steps, about 100 minutes
+    python benchmarks/bench_grpo_recipes.py --recipes current branch-1+tail branch-1+tail-half current-half --every 5
     python benchmarks/bench_grpo_recipes.py --recipes current branch --steps 20 --every 10 --seeds 16
 
 Results are kept in ``--out`` (``benchmarks/outputs/grpo_recipes``): a finished stage is not re-run.
@@ -25,14 +27,18 @@ from pathlib import Path
 from dit_sp.bundled import asset_path
 from dit_sp.toymodel import paired_gain, sample_scores, summarize
 
-# Every recipe decodes its rollouts split by samples (the faster split for many small videos).
-COMMON = ["vae_split=samples", "eval_every=0", "checkpoint_every=0"]
+# Every recipe decodes and scores its rollouts split by samples, 32 videos per VAE call (the fastest for
+# many small videos).
+COMMON = ["vae_split=samples", "vae_batch=32", "eval_every=0", "checkpoint_every=0"]
+HALF = ["grpo.prompts_per_step=8"]
 RECIPES = {
     "current": [],
     "sliding": ["grpo.sde_window=null", "grpo.sliding_window={size: 2, every: 10, stride: 1}", "grpo.tail_steps=4"],
     "branch": ["grpo.branch=true"],
     "branch+tail": ["grpo.branch=true", "grpo.tail_steps=4"],
     "branch-1+tail": ["grpo.sde_window=[0, 1]", "grpo.branch=true", "grpo.tail_steps=4"],
+    "current-half": HALF,
+    "branch-1+tail-half": ["grpo.sde_window=[0, 1]", "grpo.branch=true", "grpo.tail_steps=4", *HALF],
 }
 DESCRIPTIONS = {
     "current": "fixed window [0, 2) of 10 steps",
@@ -40,6 +46,8 @@ DESCRIPTIONS = {
     "branch": "fixed window, branching (step 0 once per group)",
     "branch+tail": "branching, ODE tail in 4 steps",
     "branch-1+tail": "window [0, 1) branched (one SDE step, trained once per group), ODE tail in 4 steps",
+    "current-half": "the current recipe on half the samples per step (8 prompts x 16)",
+    "branch-1+tail-half": "branch-1+tail on half the samples per step (8 prompts x 16)",
 }
 
 
@@ -54,13 +62,15 @@ def train_stage(recipe: str, steps: int, out: Path) -> None:
     shutil.copytree(run / "final", out / f"{recipe}-{steps}", dirs_exist_ok=True)
 
 
-def run_totals(run: Path, steps: int) -> tuple[float, float]:
-    """Summed step seconds and transformer forwards of a run's first ``steps`` iterations."""
+def run_totals(run: Path, steps: int) -> tuple[float, float, float]:
+    """Summed step seconds, transformer forwards and seconds outside decoding and scoring (rollouts and
+    updates) of a run's first ``steps`` iterations."""
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     rows = {row["step"]: row for row in rows}  # a resumed run rewrites no step; keep the last of each
     seconds = sum(rows[s]["seconds"] for s in range(steps))
     forwards = sum(rows[s]["transformer_forwards"] for s in range(steps))
-    return seconds, forwards
+    model = sum(rows[s]["seconds/sample"] + rows[s]["seconds/train"] for s in range(steps))
+    return seconds, forwards, model
 
 
 def main() -> None:
@@ -86,9 +96,10 @@ def main() -> None:
                 continue
             train_stage(recipe, steps, args.out)
             scores = sample_scores(args.out / key, prompts, args.seeds, guidance=1.0)
-            seconds, forwards = run_totals(args.out / recipe, steps)
+            seconds, forwards, model_seconds = run_totals(args.out / recipe, steps)
             gain = paired_gain(scores, base)
             results["rows"][key] = {"recipe": recipe, "steps": steps, "seconds": seconds, "forwards": forwards,
+                                    "model_seconds": model_seconds,
                                     "faithfulness": summarize(scores)["faithfulness"]} | gain  # fmt: skip
             results_path.write_text(json.dumps(results, indent=1))
             print(json.dumps(results["rows"][key]), flush=True)
