@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from dit_sp.errors import ConfigError
 from dit_sp.parallel.state import ParallelState
+from dit_sp.rl.advantages import gather_across
 from dit_sp.rl.loss import LossStats, grpo_loss, kl_to_reference
 from dit_sp.rl.rewards import WeightedReward
 from dit_sp.rl.rollout import Trajectory, branched_trajectory, sample_trajectory, shared_velocity
@@ -352,9 +353,7 @@ def _my_share(size: int, parallel: ParallelState) -> Tensor:
 
 def gather_shares(mine: Tensor, size: int, parallel: ParallelState) -> Tensor:
     """``(K, size)``: every SP rank's ``(K, share)`` scores of its ``_my_share``, in sample order, on all."""
-    parts = [torch.empty_like(mine, device=parallel.device) for _ in range(parallel.sp)]
-    dist.all_gather(parts, mine.to(parallel.device), group=parallel.sp_group)
-    return torch.cat(parts, 1)[:, :size].cpu()
+    return gather_across(mine.t().to(parallel.device), parallel.sp_group)[:size].t().cpu()
 
 
 def _decode_share(
