@@ -334,13 +334,32 @@ def score_videos(policy: Policy, final: Tensor, cond: Any, prompts: list[str], i
     of the SP group, so every peer trains on the same. ``split="samples"``: each SP rank decodes and scores
     its own share of the batch and the scores are gathered (no frames travel); otherwise the videos are
     decoded by ``decode_videos`` and scored on the first rank, and the scores broadcast."""
+    local = _videos_to_score(policy, final, cond, prompts, images, parallel, split, chunk)
+    return _share_scores(None if local is None else score_batch(reward, *local), final.shape[0], reward, parallel,
+                         split)  # fmt: skip
+
+
+def _videos_to_score(policy: Policy, final: Tensor, cond: Any, prompts: list[str], images: list[str] | None,
+                     parallel: ParallelState, split: Split,
+                     chunk: int | None) -> tuple[Tensor, list[str], list[str] | None] | None:  # fmt: skip
+    """The videos this SP rank scores, with their prompts and images: its share of the batch with the split
+    by samples, else the whole batch on the first rank (None on the others)."""
     if split == "samples" and parallel.sp > 1:
-        mine = score_batch(reward, *_decode_share(policy, final, cond, prompts, images, parallel, chunk))
-        return gather_shares(mine, final.shape[0], parallel)
-    values = torch.full((len(reward.parts) + 1, final.shape[0]), float("nan"))
+        rows = _my_share(final.shape[0], parallel)
+        picked = rows.tolist()
+        return (_decode(policy, final, cond, rows, chunk), [prompts[i] for i in picked],
+                None if images is None else [images[i] for i in picked])  # fmt: skip
     videos = decode_videos(policy, final, cond, parallel, split=split, chunk=chunk)
-    if parallel.sp_rank == 0:
-        values = score_batch(reward, videos, prompts, images)
+    return (videos, prompts, images) if parallel.sp_rank == 0 else None
+
+
+def _share_scores(mine: Tensor | None, size: int, reward: WeightedReward, parallel: ParallelState,
+                  split: Split) -> Tensor:  # fmt: skip
+    """The ``(1 + parts, size)`` scores on every SP rank from what ``_videos_to_score`` gave this one to score
+    (``mine``, None where it scored nothing): the shares gathered, or the first rank's broadcast."""
+    if split == "samples" and parallel.sp > 1:
+        return gather_across(mine.t().to(parallel.device), parallel.sp_group)[:size].t().cpu()
+    values = mine if mine is not None else torch.full((len(reward.parts) + 1, size), float("nan"))
     return share_over_sp(values, parallel)
 
 
@@ -349,27 +368,6 @@ def _my_share(size: int, parallel: ParallelState) -> Tensor:
     rank (the last repeats the batch's last sample), so that the gathers are even."""
     share = -(-size // parallel.sp)
     return torch.arange(parallel.sp_rank * share, (parallel.sp_rank + 1) * share).clamp(max=size - 1)
-
-
-def gather_shares(mine: Tensor, size: int, parallel: ParallelState) -> Tensor:
-    """``(K, size)``: every SP rank's ``(K, share)`` scores of its ``_my_share``, in sample order, on all."""
-    return gather_across(mine.t().to(parallel.device), parallel.sp_group)[:size].t().cpu()
-
-
-def _decode_share(
-    policy: Policy,
-    final: Tensor,
-    cond: Any,
-    prompts: list[str],
-    images: list[str] | None,
-    parallel: ParallelState,
-    chunk: int | None,
-) -> tuple[Tensor, list[str], list[str] | None]:
-    """This SP rank's ``_my_share`` of the batch: its videos, decoded here, their prompts and images."""
-    rows = _my_share(final.shape[0], parallel)
-    picked = rows.tolist()
-    return (_decode(policy, final, cond, rows, chunk), [prompts[i] for i in picked],
-            None if images is None else [images[i] for i in picked])  # fmt: skip
 
 
 def _decode(policy: Policy, final: Tensor, cond: Any, rows: Tensor, chunk: int | None) -> Tensor:
@@ -420,32 +418,19 @@ def rollout_scored(
     after the last micro-batch. The numbers are ``rollout`` + ``rewards_of``'s."""
     from concurrent.futures import ThreadPoolExecutor
 
-    by_samples = split_decode == "samples" and parallel.sp > 1
-    scored = []  # (micro-batch size, future of this rank's scores), where this rank scores
+    scored = []  # (micro-batch size, future of this rank's scores or None)
     with ThreadPoolExecutor(1, thread_name_prefix="reward") as pool:
 
         def after_part(part: slice, traj: Trajectory, cond: Any) -> None:
             prompts, images = batch.prompts[part], None if batch.images is None else batch.images[part]
-            size = len(prompts)
-            if by_samples:  # this rank's share of the micro-batch
-                videos, prompts, images = _decode_share(policy, traj.final, cond, prompts, images, parallel,
-                                                        decode_chunk)  # fmt: skip
-            else:
-                videos = decode_videos(policy, traj.final, cond, parallel, split=split_decode, chunk=decode_chunk)
-            if by_samples or parallel.sp_rank == 0:
-                scored.append((size, pool.submit(score_batch, reward, videos, prompts, images)))
+            local = _videos_to_score(policy, traj.final, cond, prompts, images, parallel, split_decode, decode_chunk)
+            scored.append((len(prompts), None if local is None else pool.submit(score_batch, reward, *local)))
 
         traj, cond = rollout(policy, batch, config, parallel, after_part)
         waited = time.perf_counter()
-        results = [(size, future.result()) for size, future in scored]
+        results = [(size, None if job is None else job.result()) for size, job in scored]
         waited = time.perf_counter() - waited
-    if by_samples:
-        values = torch.cat([gather_shares(mine, size, parallel) for size, mine in results], 1)
-    else:
-        values = torch.full((len(reward.parts) + 1, len(batch.prompts)), float("nan"))
-        if parallel.sp_rank == 0:
-            values = torch.cat([mine for _, mine in results], 1)
-        values = share_over_sp(values, parallel)
+    values = torch.cat([_share_scores(mine, size, reward, parallel, split_decode) for size, mine in results], 1)
     return traj, cond, values[0], dict(zip([n for n, _, _ in reward.parts], values[1:])), waited
 
 
