@@ -1,5 +1,5 @@
 """Quality against saving for the step caches, on the shipped toy model: paired prompt faithfulness of
-cached vs uncached sampling (same noise, held-out prompts, ``dit_sp.toyworld`` reads the attributes back
+cached vs uncached sampling (same noise, held-out prompts, ``dit_sp.toy.world`` reads the attributes back
 from the pixels) and the fraction of transformer block evaluations skipped, per policy and threshold.
 
     python benchmarks/bench_cache_quality.py                      # 64 seeds x 8 held-out prompts = 512 samples
@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from dit_sp.bundled import asset_path
 from dit_sp.cache import CacheSpec
-from dit_sp.toymodel import cached_sample_scores, paired_gain, sample_scores, summarize
+from dit_sp.io.bundled import asset_path
+from dit_sp.toy.model import cached_sample_scores, paired_gain, sample_scores, summarize
 
 CACHES = ["first_block:0.08", "first_block:0.12", "first_block:0.2", "teacache:0.1", "teacache:0.2", "teacache:0.3"]
 

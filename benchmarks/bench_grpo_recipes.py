@@ -24,8 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dit_sp.bundled import asset_path
-from dit_sp.toymodel import paired_gain, sample_scores, summarize
+from dit_sp.io.bundled import asset_path
+from dit_sp.toy.model import paired_gain, sample_scores, summarize
 
 # Every recipe decodes and scores its rollouts split by samples, 32 videos per VAE call (the fastest for
 # many small videos).

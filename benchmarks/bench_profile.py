@@ -95,7 +95,7 @@ def build(family: str, frames: int, height: int, width: int) -> tuple[torch.nn.M
 def _scope_split_and_gather() -> None:
     """Profiler scopes ``bench::split`` / ``bench::gather`` around the sequence split and output gather that
     ``parallelize``'s hooks call (the library itself carries no scopes: each costs time on every call)."""
-    import dit_sp.models.plan as plan_hooks
+    import dit_sp.sp.plan as plan_hooks
 
     def scoped(fn: Callable, scope: str) -> Callable:
         def call(*args, **kwargs):

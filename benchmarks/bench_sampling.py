@@ -6,7 +6,7 @@ by side in one run; with the transformer block evaluations per step and the per-
 
 The pipeline is the tiny Wan's (tiny text encoder and VAE) with a Wan transformer of ``--layers`` blocks of
 ``--heads`` heads of 64 (random weights), through ``dit_sp.parallelize`` on two processes. Compiled: every
-block by ``dit_sp.compile.compile_blocks`` (inductor), its compile time reported apart (the first call).
+block by ``dit_sp.sp.compile.compile_blocks`` (inductor), its compile time reported apart (the first call).
 Each mode's time is the median of ``--repeats`` calls after a warm-up; the slowest rank's; one thread per
 process, so Ulysses 2 uses twice the cores of one process.
 """
@@ -23,7 +23,7 @@ from measure import peak_rss_mib
 
 from dit_sp import ParallelConfig, init_parallel, parallelize, spawn
 from dit_sp.cache import enable_cache
-from dit_sp.compile import compile_blocks
+from dit_sp.sp.compile import compile_blocks
 from dit_sp.zoo import build_tiny
 
 MODES = ("eager", "cached", "compiled", "compiled+cached")

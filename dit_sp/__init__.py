@@ -7,11 +7,12 @@ The public API::
     from dit_sp import GRPOTrainer, TrainConfig                                   # GRPO fine-tuning
     from dit_sp import GenerateConfig, generate, load_pipeline, spawn             # sampling, models, local workers
 
-Step caching and regional compile: ``dit_sp.cache.enable_cache``, ``dit_sp.compile.compile_blocks`` (or
+Step caching and regional compile: ``dit_sp.cache.enable_cache``, ``dit_sp.sp.compile.compile_blocks`` (or
 ``parallelize(..., cache=..., compile=True)``).
 """
 
 from dit_sp.attention import usp_attention
+from dit_sp.inference import GenerateConfig, generate
 from dit_sp.parallel import (
     ParallelConfig,
     ParallelState,
@@ -20,12 +21,11 @@ from dit_sp.parallel import (
     shard_sequence,
     spawn,
 )
-from dit_sp.parallelizer import Parallelized, parallelize, parallelize_vae, unparallelize
 from dit_sp.rl.config import LoRAConfig, OptimConfig, SampleConfig, TrainConfig
 from dit_sp.rl.grpo import GRPOConfig
 from dit_sp.rl.sde import SDEConfig
 from dit_sp.rl.trainer import GRPOTrainer
-from dit_sp.sampling import GenerateConfig, generate
+from dit_sp.sp import Parallelized, parallelize, parallelize_vae, unparallelize
 from dit_sp.zoo import load_pipeline
 
 __all__ = [

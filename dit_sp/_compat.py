@@ -134,7 +134,7 @@ def use_native_attention(processor: Any) -> None:
     parallelism (its private ``_attention_backend`` / ``_parallel_config``, where it has them).
 
     A processor with neither attribute is left alone: one that calls SDPA directly needs nothing, and one
-    that reaches attention some other way is caught when it runs (``dit_sp.models.processor``)."""
+    that reaches attention some other way is caught when it runs (``dit_sp.sp.processor``)."""
     if hasattr(processor, "_attention_backend"):
         processor._attention_backend = _native_backend()
     if hasattr(processor, "_parallel_config"):

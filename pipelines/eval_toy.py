@@ -4,10 +4,10 @@
     python -m pipelines.eval_toy --model outputs/grpo_toy/final --baseline toy-wan
     python -m pipelines.eval_toy --cache teacache:0.1 --baseline toy-wan --seeds 64  # cached vs uncached
 
-Each prompt is sampled with ``--seeds`` seeds (ODE sampling, guidance), and ``dit_sp.toyworld.evaluate``
+Each prompt is sampled with ``--seeds`` seeds (ODE sampling, guidance), and ``dit_sp.toy.world.evaluate``
 reads colour, shape and direction back from the pixels. With ``--baseline``, both models are sampled
 from the same noise and the gain in faithfulness is reported with a 95% confidence interval of the
-paired per-sample differences (``dit_sp.toymodel``). With ``--cache NAME[:THRESHOLD]`` the model samples
+paired per-sample differences (``dit_sp.toy.model``). With ``--cache NAME[:THRESHOLD]`` the model samples
 with that step cache (``dit_sp.cache``), and the fraction of transformer block evaluations it skipped
 is reported as ``saved_fraction``.
 """
@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from dit_sp import toyworld
-from dit_sp.bundled import asset_path
+from dit_sp.toy import world as toyworld
 from dit_sp.cache import CacheSpec
-from dit_sp.cli import run_main
-from dit_sp.toymodel import cached_sample_scores, paired_gain, sample_scores, summarize
+from dit_sp.io.bundled import asset_path
+from dit_sp.io.cli import run_main
+from dit_sp.toy.model import cached_sample_scores, paired_gain, sample_scores, summarize
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,7 +9,7 @@ on any layout.
         --config wan2.1-t2v-14b --ulysses 8 --cfg-parallel         # multi-node: dp = rest
 
 Settings come from the model's defaults, then ``--config FILE.yaml`` (or a bundled config name), then the
-flags given (``dit_sp.sampling.GenerateConfig``). ``--guidance`` is classifier-free guidance in every family:
+flags given (``dit_sp.inference.GenerateConfig``). ``--guidance`` is classifier-free guidance in every family:
 HunyuanVideo's ``true_cfg_scale`` (with the negative prompt), the others' ``guidance_scale``; HunyuanVideo's
 distilled guidance is ``--embedded-guidance``.
 """
@@ -21,9 +21,9 @@ import dataclasses
 import os
 
 from dit_sp import spawn
-from dit_sp.cli import run_main
-from dit_sp.sampling import GenerateConfig, batch_layout, check_before_loading, generate, read_batch
-from dit_sp.schema import ConfigError
+from dit_sp.inference import GenerateConfig, batch_layout, check_before_loading, generate, read_batch
+from dit_sp.io.cli import run_main
+from dit_sp.io.schema import ConfigError
 from dit_sp.zoo import builtin_models
 
 

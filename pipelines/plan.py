@@ -6,15 +6,15 @@
 
 The transformer is built on the meta device from the checkpoint's config (a local ``--model`` directory, or
 the architecture named by ``--arch`` or found in the model path), so counts are exact; activations follow a
-per-token model measured on real forward/backward passes (``dit_sp.plan``).
+per-token model measured on real forward/backward passes (``dit_sp.memory.planner``).
 """
 
 from __future__ import annotations
 
 import argparse
 
-from dit_sp.cli import run_main
-from dit_sp.plan import ARCHITECTURES, plan_training
+from dit_sp.io.cli import run_main
+from dit_sp.memory.planner import ARCHITECTURES, plan_training
 from dit_sp.rl.config import TrainConfig
 
 

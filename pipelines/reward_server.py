@@ -5,7 +5,7 @@
 
 ``--reward`` is what a training config's ``reward`` takes (a name, ``{name: weight}`` or a list), and
 ``--option KEY=VALUE`` sets a constructor option of a single named reward. The trainer then uses
-``reward: {name: remote, url: http://HOST:PORT}`` (``dit_sp.rl.remote.RemoteReward``). Endpoints:
+``reward: {name: remote, url: http://HOST:PORT}`` (``dit_sp.rl.rewards.remote.RemoteReward``). Endpoints:
 ``POST /score`` and ``GET /health``. Prints ``serving REWARD on http://HOST:PORT`` once it listens.
 """
 
@@ -16,10 +16,10 @@ import asyncio
 
 import yaml
 
-from dit_sp.cli import run_main
 from dit_sp.errors import ConfigError
-from dit_sp.rl.remote import make_app
+from dit_sp.io.cli import run_main
 from dit_sp.rl.rewards import build_reward
+from dit_sp.rl.rewards.remote import make_app
 
 
 def main(argv: list[str] | None = None) -> None:

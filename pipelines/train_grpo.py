@@ -5,7 +5,7 @@
     torchrun --nnodes 4 --nproc-per-node 8 -m pipelines.train_grpo --config my_run.yaml \\
         --ulysses 4 --ring 2                                           # dp = the rest
 
-The config is a YAML file (a path, or a bundled config name: dit_sp/configs/) of ``dit_sp.TrainConfig``;
+The config is a YAML file (a path, or a bundled config name: configs/) of ``dit_sp.TrainConfig``;
 flags override it. The trainer is ``dit_sp.GRPOTrainer``.
 """
 
@@ -18,9 +18,9 @@ from pathlib import Path
 import yaml
 
 from dit_sp import TrainConfig, spawn
-from dit_sp.cli import run_main
+from dit_sp.io.cli import run_main
+from dit_sp.io.schema import ConfigError
 from dit_sp.rl.trainer import check_before_loading, train
-from dit_sp.schema import ConfigError
 
 FLAGS = {  # flag: (type, help); each sets the TrainConfig key of the same name
     "model": (str, "built-in model name or local diffusers pipeline directory"),

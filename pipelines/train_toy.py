@@ -1,9 +1,9 @@
 """Train the tiny text-to-video model of the synthetic shape world, shipped as the default model.
 
-    python -m pipelines.train_toy       # VAE, then transformer; writes dit_sp/assets/toy-wan (~20 min, 2 CPUs)
+    python -m pipelines.train_toy       # VAE, then transformer; writes assets/toy-wan (~20 min, 2 CPUs)
     python -m pipelines.train_toy --stage transformer   # reuse the VAE in --work-dir
 
-The model and its training are ``dit_sp.toymodel``; deterministic for a given torch version and --threads.
+The model and its training are ``dit_sp.toy.model``; deterministic for a given torch version and --threads.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from dit_sp.bundled import ASSET_DIR
-from dit_sp.cli import run_main
-from dit_sp.toymodel import train_toy_model
+from dit_sp.io.bundled import ASSET_DIR
+from dit_sp.io.cli import run_main
+from dit_sp.toy.model import train_toy_model
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -32,7 +32,7 @@ def cached_runs(model: str, specs: list, layout: dict) -> list[dict]:
     if world > 1:
         parallelize(pipe, parallel)
     if compile:
-        from dit_sp.compile import compile_blocks
+        from dit_sp.sp.compile import compile_blocks
 
         compile_blocks(pipe.transformer)
     results = []

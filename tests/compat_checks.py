@@ -7,8 +7,8 @@ import torch.nn.functional as F
 from diffusers.models.transformers.transformer_wan import WanAttnProcessor
 
 from dit_sp import ParallelConfig, gather_sequence, init_parallel, parallelize, shard_sequence, usp_attention
-from dit_sp.models import family_of
-from dit_sp.parallelizer import _GuidancePair
+from dit_sp.families import family_of
+from dit_sp.sp.guidance import GuidancePair
 from dit_sp.zoo import build_tiny
 
 
@@ -67,7 +67,7 @@ def check_loud_failures() -> dict:
     # cfg=2: the first (conditional) call of a sequential pipeline returns a placeholder that reads NaN.
     cfg = init_parallel(ParallelConfig(cfg=2))
     model = build_tiny("tiny-wan", "transformer").float()
-    guidance = _GuidancePair(cfg, family_of(model))
+    guidance = GuidancePair(cfg, family_of(model))
     cond, uncond = wan_inputs(1), wan_inputs(2)
     with torch.no_grad():
         (placeholder,) = guidance.sequential(model, model.forward, (), cond)

@@ -9,8 +9,8 @@ import warnings
 import torch
 
 from dit_sp import GRPOTrainer, TrainConfig
+from dit_sp.io.schema import set_dotted
 from dit_sp.rl.grpo import accumulate_gradients, seed_for
-from dit_sp.schema import set_dotted
 
 # Short names for the nested keys the tests vary.
 KEYS = {"frames": "sample.frames", "height": "sample.height", "width": "sample.width", "guidance": "sample.guidance",

@@ -17,7 +17,7 @@ from batch_checks import one_by_one
 from cli_run import run_python
 
 from dit_sp import GenerateConfig, generate, spawn
-from dit_sp.sampling import read_batch
+from dit_sp.inference import read_batch
 
 pytestmark = pytest.mark.slow  # spawns workers and runs the CLI
 PROMPTS = [

@@ -19,7 +19,7 @@ from dit_sp import ParallelConfig, gather_sequence, init_parallel, parallelize, 
 from dit_sp import _compat as compat
 from dit_sp.attention import get_kernel
 from dit_sp.parallel import single_process_state
-from dit_sp.parallelizer import _GuidancePair
+from dit_sp.sp.guidance import GuidancePair
 from dit_sp.zoo import build_tiny
 
 CPU = torch.device("cpu")
@@ -127,7 +127,7 @@ def test_guidance_placeholder_is_nan_until_the_second_call(monkeypatch):
     """Single process: the pair's exchange is stubbed (cfg rank 0 computes the conditional branch)."""
     parallel = dataclasses.replace(single_process_state(CPU), config=ParallelConfig(cfg=2))
     model = types.SimpleNamespace(config={"out_channels": 3})
-    guidance = _GuidancePair(parallel, family=None)  # the sequential mode does not use the family
+    guidance = GuidancePair(parallel, family=None)  # the sequential mode does not use the family
     monkeypatch.setattr(guidance, "_exchange", lambda mine: [mine, mine + 1])
     forward = lambda hidden_states, return_dict=True: (hidden_states[:, :3] * 2,)
     hidden = torch.randn(2, 4, 5)

@@ -156,7 +156,7 @@ def test_outputs_that_cannot_be_written_are_errors(tmp_path, out, message):
 
 
 def test_outputs_are_replaced_whole(tmp_path):
-    from dit_sp.video import save_video
+    from dit_sp.io.video import save_video
 
     frames = __import__("numpy").random.rand(3, 8, 8, 3)
     target = tmp_path / "frames"

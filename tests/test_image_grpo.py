@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from dit_sp.models import policy_for
+from dit_sp.families import policy_for
 from dit_sp.rl.rollout import sample_trajectory
 from dit_sp.rl.sde import SDEConfig
 from dit_sp.zoo import as_image_to_video, build_tiny

@@ -7,7 +7,7 @@ import torch
 from model_checks import check_transformer, model_inputs
 
 from dit_sp import ParallelConfig, init_parallel, parallelize, spawn, unparallelize
-from dit_sp.models import family_of, supported_classes
+from dit_sp.families import family_of, supported_classes
 from dit_sp.zoo import build_tiny
 
 FAMILIES = ["tiny-wan", "tiny-hunyuanvideo", "tiny-cogvideox"]

@@ -19,8 +19,8 @@ import torch
 from diffusers.configuration_utils import FrozenDict
 
 from dit_sp import GenerateConfig, generate, spawn
-from dit_sp.models import check_shape
-from dit_sp.sampling import guidance_arguments
+from dit_sp.families import check_shape
+from dit_sp.inference import guidance_arguments
 from dit_sp.zoo import build_tiny, model_defaults
 
 pytestmark = pytest.mark.slow  # spawns worker processes or runs the CLIs end to end

@@ -10,7 +10,7 @@ from cli_run import run_python
 from scale_checks import activation_peak
 
 from dit_sp import TrainConfig, spawn
-from dit_sp.plan import ARCHITECTURES, TransformerShape, activation_bytes, plan_training
+from dit_sp.memory.planner import ARCHITECTURES, TransformerShape, activation_bytes, plan_training
 
 WIDE = {"patch_size": (1, 2, 2), "num_attention_heads": 3, "attention_head_dim": 128, "in_channels": 4,
         "out_channels": 4, "text_dim": 16, "freq_dim": 256, "ffn_dim": 1536, "num_layers": 4,

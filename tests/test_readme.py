@@ -298,7 +298,7 @@ def test_trainer_docstring_example_runs(tmp_path):
 
 
 def test_sampling_docstring_example_runs(tmp_path):
-    code = substitute(docstring_example("dit_sp.sampling"), [('{"ulysses": 2}', '{"ulysses": 2, "steps": 2}')])
+    code = substitute(docstring_example("dit_sp.inference"), [('{"ulysses": 2}', '{"ulysses": 2, "steps": 2}')])
     result = spawn(run_snippet, 1, args=(code, str(tmp_path), ("report",)), timeout=300)[0]
     assert Path(tmp_path, result["report"]["out"]).is_file()
 

@@ -8,8 +8,8 @@ from typing import Any, Literal
 import pytest
 
 from dit_sp import GenerateConfig, TrainConfig
-from dit_sp.bundled import CONFIG_DIR, asset_path, config_path
-from dit_sp.schema import ConfigError, from_mapping, load_yaml
+from dit_sp.io.bundled import CONFIG_DIR, asset_path, config_path
+from dit_sp.io.schema import ConfigError, from_mapping, load_yaml
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ import pytest
 import torch
 from cli_run import run_python
 
-from dit_sp import toyworld
-from dit_sp.bundled import ASSET_DIR
+from dit_sp.toy import world as toyworld
+from dit_sp.io.bundled import ASSET_DIR
 from dit_sp.rl import build_reward
 
 REPO = Path(__file__).resolve().parents[1]
@@ -131,7 +131,7 @@ def test_train_toy_runs_end_to_end(tmp_path):
 
 @pytest.mark.slow
 def test_eval_toy_reports_accuracy_and_paired_gain():
-    from dit_sp.toymodel import paired_gain, summarize
+    from dit_sp.toy.model import paired_gain, summarize
 
     good = [{"color": True, "shape": True, "direction": True}] * 3
     half = [{"color": True, "shape": False, "direction": True}, *good[:2]]

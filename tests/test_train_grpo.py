@@ -13,7 +13,7 @@ from compare import assert_all_close, max_errors
 from grpo_checks import evaluation, moved_window_gradients, step_gradients, tiny_config
 
 from dit_sp import spawn
-from dit_sp.bundled import ASSET_DIR
+from dit_sp.io.bundled import ASSET_DIR
 
 pytestmark = pytest.mark.slow  # spawns worker processes or runs the CLIs end to end
 
@@ -429,8 +429,8 @@ def test_lora_run_exports_plain_merged_weights(tmp_path):
 
 def test_policy_settings_are_checked_against_the_model():
     """Bad sizes and guidance settings fail when the policy is built, before the model is sharded."""
-    from dit_sp.models.hunyuan_video import HunyuanVideoPolicy
-    from dit_sp.models.wan import WanPolicy
+    from dit_sp.families.hunyuan_video import HunyuanVideoPolicy
+    from dit_sp.families.wan import WanPolicy
     from dit_sp.zoo import build_tiny
 
     wan, hunyuan = build_tiny("tiny-wan"), build_tiny("tiny-hunyuanvideo")

@@ -13,7 +13,7 @@ from cli_run import run_python
 from grpo_checks import step_gradients, tiny_config, trained_experts
 
 from dit_sp import spawn
-from dit_sp.models import policy_for
+from dit_sp.families import policy_for
 from dit_sp.rl.rollout import sample_trajectory
 from dit_sp.rl.sde import SDEConfig
 from dit_sp.zoo import build_tiny

@@ -1,4 +1,4 @@
-"""The settings of a GRPO training run: one typed tree, read from YAML and flags by ``dit_sp.schema``.
+"""The settings of a GRPO training run: one typed tree, read from YAML and flags by ``dit_sp.io.schema``.
 A YAML config holds the top-level keys and a mapping for each nested section, e.g.::
 
     model: toy-wan
@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from dit_sp.io.schema import from_mapping, load_yaml, set_dotted
 from dit_sp.rl.grpo import GRPOConfig
 from dit_sp.rl.metrics import WandbConfig
-from dit_sp.schema import from_mapping, load_yaml, set_dotted
 
 
 @dataclass(frozen=True)
@@ -161,14 +161,14 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], *, where: str = "config") -> TrainConfig:
-        """A config from a (nested) mapping, every key and type checked (``dit_sp.schema.ConfigError``)."""
+        """A config from a (nested) mapping, every key and type checked (``dit_sp.io.schema.ConfigError``)."""
         return from_mapping(cls, values, where=where)
 
     @classmethod
     def load(cls, path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
         """A YAML file (a path or a bundled config name), then ``overrides`` by dotted key
         (``{"optim.lr": 1e-4, "ulysses": 2}``)."""
-        from dit_sp.bundled import config_path
+        from dit_sp.io.bundled import config_path
 
         values = load_yaml(config_path(path)) if path is not None else {}
         for key, value in (overrides or {}).items():

@@ -29,11 +29,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dit_sp.bundled import asset_path
 from dit_sp.errors import ConfigError, MissingFileError
-from dit_sp.models import DiffusersPolicy, policy_for, supported_vaes, vae_plan_of
+from dit_sp.families import DiffusersPolicy, policy_for, supported_vaes, vae_plan_of
+from dit_sp.io.bundled import asset_path
+from dit_sp.io.video import save_video
 from dit_sp.parallel import ParallelConfig, ParallelState, check_ranks_agree, free_port, init_parallel
-from dit_sp.parallelizer import parallelize, parallelize_vae
 from dit_sp.rl.advantages import PromptStats, gather_across, group_advantages
 from dit_sp.rl.config import TrainConfig
 from dit_sp.rl.embeddings import TEXT_ENCODERS, PromptEmbeddings, model_identity
@@ -55,11 +55,11 @@ from dit_sp.rl.rewards import RewardFn, WeightedReward, build_reward
 from dit_sp.rl.rollout import Trajectory, sample_trajectory
 from dit_sp.rl.schedule import shifted_sigmas
 from dit_sp.rl.sde import SDEConfig
+from dit_sp.sp import parallelize, parallelize_vae
 from dit_sp.train import checkpoint, shard_model
 from dit_sp.train.ema import EMA
 from dit_sp.train.fsdp import copy_sharded
 from dit_sp.train.lora import AdaptersDisabled, add_lora, merge_lora
-from dit_sp.video import save_video
 from dit_sp.weights import has_meta_parameters, load_shards
 from dit_sp.zoo import TRANSFORMERS, as_image_to_video, checkpoint_dir, load_pipeline
 
@@ -146,7 +146,7 @@ def check_before_loading(config: TrainConfig, world_size: int) -> None:
     """Everything that can be checked from files alone before weights load or workers start: the output
     directory, the prompts, the reward names, the sample size against the model's config files, and the
     split of a step's samples over the layout's data-parallel ranks (``ConfigError`` naming the setting)."""
-    from dit_sp.models import check_shape
+    from dit_sp.families import check_shape
     from dit_sp.rl.rewards import check_reward
     from dit_sp.zoo import shape_info
 

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 import yaml
 
-from dit_sp.bundled import ASSET_DIR, PACKAGE_DIR, asset_path
 from dit_sp.errors import ConfigError, MissingFileError
+from dit_sp.io.bundled import ASSET_DIR, asset_path
 from dit_sp.zoo.tokenizers import clip_byte_vocab, llama3_byte_tokenizer
 
 SPEC_DIR = Path(__file__).resolve().parent / "specs"
@@ -93,7 +93,7 @@ def checkpoint_dir(model: str | Path) -> Path | None:
     if Path(model).is_absolute() or len(Path(model).parts) > 1:
         raise MissingFileError(f"model directory {model} does not exist")
     spec = model_spec(str(model))  # raises for unknown names
-    return PACKAGE_DIR / spec["path"] if "path" in spec else None
+    return asset_path(spec["path"]) if "path" in spec else None
 
 
 def pipeline_class_name(model: str | Path, *, image: bool = False) -> str | None:
@@ -228,7 +228,7 @@ def _config_with_defaults(class_name: str, config: dict[str, Any]) -> dict[str, 
 
 
 def shape_info(model: str | Path) -> Any | None:
-    """What ``dit_sp.models.check_shape`` needs (the VAE's scale factors, the transformer's config) from the
+    """What ``dit_sp.families.check_shape`` needs (the VAE's scale factors, the transformer's config) from the
     model's config files alone, so that sizes are checked before any weights load or workers start;
     ``None`` where the pipeline class or its files are not known (the full load reports those)."""
     from types import SimpleNamespace

@@ -27,7 +27,7 @@ from torch.overrides import TorchFunctionMode
 
 from dit_sp._compat import use_native_attention
 from dit_sp.attention import usp_attention
-from dit_sp.models.context import SequenceContext
+from dit_sp.sp.context import SequenceContext
 
 Tensor = torch.Tensor
 

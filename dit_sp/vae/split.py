@@ -12,7 +12,7 @@ op runs on its own rows given:
 Each process then holds 1/N of every activation (the decode's memory peak) and does 1/N of the work. While a
 split call runs, the modules get instance-level adapters, removed after the call; the stock code does the
 rest unchanged: temporal causal caches (they hold each process's own rows), frame chunks, clamping and
-patchify. With tiling on, whole tiles are shared out instead (``dit_sp.vae_tiles``). Inference only.
+patchify. With tiling on, whole tiles are shared out instead (``dit_sp.vae.tiles``). Inference only.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dit_sp.parallel.rows import RowSplit, exchange_rows, gather_rows, post_rows, receive_rows
-from dit_sp.vae_tiles import TileProtocol, check_inference
+from dit_sp.vae.tiles import TileProtocol, check_inference
 
 Padding = tuple[int, int, str]
 """Rows a module adds above and below a convolution's input before it runs, and how (``F.pad`` mode)."""
@@ -53,7 +53,7 @@ class VAEPlan:
     """The VAE's attributes that run split."""
     tiles: TileProtocol | None = None
     """How its tiled methods call the parts, to share whole tiles out over the processes
-    (``dit_sp.vae_tiles``); without it, each tile is split by rows."""
+    (``dit_sp.vae.tiles``); without it, each tile is split by rows."""
 
 
 class _Run:

@@ -27,11 +27,11 @@ from tqdm import tqdm
 
 from dit_sp.cache import CacheSpec, StepCache, enable_cache
 from dit_sp.errors import ConfigError, MissingFileError
-from dit_sp.models import check_shape, family_of
+from dit_sp.families import check_shape, family_of
+from dit_sp.io.schema import from_mapping, load_yaml
+from dit_sp.io.video import check_output, check_writable, save_video
 from dit_sp.parallel import ParallelConfig, ParallelState, check_ranks_agree, init_parallel
-from dit_sp.parallelizer import parallelize
-from dit_sp.schema import from_mapping, load_yaml
-from dit_sp.video import check_output, check_writable, save_video
+from dit_sp.sp import parallelize
 from dit_sp.zoo import TRANSFORMERS, default_model, model_defaults
 
 
@@ -94,7 +94,7 @@ class GenerateConfig:
     teacache_coefficients: list[float] | None = None
     """TeaCache's polynomial rescaling of the relative change, highest power first (default: none)."""
     compile: bool = False
-    """``torch.compile`` each transformer block (regional), USP attention included (``dit_sp.compile``)."""
+    """``torch.compile`` each transformer block (regional), USP attention included (``dit_sp.sp.compile``)."""
 
     def __post_init__(self) -> None:
         if self.dp is not None and self.dp < 1:
@@ -129,8 +129,8 @@ class GenerateConfig:
     @classmethod
     def load(cls, path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> GenerateConfig:
         """The model's defaults, then the YAML file ``path`` (a path or a bundled config name), then
-        ``overrides``; every key and type checked (``dit_sp.schema.ConfigError``)."""
-        from dit_sp.bundled import config_path
+        ``overrides``; every key and type checked (``dit_sp.io.schema.ConfigError``)."""
+        from dit_sp.io.bundled import config_path
 
         values = load_yaml(config_path(path)) if path is not None else {}
         values |= overrides or {}
@@ -227,7 +227,7 @@ def _read_image(path: str, flag: str) -> Any:
     """The image at ``path`` (or a bundled asset of that name, e.g. ``first_frame.png``) as RGB (PIL)."""
     from PIL import Image, UnidentifiedImageError
 
-    from dit_sp.bundled import asset_path
+    from dit_sp.io.bundled import asset_path
 
     found = asset_path(path)
     if found is None or not found.is_file():
@@ -282,7 +282,7 @@ def _setup(config: GenerateConfig, images: bool) -> tuple[ParallelState, Any, di
         )
         return parallel, pipe, guidance, handle.cache
     if config.compile:
-        from dit_sp.compile import compile_blocks
+        from dit_sp.sp.compile import compile_blocks
 
         for transformer in filter(None, (getattr(pipe, name, None) for name in TRANSFORMERS)):
             compile_blocks(transformer)
@@ -377,7 +377,7 @@ PER_PROMPT = (
 def read_batch(config: GenerateConfig) -> list[GenerateConfig]:
     """The videos of ``config.prompts``: a .txt (one prompt per line; seeds ``seed + index``) or a .jsonl
     (``{"prompt": ..., "seed": ..., "frames": ...}`` per line, any of ``PER_PROMPT``), each checked."""
-    from dit_sp.bundled import asset_path
+    from dit_sp.io.bundled import asset_path
 
     path = asset_path(config.prompts)
     if path is None or not path.is_file():

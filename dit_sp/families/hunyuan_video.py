@@ -11,10 +11,10 @@ import torch
 
 from dit_sp._compat import context_parallel_types
 from dit_sp.errors import ConfigError
-from dit_sp.models.family import ModelFamily
-from dit_sp.models.policy import DiffusersPolicy
+from dit_sp.families.family import ModelFamily
+from dit_sp.families.policy import DiffusersPolicy
 from dit_sp.vae import Padding, VAEPlan
-from dit_sp.vae_tiles import TileProtocol
+from dit_sp.vae.tiles import TileProtocol
 
 Tensor = torch.Tensor
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from dit_sp.errors import ConfigError
-from dit_sp.models.shape import check_shape
+from dit_sp.families.shape import check_shape
 
 Tensor = torch.Tensor
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
-from dit_sp.models.plan import Plan
 from dit_sp.vae import VAEPlan
+
+Plan = dict[str, Any]
+"""Where a transformer's sequence is split and gathered: a diffusers ``_cp_plan`` (``dit_sp.sp.plan``)."""
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,7 @@ class ModelFamily:
     pipelines: tuple[str, ...] = ()
     """diffusers pipeline classes that GRPO can train (through ``policy``)."""
     policy: type | None = None
-    """The GRPO policy class (a ``dit_sp.models.policy.DiffusersPolicy``) of those pipelines."""
+    """The GRPO policy class (a ``dit_sp.families.policy.DiffusersPolicy``) of those pipelines."""
     vae: VAEPlan | None = None
     """How the family's VAE decodes and encodes with its rows split (``dit_sp.vae``)."""
     teacache_probe: Callable[[torch.nn.Module, object, tuple, dict], tuple[torch.Tensor, bool]] | None = None

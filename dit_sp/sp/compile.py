@@ -3,7 +3,7 @@
 Identical blocks share one compiled graph, so compiling costs one block's worth however deep the model,
 and the hooks that split and gather the sequence, the guidance pair and the step cache's decisions stay
 outside every graph. Under ``parallelize`` the sequence-parallel attention is one opaque op in the graph
-(``dit_sp.models.processor``): no graph break inside attention, and the collectives run as they do eagerly.
+(``dit_sp.sp.processor``): no graph break inside attention, and the collectives run as they do eagerly.
 """
 
 from __future__ import annotations

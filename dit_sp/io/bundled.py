@@ -1,5 +1,7 @@
-"""Files shipped inside the package: run configs (``dit_sp/configs``) and assets (``dit_sp/assets``: the
-trained toy model and prompt files). They are found by name from any working directory, installed or not."""
+"""Files shipped with the package: run configs (``configs/``) and assets (``assets/``: the trained toy model and
+prompt files). In the repository they sit at the top level; an installed package carries them inside itself
+(``dit_sp/configs``, ``dit_sp/assets``: ``setup.py`` maps them there). They are found by name from any working
+directory, installed or not."""
 
 from __future__ import annotations
 
@@ -7,9 +9,16 @@ from pathlib import Path
 
 from dit_sp.errors import MissingFileError
 
-PACKAGE_DIR = Path(__file__).resolve().parent
-CONFIG_DIR = PACKAGE_DIR / "configs"
-ASSET_DIR = PACKAGE_DIR / "assets"
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+
+def _data_dir(name: str) -> Path:
+    installed = PACKAGE_DIR / name  # a wheel (non-editable install) carries it inside the package
+    return installed if installed.is_dir() else PACKAGE_DIR.parent / name  # a checkout or an editable install
+
+
+CONFIG_DIR = _data_dir("configs")
+ASSET_DIR = _data_dir("assets")
 
 
 def bundled_configs() -> list[str]:
@@ -19,7 +28,7 @@ def bundled_configs() -> list[str]:
 def _resolve(name: str | Path, root: Path, prefix: str, suffixes: tuple[str, ...]) -> Path | None:
     path = Path(name)
     if path.exists():
-        return path
+        return path.resolve()
     if path.is_absolute():
         return None
     relative = Path(*path.parts[1:]) if path.parts and path.parts[0] == prefix else path

@@ -9,9 +9,9 @@ diffusers ships no ``_cp_plan`` for this model.
 import torch
 
 from dit_sp._compat import context_parallel_types
-from dit_sp.models.family import ModelFamily
+from dit_sp.families.family import ModelFamily
 from dit_sp.vae import Padding, VAEPlan
-from dit_sp.vae_tiles import TileProtocol
+from dit_sp.vae.tiles import TileProtocol
 
 
 def _plan(model: torch.nn.Module) -> dict:

@@ -87,7 +87,7 @@ def _coerce(value: Any, kind: Any, where: str) -> Any:
             _fail(where, value, "a mapping")
         item = args[1] if args else Any
         return {str(k): _coerce(v, item, f"{where}.{k}") for k, v in value.items()}
-    raise TypeError(f"{where}: field type {kind!r} is not supported by dit_sp.schema")
+    raise TypeError(f"{where}: field type {kind!r} is not supported by dit_sp.io.schema")
 
 
 def from_mapping(cls: type[T], values: Mapping[str, Any], *, where: str = "config") -> T:

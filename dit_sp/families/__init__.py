@@ -7,12 +7,12 @@ from typing import Any
 import torch
 
 from dit_sp.errors import ConfigError
-from dit_sp.models.cogvideox import COGVIDEOX
-from dit_sp.models.family import ModelFamily
-from dit_sp.models.hunyuan_video import HUNYUAN_VIDEO
-from dit_sp.models.policy import DiffusersPolicy
-from dit_sp.models.shape import check_shape
-from dit_sp.models.wan import WAN
+from dit_sp.families.cogvideox import COGVIDEOX
+from dit_sp.families.family import ModelFamily
+from dit_sp.families.hunyuan_video import HUNYUAN_VIDEO
+from dit_sp.families.policy import DiffusersPolicy
+from dit_sp.families.shape import check_shape
+from dit_sp.families.wan import WAN
 from dit_sp.vae import VAEPlan
 
 FAMILIES: tuple[ModelFamily, ...] = (WAN, HUNYUAN_VIDEO, COGVIDEOX)

@@ -1,4 +1,4 @@
-"""The tiny text-to-video model of the synthetic shape world (``dit_sp.toyworld``): its training (the
+"""The tiny text-to-video model of the synthetic shape world (``dit_sp.toy.world``): its training (the
 shipped ``toy-wan``) and its evaluation by prompt faithfulness.
 
 Training uses the same classes as the real Wan models: an ``AutoencoderKLWan`` (4x spatial, 4x temporal
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from dit_sp import toyworld
+from dit_sp.toy import world as toyworld
 from dit_sp.zoo import load_pipeline
 
 WORDS = ["<pad>", "<unk>", "</s>", "a", "moving", *toyworld.COLORS, *toyworld.SHAPES, *toyworld.DIRECTIONS]

@@ -18,10 +18,10 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from dit_sp._compat import check_cp_plan
-from dit_sp.models.context import SequenceContext
+from dit_sp.families.family import Plan
 from dit_sp.parallel.comm import gather_sequence, shard_sequence
+from dit_sp.sp.context import SequenceContext
 
-Plan = dict[str, Any]
 InputSpec = Any
 """A diffusers ``ContextParallelInput`` (``dit_sp._compat.context_parallel_types``)."""
 OutputSpec = Any

@@ -3,12 +3,12 @@ floats in [0, 1].
 
 Built in: pixel rewards that need no weights (``brightness``, ``saturation``, ``temporal_smoothness``),
 ``faithfulness`` to the prompt in the synthetic shape world (and its smooth ``dense_faithfulness``; both
-live in ``dit_sp.toyworld`` and are registered here by reference), and CLIP-family models from local
+live in ``dit_sp.toy.world`` and are registered here by reference), and CLIP-family models from local
 paths: ``clip_score`` (text-video cosine similarity), ``pickscore`` (a preference-tuned CLIP's scaled
 similarity), ``hps`` (an open_clip HPS checkpoint) and ``aesthetic`` (an aesthetic head on CLIP image
 features), frames subsampled, and ``vlm_score`` (a chat vision-language model's expected rating of the
 video). A user reward is named ``package.module:function``.
-``remote`` scores with a reward server (``dit_sp.rl.remote``). ``build_reward`` combines several with
+``remote`` scores with a reward server (``dit_sp.rl.rewards.remote``). ``build_reward`` combines several with
 weights; ``score`` isolates failures: a sample whose reward raises or is not finite gets NaN (and so no
 gradient), the run goes on.
 """
@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from dit_sp.errors import ConfigError, MissingFileError
-from dit_sp.rl.remote import RewardUnavailable
+from dit_sp.rl.rewards.remote import RewardUnavailable
 
 Tensor = torch.Tensor
 RewardFn = Callable[[Tensor, list[str]], Tensor]
@@ -217,13 +217,13 @@ BUILTIN: dict[str, RewardFn | type | str] = {
     "pickscore": PickScore,
     "aesthetic": AestheticScore,
     "hps": HPSScore,
-    "vlm_score": "dit_sp.rl.rewards:VLMScore",
+    "vlm_score": "dit_sp.rl.rewards.registry:VLMScore",
     # The synthetic shape world's prompt faithfulness (and its smooth version for RL), by reference: the
     # registry does not depend on the toy world.
-    "faithfulness": "dit_sp.toyworld:faithfulness",
-    "dense_faithfulness": "dit_sp.toyworld:dense_faithfulness",
+    "faithfulness": "dit_sp.toy.world:faithfulness",
+    "dense_faithfulness": "dit_sp.toy.world:dense_faithfulness",
     # any of these behind an HTTP server (python -m pipelines.reward_server), scored from the trainer
-    "remote": "dit_sp.rl.remote:RemoteReward",
+    "remote": "dit_sp.rl.rewards.remote:RemoteReward",
 }
 """Rewards by name: a reward function, a class constructed with the entry's options, or a
 ``module:function`` reference imported when used."""

@@ -1,0 +1,76 @@
+"""CFG parallelism: the two classifier-free-guidance branches of one denoising step on the two cfg ranks."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from diffusers.models.modeling_outputs import Transformer2DModelOutput
+
+from dit_sp.cache import cache_context_of, set_cache_context
+from dit_sp.families import ModelFamily
+from dit_sp.parallel.state import ParallelState
+from dit_sp.sp.handle import first_output, output_like
+
+
+class GuidancePair:
+    """Runs the two guidance branches of one denoising step on the two cfg ranks at once.
+
+    ``sequential`` pipelines call the transformer twice per step, conditional first, and read the first
+    result only after the second call. So the first call is only recorded and returns a placeholder
+    filled with NaN (a pipeline that reads it early computes NaN, never stale numbers); the second call
+    runs the branch of this rank (cfg rank 0: the recorded conditional call, cfg rank 1: the
+    unconditional one), the two results are exchanged, and the placeholder is filled in place.
+    ``batched`` pipelines call once on ``[unconditional, conditional]``: each rank runs its half.
+    The recorded call runs in the step-cache context it was made in (``cond``), so each branch's cache
+    keeps its own state, as in one process.
+    """
+
+    def __init__(self, parallel: ParallelState, family: ModelFamily):
+        self.parallel, self.family = parallel, family
+        self.pending: tuple | None = None
+
+    def reset(self) -> None:
+        self.pending = None
+
+    def _exchange(self, mine: torch.Tensor) -> list[torch.Tensor]:
+        both = [torch.empty_like(mine) for _ in range(2)]
+        dist.all_gather(both, mine.contiguous(), group=self.parallel.cfg_group)
+        return both
+
+    def sequential(self, model: torch.nn.Module, forward, args: tuple, kwargs: dict) -> Any:
+        if self.pending is None:
+            hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+            channels = model.config.get("out_channels") or hidden.shape[1]
+            placeholder = hidden.new_full((hidden.shape[0], channels, *hidden.shape[2:]), float("nan"))
+            self.pending = (forward, args, kwargs, placeholder, cache_context_of(model))
+            return (placeholder,) if not kwargs.get("return_dict", True) else Transformer2DModelOutput(placeholder)
+        cond_forward, cond_args, cond_kwargs, placeholder, cond_context = self.pending
+        self.pending = None
+        if self.parallel.cfg_rank == 0:
+            context = cache_context_of(model)
+            set_cache_context(model, cond_context)
+            try:
+                out = cond_forward(*cond_args, **cond_kwargs)
+            finally:
+                set_cache_context(model, context)
+        else:
+            out = forward(*args, **kwargs)
+        cond, uncond = self._exchange(first_output(out))
+        if cond.shape != placeholder.shape:
+            raise RuntimeError(f"guidance branch output {tuple(cond.shape)} != expected {tuple(placeholder.shape)}")
+        placeholder.copy_(cond)
+        return output_like(out, uncond)
+
+    def batched(self, forward, args: tuple, kwargs: dict) -> Any:
+        bound = inspect.signature(forward).bind(*args, **kwargs)
+        for name in self.family.cfg_batched_args:
+            value = bound.arguments.get(name)
+            if isinstance(value, torch.Tensor) and value.dim() > 0:
+                if value.shape[0] % 2:
+                    raise ValueError(f"cfg parallelism needs an even guidance batch; {name} has {value.shape[0]}")
+                bound.arguments[name] = value.chunk(2)[self.parallel.cfg_rank]
+        out = forward(*bound.args, **bound.kwargs)
+        return output_like(out, torch.cat(self._exchange(first_output(out)), 0))

@@ -1,0 +1,80 @@
+"""One transformer made sequence-parallel: the family's split/gather plan as hooks, a ``SequenceContext``,
+USP processors on the attention modules over the video, and the guidance pair's forward under CFG parallelism."""
+
+from __future__ import annotations
+
+import fnmatch
+
+import torch
+import torch.distributed as dist
+
+from dit_sp._compat import model_parallel_config
+from dit_sp.cache import SEQUENCE_ATTR
+from dit_sp.families import family_of
+from dit_sp.parallel.comm import GatherGrad
+from dit_sp.parallel.state import ParallelState
+from dit_sp.sp.context import SequenceContext
+from dit_sp.sp.guidance import GuidancePair
+from dit_sp.sp.handle import Parallelized, set_instance_attr
+from dit_sp.sp.plan import apply_plan
+from dit_sp.sp.processor import sequence_parallel_processor
+
+
+def _verify_identical_inputs(parallel: ParallelState, ctx: SequenceContext):
+    """Pre-hook that checks, by a checksum collective, that every rank of a sample got the same input."""
+
+    def hook(module, args, kwargs):
+        hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        local = hidden.detach().double().sum().reshape(1).to(parallel.device)
+        sums = [torch.empty_like(local) for _ in range(dist.get_world_size(parallel.sp_group))]
+        dist.all_gather(sums, local, group=parallel.sp_group)
+        if any(not torch.equal(s, sums[0]) for s in sums):
+            raise RuntimeError(
+                f"the ranks of one sample got different latents (checksums {[s.item() for s in sums]}): seed "
+                "them by dp rank (ParallelState.dp_seed), not by global rank"
+            )
+
+    return hook
+
+
+def parallelize_transformer(
+    model: torch.nn.Module,
+    parallel: ParallelState,
+    handle: Parallelized,
+    *,
+    gather_grad: GatherGrad,
+    kernel: str | None,
+    verify: bool,
+    guidance: GuidancePair | None,
+) -> None:
+    family = family_of(model)
+    family.check(model)
+    if model_parallel_config(model) is not None:
+        raise ValueError("this model already uses diffusers' own context parallelism; do not enable both")
+    ctx = SequenceContext(parallel, family.joint_position, gather_grad, kernel)
+    handles = apply_plan(model, family.plan(model), ctx)
+    handle.add_undo(lambda: [h.remove() for h in handles])
+    set_instance_attr(model, SEQUENCE_ATTR, ctx, handle)  # what a step cache reduces over
+    if verify and parallel.sp > 1:
+        h = model.register_forward_pre_hook(_verify_identical_inputs(parallel, ctx), with_kwargs=True)
+        handle.add_undo(h.remove)
+
+    matched = [
+        (name, module)
+        for name, module in model.named_modules()
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in family.attention_modules)
+    ]
+    if not matched:
+        raise ValueError(f"no attention modules of {type(model).__name__} match {family.attention_modules}")
+    for name, module in matched:
+        original = module.processor
+        module.processor = sequence_parallel_processor(original, ctx, name)
+        handle.add_undo(lambda module=module, original=original: setattr(module, "processor", original))
+
+    if guidance is not None:
+        forward = model.forward  # the class's bound forward
+        if family.cfg_mode == "sequential":
+            wrapped = lambda *args, **kwargs: guidance.sequential(model, forward, args, kwargs)
+        else:
+            wrapped = lambda *args, **kwargs: guidance.batched(forward, args, kwargs)
+        set_instance_attr(model, "forward", wrapped, handle)
