@@ -17,10 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from dit_sp.toy import world as toyworld
 from dit_sp.cache import CacheSpec
 from dit_sp.io.bundled import asset_path
 from dit_sp.io.cli import run_main
+from dit_sp.toy import world as toyworld
 from dit_sp.toy.model import cached_sample_scores, paired_gain, sample_scores, summarize
 
 

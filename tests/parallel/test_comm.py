@@ -85,7 +85,7 @@ def test_usp_demo_example_checks_parity_on_worker_processes():
     import sys
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "examples" / "usp_demo.py"
+    script = Path(__file__).resolve().parents[2] / "examples" / "usp_demo.py"
     cmd = [sys.executable, str(script), "--ring", "1", "--ulysses", "2", "--seq", "257", "--joint", "7", "--heads", "3"]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]

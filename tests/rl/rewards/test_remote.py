@@ -18,7 +18,7 @@ from dit_sp.errors import ConfigError
 from dit_sp.rl.rewards import brightness, build_reward, score
 from dit_sp.rl.rewards.remote import RemoteReward, RewardUnavailable, decode_batch, encode_batch
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[2] / "support"
 
 
 class Server:
@@ -28,7 +28,7 @@ class Server:
         env = os.environ | {"PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
         self.proc = subprocess.Popen([sys.executable, "-m", "pipelines.reward_server", "--port", "0", *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                     cwd=TESTS.parent)  # fmt: skip
+                                     cwd=TESTS.parents[1])  # fmt: skip
         line = self.proc.stdout.readline()  # the server prints its address once it listens
         assert line.startswith("serving "), f"{line}\n{self.proc.stderr.read()[-2000:]}"
         self.url = line.split(" on ")[1].strip()

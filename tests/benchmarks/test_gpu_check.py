@@ -9,7 +9,7 @@ import pytest
 
 @pytest.mark.slow
 def test_gpu_check_runs_on_cpu():
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
     result = subprocess.run(
         [sys.executable, str(script), "--device", "cpu", "--quick"], capture_output=True, text=True, timeout=300
     )

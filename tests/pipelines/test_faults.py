@@ -174,9 +174,9 @@ def test_outputs_are_replaced_whole(tmp_path):
 def test_a_reward_that_fails_everywhere_trains_nothing_and_is_logged(tmp_path):
     out = tmp_path / "run"
     result = run_python(
-        train_cmd(out, "--max-steps", "2", "--set", "reward=tests.rewards_for_tests:nan_reward"),
+        train_cmd(out, "--max-steps", "2", "--set", "reward=tests.support.rewards_for_tests:nan_reward"),
         timeout=600,
-        cwd=Path(__file__).parents[1],
+        cwd=Path(__file__).parents[2],
     )
     assert result.returncode == 0, result.stderr[-2000:]
     logged = rows(out)

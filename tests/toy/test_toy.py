@@ -11,11 +11,11 @@ import pytest
 import torch
 from cli_run import run_python
 
-from dit_sp.toy import world as toyworld
 from dit_sp.io.bundled import ASSET_DIR
 from dit_sp.rl import build_reward
+from dit_sp.toy import world as toyworld
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TOY = ASSET_DIR / "toy-wan"
 
 
