@@ -177,7 +177,7 @@ def test_lean_setup_equals_the_whole_pipeline_setup(checkpoint, settings):
 
 
 def open_prompts(name: str) -> list[str]:
-    from dit_sp.rl.trainer import read_prompts
+    from dit_sp.io.prompts import read_prompts
 
     return read_prompts(name)
 
