@@ -26,6 +26,10 @@ def test_installed_package_runs_the_first_readme_command_from_another_directory(
     result = subprocess.run(install, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (site / "dit_sp" / "assets" / "toy-wan" / "transformer" / "diffusion_pytorch_model.safetensors").is_file()
+    assert (site / "dit_sp" / "configs" / "grpo_toy.yaml").is_file()
+    # one copy in the repository: the top-level configs/ and assets/, none inside the package's source
+    assert (REPO / "configs" / "grpo_toy.yaml").is_file() and (REPO / "assets" / "toy-wan").is_dir()
+    assert not (REPO / "dit_sp" / "configs").exists() and not (REPO / "dit_sp" / "assets").exists()
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
