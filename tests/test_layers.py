@@ -136,3 +136,16 @@ def test_no_module_holds_many_jobs(limit):
         if (n := len(p.read_text().splitlines())) > limit
     }
     assert not long, long
+
+
+if __name__ == "__main__":  # the tree with line counts and the package graph, for a reader
+    modules = _modules()
+    edges = graph()
+    for name in sorted(modules):
+        print(f"{len(modules[name].read_text().splitlines()):5d}  {name}")
+    packages: dict[str, set[str]] = {}
+    for module, deps in edges.items():
+        packages.setdefault(_package_of(module), set()).update(_package_of(d) for d in deps)
+    print()
+    for package in sorted(packages, key=_layer):
+        print(f"{package:10s} -> {', '.join(sorted(packages[package] - {package})) or '-'}")
