@@ -25,8 +25,7 @@ from dit_sp.cache.blocks import cache_context_of, set_cache_context
 from dit_sp.cache.decide import CacheStats, DecisionGroup, StepRecord
 from dit_sp.cache.spec import DEFAULT_THRESHOLDS, CacheSpec
 from dit_sp.errors import ConfigError
-from dit_sp.families import family_of
-from dit_sp.zoo import TRANSFORMERS
+from dit_sp.families import TRANSFORMERS, family_of
 
 __all__ = ["DEFAULT_THRESHOLDS", "CacheSpec", "CacheStats", "StepCache", "StepRecord", "enable_cache",
            "cache_context_of", "set_cache_context"]  # fmt: skip
