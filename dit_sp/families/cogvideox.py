@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from dit_sp._compat import context_parallel_types
+from dit_sp._compat import block_argument, context_parallel_types
 from dit_sp.errors import ConfigError
 from dit_sp.families.family import ModelFamily, generation_defaults
 from dit_sp.vae import Padding, VAEPlan
@@ -51,8 +51,8 @@ COGVIDEOX_VAE = VAEPlan(
 
 def _teacache_probe(block: torch.nn.Module, meta: object, args: tuple, kwargs: dict) -> tuple[torch.Tensor, bool]:
     """The first block's modulated video input (``norm1``), ``(B, S_local, C)``."""
-    get = meta._get_parameter_from_args_kwargs
-    hidden, text, temb = (get(name, args, kwargs) for name in ("hidden_states", "encoder_hidden_states", "temb"))
+    names = ("hidden_states", "encoder_hidden_states", "temb")
+    hidden, text, temb = (block_argument(meta, name, args, kwargs) for name in names)
     return block.norm1(hidden, text, temb)[0], True
 
 

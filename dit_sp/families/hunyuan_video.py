@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from dit_sp._compat import context_parallel_types
+from dit_sp._compat import block_argument, context_parallel_types
 from dit_sp.errors import ConfigError
 from dit_sp.families.family import ModelFamily, generation_defaults
 from dit_sp.families.policy import DiffusersPolicy
@@ -102,8 +102,8 @@ def _teacache_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict
     if type(block).__name__ != "HunyuanVideoTransformerBlock":
         raise ConfigError(f"teacache: no probe for {type(block).__name__} (HunyuanVideo I2V's token replacement); "
                           "use the first_block cache")  # fmt: skip
-    hidden = meta._get_parameter_from_args_kwargs("hidden_states", args, kwargs)
-    temb = meta._get_parameter_from_args_kwargs("temb", args, kwargs)
+    hidden = block_argument(meta, "hidden_states", args, kwargs)
+    temb = block_argument(meta, "temb", args, kwargs)
     return block.norm1(hidden, emb=temb)[0], True
 
 

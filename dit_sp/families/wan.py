@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from dit_sp._compat import model_cp_plan
+from dit_sp._compat import block_argument, model_cp_plan, wan_conv_padding
 from dit_sp.errors import ConfigError
 from dit_sp.families.family import TRANSFORMERS, ModelFamily, generation_defaults
 from dit_sp.families.policy import DiffusersPolicy
@@ -123,13 +123,14 @@ class WanPolicy(DiffusersPolicy):
 
 
 def _vae_padded_inputs(part: torch.nn.Module) -> dict[torch.nn.Module, Padding]:
-    """``WanCausalConv3d`` pads its input itself (``_padding``); a downsampling ``WanResample`` pads with a
-    ``ZeroPad2d`` before its strided convolution."""
+    """``WanCausalConv3d`` pads its input itself (``_compat.wan_conv_padding``); a downsampling ``WanResample``
+    pads with a ``ZeroPad2d`` before its strided convolution."""
     padded = {}
     for module in part.modules():
         name = type(module).__name__
         if name == "WanCausalConv3d":
-            padded[module] = (module._padding[2], module._padding[3], "constant")
+            padding = wan_conv_padding(module)
+            padded[module] = (padding[2], padding[3], "constant")
         elif name == "WanResample" and module.mode.startswith("downsample"):
             pad, conv = module.resample
             padded[conv] = (pad.padding[2], pad.padding[3], "constant")
@@ -153,7 +154,7 @@ WAN_VAE = VAEPlan(
 def _teacache_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict) -> tuple[torch.Tensor, bool]:
     """The timestep modulation the blocks get (``temb``, ``(B, 6, C)``; Wan 2.2 TI2V: per token,
     ``(B, S, 6, C)``), as TeaCache measures Wan."""
-    temb = meta._get_parameter_from_args_kwargs("temb", args, kwargs)
+    temb = block_argument(meta, "temb", args, kwargs)
     return temb, temb.dim() == 4
 
 
