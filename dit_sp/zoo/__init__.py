@@ -13,7 +13,7 @@ import yaml
 
 from dit_sp import families
 from dit_sp.errors import ConfigError, MissingFileError
-from dit_sp.families import TRANSFORMERS
+from dit_sp.families import TRANSFORMERS  # re-exported: dit_sp.rl and dit_sp.inference import it from here
 from dit_sp.io.bundled import ASSET_DIR, asset_path
 from dit_sp.zoo.tokenizers import clip_byte_vocab, llama3_byte_tokenizer
 
