@@ -3,7 +3,11 @@
 dit-sp hooks into internals its dependencies may rename or drop in any release: diffusers' context-parallel
 plan types and ``_cp_plan``, the attention processors' ``_attention_backend`` / ``_parallel_config``, a
 model's ``_parallel_config``, torch's ``DeviceMesh._flatten``, the process-group options' ``_timeout``, the
-``aten._scaled_dot_product_*`` kernels. Nothing else in ``dit_sp`` touches them, so an upgrade that breaks
+``aten._scaled_dot_product_*`` kernels, diffusers' hook plumbing (block registry and metadata, a module's
+``_diffusers_hook``, the first-block cache's hooks, ``_set_cache_context``), a few private attributes of
+diffusers models (``_keep_in_fp32_modules``, ``_cache_config``, ``WanCausalConv3d._padding``) and of torch
+(``Conv*d._conv_forward``, ``Tensor._base``, ``custom_op``'s ``_init_fn``). Nothing else in ``dit_sp`` touches
+them (``tests/test_compat.py`` scans for them), so an upgrade that breaks
 one fails here, loudly, with a ``CompatibilityError`` that names what broke and the versions dit-sp was
 tested with, instead of deep inside a forward (or, worse, silently).
 
@@ -141,6 +145,124 @@ def use_native_attention(processor: Any) -> None:
         processor._parallel_config = None
 
 
+# --- diffusers hooks and model internals ----------------------------------------------------------
+def _hooks_private(name: str) -> Any:
+    """``name`` (``module:attr``) from diffusers' hook modules, or a ``CompatibilityError``."""
+    module_name, attr = name.split(":")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise _error("diffusers", f"{module_name}.{attr}", f" ({e})") from e
+
+
+def transformer_block_identifiers() -> Any:
+    """The names of the block lists diffusers' caches look for
+    (``hooks._common._ALL_TRANSFORMER_BLOCK_IDENTIFIERS``)."""
+    return _hooks_private("diffusers.hooks._common:_ALL_TRANSFORMER_BLOCK_IDENTIFIERS")
+
+
+def block_metadata(block_cls: type) -> Any:
+    """diffusers' ``TransformerBlockMetadata`` of a block class (``hooks._helpers.TransformerBlockRegistry``);
+    raises ``ValueError`` for a class diffusers has none for."""
+    return _hooks_private("diffusers.hooks._helpers:TransformerBlockRegistry").get(block_cls)
+
+
+def block_argument(meta: Any, name: str, args: tuple, kwargs: dict) -> Any:
+    """Argument ``name`` of a block call, as its ``TransformerBlockMetadata`` reads it (the private
+    ``_get_parameter_from_args_kwargs``)."""
+    read = getattr(meta, "_get_parameter_from_args_kwargs", None)
+    if read is None:
+        raise _error("diffusers", "TransformerBlockMetadata._get_parameter_from_args_kwargs")
+    return read(name, args, kwargs)
+
+
+def hook_registry(module: torch.nn.Module) -> Any:
+    """The diffusers ``HookRegistry`` of a module (its private ``_diffusers_hook``), or None."""
+    return getattr(module, "_diffusers_hook", None)
+
+
+def child_hook_registries(registry: Any) -> list:
+    """The registries of a ``HookRegistry``'s submodules (its private ``_get_child_registries``)."""
+    return list(registry._get_child_registries())
+
+
+def state_context(state_manager: Any) -> Any:
+    """The cache context a diffusers ``StateManager`` is in (its private ``_context``)."""
+    return state_manager._context
+
+
+def set_hooks_cache_context(model: torch.nn.Module, context: Any) -> None:
+    """Put the model's stateful hooks in ``context`` (diffusers' private ``hooks.hooks._set_cache_context``)."""
+    _hooks_private("diffusers.hooks.hooks:_set_cache_context")(model, context)
+
+
+def first_block_cache_hooks() -> tuple[str, str]:
+    """The names diffusers' first-block cache registers its hooks under: ``(leader block, other blocks)``."""
+    return (_hooks_private("diffusers.hooks.first_block_cache:_FBC_LEADER_BLOCK_HOOK"),
+            _hooks_private("diffusers.hooks.first_block_cache:_FBC_BLOCK_HOOK"))  # fmt: skip
+
+
+def replace_first_block_decision(head: Any, should_compute: Callable[[torch.Tensor], bool]) -> None:
+    """Make a first-block cache's head hook decide with ``should_compute(residual)`` (in place of its
+    private ``_should_compute_remaining_blocks``)."""
+    if not hasattr(head, "_should_compute_remaining_blocks"):
+        raise _error("diffusers", "FBCHeadBlockHook._should_compute_remaining_blocks")
+    head._should_compute_remaining_blocks = should_compute
+
+
+def model_cache_config(model: torch.nn.Module) -> Any:
+    """The config of diffusers' own step cache on a model (``CacheMixin._cache_config``; None: none)."""
+    return getattr(model, "_cache_config", None)
+
+
+def keep_in_fp32_modules(model: torch.nn.Module) -> set[str]:
+    """The module names a diffusers model keeps in fp32 (``ModelMixin._keep_in_fp32_modules``)."""
+    return set(getattr(model, "_keep_in_fp32_modules", None) or ())
+
+
+def wan_conv_padding(module: torch.nn.Module) -> tuple[int, ...]:
+    """The padding a diffusers ``WanCausalConv3d`` adds to its input itself (its private ``_padding``)."""
+    padding = getattr(module, "_padding", None)
+    if padding is None:
+        raise _error("diffusers", "WanCausalConv3d._padding")
+    return padding
+
+
+def _check_hooks() -> None:
+    from diffusers.hooks import first_block_cache, hooks
+
+    transformer_block_identifiers()
+    first_block_cache_hooks()
+    _hooks_private("diffusers.hooks.hooks:_set_cache_context")
+    registry = _hooks_private("diffusers.hooks._helpers:TransformerBlockRegistry")
+    meta = _hooks_private("diffusers.hooks._helpers:TransformerBlockMetadata")
+    if not hasattr(registry, "get") or not hasattr(meta, "_get_parameter_from_args_kwargs"):
+        raise _error(
+            "diffusers", "TransformerBlockRegistry.get / TransformerBlockMetadata._get_parameter_from_args_kwargs"
+        )
+    if not hasattr(first_block_cache.FBCHeadBlockHook, "_should_compute_remaining_blocks"):
+        raise _error("diffusers", "FBCHeadBlockHook._should_compute_remaining_blocks")
+    if not hasattr(hooks.HookRegistry, "_get_child_registries"):
+        raise _error("diffusers", "HookRegistry._get_child_registries")
+    module = torch.nn.Linear(1, 1)
+    hooks.HookRegistry.check_if_exists_or_initialize(module)
+    if hook_registry(module) is None:
+        raise _error("diffusers", "a module's HookRegistry at module._diffusers_hook")
+    if not hasattr(hooks.StateManager(hooks.BaseState), "_context"):
+        raise _error("diffusers", "StateManager._context")
+
+
+def _check_model_internals() -> None:
+    from diffusers import ModelMixin
+    from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
+    from diffusers.models.cache_utils import CacheMixin
+
+    for cls, attr in ((ModelMixin, "_keep_in_fp32_modules"), (CacheMixin, "_cache_config")):
+        if not hasattr(cls, attr):
+            raise _error("diffusers", f"{cls.__name__}.{attr}")
+    wan_conv_padding(WanCausalConv3d(1, 1, 3))
+
+
 # --- torch.distributed ----------------------------------------------------------------------------
 def group_options(backend: str, timeout: timedelta) -> tuple[str, Any]:
     """``(backend, options)`` whose options carry ``timeout`` (DeviceMesh sub-groups otherwise wait 30
@@ -232,6 +354,42 @@ def p2p_op(op: Callable, tensor: torch.Tensor, group: Any, group_peer: int, tag:
     return dist.P2POp(op, tensor, dist.get_global_rank(group, group_peer), group=group, tag=tag)
 
 
+# --- torch internals ------------------------------------------------------------------------------
+def conv_forward_attr() -> str:
+    """The private method of ``torch.nn.Conv2d`` / ``Conv3d`` that runs the convolution on an input already
+    padded by the module (``_conv_forward(input, weight, bias)``): the attribute a split VAE patches."""
+    for cls in (torch.nn.Conv2d, torch.nn.Conv3d):
+        if not _accepts(getattr(cls, "_conv_forward", None), "weight"):
+            raise _error("torch", f"torch.nn.{cls.__name__}._conv_forward(input, weight, bias)")
+    return "_conv_forward"
+
+
+def is_view(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a view of another (its private ``_base``)."""
+    return tensor._base is not None
+
+
+def _check_is_view() -> None:
+    base = torch.zeros(2)
+    if not (hasattr(base, "_base") and is_view(base[:1]) and not is_view(base)):
+        raise _error("torch", "Tensor._base (the tensor a view is of)")
+
+
+def custom_op_function(fn: Callable) -> Callable:
+    """The Python function a ``torch.library.custom_op`` wraps (its private ``_init_fn``), or ``fn``."""
+    return getattr(fn, "_init_fn", fn)
+
+
+def is_python_tensor_method(func: Any) -> bool:
+    """Whether ``func`` is a ``torch.Tensor`` method written in Python (defined in the private ``torch._tensor``)."""
+    return getattr(func, "__module__", None) == "torch._tensor"
+
+
+def _check_tensor_methods() -> None:
+    if not is_python_tensor_method(torch.Tensor.unflatten):
+        raise _error("torch", "Tensor methods written in Python in torch._tensor (Tensor.unflatten)")
+
+
 # --- torch attention kernels ----------------------------------------------------------------------
 ATEN_ATTENTION_OPS = (
     "_scaled_dot_product_flash_attention_for_cpu",
@@ -301,10 +459,15 @@ def _checks() -> dict[str, Callable[[], Any]]:
         "diffusers WanTransformer3DModel._cp_plan": wan_plan,
         "diffusers ModelMixin._parallel_config": model_config,
         "diffusers processor _attention_backend/_parallel_config": processor_attributes,
+        "diffusers hooks (block registry, _diffusers_hook, first-block cache, _set_cache_context)": _check_hooks,
+        "diffusers _keep_in_fp32_modules/_cache_config/WanCausalConv3d._padding": _check_model_internals,
         "torch ProcessGroupGloo._Options._timeout": lambda: group_options("gloo", timedelta(minutes=1)),
         "torch init_device_mesh / DeviceMesh._flatten": _mesh_api,
         "torch all_gather_single": _all_gather_fn,
         "torch DTensor compute_local_shape_and_global_offset": _local_shape_fn,
+        "torch Conv2d/Conv3d._conv_forward": lambda: bool(conv_forward_attr()),
+        "torch Tensor._base": _check_is_view,
+        "torch Tensor methods in torch._tensor": _check_tensor_methods,
         "torch P2POp(group_peer=)": lambda: "group_peer" if _p2p_takes_group_peer() else "global peer fallback",
     }
     if dist.is_available() and dist.is_nccl_available():

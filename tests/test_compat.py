@@ -3,9 +3,12 @@ bypasses USP, the cfg placeholder, forgotten sequence lengths."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import re
 import types
 from datetime import timedelta
+from pathlib import Path
 
 import diffusers
 import pytest
@@ -29,7 +32,9 @@ def test_every_private_api_resolves():
     report = compat.check_environment()
     failed = {what: status for what, status in report.items() if status.startswith("FAILED")}
     assert not failed
-    for name in ("ContextParallelInput", "_cp_plan", "_attention_backend", "_Options", "_flatten", "all_gather"):
+    checked = ("ContextParallelInput", "_cp_plan", "_attention_backend", "_Options", "_flatten", "all_gather",
+               "_diffusers_hook", "_padding", "_conv_forward", "_base")  # fmt: skip
+    for name in checked:
         assert any(name in what for what in report), f"check_environment does not check {name}"
     assert sum(what.startswith("torch aten.") for what in report) == len(compat.ATEN_ATTENTION_OPS)
 
@@ -71,6 +76,107 @@ def test_a_missing_private_api_is_named(monkeypatch, remove, call, package, name
         assert any(status.startswith("FAILED") and named in status for status in report.values())
         with pytest.raises(compat.CompatibilityError, match="cannot run on this environment"):
             compat.check_environment()
+
+
+PRIVATE_ATTRIBUTES = {
+    "_attention_backend", "_base", "_cache_config", "_conv_forward", "_context", "_cp_plan", "_diffusers_hook",
+    "_flatten", "_get_child_registries", "_get_parameter_from_args_kwargs", "_init_fn", "_keep_in_fp32_modules",
+    "_Options", "_padding", "_parallel_config", "_should_compute_remaining_blocks", "_timeout",
+}  # fmt: skip
+"""Private attributes of torch / diffusers objects (modules, processors, hooks, tensors) that dit-sp reaches
+through ``dit_sp._compat``; none of them is a name of dit-sp's own."""
+
+_PRIVATE_PATH = re.compile(r"^(torch|diffusers)(\.\w+)*\._\w*")
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_api_uses(source: str) -> list[str]:
+    """Where ``source`` reaches a private torch / diffusers name: an import of a private module or name of
+    theirs (``from torch._x import``, ``from diffusers.y import _z``), a private attribute on a name bound
+    from them (``torch._x``, ``dist.ProcessGroupGloo._Options``), one of ``PRIVATE_ATTRIBUTES`` on any
+    object or as a string (``getattr(m, "_cp_plan")``), or a private module path as a string
+    (``"torch._tensor"``). Private names of dit-sp's own (``self._undo``, ``dit_sp._compat``) are not."""
+    tree, bound, found = ast.parse(source), set(), []
+
+    def ours(module: str | None) -> bool:
+        return module is not None and module.split(".")[0] in ("torch", "diffusers")
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in (a for a in node.names if ours(a.name)):
+                bound.add((alias.asname or alias.name).split(".")[0])
+                if any(_private(part) for part in alias.name.split(".")):
+                    found.append(f"{node.lineno}: import {alias.name}")
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and ours(node.module):
+            if any(_private(part) for part in node.module.split(".")):
+                found.append(f"{node.lineno}: from {node.module} import")
+            for alias in node.names:
+                bound.add(alias.asname or alias.name)
+                if _private(alias.name):
+                    found.append(f"{node.lineno}: from {node.module} import {alias.name}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            chain, root = [node.attr], node.value
+            while isinstance(root, ast.Attribute):
+                chain.append(root.attr)
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in bound and any(_private(part) for part in chain):
+                found.append(f"{node.lineno}: {'.'.join([root.id, *reversed(chain)])}")
+            elif node.attr in PRIVATE_ATTRIBUTES:
+                found.append(f"{node.lineno}: .{node.attr}")
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and (node.value in PRIVATE_ATTRIBUTES or _PRIVATE_PATH.match(node.value))
+        ):
+            found.append(f"{node.lineno}: {node.value!r}")
+    return sorted(set(found))
+
+
+def private_api_uses_in(package: Path) -> dict[str, list[str]]:
+    """``private_api_uses`` of every module of ``package`` (a ``dit_sp`` directory) but ``_compat``."""
+    uses = {}
+    for path in sorted(package.rglob("*.py")):
+        if path != package / "_compat.py":
+            found = private_api_uses(path.read_text())
+            if found:
+                uses[str(path.relative_to(package.parent))] = found
+    return uses
+
+
+def test_private_apis_are_reached_only_through_compat():
+    import dit_sp
+
+    uses = private_api_uses_in(Path(dit_sp.__file__).parent)
+    assert not uses, f"private torch/diffusers names outside dit_sp._compat (add a function there): {uses}"
+
+
+@pytest.mark.parametrize(
+    ("source", "flagged"),
+    [
+        ("import torch\ntorch._dynamo.reset()", True),
+        ("import torch.distributed as dist\ndist.ProcessGroupGloo._Options()", True),
+        ("from torch.distributed.tensor._utils import f", True),
+        ("import diffusers.models._modeling_parallel", True),
+        ("from diffusers.hooks.hooks import _set_cache_context", True),
+        ("from diffusers import models\nmodels.x._y", True),
+        ("meta._get_parameter_from_args_kwargs('temb', a, k)", True),
+        ("pad = module._padding[2]", True),
+        ("getattr(model, '_diffusers_hook', None)", True),
+        ("f.__module__ == 'torch._tensor'", True),
+        ("importlib.import_module('diffusers.hooks._common')", True),
+        ("from dit_sp import _compat\n_compat.block_argument(m, 'x', a, k)", False),
+        ("from dit_sp._compat import hook_registry", False),
+        ("self._undo.append(1)\nctx._mask_cache.clear()\nos._exit(0)", False),
+        ("import torch\nx = torch.zeros(1).__class__.__name__", False),
+        ("d = {'_class_name': 'WanPipeline'}", False),
+    ],
+)  # fmt: skip
+def test_the_private_api_scan_is_precise(source, flagged):
+    assert bool(private_api_uses(source)) == flagged, private_api_uses(source)
 
 
 def test_parallelize_names_a_missing_plan_type(monkeypatch):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dit_sp._compat import aten_missing, aten_op
+from dit_sp._compat import aten_missing, aten_op, custom_op_function
 
 Tensor = torch.Tensor
 
@@ -142,7 +142,7 @@ def _module_missing(module: str, extra: str) -> Callable[[], str | None]:
 def _call(fn: Callable, **kwargs):
     """Call a flash-attn internal with the keyword arguments its installed version accepts (recent
     releases wrap them in ``torch.library.custom_op``, whose own signature is ``(*args, **kwargs)``)."""
-    params = inspect.signature(getattr(fn, "_init_fn", fn)).parameters
+    params = inspect.signature(custom_op_function(fn)).parameters
     if "window_size" in params:
         kwargs["window_size"] = (-1, -1)
     return fn(**{name: value for name, value in kwargs.items() if name in params})

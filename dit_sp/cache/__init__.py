@@ -20,13 +20,13 @@ from typing import Any
 import torch
 from diffusers.hooks.hooks import HookRegistry
 
+from dit_sp._compat import model_cache_config
 from dit_sp.cache import first_block, teacache
 from dit_sp.cache.blocks import cache_context_of, set_cache_context
 from dit_sp.cache.decide import CacheStats, DecisionGroup, StepRecord
 from dit_sp.cache.spec import DEFAULT_THRESHOLDS, CacheSpec
 from dit_sp.errors import ConfigError
-from dit_sp.families import family_of
-from dit_sp.zoo import TRANSFORMERS
+from dit_sp.families import TRANSFORMERS, family_of
 
 __all__ = ["DEFAULT_THRESHOLDS", "CacheSpec", "CacheStats", "StepCache", "StepRecord", "enable_cache",
            "cache_context_of", "set_cache_context"]  # fmt: skip
@@ -97,7 +97,7 @@ def enable_cache(obj: Any, cache: str | CacheSpec) -> StepCache:
     handle = StepCache(spec, CacheStats())
     try:
         for model in models:
-            if getattr(model, _CACHE_ATTR, None) is not None or getattr(model, "_cache_config", None) is not None:
+            if getattr(model, _CACHE_ATTR, None) is not None or model_cache_config(model) is not None:
                 raise ConfigError(f"{type(model).__name__} already has a step cache; undo it (or disable_cache())")
             family = family_of(model)
             where = _decision_group(model, family)

@@ -4,13 +4,9 @@ from the first block's residual change reduced over the deciding group (``decide
 from __future__ import annotations
 
 import torch
-from diffusers.hooks.first_block_cache import (
-    _FBC_BLOCK_HOOK,
-    _FBC_LEADER_BLOCK_HOOK,
-    FirstBlockCacheConfig,
-    apply_first_block_cache,
-)
+from diffusers.hooks.first_block_cache import FirstBlockCacheConfig, apply_first_block_cache
 
+from dit_sp import _compat
 from dit_sp.cache.blocks import remove_hook, transformer_blocks
 from dit_sp.cache.decide import CacheStats, DecisionGroup, StepRecord, relative_change
 
@@ -19,7 +15,8 @@ def apply(model: torch.nn.Module, threshold: float, warmup: int, where: Decision
     """Returns the undo."""
     blocks = transformer_blocks(model)
     apply_first_block_cache(model, FirstBlockCacheConfig(threshold=threshold))
-    head = blocks[0]._diffusers_hook.get_hook(_FBC_LEADER_BLOCK_HOOK)
+    leader_hook, block_hook = _compat.first_block_cache_hooks()
+    head = _compat.hook_registry(blocks[0]).get_hook(leader_hook)
 
     def should_compute(residual: torch.Tensor) -> bool:
         state = head.state_manager.get_state()
@@ -33,11 +30,11 @@ def apply(model: torch.nn.Module, threshold: float, warmup: int, where: Decision
                                         len(blocks) if computed else 1, len(blocks), change, local))  # fmt: skip
         return computed
 
-    head._should_compute_remaining_blocks = should_compute  # the instance's, in place of diffusers' local one
+    _compat.replace_first_block_decision(head, should_compute)  # the instance's, in place of diffusers' own
 
     def undo() -> None:
-        remove_hook(blocks[0], _FBC_LEADER_BLOCK_HOOK)
+        remove_hook(blocks[0], leader_hook)
         for block in blocks[1:]:
-            remove_hook(block, _FBC_BLOCK_HOOK)
+            remove_hook(block, block_hook)
 
     return undo

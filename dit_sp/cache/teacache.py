@@ -16,6 +16,7 @@ from collections.abc import Callable
 import torch
 from diffusers.hooks.hooks import BaseState, ModelHook, StateManager
 
+from dit_sp._compat import block_argument
 from dit_sp.cache.blocks import block_metadata, register_hook, remove_hook, transformer_blocks
 from dit_sp.cache.decide import CacheStats, DecisionGroup, StepRecord, relative_change
 from dit_sp.cache.spec import CacheSpec
@@ -57,10 +58,10 @@ class _BlockHook(ModelHook):
         return module
 
     def inputs(self, args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
-        hidden = self.meta._get_parameter_from_args_kwargs("hidden_states", args, kwargs)
+        hidden = block_argument(self.meta, "hidden_states", args, kwargs)
         if self.meta.return_encoder_hidden_states_index is None:
             return hidden, None
-        return hidden, self.meta._get_parameter_from_args_kwargs("encoder_hidden_states", args, kwargs)
+        return hidden, block_argument(self.meta, "encoder_hidden_states", args, kwargs)
 
     def outputs(self, hidden: torch.Tensor, encoder: torch.Tensor | None):
         if self.meta.return_encoder_hidden_states_index is None:

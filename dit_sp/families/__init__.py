@@ -8,7 +8,7 @@ import torch
 
 from dit_sp.errors import ConfigError
 from dit_sp.families.cogvideox import COGVIDEOX
-from dit_sp.families.family import ModelFamily
+from dit_sp.families.family import TRANSFORMERS, ModelFamily, VAEFactors
 from dit_sp.families.hunyuan_video import HUNYUAN_VIDEO
 from dit_sp.families.policy import DiffusersPolicy
 from dit_sp.families.shape import check_shape
@@ -54,14 +54,39 @@ def policy_for(pipe: Any) -> type[DiffusersPolicy]:
     raise ConfigError(f"GRPO has no policy for {name}; supported pipelines: {trainable}")
 
 
+def tiny_models() -> list[str]:
+    """Every family's built-in models (``dit_sp/zoo/specs/<name>.yaml``), sorted."""
+    return sorted(name for family in FAMILIES for name in family.tiny_models)
+
+
+def checkpoint_defaults() -> dict[str, dict[str, Any]]:
+    """Generation defaults of a local checkpoint, by its pipeline class, over all families."""
+    return {pipeline: dict(d) for family in FAMILIES for pipeline, d in family.checkpoint_defaults.items()}
+
+
+def vae_factors() -> dict[str, VAEFactors]:
+    """How each pipeline class derives its VAE's ``(temporal, spatial)`` compression from the VAE config."""
+    return {pipeline: read for family in FAMILIES for pipeline, read in family.vae_factors.items()}
+
+
+def architectures() -> dict[str, dict[str, Any]]:
+    """The real checkpoints the memory planner knows, over all families."""
+    return {name: arch for family in FAMILIES for name, arch in family.architectures.items()}
+
+
 __all__ = [
     "FAMILIES",
+    "TRANSFORMERS",
     "DiffusersPolicy",
     "ModelFamily",
+    "architectures",
     "check_shape",
+    "checkpoint_defaults",
     "family_of",
     "policy_for",
     "supported_classes",
     "supported_vaes",
+    "tiny_models",
+    "vae_factors",
     "vae_plan_of",
 ]

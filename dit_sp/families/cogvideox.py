@@ -6,10 +6,14 @@ The pipeline runs guidance as one call on a batch of ``[unconditional, condition
 diffusers ships no ``_cp_plan`` for this model.
 """
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
-from dit_sp._compat import context_parallel_types
-from dit_sp.families.family import ModelFamily
+from dit_sp._compat import block_argument, context_parallel_types
+from dit_sp.errors import ConfigError
+from dit_sp.families.family import ModelFamily, generation_defaults
 from dit_sp.vae import Padding, VAEPlan
 from dit_sp.vae.tiles import TileProtocol
 
@@ -47,10 +51,36 @@ COGVIDEOX_VAE = VAEPlan(
 
 def _teacache_probe(block: torch.nn.Module, meta: object, args: tuple, kwargs: dict) -> tuple[torch.Tensor, bool]:
     """The first block's modulated video input (``norm1``), ``(B, S_local, C)``."""
-    get = meta._get_parameter_from_args_kwargs
-    hidden, text, temb = (get(name, args, kwargs) for name in ("hidden_states", "encoder_hidden_states", "temb"))
+    names = ("hidden_states", "encoder_hidden_states", "temb")
+    hidden, text, temb = (block_argument(meta, name, args, kwargs) for name in names)
     return block.norm1(hidden, text, temb)[0], True
 
+
+def _shape_check(config: Any, settings: dict[str, Any], name: Callable[[str], str]) -> None:
+    """Without RoPE, CogVideoX adds sincos or learned positional embeddings over exactly
+    ``max_text_seq_length`` text tokens."""
+    text_len = config.get("max_text_seq_length") if not config.get("use_rotary_positional_embeddings", True) else None
+    if text_len is not None and settings["max_sequence_length"] != text_len:
+        raise ConfigError(
+            f"{name('max_sequence_length')} {settings['max_sequence_length']}: this model's positional embeddings "
+            f"take exactly {text_len} text tokens; use {name('max_sequence_length')} {text_len}"
+        )
+
+
+def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
+    return vae.get("temporal_compression_ratio", 4), 2 ** (len(vae["block_out_channels"]) - 1)
+
+
+_ARCHITECTURES = {
+    "cogvideox-5b": {"transformers": {"transformer": ("CogVideoXTransformer3DModel", {
+        "num_attention_heads": 48, "attention_head_dim": 64, "in_channels": 16, "out_channels": 16,
+        "time_embed_dim": 512, "text_embed_dim": 4096, "num_layers": 42, "sample_width": 90,
+        "sample_height": 60, "sample_frames": 49, "patch_size": 2, "temporal_compression_ratio": 4,
+        "max_text_seq_length": 226, "use_rotary_positional_embeddings": True,
+        "use_learned_positional_embeddings": False})},
+        "text_encoders": 4.76e9, "vae": 216e6, "compression": (4, 8), "text_tokens": 226, "joint": True},
+}  # fmt: skip
+"""The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
 
 COGVIDEOX = ModelFamily(
     name="cogvideox",
@@ -62,4 +92,12 @@ COGVIDEOX = ModelFamily(
     cfg_batched_args=("hidden_states", "encoder_hidden_states", "timestep", "ofs"),
     vae=COGVIDEOX_VAE,
     teacache_probe=_teacache_probe,
+    shape_check=_shape_check,
+    tiny_models=("tiny-cogvideox", "tiny-cogvideox-i2v"),
+    checkpoint_defaults={
+        "CogVideoXPipeline": generation_defaults(49, 480, 720, 50, 6.0, 226),
+        "CogVideoXImageToVideoPipeline": generation_defaults(49, 480, 720, 50, 6.0, 226),
+    },
+    vae_factors=dict.fromkeys(("CogVideoXPipeline", "CogVideoXImageToVideoPipeline"), _vae_factors),
+    architectures=_ARCHITECTURES,
 )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -12,6 +12,21 @@ from dit_sp.vae import VAEPlan
 
 Plan = dict[str, Any]
 """Where a transformer's sequence is split and gathered: a diffusers ``_cp_plan`` (``dit_sp.sp.plan``)."""
+
+TRANSFORMERS = ("transformer", "transformer_2")
+"""The pipeline components that hold a DiT (Wan 2.2 A14B has two experts)."""
+
+SETTINGS = ("frames", "height", "width", "steps", "guidance", "max_sequence_length")
+"""The generation settings of ``ModelFamily.checkpoint_defaults``, in the order ``generation_defaults`` takes them."""
+
+
+def generation_defaults(*values: Any) -> dict[str, Any]:
+    """``{frames, height, width, steps, guidance, max_sequence_length}`` of the values in that order."""
+    return dict(zip(SETTINGS, values, strict=True))
+
+
+VAEFactors = Callable[[dict[str, Any]], tuple[int, int]]
+"""A pipeline class's ``(temporal, spatial)`` VAE compression, from the VAE's config."""
 
 
 @dataclass(frozen=True)
@@ -46,3 +61,15 @@ class ModelFamily:
     """What the ``teacache`` step cache compares between steps, from the first block and its call
     ``(block, metadata, args, kwargs)``: ``(tensor, per_token)``, per-token tensors laid out
     ``(B, S_local, ...)`` (``dit_sp.cache.teacache``)."""
+    shape_check: Callable[[Any, dict[str, Any], Callable[[str], str]], None] = lambda config, settings, name: None
+    """Raises for generation settings the family's positional embeddings cannot take, from the transformer's
+    config, the settings and how to name a setting in the message (``dit_sp.families.check_shape``)."""
+    tiny_models: tuple[str, ...] = ()
+    """The family's built-in models (``dit_sp/zoo/specs/<name>.yaml``)."""
+    checkpoint_defaults: dict[str, dict[str, Any]] = field(default_factory=dict, hash=False)
+    """Generation defaults of a local checkpoint, by its diffusers pipeline class: the real models' settings."""
+    vae_factors: dict[str, VAEFactors] = field(default_factory=dict, hash=False)
+    """How each of the family's pipeline classes derives its VAE's compression from the VAE config."""
+    architectures: dict[str, dict[str, Any]] = field(default_factory=dict, hash=False)
+    """The real checkpoints, for the memory planner (``dit_sp.memory.planner.ARCHITECTURES``): their
+    transformer configs, text-encoder and VAE parameter counts, VAE compression and text length."""

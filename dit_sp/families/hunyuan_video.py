@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from dit_sp._compat import context_parallel_types
+from dit_sp._compat import block_argument, context_parallel_types
 from dit_sp.errors import ConfigError
-from dit_sp.families.family import ModelFamily
+from dit_sp.families.family import ModelFamily, generation_defaults
 from dit_sp.families.policy import DiffusersPolicy
 from dit_sp.vae import Padding, VAEPlan
 from dit_sp.vae.tiles import TileProtocol
@@ -102,10 +102,24 @@ def _teacache_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict
     if type(block).__name__ != "HunyuanVideoTransformerBlock":
         raise ConfigError(f"teacache: no probe for {type(block).__name__} (HunyuanVideo I2V's token replacement); "
                           "use the first_block cache")  # fmt: skip
-    hidden = meta._get_parameter_from_args_kwargs("hidden_states", args, kwargs)
-    temb = meta._get_parameter_from_args_kwargs("temb", args, kwargs)
+    hidden = block_argument(meta, "hidden_states", args, kwargs)
+    temb = block_argument(meta, "temb", args, kwargs)
     return block.norm1(hidden, emb=temb)[0], True
 
+
+def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
+    return vae.get("temporal_compression_ratio", 4), vae.get("spatial_compression_ratio", 8)
+
+
+_ARCHITECTURES = {
+    "hunyuanvideo": {"transformers": {"transformer": ("HunyuanVideoTransformer3DModel", {
+        "in_channels": 16, "out_channels": 16, "num_attention_heads": 24, "attention_head_dim": 128,
+        "num_layers": 20, "num_single_layers": 40, "num_refiner_layers": 2, "mlp_ratio": 4.0, "patch_size": 2,
+        "patch_size_t": 1, "qk_norm": "rms_norm", "guidance_embeds": True, "text_embed_dim": 4096,
+        "pooled_projection_dim": 768, "rope_theta": 256.0, "rope_axes_dim": [16, 56, 56]})},
+        "text_encoders": 7.5e9 + 123e6, "vae": 246e6, "compression": (4, 8), "text_tokens": 256, "joint": True},
+}  # fmt: skip
+"""The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
 
 HUNYUAN_VIDEO = ModelFamily(
     name="hunyuan_video",
@@ -121,4 +135,12 @@ HUNYUAN_VIDEO = ModelFamily(
     policy=HunyuanVideoPolicy,
     vae=HUNYUAN_VIDEO_VAE,
     teacache_probe=_teacache_probe,
+    tiny_models=("tiny-hunyuanvideo", "tiny-hunyuanvideo-i2v"),
+    checkpoint_defaults={
+        # guidance-distilled: true classifier-free guidance off; its embedded guidance_scale stays at 6.0
+        "HunyuanVideoPipeline": generation_defaults(61, 320, 512, 30, 1.0, 256),
+        "HunyuanVideoImageToVideoPipeline": generation_defaults(129, 720, 1280, 50, 1.0, 256),
+    },
+    vae_factors=dict.fromkeys(("HunyuanVideoPipeline", "HunyuanVideoImageToVideoPipeline"), _vae_factors),
+    architectures=_ARCHITECTURES,
 )

@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from dit_sp._compat import model_cp_plan
+from dit_sp._compat import block_argument, model_cp_plan, wan_conv_padding
 from dit_sp.errors import ConfigError
-from dit_sp.families.family import ModelFamily
+from dit_sp.families.family import TRANSFORMERS, ModelFamily, generation_defaults
 from dit_sp.families.policy import DiffusersPolicy
 from dit_sp.vae import Padding, VAEPlan
 from dit_sp.vae.tiles import TileProtocol
@@ -123,13 +123,14 @@ class WanPolicy(DiffusersPolicy):
 
 
 def _vae_padded_inputs(part: torch.nn.Module) -> dict[torch.nn.Module, Padding]:
-    """``WanCausalConv3d`` pads its input itself (``_padding``); a downsampling ``WanResample`` pads with a
-    ``ZeroPad2d`` before its strided convolution."""
+    """``WanCausalConv3d`` pads its input itself (``_compat.wan_conv_padding``); a downsampling ``WanResample``
+    pads with a ``ZeroPad2d`` before its strided convolution."""
     padded = {}
     for module in part.modules():
         name = type(module).__name__
         if name == "WanCausalConv3d":
-            padded[module] = (module._padding[2], module._padding[3], "constant")
+            padding = wan_conv_padding(module)
+            padded[module] = (padding[2], padding[3], "constant")
         elif name == "WanResample" and module.mode.startswith("downsample"):
             pad, conv = module.resample
             padded[conv] = (pad.padding[2], pad.padding[3], "constant")
@@ -153,9 +154,39 @@ WAN_VAE = VAEPlan(
 def _teacache_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict) -> tuple[torch.Tensor, bool]:
     """The timestep modulation the blocks get (``temb``, ``(B, 6, C)``; Wan 2.2 TI2V: per token,
     ``(B, S, 6, C)``), as TeaCache measures Wan."""
-    temb = meta._get_parameter_from_args_kwargs("temb", args, kwargs)
+    temb = block_argument(meta, "temb", args, kwargs)
     return temb, temb.dim() == 4
 
+
+def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
+    return vae.get("scale_factor_temporal", 4), vae.get("scale_factor_spatial", 8)
+
+
+_CONFIG = {"patch_size": [1, 2, 2], "attention_head_dim": 128, "in_channels": 16, "out_channels": 16,
+           "text_dim": 4096, "freq_dim": 256, "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads",
+           "eps": 1e-6, "rope_max_seq_len": 1024}  # fmt: skip
+_UMT5_XXL, _VAE = 5.68e9, 127e6
+
+
+def _architecture(transformers: dict[str, dict[str, Any]], vae: float = _VAE, spatial: int = 8) -> dict[str, Any]:
+    transformers = {name: ("WanTransformer3DModel", _CONFIG | config) for name, config in transformers.items()}
+    return {"transformers": transformers,
+            "text_encoders": _UMT5_XXL, "vae": vae, "compression": (4, spatial), "text_tokens": 512,
+            "joint": False}  # fmt: skip
+
+
+_14B = {"num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40}
+
+_ARCHITECTURES = {
+    "wan2.1-t2v-1.3b": _architecture({"transformer": {"num_attention_heads": 12, "ffn_dim": 8960,
+                                                      "num_layers": 30}}),
+    "wan2.1-t2v-14b": _architecture({"transformer": _14B}),
+    "wan2.2-t2v-a14b": _architecture(dict.fromkeys(TRANSFORMERS, _14B)),
+    "wan2.2-ti2v-5b": _architecture({"transformer": {"num_attention_heads": 24, "ffn_dim": 14336, "num_layers": 30,
+                                                     "in_channels": 48, "out_channels": 48}},
+                                    vae=705e6, spatial=16),
+}  # fmt: skip
+"""The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
 
 WAN = ModelFamily(
     name="wan",
@@ -167,4 +198,11 @@ WAN = ModelFamily(
     policy=WanPolicy,
     vae=WAN_VAE,
     teacache_probe=_teacache_probe,
+    tiny_models=("tiny-wan", "tiny-wan-i2v", "tiny-wan-flf2v", "tiny-wan2.2-a14b", "tiny-wan2.2-ti2v", "toy-wan"),
+    checkpoint_defaults={
+        "WanPipeline": generation_defaults(33, 480, 832, 50, 5.0, 512),
+        "WanImageToVideoPipeline": generation_defaults(81, 480, 832, 50, 5.0, 512),
+    },
+    vae_factors=dict.fromkeys(("WanPipeline", "WanImageToVideoPipeline"), _vae_factors),
+    architectures=_ARCHITECTURES,
 )

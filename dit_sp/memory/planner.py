@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from dit_sp.zoo import TRANSFORMERS
+from dit_sp.families import TRANSFORMERS, architectures
 
 GiB = 2**30
 
@@ -29,39 +29,9 @@ SAVED_PER_TOKEN = {"dim": 24, "ffn": 2}
 """Values one transformer block saves per token for backward, per unit of width and of MLP width
 (measured with saved-tensor hooks on WanTransformer3DModel blocks of several widths, fp32, CPU)."""
 
-_WAN = {"patch_size": [1, 2, 2], "attention_head_dim": 128, "in_channels": 16, "out_channels": 16, "text_dim": 4096,
-        "freq_dim": 256, "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "eps": 1e-6,
-        "rope_max_seq_len": 1024}  # fmt: skip
-_UMT5_XXL, _WAN_VAE = 5.68e9, 127e6
-
-ARCHITECTURES: dict[str, dict[str, Any]] = {
-    "wan2.1-t2v-1.3b": {"transformers": {"transformer": ("WanTransformer3DModel", _WAN | {
-        "num_attention_heads": 12, "ffn_dim": 8960, "num_layers": 30})},
-        "text_encoders": _UMT5_XXL, "vae": _WAN_VAE, "compression": (4, 8), "text_tokens": 512, "joint": False},
-    "wan2.1-t2v-14b": {"transformers": {"transformer": ("WanTransformer3DModel", _WAN | {
-        "num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40})},
-        "text_encoders": _UMT5_XXL, "vae": _WAN_VAE, "compression": (4, 8), "text_tokens": 512, "joint": False},
-    "wan2.2-t2v-a14b": {"transformers": {name: ("WanTransformer3DModel", _WAN | {
-        "num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40}) for name in TRANSFORMERS},
-        "text_encoders": _UMT5_XXL, "vae": _WAN_VAE, "compression": (4, 8), "text_tokens": 512, "joint": False},
-    "wan2.2-ti2v-5b": {"transformers": {"transformer": ("WanTransformer3DModel", _WAN | {
-        "num_attention_heads": 24, "ffn_dim": 14336, "num_layers": 30, "in_channels": 48, "out_channels": 48})},
-        "text_encoders": _UMT5_XXL, "vae": 705e6, "compression": (4, 16), "text_tokens": 512, "joint": False},
-    "hunyuanvideo": {"transformers": {"transformer": ("HunyuanVideoTransformer3DModel", {
-        "in_channels": 16, "out_channels": 16, "num_attention_heads": 24, "attention_head_dim": 128,
-        "num_layers": 20, "num_single_layers": 40, "num_refiner_layers": 2, "mlp_ratio": 4.0, "patch_size": 2,
-        "patch_size_t": 1, "qk_norm": "rms_norm", "guidance_embeds": True, "text_embed_dim": 4096,
-        "pooled_projection_dim": 768, "rope_theta": 256.0, "rope_axes_dim": [16, 56, 56]})},
-        "text_encoders": 7.5e9 + 123e6, "vae": 246e6, "compression": (4, 8), "text_tokens": 256, "joint": True},
-    "cogvideox-5b": {"transformers": {"transformer": ("CogVideoXTransformer3DModel", {
-        "num_attention_heads": 48, "attention_head_dim": 64, "in_channels": 16, "out_channels": 16,
-        "time_embed_dim": 512, "text_embed_dim": 4096, "num_layers": 42, "sample_width": 90, "sample_height": 60,
-        "sample_frames": 49, "patch_size": 2, "temporal_compression_ratio": 4, "max_text_seq_length": 226,
-        "use_rotary_positional_embeddings": True, "use_learned_positional_embeddings": False})},
-        "text_encoders": 4.76e9, "vae": 216e6, "compression": (4, 8), "text_tokens": 226, "joint": True},
-}  # fmt: skip
+ARCHITECTURES: dict[str, dict[str, Any]] = architectures()
 """The real checkpoints' transformer configs (their ``config.json``), text-encoder and VAE parameter counts
-(approximate), VAE compression (temporal, spatial) and text length."""
+(approximate), VAE compression (temporal, spatial) and text length: each family's ``architectures``."""
 
 
 @dataclass

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from dit_sp._compat import hook_registry
 from dit_sp.cache.blocks import transformer_blocks
 from dit_sp.errors import ConfigError
 
@@ -26,7 +27,8 @@ def compile_blocks(transformer: torch.nn.Module, **options: Any) -> Callable[[],
     has no backward. Returns the undo."""
     blocks = transformer_blocks(transformer)
     for block in blocks:
-        if getattr(block, "_diffusers_hook", None) is not None and block._diffusers_hook.hooks:
+        registry = hook_registry(block)
+        if registry is not None and registry.hooks:
             raise ConfigError("compile the transformer blocks before enabling a step cache (the cache's hooks must "
                               "wrap the compiled blocks, not be compiled into them)")  # fmt: skip
         if getattr(block, _COMPILED, False):

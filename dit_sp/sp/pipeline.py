@@ -16,14 +16,13 @@ import torch
 
 from dit_sp.cache import CacheSpec, enable_cache
 from dit_sp.errors import ConfigError
-from dit_sp.families import ModelFamily, family_of, vae_plan_of
+from dit_sp.families import TRANSFORMERS, ModelFamily, family_of, vae_plan_of
 from dit_sp.parallel.comm import GatherGrad
 from dit_sp.parallel.state import ParallelState
 from dit_sp.sp.guidance import GuidancePair
 from dit_sp.sp.handle import HANDLE_ATTR, Parallelized, set_instance_attr
 from dit_sp.sp.transformer import parallelize_transformer
 from dit_sp.sp.vae import decode_once_per_sample, parallelize_vae
-from dit_sp.zoo import TRANSFORMERS
 
 
 def _swap_pipeline_class(pipe: Any, family: ModelFamily, parallel: ParallelState, guidance, handle) -> None:

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from dit_sp._compat import use_native_attention
+from dit_sp._compat import is_python_tensor_method, use_native_attention
 from dit_sp.attention import usp_attention
 from dit_sp.sp.context import SequenceContext
 
@@ -111,7 +111,7 @@ class RouteAttention(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is not F.scaled_dot_product_attention:
-            if torch.compiler.is_compiling() and getattr(func, "__module__", None) == "torch._tensor":
+            if torch.compiler.is_compiling() and is_python_tensor_method(func):
                 # Tensor methods written in Python (unflatten, ...) end in super(), which dynamo cannot follow
                 # under a mode; the torch function of the same name is what that call reaches
                 same = getattr(torch, func.__name__, None)

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from dit_sp._compat import flatten_mesh, flattened_submesh, group_options
+from dit_sp._compat import flatten_mesh, flattened_submesh, group_options, is_view
 from dit_sp.parallel.state import ParallelState
 from dit_sp.weights import local_tensor
 
@@ -73,7 +73,7 @@ def _own_output_storage(module: torch.nn.Module, args: tuple, output: Any) -> An
     impossible for any caller."""
 
     def own(x: Any) -> Any:
-        return x.clone() if isinstance(x, torch.Tensor) and x._base is not None else x
+        return x.clone() if isinstance(x, torch.Tensor) and is_view(x) else x
 
     if isinstance(output, tuple):
         return tuple(own(x) for x in output)

@@ -27,6 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from dit_sp._compat import conv_forward_attr
 from dit_sp.parallel.rows import RowSplit, exchange_rows, gather_rows, post_rows, receive_rows
 from dit_sp.vae.tiles import TileProtocol, check_inference
 
@@ -96,7 +97,7 @@ def _conv(conv: nn.Module, padded: Padding | None) -> Adapter:
         return op(x, weight, bias, conv.stride, padding, conv.dilation, conv.groups)
 
     def adapter(run: _Run):
-        original = conv._conv_forward
+        original = getattr(conv, conv_forward_attr())
 
         def conv_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
             if run.bypass:
@@ -138,7 +139,7 @@ def _conv(conv: nn.Module, padded: Padding | None) -> Adapter:
             x = exchange_rows(mine, run.split, scale, run.group, need, mode)
             return run_conv(x, weight, bias)
 
-        return conv, "_conv_forward", conv_forward
+        return conv, conv_forward_attr(), conv_forward
 
     return adapter
 

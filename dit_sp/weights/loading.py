@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from dit_sp._compat import local_region
+from dit_sp._compat import keep_in_fp32_modules, local_region
 from dit_sp.errors import MissingFileError
 
 WEIGHTS_NAME = "diffusion_pytorch_model"
@@ -183,7 +183,7 @@ def empty_model(directory: str | Path, dtype: torch.dtype) -> Any:
         raise MissingFileError(f"{directory} is not a diffusers model directory (config.json: {e})") from e
     with parameters_on_meta(), torch.random.fork_rng(devices=[]):  # inits like torch.randn(...) draw numbers
         model = cls.from_config(cls.load_config(directory))
-    keep = set(getattr(model, "_keep_in_fp32_modules", None) or ())
+    keep = keep_in_fp32_modules(model)
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         if tensor.is_floating_point() and not keep & set(name.split(".")):
             tensor.data = tensor.data.to(dtype)

@@ -11,7 +11,9 @@ from typing import Any
 import torch
 import yaml
 
+from dit_sp import families
 from dit_sp.errors import ConfigError, MissingFileError
+from dit_sp.families import TRANSFORMERS  # re-exported: dit_sp.rl and dit_sp.inference import it from here
 from dit_sp.io.bundled import ASSET_DIR, asset_path
 from dit_sp.zoo.tokenizers import clip_byte_vocab, llama3_byte_tokenizer
 
@@ -19,7 +21,8 @@ SPEC_DIR = Path(__file__).resolve().parent / "specs"
 
 
 def builtin_models() -> list[str]:
-    return sorted(p.stem for p in SPEC_DIR.glob("*.yaml"))
+    """The families' built-in models (each family lists its own; their specs are ``specs/<name>.yaml``)."""
+    return families.tiny_models()
 
 
 def default_model() -> str:
@@ -71,17 +74,8 @@ def build_tiny(name: str, component: str | None = None) -> Any:
     return getattr(diffusers, spec["pipeline"])(**components, **spec.get("pipeline_config", {}))
 
 
-_SHAPE = ("frames", "height", "width", "steps", "guidance", "max_sequence_length")
-# Generation defaults of a local checkpoint, by its pipeline class: the real models' usual settings.
-CHECKPOINT_DEFAULTS = {
-    "WanPipeline": dict(zip(_SHAPE, (33, 480, 832, 50, 5.0, 512))),
-    "CogVideoXPipeline": dict(zip(_SHAPE, (49, 480, 720, 50, 6.0, 226))),
-    # guidance-distilled: true classifier-free guidance off; its embedded guidance_scale stays at 6.0
-    "HunyuanVideoPipeline": dict(zip(_SHAPE, (61, 320, 512, 30, 1.0, 256))),
-    "WanImageToVideoPipeline": dict(zip(_SHAPE, (81, 480, 832, 50, 5.0, 512))),
-    "CogVideoXImageToVideoPipeline": dict(zip(_SHAPE, (49, 480, 720, 50, 6.0, 226))),
-    "HunyuanVideoImageToVideoPipeline": dict(zip(_SHAPE, (129, 720, 1280, 50, 1.0, 256))),
-}
+CHECKPOINT_DEFAULTS = families.checkpoint_defaults()
+"""Generation defaults of a local checkpoint, by its pipeline class (each family's ``checkpoint_defaults``)."""
 
 
 def checkpoint_dir(model: str | Path) -> Path | None:
@@ -136,10 +130,6 @@ def model_defaults(model: str) -> dict[str, Any]:
             name = None  # load_pipeline reports what is wrong with the directory
         return dict(CHECKPOINT_DEFAULTS.get(name, CHECKPOINT_DEFAULTS["WanPipeline"]))
     return dict(model_spec(model).get("defaults", {}))
-
-
-TRANSFORMERS = ("transformer", "transformer_2")
-"""The pipeline components that hold a DiT (Wan 2.2 A14B has two experts)."""
 
 
 def load_pipeline(
@@ -200,21 +190,8 @@ def load_pipeline(
     return pipe
 
 
-# How each pipeline class derives its VAE's (temporal, spatial) compression from the VAE config.
-_VAE_FACTORS = {
-    "WanPipeline": lambda vae: (vae.get("scale_factor_temporal", 4), vae.get("scale_factor_spatial", 8)),
-    "WanImageToVideoPipeline": lambda vae: (vae.get("scale_factor_temporal", 4), vae.get("scale_factor_spatial", 8)),
-    "HunyuanVideoPipeline": lambda vae: (
-        vae.get("temporal_compression_ratio", 4),
-        vae.get("spatial_compression_ratio", 8),
-    ),
-    "CogVideoXPipeline": lambda vae: (
-        vae.get("temporal_compression_ratio", 4),
-        2 ** (len(vae["block_out_channels"]) - 1),
-    ),
-}
-_VAE_FACTORS["CogVideoXImageToVideoPipeline"] = _VAE_FACTORS["CogVideoXPipeline"]
-_VAE_FACTORS["HunyuanVideoImageToVideoPipeline"] = _VAE_FACTORS["HunyuanVideoPipeline"]
+_VAE_FACTORS = families.vae_factors()
+"""How each pipeline class derives its VAE's (temporal, spatial) compression (each family's ``vae_factors``)."""
 
 
 def _config_with_defaults(class_name: str, config: dict[str, Any]) -> dict[str, Any]:

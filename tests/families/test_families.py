@@ -72,3 +72,22 @@ def test_unsupported_model_is_a_clear_error():
                                          "CogVideoXTransformer3DModel"}  # fmt: skip
     with pytest.raises(TypeError, match="neither a diffusers transformer nor a pipeline"):
         parallelize(object(), init_parallel(ParallelConfig()))
+
+
+def test_each_family_registers_its_own_models_and_settings():
+    """Everything dit-sp knows of a family is in its one file: each built-in spec belongs to one family,
+    each pipeline class's defaults and VAE factors and each real architecture to one."""
+    from dit_sp.families import FAMILIES
+    from dit_sp.memory.planner import ARCHITECTURES
+    from dit_sp.zoo import CHECKPOINT_DEFAULTS, SPEC_DIR, builtin_models
+
+    owned = [name for family in FAMILIES for name in family.tiny_models]
+    assert sorted(owned) == sorted(p.stem for p in SPEC_DIR.glob("*.yaml")) == builtin_models()
+    for key in ("checkpoint_defaults", "vae_factors", "architectures"):
+        keys = [k for family in FAMILIES for k in getattr(family, key)]
+        assert len(keys) == len(set(keys)), f"{key} registered twice"
+    assert set(CHECKPOINT_DEFAULTS) == {p for family in FAMILIES for p in family.vae_factors}
+    assert list(ARCHITECTURES) == [a for family in FAMILIES for a in family.architectures]
+    for family in FAMILIES:
+        for arch in family.architectures.values():
+            assert {cls for cls, _ in arch["transformers"].values()} <= set(family.class_names)
