@@ -11,7 +11,7 @@ from dit_sp.families.cogvideox import COGVIDEOX
 from dit_sp.families.family import TRANSFORMERS, ModelFamily, VAEFactors
 from dit_sp.families.hunyuan_video import HUNYUAN_VIDEO
 from dit_sp.families.policy import DiffusersPolicy
-from dit_sp.families.shape import check_shape
+from dit_sp.families.shape import check_latent_shape
 from dit_sp.families.wan import WAN
 from dit_sp.vae import VAEPlan
 
@@ -72,6 +72,11 @@ def vae_factors() -> dict[str, VAEFactors]:
 def architectures() -> dict[str, dict[str, Any]]:
     """The real checkpoints the memory planner knows, over all families."""
     return {name: arch for family in FAMILIES for name, arch in family.architectures.items()}
+
+
+def check_shape(pipe: Any, settings: dict[str, Any], flags: bool = True) -> None:
+    """``check_latent_shape`` with every registered family's own limits (``ModelFamily.shape_check``)."""
+    check_latent_shape(pipe, settings, flags, rules=[family.shape_check for family in FAMILIES])
 
 
 __all__ = [

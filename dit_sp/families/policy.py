@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from dit_sp.errors import ConfigError
-from dit_sp.families.shape import check_shape
+from dit_sp.families.shape import check_latent_shape
 
 Tensor = torch.Tensor
 
@@ -32,7 +32,8 @@ class DiffusersPolicy:
                  embedded_guidance: float | None = None, reference: torch.nn.Module | None = None,
                  transformer_2: torch.nn.Module | None = None, guidance_2: float | None = None,
                  device: torch.device | None = None):  # fmt: skip
-        check_shape(pipe, {"frames": frames, "height": height, "width": width,
+        # the families with a policy add no limit of their own (the trainer checks every rule before loading)
+        check_latent_shape(pipe, {"frames": frames, "height": height, "width": width,
                            "max_sequence_length": max_sequence_length}, flags=False)  # fmt: skip
         if embedded_guidance is not None:
             raise ConfigError(f"embedded_guidance is a HunyuanVideo setting; {type(pipe).__name__} has none")

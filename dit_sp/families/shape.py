@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from dit_sp.errors import ConfigError
 
 
-def check_shape(pipe: Any, settings: dict[str, Any], flags: bool = True) -> None:
+def check_latent_shape(pipe: Any, settings: dict[str, Any], flags: bool = True, rules: Iterable[Callable] = ()) -> None:
     """Frames, sizes and text length the VAE, the patching and the positional embeddings can take, or an
-    error listing valid values. (Every supported transformer patches latent frames one by one, or, for
-    CogVideoX 1.5, its pipeline pads them.) Messages name the settings as CLI flags (``--max-sequence-length``)
-    or, with ``flags=False``, as config keys (``max_sequence_length``)."""
+        error listing valid values. (Every supported transformer patches latent frames one by one, or, for
+        CogVideoX 1.5, its pipeline pads them.) Messages name the settings as CLI flags (``--max-sequence-length``)
+        or, with ``flags=False``, as config keys (``max_sequence_length``). ``rules``: the families' own limits
+    (``ModelFamily.shape_check``); ``dit_sp.families.check_shape`` passes every registered family's."""
 
     def name(key: str) -> str:
         return "--" + key.replace("_", "-") if flags else key
@@ -34,7 +36,5 @@ def check_shape(pipe: Any, settings: dict[str, Any], flags: bool = True) -> None
                 f"{name(key)} {settings[key]}: must be a multiple of {multiple} (VAE x{spatial}, patch "
                 f"x{multiple // spatial}), e.g. {lower} or {upper}"
             )
-    from dit_sp.families import FAMILIES  # this module is imported while the families load
-
-    for family in FAMILIES:  # each rule reads its own config keys (CogVideoX without RoPE: a fixed text length)
-        family.shape_check(config, settings, name)
+    for rule in rules:  # each reads its own config keys (CogVideoX without RoPE: a fixed text length)
+        rule(config, settings, name)

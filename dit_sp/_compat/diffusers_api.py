@@ -1,0 +1,218 @@
+"""Private diffusers APIs, each wrapped here once: context-parallel plans, attention processors, hooks and
+model internals."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from dit_sp._compat.base import _error
+
+# --- diffusers ------------------------------------------------------------------------------------
+_PLAN_FIELDS = {
+    "ContextParallelInput": ("split_dim", "expected_dims", "split_output"),
+    "ContextParallelOutput": ("gather_dim", "expected_dims"),
+}
+
+
+def context_parallel_types() -> tuple[type, type]:
+    """diffusers' ``(ContextParallelInput, ContextParallelOutput)``, the entries of a ``_cp_plan``, with
+    the fields dit-sp reads from them."""
+    module_name = "diffusers.models._modeling_parallel"
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise _error("diffusers", f"the module {module_name}", f" ({e})") from e
+    types = []
+    for name, needed in _PLAN_FIELDS.items():
+        cls = getattr(module, name, None)
+        if cls is None:
+            raise _error("diffusers", f"{module_name}.{name}")
+        have = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+        missing = [f for f in needed if f not in have]
+        if missing:
+            raise _error("diffusers", f"the fields {needed} of {module_name}.{name}", f" (no {missing})")
+        types.append(cls)
+    return types[0], types[1]
+
+
+def model_cp_plan(model: Any) -> dict:
+    """The context-parallel plan (``_cp_plan``) a diffusers model class ships (a model or its class)."""
+    cls = model if isinstance(model, type) else type(model)
+    plan = getattr(cls, "_cp_plan", None)
+    if not isinstance(plan, dict) or not plan:
+        raise _error("diffusers", f"{cls.__name__}._cp_plan (the split/gather plan diffusers ships with it)")
+    return plan
+
+
+def check_cp_plan(plan: dict, owner: str) -> None:
+    """Raise unless ``plan`` has the ``_cp_plan`` shape dit-sp implements: ``{module name: {argument name or
+    output index: ContextParallelInput (or a list of them)}}`` or ``{module name: ContextParallelOutput (or a
+    list)}``; a diffusers release with new kinds of entries is refused here rather than half applied."""
+    cp_input, cp_output = context_parallel_types()
+
+    def entries(value: Any) -> list:
+        return list(value) if isinstance(value, (list, tuple)) else [value]
+
+    for name, spec in plan.items():
+        kind, items = (cp_input, spec.values()) if isinstance(spec, dict) else (cp_output, [spec])
+        odd = [entry for item in items for entry in entries(item) if not isinstance(entry, kind)]
+        if odd:
+            raise _error(
+                "diffusers",
+                f"a plan of {owner} made of ContextParallelInput / ContextParallelOutput entries",
+                f" (its entry for {name!r} holds {odd!r})",
+            )
+
+
+def model_parallel_config(model: torch.nn.Module) -> Any:
+    """diffusers' own parallelism config of ``model`` (``None``: not enabled), ``ModelMixin._parallel_config``."""
+    from diffusers import ModelMixin
+
+    if not hasattr(ModelMixin, "_parallel_config"):
+        raise _error("diffusers", "ModelMixin._parallel_config (to refuse models that use diffusers' own parallelism)")
+    return getattr(model, "_parallel_config", None)
+
+
+def _native_backend() -> Any:
+    try:
+        from diffusers.models.attention_dispatch import AttentionBackendName
+
+        return AttentionBackendName.NATIVE
+    except (ImportError, AttributeError) as e:
+        raise _error("diffusers", "diffusers.models.attention_dispatch.AttentionBackendName.NATIVE", f" ({e})") from e
+
+
+def use_native_attention(processor: Any) -> None:
+    """Make a diffusers attention processor call torch SDPA: the native backend, without diffusers' own
+    parallelism (its private ``_attention_backend`` / ``_parallel_config``, where it has them).
+
+    A processor with neither attribute is left alone: one that calls SDPA directly needs nothing, and one
+    that reaches attention some other way is caught when it runs (``dit_sp.sp.processor``)."""
+    if hasattr(processor, "_attention_backend"):
+        processor._attention_backend = _native_backend()
+    if hasattr(processor, "_parallel_config"):
+        processor._parallel_config = None
+
+
+# --- diffusers hooks and model internals ----------------------------------------------------------
+def _hooks_private(name: str) -> Any:
+    """``name`` (``module:attr``) from diffusers' hook modules, or a ``CompatibilityError``."""
+    module_name, attr = name.split(":")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise _error("diffusers", f"{module_name}.{attr}", f" ({e})") from e
+
+
+def transformer_block_identifiers() -> Any:
+    """The names of the block lists diffusers' caches look for
+    (``hooks._common._ALL_TRANSFORMER_BLOCK_IDENTIFIERS``)."""
+    return _hooks_private("diffusers.hooks._common:_ALL_TRANSFORMER_BLOCK_IDENTIFIERS")
+
+
+def block_metadata(block_cls: type) -> Any:
+    """diffusers' ``TransformerBlockMetadata`` of a block class (``hooks._helpers.TransformerBlockRegistry``);
+    raises ``ValueError`` for a class diffusers has none for."""
+    return _hooks_private("diffusers.hooks._helpers:TransformerBlockRegistry").get(block_cls)
+
+
+def block_argument(meta: Any, name: str, args: tuple, kwargs: dict) -> Any:
+    """Argument ``name`` of a block call, as its ``TransformerBlockMetadata`` reads it (the private
+    ``_get_parameter_from_args_kwargs``)."""
+    read = getattr(meta, "_get_parameter_from_args_kwargs", None)
+    if read is None:
+        raise _error("diffusers", "TransformerBlockMetadata._get_parameter_from_args_kwargs")
+    return read(name, args, kwargs)
+
+
+def hook_registry(module: torch.nn.Module) -> Any:
+    """The diffusers ``HookRegistry`` of a module (its private ``_diffusers_hook``), or None."""
+    return getattr(module, "_diffusers_hook", None)
+
+
+def child_hook_registries(registry: Any) -> list:
+    """The registries of a ``HookRegistry``'s submodules (its private ``_get_child_registries``)."""
+    return list(registry._get_child_registries())
+
+
+def state_context(state_manager: Any) -> Any:
+    """The cache context a diffusers ``StateManager`` is in (its private ``_context``)."""
+    return state_manager._context
+
+
+def set_hooks_cache_context(model: torch.nn.Module, context: Any) -> None:
+    """Put the model's stateful hooks in ``context`` (diffusers' private ``hooks.hooks._set_cache_context``)."""
+    _hooks_private("diffusers.hooks.hooks:_set_cache_context")(model, context)
+
+
+def first_block_cache_hooks() -> tuple[str, str]:
+    """The names diffusers' first-block cache registers its hooks under: ``(leader block, other blocks)``."""
+    return (_hooks_private("diffusers.hooks.first_block_cache:_FBC_LEADER_BLOCK_HOOK"),
+            _hooks_private("diffusers.hooks.first_block_cache:_FBC_BLOCK_HOOK"))  # fmt: skip
+
+
+def replace_first_block_decision(head: Any, should_compute: Callable[[torch.Tensor], bool]) -> None:
+    """Make a first-block cache's head hook decide with ``should_compute(residual)`` (in place of its
+    private ``_should_compute_remaining_blocks``)."""
+    if not hasattr(head, "_should_compute_remaining_blocks"):
+        raise _error("diffusers", "FBCHeadBlockHook._should_compute_remaining_blocks")
+    head._should_compute_remaining_blocks = should_compute
+
+
+def model_cache_config(model: torch.nn.Module) -> Any:
+    """The config of diffusers' own step cache on a model (``CacheMixin._cache_config``; None: none)."""
+    return getattr(model, "_cache_config", None)
+
+
+def keep_in_fp32_modules(model: torch.nn.Module) -> set[str]:
+    """The module names a diffusers model keeps in fp32 (``ModelMixin._keep_in_fp32_modules``)."""
+    return set(getattr(model, "_keep_in_fp32_modules", None) or ())
+
+
+def wan_conv_padding(module: torch.nn.Module) -> tuple[int, ...]:
+    """The padding a diffusers ``WanCausalConv3d`` adds to its input itself (its private ``_padding``)."""
+    padding = getattr(module, "_padding", None)
+    if padding is None:
+        raise _error("diffusers", "WanCausalConv3d._padding")
+    return padding
+
+
+def _check_hooks() -> None:
+    from diffusers.hooks import first_block_cache, hooks
+
+    transformer_block_identifiers()
+    first_block_cache_hooks()
+    _hooks_private("diffusers.hooks.hooks:_set_cache_context")
+    registry = _hooks_private("diffusers.hooks._helpers:TransformerBlockRegistry")
+    meta = _hooks_private("diffusers.hooks._helpers:TransformerBlockMetadata")
+    if not hasattr(registry, "get") or not hasattr(meta, "_get_parameter_from_args_kwargs"):
+        raise _error(
+            "diffusers", "TransformerBlockRegistry.get / TransformerBlockMetadata._get_parameter_from_args_kwargs"
+        )
+    if not hasattr(first_block_cache.FBCHeadBlockHook, "_should_compute_remaining_blocks"):
+        raise _error("diffusers", "FBCHeadBlockHook._should_compute_remaining_blocks")
+    if not hasattr(hooks.HookRegistry, "_get_child_registries"):
+        raise _error("diffusers", "HookRegistry._get_child_registries")
+    module = torch.nn.Linear(1, 1)
+    hooks.HookRegistry.check_if_exists_or_initialize(module)
+    if hook_registry(module) is None:
+        raise _error("diffusers", "a module's HookRegistry at module._diffusers_hook")
+    if not hasattr(hooks.StateManager(hooks.BaseState), "_context"):
+        raise _error("diffusers", "StateManager._context")
+
+
+def _check_model_internals() -> None:
+    from diffusers import ModelMixin
+    from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
+    from diffusers.models.cache_utils import CacheMixin
+
+    for cls, attr in ((ModelMixin, "_keep_in_fp32_modules"), (CacheMixin, "_cache_config")):
+        if not hasattr(cls, attr):
+            raise _error("diffusers", f"{cls.__name__}.{attr}")
+    wan_conv_padding(WanCausalConv3d(1, 1, 3))

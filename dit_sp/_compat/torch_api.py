@@ -1,0 +1,90 @@
+"""Private torch internals and attention kernels, each wrapped here once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from dit_sp._compat.base import CompatibilityError, _accepts, _error
+
+
+# --- torch internals ------------------------------------------------------------------------------
+def conv_forward_attr() -> str:
+    """The private method of ``torch.nn.Conv2d`` / ``Conv3d`` that runs the convolution on an input already
+    padded by the module (``_conv_forward(input, weight, bias)``): the attribute a split VAE patches."""
+    for cls in (torch.nn.Conv2d, torch.nn.Conv3d):
+        if not _accepts(getattr(cls, "_conv_forward", None), "weight"):
+            raise _error("torch", f"torch.nn.{cls.__name__}._conv_forward(input, weight, bias)")
+    return "_conv_forward"
+
+
+def is_view(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a view of another (its private ``_base``)."""
+    return tensor._base is not None
+
+
+def _check_is_view() -> None:
+    base = torch.zeros(2)
+    if not (hasattr(base, "_base") and is_view(base[:1]) and not is_view(base)):
+        raise _error("torch", "Tensor._base (the tensor a view is of)")
+
+
+def custom_op_function(fn: Callable) -> Callable:
+    """The Python function a ``torch.library.custom_op`` wraps (its private ``_init_fn``), or ``fn``."""
+    return getattr(fn, "_init_fn", fn)
+
+
+def is_python_tensor_method(func: Any) -> bool:
+    """Whether ``func`` is a ``torch.Tensor`` method written in Python (defined in the private ``torch._tensor``)."""
+    return getattr(func, "__module__", None) == "torch._tensor"
+
+
+def _check_tensor_methods() -> None:
+    if not is_python_tensor_method(torch.Tensor.unflatten):
+        raise _error("torch", "Tensor methods written in Python in torch._tensor (Tensor.unflatten)")
+
+
+# --- torch attention kernels ----------------------------------------------------------------------
+ATEN_ATTENTION_OPS = (
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_flash_attention_for_cpu_backward",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_efficient_attention_backward",
+)
+"""The private aten attention kernels that return the log-sum-exp ring attention needs."""
+
+
+def aten_op(name: str) -> Any:
+    """``torch.ops.aten.<name>``, one of ``ATEN_ATTENTION_OPS``."""
+    try:
+        return getattr(torch.ops.aten, name)
+    except (AttributeError, RuntimeError) as e:
+        raise _error("torch", f"the attention kernel torch.ops.aten.{name}") from e
+
+
+def aten_missing(*names: str) -> str | None:
+    """Why the aten kernels ``names`` cannot be used (``None``: they are all there)."""
+    for name in names:
+        try:
+            aten_op(name)
+        except CompatibilityError as e:
+            return str(e)
+    return None
+
+
+def _check_cpu_flash() -> None:
+    """The CPU flash kernel still returns ``(out, lse)``, ``lse`` the natural-log sum of exp, ``(B, H, S)``."""
+    q, k, v = torch.randn(3, 1, 2, 5, 4, generator=torch.Generator().manual_seed(0))
+    out, lse = aten_op("_scaled_dot_product_flash_attention_for_cpu")(q, k, v, 0.0, False, scale=0.5)
+    scores = q @ k.transpose(-1, -2) * 0.5
+    same = lse.shape == scores.shape[:-1] and torch.allclose(lse, scores.logsumexp(-1), atol=1e-5)
+    if not (same and torch.allclose(out, scores.softmax(-1) @ v, atol=1e-5)):
+        raise _error(
+            "torch",
+            "aten._scaled_dot_product_flash_attention_for_cpu to return (out, natural-log lse of shape (B, H, S))",
+            " (it returns something else)",
+        )
