@@ -19,7 +19,7 @@ import yaml
 from dit_sp.errors import ConfigError
 from dit_sp.io.cli import run_main
 from dit_sp.rl.rewards import build_reward
-from dit_sp.rl.rewards.remote import make_app
+from dit_sp.server.rewards import make_app
 
 
 def main(argv: list[str] | None = None) -> None:

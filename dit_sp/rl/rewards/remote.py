@@ -1,26 +1,22 @@
-"""Rewards scored by another process over HTTP: the wire format, the server (``python -m
-pipelines.reward_server``: any registered reward behind an aiohttp app) and the trainer's ``remote`` reward.
-
-A request is one safetensors blob: the videos ``(B, F, C, H, W)`` (uint8, or float32 for exact scores) and,
-in its metadata, the prompts and conditioning images as JSON; no pickle crosses the wire. The answer is
-``{"rewards": [...]}`` (NaN for samples the server's reward could not score).
+"""The trainer's ``remote`` reward: batches scored by a reward server in another process (``python -m
+pipelines.reward_server``, ``dit_sp.server.rewards``) over HTTP, in the wire format of
+``dit_sp.rl.rewards.wire``, with a timeout per request and retries with backoff; ``RewardUnavailable`` when
+the server gives no answer.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import struct
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Literal
+from typing import Literal
 
 import torch
-from safetensors.torch import load as load_tensors
-from safetensors.torch import save as save_tensors
 
 from dit_sp.errors import ConfigError
+from dit_sp.rl.rewards.wire import encode_batch
 
 Tensor = torch.Tensor
 log = logging.getLogger(__name__)
@@ -28,30 +24,6 @@ log = logging.getLogger(__name__)
 
 class RewardUnavailable(RuntimeError):
     """The reward server did not answer (down, slow, or refusing): the batch gets no reward."""
-
-
-def encode_batch(videos: Tensor, prompts: list[str], images: list[str] | None = None,
-                 dtype: Literal["uint8", "float32"] = "uint8") -> bytes:  # fmt: skip
-    """The request body for ``videos`` in [0, 1]."""
-    videos = videos.detach().float().cpu().clamp(0, 1)
-    videos = (videos * 255).round().to(torch.uint8) if dtype == "uint8" else videos
-    metadata = {"prompts": json.dumps(list(prompts)), "images": json.dumps(images)}
-    return save_tensors({"videos": videos.contiguous()}, metadata=metadata)
-
-
-def decode_batch(body: bytes) -> tuple[Tensor, list[str], list[str] | None]:
-    """``(videos in [0, 1] float32, prompts, images)`` of a request body (``ValueError`` if it is none)."""
-    try:
-        (size,) = struct.unpack("<Q", body[:8])
-        metadata = json.loads(body[8 : 8 + size]).get("__metadata__", {})
-        videos = load_tensors(body)["videos"]
-        prompts, images = json.loads(metadata["prompts"]), json.loads(metadata["images"])
-    except (struct.error, ValueError, KeyError, RuntimeError) as e:  # safetensors raises its own errors too
-        raise ValueError(f"not a dit-sp reward request ({type(e).__name__}: {e})") from e
-    if videos.dim() != 5 or len(prompts) != videos.shape[0]:
-        raise ValueError(f"videos {tuple(videos.shape)} and {len(prompts)} prompts do not make a batch")
-    videos = videos.float() / 255 if videos.dtype == torch.uint8 else videos.float()
-    return videos, prompts, images
 
 
 class RemoteReward:
@@ -113,31 +85,3 @@ class RemoteReward:
         raise RewardUnavailable(f"reward server {self.url} gave no answer after {self.retries + 1} tries within "
                                 f"{self.timeout:g} s each ({error}); is `python -m pipelines.reward_server` "
                                 "running there?")  # fmt: skip
-
-
-def make_app(reward: Any) -> Any:
-    """The aiohttp application serving ``reward`` (a ``WeightedReward``): ``POST /score``, ``GET /health``.
-    Requests are scored one at a time, off the event loop (so ``/health`` answers meanwhile)."""
-    import asyncio
-
-    from aiohttp import web
-
-    from dit_sp.rl.rewards import score
-
-    lock = asyncio.Lock()
-
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({"ok": True, "reward": [name for name, _, _ in reward.parts]})
-
-    async def score_batch(request: web.Request) -> web.Response:
-        try:
-            videos, prompts, images = decode_batch(await request.read())
-        except ValueError as e:
-            return web.json_response({"error": str(e)}, status=400)
-        async with lock:
-            rewards = await asyncio.get_running_loop().run_in_executor(None, score, reward, videos, prompts, images)
-        return web.json_response({"rewards": [float(r) for r in rewards]})
-
-    app = web.Application(client_max_size=1 << 34)  # videos are large
-    app.add_routes([web.get("/health", health), web.post("/score", score_batch)])
-    return app

@@ -16,7 +16,8 @@ from grpo_checks import remote_reward_run
 from dit_sp import spawn
 from dit_sp.errors import ConfigError
 from dit_sp.rl.rewards import brightness, build_reward, score
-from dit_sp.rl.rewards.remote import RemoteReward, RewardUnavailable, decode_batch, encode_batch
+from dit_sp.rl.rewards.remote import RemoteReward, RewardUnavailable
+from dit_sp.rl.rewards.wire import decode_batch, encode_batch
 
 TESTS = Path(__file__).resolve().parents[2] / "support"
 

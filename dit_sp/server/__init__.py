@@ -1,0 +1,1 @@
+"""HTTP servers over the library: the reward server's app (``rewards``)."""
