@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 import dit_sp.rl.update as update
 from dit_sp import GenerateConfig, GRPOTrainer, TrainConfig, generate
-from dit_sp.rl.trainer import NonFiniteError
+from dit_sp.rl.step import NonFiniteError
 
 
 def _weights(trainer: GRPOTrainer) -> dict[str, torch.Tensor]:
