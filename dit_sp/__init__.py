@@ -22,7 +22,7 @@ from dit_sp.parallel import (
     spawn,
 )
 from dit_sp.rl.config import LoRAConfig, OptimConfig, SampleConfig, TrainConfig
-from dit_sp.rl.grpo import GRPOConfig
+from dit_sp.rl.grpo_config import GRPOConfig
 from dit_sp.rl.sde import SDEConfig
 from dit_sp.rl.trainer import GRPOTrainer
 from dit_sp.sp import Parallelized, parallelize, parallelize_vae, unparallelize

@@ -20,7 +20,8 @@ import yaml
 from dit_sp import TrainConfig, spawn
 from dit_sp.io.cli import run_main
 from dit_sp.io.schema import ConfigError
-from dit_sp.rl.trainer import check_before_loading, train
+from dit_sp.rl.preflight import check_before_loading
+from dit_sp.rl.trainer import train
 
 FLAGS = {  # flag: (type, help); each sets the TrainConfig key of the same name
     "model": (str, "built-in model name or local diffusers pipeline directory"),

@@ -40,10 +40,16 @@ def _modules() -> dict[str, Path]:
 
 
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """The dit_sp modules ``name`` imports at module level or in functions (relative imports resolved)."""
+    """The dit_sp modules ``name`` imports at module level or in functions (relative imports resolved; those under
+    ``if TYPE_CHECKING:`` are for annotations and do not count)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    checks = [b for b in ast.walk(tree) if isinstance(b, ast.If) and "TYPE_CHECKING" in ast.unparse(b.test)]
+    type_only = {id(n) for block in checks for n in ast.walk(block)}
+    for node in ast.walk(tree):
+        if id(node) in type_only:  # annotations only: no import at run time
+            continue
         if isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dit_sp.io.schema import from_mapping, load_yaml, set_dotted
-from dit_sp.rl.grpo import GRPOConfig
+from dit_sp.rl.grpo_config import GRPOConfig
 from dit_sp.rl.metrics import WandbConfig
 
 

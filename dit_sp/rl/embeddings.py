@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from dit_sp.rl.grpo import select
+from dit_sp.rl.batch import select
 
 TEXT_ENCODERS = ("text_encoder", "text_encoder_2")
 """Pipeline components that only encode prompts (HunyuanVideo has two)."""

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-from cli_run import kill_after, run_python
-from compare import assert_all_close, max_errors
+from cli_run import run_python
 from grpo_checks import evaluation, moved_window_gradients, step_gradients, tiny_config
+from train_runs import assert_grads_equal, train_cmd
 
 from dit_sp import spawn
-from dit_sp.io.bundled import ASSET_DIR
 
 pytestmark = pytest.mark.slow  # spawns worker processes or runs the CLIs end to end
 
@@ -21,17 +18,6 @@ pytestmark = pytest.mark.slow  # spawns worker processes or runs the CLIs end to
 @pytest.fixture(scope="module")
 def single():
     return spawn(step_gradients, 1, args=(tiny_config(),), timeout=300)[0]
-
-
-def _max_error(grads: dict, ref: dict) -> float:
-    assert len(ref) > 10
-    return max(max_errors(grads, ref).values())
-
-
-def _assert_grads_equal(grads: dict, ref: dict, what: str) -> None:
-    """Within 1e-5 of the reference gradients, or a message naming the worst parameters."""
-    assert len(ref) > 10
-    assert_all_close(grads, ref, 1e-5, f"{what} gradients")
 
 
 def test_on_policy_ratio_is_exactly_one(single):
@@ -47,7 +33,7 @@ def test_sequence_parallel_step_equals_single_process(single, world, ring, ulyss
     results = spawn(step_gradients, world, args=(tiny_config(ring=ring, ulysses=ulysses),), timeout=300)
     for result in results:  # every rank holds the same rewards and, after FSDP, the same full gradient
         torch.testing.assert_close(result["rewards"], single["rewards"], atol=1e-6, rtol=0)
-        _assert_grads_equal(result["grads"], single["grads"], f"rank {result['rank']}")
+        assert_grads_equal(result["grads"], single["grads"], f"rank {result['rank']}")
 
 
 def test_sliding_window_step_equals_single_process_on_1x2_and_2x1():
@@ -63,7 +49,7 @@ def test_sliding_window_step_equals_single_process_on_1x2_and_2x1():
                         timeout=300)  # fmt: skip
         for result in results:
             assert result["window"] == (1, 3) and result["ratio"] == (1.0, 1.0)
-            _assert_grads_equal(result["grads"], single["grads"], f"{ring}x{ulysses} rank")
+            assert_grads_equal(result["grads"], single["grads"], f"{ring}x{ulysses} rank")
 
 
 def test_branched_rollouts_are_on_policy_and_give_the_plain_gradients_on_every_layout():
@@ -77,13 +63,13 @@ def test_branched_rollouts_are_on_policy_and_give_the_plain_gradients_on_every_l
     # 4 samples x 2 guidance branches: rollout 4 steps, training steps 1 and 2; branched, steps 0 and 1 once
     assert plain["forwards"] == 8 * 4 + 8 * 2 and branched["forwards"] == 2 + 2 + 8 * 2 + 2 + 8
     torch.testing.assert_close(branched["log_probs"], plain["log_probs"], atol=1e-5, rtol=0)
-    _assert_grads_equal(branched["grads"], plain["grads"], "branched vs plain")
+    assert_grads_equal(branched["grads"], plain["grads"], "branched vs plain")
     for layout in ({"ulysses": 2}, {"ring": 2}, {"dp": 2}):
         results = spawn(moved_window_gradients, 2, args=(tiny_config(**settings, **layout, **{"grpo.branch": True}), 0),
                         timeout=300)  # fmt: skip
         for result in results:
             assert result["ratio"] == (1.0, 1.0)
-            _assert_grads_equal(result["grads"], branched["grads"], f"{layout} rank")
+            assert_grads_equal(result["grads"], branched["grads"], f"{layout} rank")
 
 
 def test_coarse_ode_tail_is_on_policy_cheaper_and_the_same_on_every_layout():
@@ -100,12 +86,12 @@ def test_coarse_ode_tail_is_on_policy_cheaper_and_the_same_on_every_layout():
     for layout in ({"ulysses": 2}, {"ring": 2}):
         for result in spawn(moved_window_gradients, 2, args=(tiny_config(**settings, **layout), 0), timeout=300):
             assert result["ratio"] == (1.0, 1.0)
-            _assert_grads_equal(result["grads"], single["grads"], f"{layout} rank")
+            assert_grads_equal(result["grads"], single["grads"], f"{layout} rank")
     branched = spawn(moved_window_gradients, 1, args=(tiny_config(**settings, **{"grpo.branch": True}), 0),
                      timeout=300)[0]  # fmt: skip
     assert branched["ratio"] == (1.0, 1.0)
     assert branched["forwards"] == (2 + 8 + 8) + (2 + 2) + (8 + 8)  # rollout; step 0 once per group; step 1
-    _assert_grads_equal(branched["grads"], single["grads"], "branched vs plain")
+    assert_grads_equal(branched["grads"], single["grads"], "branched vs plain")
 
 
 @pytest.mark.parametrize("layout", [{"ulysses": 2}, {"ring": 2}], ids=["1x2", "2x1"])
@@ -116,7 +102,7 @@ def test_decode_split_by_samples_equals_one_process(layout, batch):
     reference = spawn(step_gradients, 1, args=(tiny_config(**batch),), timeout=300)[0]
     for result in spawn(step_gradients, 2, args=(tiny_config(vae_split="samples", **layout, **batch),), timeout=300):
         torch.testing.assert_close(result["rewards"], reference["rewards"], atol=1e-6, rtol=0)
-        _assert_grads_equal(result["grads"], reference["grads"], f"rank {result['rank']}")
+        assert_grads_equal(result["grads"], reference["grads"], f"rank {result['rank']}")
 
 
 @pytest.mark.parametrize(
@@ -132,7 +118,7 @@ def test_decode_in_chunks_and_overlapped_shares_equal_one_process(settings):
     config = tiny_config(ulysses=2, **({"vae_split": "samples"} | settings))
     for result in spawn(step_gradients, 2, args=(config,), timeout=300):
         torch.testing.assert_close(result["rewards"], reference["rewards"], atol=1e-6, rtol=0)
-        _assert_grads_equal(result["grads"], reference["grads"], f"rank {result['rank']}")
+        assert_grads_equal(result["grads"], reference["grads"], f"rank {result['rank']}")
 
 
 def test_reward_models_score_the_same_on_every_layout(tmp_path):
@@ -163,7 +149,7 @@ def test_ratio_normalised_step_is_on_policy_with_the_plain_gradients(single):
     two = spawn(step_gradients, 2, args=(tiny_config(ulysses=2, **normed),), timeout=300)
     for result in one + two:
         assert result["ratio_min"] == 1.0 and result["ratio_max"] == 1.0
-        _assert_grads_equal(result["grads"], single["grads"], "ratio-normalised")
+        assert_grads_equal(result["grads"], single["grads"], "ratio-normalised")
 
 
 @pytest.mark.parametrize("layout", [{"ulysses": 2}, {"dp": 2}], ids=["1x2", "dp2"])
@@ -174,7 +160,7 @@ def test_micro_batched_step_equals_the_one_batch_step(layout):
     for a, b in zip(micro, whole):
         assert a["ratio_min"] == 1.0 and a["ratio_max"] == 1.0  # still exactly on-policy
         torch.testing.assert_close(a["rewards"], b["rewards"], atol=1e-6, rtol=0)
-        _assert_grads_equal(a["grads"], b["grads"], f"micro-batched rank {a['rank']}")
+        assert_grads_equal(a["grads"], b["grads"], f"micro-batched rank {a['rank']}")
 
 
 def test_data_parallel_fsdp_step_equals_single_process(single):
@@ -183,7 +169,7 @@ def test_data_parallel_fsdp_step_equals_single_process(single):
     assert [r["prompt_ids"].unique().numel() for r in results] == [1, 1]
     torch.testing.assert_close(torch.cat([r["rewards"] for r in results]), single["rewards"], atol=1e-6, rtol=0)
     for result in results:
-        _assert_grads_equal(result["grads"], single["grads"], f"rank {result['rank']}")
+        assert_grads_equal(result["grads"], single["grads"], f"rank {result['rank']}")
 
 
 @pytest.mark.parametrize("split", ["rows", "samples", None], ids=["rows split", "samples split", "one process decodes"])
@@ -201,92 +187,9 @@ def test_evaluation_on_ulysses_2_equals_one_process(tmp_path, split):
     assert abs(iio.imread(tmp_path / "two.mp4").astype(int) - iio.imread(tmp_path / "one.mp4").astype(int)).max() <= 2
 
 
-def _train_cmd(out: Path, *extra: str) -> list[str]:
-    config = out.parent / "run.yaml"
-    config.write_text(
-        "sample: {frames: 5, height: 32, width: 32}\ngrpo: {steps: 3, group_size: 2, prompts_per_step: 2}\n"
-        "optim: {lr: 0.001}\nprompts: prompts_demo.txt\n"
-    )
-    return [sys.executable, "-m", "pipelines.train_grpo", "--config", str(config), "--output-dir", str(out), *extra]
-
-
-def _rows(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-def test_killed_run_resumes_exactly(tmp_path):
-    full = tmp_path / "full"
-    run_python(
-        _train_cmd(full, "--max-steps", "6", "--checkpoint-every", "2", "--eval-every", "3"), check=True, timeout=600
-    )
-    expected = _rows(full)
-    assert [r["step"] for r in expected] == list(range(6))
-    _check_eval_videos(full, expected)
-
-    killed = tmp_path / "killed"
-    kill_after(
-        _train_cmd(killed, "--max-steps", "6", "--checkpoint-every", "2"),
-        killed / "checkpoints" / "step_00000004" / "COMPLETE",
-    )
-    # A save that crashed midway: a temporary directory and a directory without its marker.
-    (killed / "checkpoints" / "step_00000005.tmp").mkdir()
-    (killed / "checkpoints" / "step_00000006").mkdir()
-    run_python(_train_cmd(killed, "--max-steps", "6", "--checkpoint-every", "2", "--resume"), check=True, timeout=600)
-    resumed = _rows(killed)
-    assert [r["step"] for r in resumed] == list(range(6))
-    for a, b in zip(resumed, expected):
-        assert a["loss"] == b["loss"] and a["reward_mean"] == b["reward_mean"], (a, b)
-    assert (killed / "reward_curve.png").stat().st_size > 0
-    assert any((killed / "tensorboard").iterdir())
-
-    # The exported weights load in the generate CLI.
-    gen = run_python([sys.executable, "-m", "pipelines.generate", "--model", str(killed / "final"), "--frames", "5",
-                      "--height", "32", "--width", "32", "--steps", "2", "--out", str(tmp_path / "v.mp4")],
-                     timeout=300)  # fmt: skip
-    assert gen.returncode == 0, gen.stderr[-2000:]
-
-
-def _check_eval_videos(out: Path, rows: list[dict]) -> None:
-    """Every 3 steps: an mp4 of the first prompts side by side (5 frames of 32x32 each) and its reward."""
-    import imageio.v3 as iio
-
-    prompts = len((ASSET_DIR / "prompts_demo.txt").read_text().strip().splitlines())
-    for done in (3, 6):
-        frames = iio.imread(out / f"eval_step{done:06d}.mp4")
-        assert frames.shape == (5, 32, 32 * min(4, prompts), 3)
-        reward = rows[done - 1]["eval_reward"]
-        assert isinstance(reward, float) and 0 <= reward <= 1
-    assert all("eval_reward" not in row for i, row in enumerate(rows) if (i + 1) % 3)
-
-
-def test_a_killed_run_with_the_stabilisers_resumes_exactly(tmp_path):
-    """EMA weights, per-prompt reward statistics, ratio normalisation and a sliding SDE window: a run killed
-    with SIGKILL after its step-2 checkpoint and resumed logs the uninterrupted run's losses and rewards and
-    exports its EMA."""
-    stabilisers = ["--set", "ema_decay=0.5", "--set", "grpo.stat_tracking=2", "--set", "grpo.ratio_norm=true",
-                   "--set", "grpo.sliding_window={size: 2, every: 2}"]  # fmt: skip
-    full, killed = tmp_path / "full", tmp_path / "killed"
-    run_python(_train_cmd(full, "--max-steps", "4", "--checkpoint-every", "2", *stabilisers), check=True, timeout=600)
-    kill_after(_train_cmd(killed, "--max-steps", "4", "--checkpoint-every", "2", *stabilisers),
-               killed / "checkpoints" / "step_00000002" / "COMPLETE")  # fmt: skip
-    run_python(_train_cmd(killed, "--max-steps", "4", "--checkpoint-every", "2", "--resume", *stabilisers), check=True,
-               timeout=600)  # fmt: skip
-    expected, resumed = _rows(full), _rows(killed)
-    assert [r["step"] for r in resumed] == list(range(4))
-    for a, b in zip(resumed, expected):
-        assert a["loss"] == b["loss"] and a["reward_mean"] == b["reward_mean"], (a, b)
-        assert a["grad_norm"] == b["grad_norm"] > 0 and a["trained_steps"] == 2
-    from safetensors.torch import load_file
-
-    weights = [
-        load_file(run / "final" / "transformer" / "diffusion_pytorch_model.safetensors") for run in (full, killed)
-    ]
-    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])  # the same EMA, exported
-
-
 def test_wandb_offline_run_gets_the_metrics_and_the_eval_videos(tmp_path):
     out = tmp_path / "run"
-    run_python(_train_cmd(out, "--max-steps", "2", "--eval-every", "1", "--set", "wandb={mode: offline, name: t}"),
+    run_python(train_cmd(out, "--max-steps", "2", "--eval-every", "1", "--set", "wandb={mode: offline, name: t}"),
                check=True, timeout=600)  # fmt: skip
     (run,) = (out / "wandb").glob("offline-run-*")
     records = next(run.glob("run-*.wandb")).read_bytes()
@@ -298,7 +201,7 @@ def test_wandb_offline_run_gets_the_metrics_and_the_eval_videos(tmp_path):
 
 def test_run_errors(tmp_path):
     def error(*overrides: str) -> str:
-        cmd = _train_cmd(tmp_path / "out", "--max-steps", "1", *overrides)
+        cmd = train_cmd(tmp_path / "out", "--max-steps", "1", *overrides)
         result = run_python(cmd, timeout=300)
         assert result.returncode != 0
         return result.stderr
@@ -323,30 +226,7 @@ def test_run_errors(tmp_path):
 def test_checkpointing_and_hsdp_steps_equal_single_process(single, world, overrides):
     results = spawn(step_gradients, world, args=(tiny_config(**overrides),), timeout=300)
     for result in results:
-        _assert_grads_equal(result["grads"], single["grads"], f"rank {result['rank']}")
-
-
-def test_lora_step_trains_only_the_adapters():
-    """LoRA: one process and Ulysses 2 give the same adapter gradients; the base weights get none."""
-    one = spawn(step_gradients, 1, args=(tiny_config(lora_rank=4),), timeout=300)[0]
-    two = spawn(step_gradients, 2, args=(tiny_config(lora_rank=4, ulysses=2),), timeout=300)[0]
-    assert one["grads"] and all("lora" in name for name in one["grads"])
-    _assert_grads_equal(two["grads"], one["grads"], f"rank {two['rank']}")
-
-
-@pytest.mark.parametrize(("ring", "ulysses"), [(1, 2), (2, 1)])
-def test_lora_kl_step_equals_single_process(ring, ulysses):
-    """LoRA with a KL term to the adapters-off model: with moved adapters the KL is positive, changes the
-    gradient, and every layout gives the single-process gradient."""
-    lora = {"lora_rank": 4, "kl_coef": 1.0}
-    one = spawn(step_gradients, 1, args=(tiny_config(**lora), 0.05), timeout=300)[0]
-    no_kl = spawn(step_gradients, 1, args=(tiny_config(lora_rank=4), 0.05), timeout=300)[0]
-    assert one["kl"] > 1e-6 and no_kl["kl"] == 0.0
-    assert _max_error(one["grads"], no_kl["grads"]) > 1e-4  # the KL term reaches the adapters
-    results = spawn(step_gradients, 2, args=(tiny_config(ring=ring, ulysses=ulysses, **lora), 0.05), timeout=300)
-    for result in results:
-        assert abs(result["kl"] - one["kl"]) <= 1e-6 * max(1.0, one["kl"])
-        _assert_grads_equal(result["grads"], one["grads"], f"rank {result['rank']}")
+        assert_grads_equal(result["grads"], single["grads"], f"rank {result['rank']}")
 
 
 @pytest.mark.parametrize(("ring", "ulysses"), [(1, 2), (2, 1)])
@@ -362,7 +242,7 @@ def test_full_fine_tuning_kl_step_equals_single_process(ring, ulysses):
     results = spawn(step_gradients, 2, args=(tiny_config(ring=ring, ulysses=ulysses, kl_coef=1.0), 1e-3), timeout=300)
     for result in results:
         assert abs(result["kl"] - one["kl"]) <= 1e-6 * max(1.0, one["kl"])
-        _assert_grads_equal(result["grads"], one["grads"], f"rank {result['rank']}")
+        assert_grads_equal(result["grads"], one["grads"], f"rank {result['rank']}")
 
 
 @pytest.fixture(scope="module")
@@ -390,41 +270,12 @@ def test_hunyuan_video_step_equals_single_process(guidance_distilled_hunyuan, ri
     results = spawn(step_gradients, 2, args=(tiny_config(ring=ring, ulysses=ulysses, **settings),), timeout=300)
     for result in results:
         torch.testing.assert_close(result["rewards"], one["rewards"], atol=1e-6, rtol=0)
-        _assert_grads_equal(result["grads"], one["grads"], f"rank {result['rank']}")
+        assert_grads_equal(result["grads"], one["grads"], f"rank {result['rank']}")
 
 
 def test_embedded_guidance_is_refused_for_wan():
     with pytest.raises(Exception, match="embedded_guidance is a HunyuanVideo setting"):
         spawn(step_gradients, 1, args=(tiny_config(embedded_guidance=6.0),), timeout=300)
-
-
-def test_lora_run_exports_plain_merged_weights(tmp_path):
-    """A LoRA run exports a plain diffusers transformer (adapters merged, no peft layers) that generate loads.
-    Its KL term is to the model with the adapters off: zero at the start (the adapters start at zero),
-    positive once they have moved."""
-    from safetensors.torch import load_file
-
-    config = tmp_path / "lora.yaml"
-    config.write_text("sample: {frames: 5, height: 32, width: 32}\n"
-                      "grpo: {steps: 2, group_size: 2, prompts_per_step: 1, kl_coef: 0.1}\n"
-                      "optim: {lr: 0.01}\nlora: {rank: 4}\nprompts: prompts_demo.txt\n")  # fmt: skip
-    out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "pipelines.train_grpo", "--config", str(config), "--output-dir", str(out),
-           "--max-steps", "2", "--checkpoint-every", "0"]  # fmt: skip
-    run_python(cmd, check=True, timeout=300)
-    kl = [row["kl"] for row in _rows(out)]
-    assert kl[0] == 0.0 and kl[1] > 1e-8, kl
-    exported = load_file(next((out / "final" / "transformer").glob("*.safetensors")))
-    from dit_sp.zoo import build_tiny
-
-    base = build_tiny("tiny-wan", "transformer").state_dict()
-    assert exported.keys() == base.keys()  # no lora_A/B, no base_layer
-    changed = [k for k in base if not torch.equal(exported[k], base[k])]
-    assert changed and all(".to_" in k for k in changed)  # only the adapted attention projections moved
-    gen = run_python([sys.executable, "-m", "pipelines.generate", "--model", str(out / "final"), "--frames", "5",
-                      "--height", "32", "--width", "32", "--steps", "2", "--out", str(tmp_path / "v.gif")],
-                     timeout=300)  # fmt: skip
-    assert gen.returncode == 0, gen.stderr[-2000:]
 
 
 def test_policy_settings_are_checked_against_the_model():

@@ -8,9 +8,9 @@ import os
 import torch
 import torch.distributed as dist
 
-import dit_sp.rl.grpo as grpo
+import dit_sp.rl.update as update
 from dit_sp import GenerateConfig, GRPOTrainer, TrainConfig, generate
-from dit_sp.rl.trainer import NonFiniteError
+from dit_sp.rl.step import NonFiniteError
 
 
 def _weights(trainer: GRPOTrainer) -> dict[str, torch.Tensor]:
@@ -25,7 +25,7 @@ def nan_loss_on_one_rank(config: TrainConfig, nan_rank: int) -> dict:
     trainer = GRPOTrainer(config)
     rows = [trainer.step()]
     after_first = _weights(trainer)
-    loss_fn = grpo.grpo_loss
+    loss_fn = update.grpo_loss
 
     def poisoned(*args, **kwargs):
         loss, stats = loss_fn(*args, **kwargs)
@@ -33,7 +33,7 @@ def nan_loss_on_one_rank(config: TrainConfig, nan_rank: int) -> dict:
             return loss, stats
         return loss + float("nan"), dataclasses.replace(stats, loss=float("nan"))
 
-    grpo.grpo_loss = poisoned
+    update.grpo_loss = poisoned
     error = None
     try:
         for _ in range(config.max_skipped_steps + 1):
@@ -41,7 +41,7 @@ def nan_loss_on_one_rank(config: TrainConfig, nan_rank: int) -> dict:
     except NonFiniteError as e:
         error = str(e)
     finally:
-        grpo.grpo_loss = loss_fn
+        update.grpo_loss = loss_fn
     weights = _weights(trainer)
     return {"rows": rows, "error": error, "finite": all(bool(torch.isfinite(w).all()) for w in weights.values()),
             "unchanged": all(torch.equal(weights[k], after_first[k]) for k in weights)}  # fmt: skip

@@ -10,7 +10,8 @@ import torch
 
 from dit_sp import GRPOTrainer, TrainConfig
 from dit_sp.io.schema import set_dotted
-from dit_sp.rl.grpo import accumulate_gradients, seed_for
+from dit_sp.rl.batch import seed_for
+from dit_sp.rl.update import accumulate_gradients
 
 # Short names for the nested keys the tests vary.
 KEYS = {"frames": "sample.frames", "height": "sample.height", "width": "sample.width", "guidance": "sample.guidance",

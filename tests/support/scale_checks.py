@@ -8,7 +8,8 @@ import torch
 
 from dit_sp import GRPOTrainer, TrainConfig, init_parallel
 from dit_sp.parallel import ParallelConfig
-from dit_sp.rl.grpo import accumulate_gradients, seed_for
+from dit_sp.rl.batch import seed_for
+from dit_sp.rl.update import accumulate_gradients
 from dit_sp.train import shard_model
 from dit_sp.weights import empty_model, load_shards
 from dit_sp.zoo import load_pipeline

@@ -1,4 +1,4 @@
-"""SDE steps and log-probabilities, advantages, the GRPO loss and rewards."""
+"""SDE steps and log-probabilities, trajectories (windows, branching) and ratio normalisation."""
 
 from __future__ import annotations
 
@@ -7,29 +7,16 @@ import math
 import pytest
 import torch
 
-from dit_sp import spawn
-from dit_sp.errors import ConfigError
 from dit_sp.rl import (
     SDEConfig,
     gaussian_log_prob,
-    group_advantages,
-    grpo_loss,
-    kl_to_reference,
     sample_trajectory,
     sde_mean_std,
     sde_step,
     shifted_sigmas,
 )
-from dit_sp.rl.advantages import PromptStats
-from dit_sp.rl.grpo import (
-    GRPOConfig,
-    SlidingWindow,
-    drift_free_log_prob,
-    rollout_sigmas,
-    sde_window_at,
-    trained_steps,
-)
 from dit_sp.rl.rollout import branched_trajectory, representatives
+from dit_sp.rl.update import drift_free_log_prob
 
 
 def _velocity(x: torch.Tensor, s: float) -> torch.Tensor:
@@ -106,40 +93,6 @@ def test_sde_window_is_stochastic_only_inside():
     assert not torch.allclose(runs[0].final, runs[1].final)
 
 
-def test_sliding_window_moves_over_the_training_and_bad_ones_are_clear():
-    config = GRPOConfig(steps=6, sliding_window=SlidingWindow(size=2, every=3, stride=2))
-    assert [sde_window_at(config, step) for step in (0, 2, 3, 5, 6, 9, 100)] == [
-        (0, 2), (0, 2), (2, 4), (2, 4), (4, 6), (4, 6), (4, 6)]  # fmt: skip
-    assert sde_window_at(GRPOConfig(sde_window=(1, 3)), 7) == (1, 3) and sde_window_at(GRPOConfig(), 7) is None
-    assert trained_steps(config, 0, window=(2, 4)) == [2, 3]
-    with pytest.raises(ConfigError, match="exclude each other"):
-        GRPOConfig(sde_window=(0, 2), sliding_window=SlidingWindow())
-    with pytest.raises(ConfigError, match="more than steps"):
-        GRPOConfig(steps=2, sliding_window=SlidingWindow(size=3))
-    with pytest.raises(ConfigError, match=">= 1"):
-        SlidingWindow(every=0)
-    with pytest.raises(ConfigError, match="same_noise_per_group"):
-        GRPOConfig(branch=True, same_noise_per_group=False)
-
-
-def test_coarse_tail_keeps_the_window_levels_and_respaces_the_rest():
-    """tail_steps: the window's noise levels are the schedule's own; after it, tail_steps steps down to the
-    schedule's last non-zero level, then 0; a tail as long as the schedule's is left alone."""
-    config = GRPOConfig(steps=10, shift=2.0, sde_window=(0, 2), tail_steps=3)
-    full = shifted_sigmas(10, 2.0)
-    coarse = rollout_sigmas(config, (0, 2))
-    assert coarse[:3] == full[:3] and coarse[-2:] == full[-2:] and len(coarse) == 2 + 3 + 1
-    assert all(a > b for a, b in zip(coarse, coarse[1:]))
-    moved = rollout_sigmas(config, (6, 8))  # a slid window: 2 ODE steps left, fewer than the tail's 3
-    assert moved == full and rollout_sigmas(GRPOConfig(steps=10, shift=2.0), None) == full
-    assert rollout_sigmas(GRPOConfig(steps=4, sde_window=(0, 1), tail_steps=1), (0, 1))[1:] == [
-        shifted_sigmas(4, 3.0)[1], 0.0]  # fmt: skip
-    with pytest.raises(ConfigError, match="there is none"):
-        GRPOConfig(tail_steps=2)
-    with pytest.raises(ConfigError, match="tail_steps must be >= 1"):
-        GRPOConfig(sde_window=(0, 2), tail_steps=0)
-
-
 def test_branched_trajectory_shares_the_start_of_each_group_and_equals_the_plain_one():
     """Two groups of three (same initial noise within a group): the ODE step before the window and the velocity
     at its first step run once per group, the samples then branch; the trajectory is the plain one."""
@@ -191,87 +144,3 @@ def test_bad_steps_and_configs_are_clear_errors():
         SDEConfig("sde")
     with pytest.raises(ValueError, match="steps must be >= 1"):
         shifted_sigmas(0)
-
-
-def test_group_advantages():
-    rewards = torch.tensor([1.0, 3.0, 5.0, 5.0, float("nan"), 2.0])
-    ids = torch.tensor([0, 0, 1, 1, 1, 2])
-    adv = group_advantages(rewards, ids, eps=0.0, clip=5.0)
-    torch.testing.assert_close(adv[:2], torch.tensor([-1.0, 1.0]))
-    assert adv[2] == 0 and adv[3] == 0  # equal rewards: no signal (std 0 -> 0/eps = 0)
-    assert torch.isnan(adv[4])  # failed reward: masked out of the loss
-    assert adv[5] == 0  # a group of one
-    clipped = group_advantages(torch.tensor([0.0, 0.0, 0.0, 1.0]), torch.zeros(4, dtype=torch.long), eps=0.0, clip=1.5)
-    assert clipped.max() == 1.5
-    glob = group_advantages(torch.tensor([1.0, 3.0, 10.0, 20.0]), torch.tensor([0, 0, 1, 1]), std="global", eps=0.0)
-    torch.testing.assert_close(
-        glob[:2], torch.tensor([-1.0, 1.0]) / torch.tensor([1.0, 3.0, 10.0, 20.0]).std(unbiased=False)
-    )
-
-
-def test_per_prompt_statistics_track_past_iterations_and_restore():
-    stats = PromptStats(history=1)
-    first = stats.advantages(torch.tensor([1.0, 3.0, 0.0, 2.0]), torch.tensor([0, 0, 1, 1]), eps=0.0)
-    assert torch.equal(first, group_advantages(torch.tensor([1.0, 3.0, 0.0, 2.0]), torch.tensor([0, 0, 1, 1]), eps=0.0))
-    second = stats.advantages(torch.tensor([5.0, float("nan"), 7.0]), torch.tensor([0, 0, 0]), eps=0.0)
-    tracked = torch.tensor([1.0, 3.0, 5.0, 7.0])  # last iteration's and this one's valid rewards of prompt 0
-    expected = (torch.tensor([5.0, 7.0]) - tracked.mean()) / tracked.std(unbiased=False)
-    torch.testing.assert_close(second[[0, 2]], expected)
-    assert torch.isnan(second[1])
-    stats.advantages(torch.tensor([4.0]), torch.tensor([0]), eps=0.0)
-    assert stats.rewards[0] == [[5.0, 7.0], [4.0]]  # history 1: the oldest iteration dropped
-    restored = PromptStats(history=5)
-    restored.load_state_dict(stats.state_dict())
-    again = [s.advantages(torch.tensor([2.0, 6.0]), torch.tensor([1, 1]), eps=0.0) for s in (stats, restored)]
-    assert torch.equal(again[0], again[1]) and restored.history == 1
-
-
-def _dp_advantages() -> list[float]:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    # prompt 7 has samples on both ranks; prompt rank+10 only locally
-    rewards = torch.tensor([1.0, 2.0]) if rank == 0 else torch.tensor([3.0, 4.0])
-    ids = torch.tensor([7, 7]) if rank == 0 else torch.tensor([7, 11])
-    return group_advantages(rewards, ids, group=dist.group.WORLD, eps=0.0).tolist()
-
-
-def test_groups_spanning_data_parallel_ranks():
-    rank0, rank1 = spawn(_dp_advantages, 2, timeout=120)
-    std = torch.tensor([1.0, 2.0, 3.0]).std(unbiased=False).item()
-    assert rank0 == pytest.approx([-1 / std, 0.0])
-    assert rank1 == pytest.approx([1 / std, 0.0])
-
-
-def test_grpo_loss_on_policy_and_clipping():
-    adv = torch.tensor([1.0, -2.0])
-    log_prob = torch.tensor([-1.0, -2.0], requires_grad=True)
-    loss, stats = grpo_loss(log_prob, log_prob.detach(), adv, clip_range=0.1)
-    assert stats.ratio_mean == 1.0 and stats.clip_fraction == 0.0
-    assert loss.item() == pytest.approx(0.5)  # -mean(A)
-    loss.backward()
-    torch.testing.assert_close(log_prob.grad, -adv / 2)  # push up positive advantage
-    moved = torch.tensor([-0.5, -2.0], requires_grad=True)  # ratio e^0.5 on a positive advantage: clipped
-    loss, stats = grpo_loss(moved, torch.tensor([-1.0, -2.0]), adv, clip_range=0.1)
-    loss.backward()
-    assert stats.clip_fraction == 0.5 and moved.grad[0] == 0
-    kl = kl_to_reference(torch.ones(2, 3), torch.zeros(2, 3), std=0.5)
-    torch.testing.assert_close(kl, torch.tensor([2.0, 2.0]))
-
-
-def test_grpo_loss_masks_failed_samples_without_nan_gradients():
-    """A failed reward (NaN advantage) or a NaN sampled log-probability leaves the sample out: the loss and
-    the gradient are those of the other samples (over the same B), finite."""
-    log_prob = torch.tensor([-1.0, -2.0, -3.0], requires_grad=True)
-    old = torch.tensor([-1.1, float("nan"), -2.9])
-    adv = torch.tensor([1.0, 2.0, float("nan")])
-    kl = torch.tensor([0.1, 0.2, 0.3])
-    loss, stats = grpo_loss(log_prob, old, adv, clip_range=0.5, kl=kl, kl_coef=1.0)
-    loss.backward()
-    assert torch.isfinite(loss) and torch.isfinite(log_prob.grad).all() and stats.masked == 2
-    alone = torch.tensor([-1.0], requires_grad=True)
-    expected, _ = grpo_loss(alone, old[:1], adv[:1], clip_range=0.5, kl=kl[:1], kl_coef=1.0)
-    (expected / 3).backward()  # the same sample alone, averaged over the batch of 3
-    torch.testing.assert_close(loss, expected / 3)
-    torch.testing.assert_close(log_prob.grad, torch.cat([alone.grad, torch.zeros(2)]))
