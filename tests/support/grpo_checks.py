@@ -130,10 +130,12 @@ def remote_reward_run(url: str, out: str) -> dict:
 
     from dit_sp.rl.rewards import build_reward
 
-    expected = GRPOTrainer(tiny_config(reward="brightness", output_dir=f"{out}/local")).collect(0).rewards
+    # the same rollout and decode (micro-batches of one, overlapped); only where the reward is computed differs
+    same = {"grpo.overlap_rewards": True, "max_skipped_steps": 2}
+    local = tiny_config(reward="brightness", micro_batch=1, output_dir=f"{out}/local", **same)
+    expected = GRPOTrainer(local).collect(0).rewards
     remote = {"name": "remote", "url": url, "dtype": "float32", "timeout": 30}
-    config = tiny_config(reward=[remote], micro_batch=1, output_dir=f"{out}/remote",
-                         **{"grpo.overlap_rewards": True, "max_skipped_steps": 2})  # fmt: skip
+    config = tiny_config(reward=[remote], micro_batch=1, output_dir=f"{out}/remote", **same)
     trainer = GRPOTrainer(config)
     data = trainer.collect(0)
     with socket.socket() as s:  # a port where nothing listens: the server is gone
