@@ -12,10 +12,11 @@ from typing import Any
 import torch.distributed as dist
 from tqdm import tqdm
 
-from dit_sp.errors import ConfigError, MissingFileError
+from dit_sp.errors import ConfigError
 from dit_sp.inference.checks import check_before_loading, guidance_arguments
 from dit_sp.inference.config import GenerateConfig
 from dit_sp.inference.run import cache_report, sample, setup
+from dit_sp.io.prompts import prompt_entries
 from dit_sp.io.schema import from_mapping
 from dit_sp.io.video import check_output, save_video
 
@@ -37,23 +38,14 @@ PER_PROMPT = (
 def read_batch(config: GenerateConfig) -> list[GenerateConfig]:
     """The videos of ``config.prompts``: a .txt (one prompt per line; seeds ``seed + index``) or a .jsonl
     (``{"prompt": ..., "seed": ..., "frames": ...}`` per line, any of ``PER_PROMPT``), each checked."""
-    from dit_sp.io.bundled import asset_path
-
-    path = asset_path(config.prompts)
-    if path is None or not path.is_file():
-        raise MissingFileError(f"--prompts {config.prompts}: no such file (a .txt, one prompt per line, or a .jsonl)")
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    path, entries = prompt_entries(
+        config.prompts, f"--prompts {config.prompts}: no such file (a .txt, one prompt per line, or a .jsonl)"
+    )
     base = dataclasses.asdict(config) | {"prompts": None, "save_latents": None}
     videos = []
-    for index, line in enumerate(lines):
-        entry: Any = {"prompt": line.strip()}
-        if path.suffix == ".jsonl":
-            try:
-                entry = json.loads(line)
-            except ValueError as e:
-                raise ConfigError(f"{path}:{index + 1}: not a JSON object ({e})") from e
-            if not isinstance(entry, dict) or "prompt" not in entry or set(entry) - set(PER_PROMPT):
-                raise ConfigError(f"{path}:{index + 1}: expected a JSON object with a 'prompt' and any of {PER_PROMPT}")
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict) or "prompt" not in entry or set(entry) - set(PER_PROMPT):
+            raise ConfigError(f"{path}:{index + 1}: expected a JSON object with a 'prompt' and any of {PER_PROMPT}")
         entry = {"seed": config.seed + index} | entry
         for key in ("image", "last_image"):  # relative to the prompts file
             if isinstance(entry.get(key), str):
