@@ -19,6 +19,7 @@ import os
 import time
 
 import torch
+from measure import benchmark_parser  # benchmarks/measure.py
 
 from dit_sp import ParallelConfig, init_parallel, parallelize, spawn
 from dit_sp.zoo import build_tiny
@@ -56,13 +57,7 @@ def worker(args: argparse.Namespace, parallel_vae: bool) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--frames", type=int, default=17)
-    parser.add_argument("--height", type=int, default=128)
-    parser.add_argument("--width", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--heads", type=int, default=4)
+    parser = benchmark_parser(__doc__, frames=17, height=128, width=128, steps=4, layers=2, heads=4)
     args = parser.parse_args()
     rows = {"1 process": (1, True), "Ulysses 2": (2, True), "Ulysses 2, serial VAE": (2, False)}
     results = {}

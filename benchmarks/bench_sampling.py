@@ -19,7 +19,7 @@ import statistics
 import time
 
 import torch
-from measure import peak_rss_mib
+from measure import benchmark_parser, peak_rss_mib
 
 from dit_sp import ParallelConfig, init_parallel, parallelize, spawn
 from dit_sp.cache import enable_cache
@@ -74,13 +74,7 @@ def worker(args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--frames", type=int, default=17)
-    parser.add_argument("--height", type=int, default=192)
-    parser.add_argument("--width", type=int, default=192)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=4)
+    parser = benchmark_parser(__doc__, frames=17, height=192, width=192, steps=10, layers=4, heads=4)
     parser.add_argument("--cache", default="first_block:0.2")  # random weights: their own thresholds
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()

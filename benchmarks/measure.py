@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import resource
 import time
@@ -57,3 +58,12 @@ def median_seconds(fn: Callable[[], object], iters: int, *, warmup: bool = True)
         fn()
         times.append(time.perf_counter() - start)
     return sorted(times)[len(times) // 2]
+
+
+def benchmark_parser(doc: str | None, **ints: int) -> argparse.ArgumentParser:
+    """A benchmark's command line: its docstring as the description and, per keyword, an int flag with that
+    default (``frames=17``: ``--frames``, 17); the benchmark adds the rest."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for name, default in ints.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
+    return parser
