@@ -19,27 +19,19 @@ import statistics
 import time
 
 import torch
-from measure import benchmark_parser, peak_rss_mib
+from measure import benchmark_parser, peak_rss_mib, tiny_wan_pipeline
 
 from dit_sp import ParallelConfig, init_parallel, parallelize, spawn
 from dit_sp.cache import enable_cache
 from dit_sp.sp.compile import compile_blocks
-from dit_sp.zoo import build_tiny
 
 MODES = ("eager", "cached", "compiled", "compiled+cached")
 
 
 def worker(args: argparse.Namespace) -> dict:
-    from diffusers import WanTransformer3DModel
-
     torch.set_num_threads(1)
     parallel = init_parallel(ParallelConfig(ulysses=int(os.environ["WORLD_SIZE"])))
-    pipe = build_tiny("tiny-wan")
-    torch.manual_seed(0)
-    config = dict(pipe.transformer.config) | {"num_layers": args.layers, "num_attention_heads": args.heads,
-                                              "attention_head_dim": 64, "ffn_dim": 4 * 64 * args.heads}  # fmt: skip
-    pipe.register_modules(transformer=WanTransformer3DModel.from_config(config))
-    pipe.set_progress_bar_config(disable=True)
+    pipe = tiny_wan_pipeline(args.layers, args.heads)
     if parallel.sp > 1:
         parallelize(pipe, parallel)
 
