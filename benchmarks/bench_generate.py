@@ -19,23 +19,18 @@ import os
 import time
 
 import torch
+from measure import benchmark_parser, tiny_wan_pipeline  # benchmarks/measure.py
 
 from dit_sp import ParallelConfig, init_parallel, parallelize, spawn
-from dit_sp.zoo import build_tiny
 
 
 def worker(args: argparse.Namespace, parallel_vae: bool) -> dict:
-    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+    from diffusers import AutoencoderKLWan
 
     torch.set_num_threads(1)
     parallel = init_parallel(ParallelConfig(ulysses=int(os.environ["WORLD_SIZE"])))
-    pipe = build_tiny("tiny-wan")
-    torch.manual_seed(0)
-    config = dict(pipe.transformer.config) | {"in_channels": 16, "out_channels": 16, "num_layers": args.layers,
-                                              "num_attention_heads": args.heads, "attention_head_dim": 64,
-                                              "ffn_dim": 4 * 64 * args.heads}  # fmt: skip
-    pipe.register_modules(transformer=WanTransformer3DModel.from_config(config), vae=AutoencoderKLWan())
-    pipe.set_progress_bar_config(disable=True)
+    pipe = tiny_wan_pipeline(args.layers, args.heads, in_channels=16, out_channels=16)
+    pipe.register_modules(vae=AutoencoderKLWan())
     if parallel.sp > 1:
         parallelize(pipe, parallel, parallel_vae=parallel_vae)
     marks = {}
@@ -56,13 +51,7 @@ def worker(args: argparse.Namespace, parallel_vae: bool) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--frames", type=int, default=17)
-    parser.add_argument("--height", type=int, default=128)
-    parser.add_argument("--width", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--heads", type=int, default=4)
+    parser = benchmark_parser(__doc__, frames=17, height=128, width=128, steps=4, layers=2, heads=4)
     args = parser.parse_args()
     rows = {"1 process": (1, True), "Ulysses 2": (2, True), "Ulysses 2, serial VAE": (2, False)}
     results = {}

@@ -19,7 +19,6 @@ in micro-batches of one sample; "overlapped" scores each micro-batch while the n
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -28,7 +27,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from measure import peak_rss_mib, rss_mib  # benchmarks/measure.py
+from measure import benchmark_parser, peak_rss_mib, rss_mib  # benchmarks/measure.py
 
 from dit_sp import GRPOTrainer, TrainConfig, spawn
 
@@ -55,11 +54,7 @@ def worker(cfg: TrainConfig, steps: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--height", type=int, default=64)
-    parser.add_argument("--width", type=int, default=64)
-    parser.add_argument("--frames", type=int, default=9)
-    parser.add_argument("--steps", type=int, default=2)
+    parser = benchmark_parser(__doc__, height=64, width=64, frames=9, steps=2)
     parser.add_argument("--scorer-seconds", type=float, default=0.05, help="the remote scorer's pause per video")
     args = parser.parse_args()
     base = {"model": "tiny-wan", "checkpoint_every": 0, "output_dir": "outputs/bench_grpo", "overwrite": True,

@@ -12,13 +12,12 @@ glibc is told to return freed buffers at once, so that the peaks measure what th
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import tempfile
 from pathlib import Path
 
 import torch
-from measure import peak_rss_mib, reset_peak_rss, steady_malloc  # benchmarks/measure.py
+from measure import benchmark_parser, peak_rss_mib, reset_peak_rss, steady_malloc  # benchmarks/measure.py
 
 from dit_sp import GenerateConfig, GRPOTrainer, TrainConfig, generate, spawn
 from dit_sp.zoo import build_tiny
@@ -59,8 +58,7 @@ def save_model(path: Path, layers: int) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--layers", type=int, default=8)
+    parser = benchmark_parser(__doc__, layers=8)
     parser.add_argument("--worlds", type=int, nargs="+", default=[1, 2, 4])
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench_memory_") as tmp:

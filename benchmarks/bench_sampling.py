@@ -19,27 +19,19 @@ import statistics
 import time
 
 import torch
-from measure import peak_rss_mib
+from measure import benchmark_parser, peak_rss_mib, tiny_wan_pipeline
 
 from dit_sp import ParallelConfig, init_parallel, parallelize, spawn
 from dit_sp.cache import enable_cache
 from dit_sp.sp.compile import compile_blocks
-from dit_sp.zoo import build_tiny
 
 MODES = ("eager", "cached", "compiled", "compiled+cached")
 
 
 def worker(args: argparse.Namespace) -> dict:
-    from diffusers import WanTransformer3DModel
-
     torch.set_num_threads(1)
     parallel = init_parallel(ParallelConfig(ulysses=int(os.environ["WORLD_SIZE"])))
-    pipe = build_tiny("tiny-wan")
-    torch.manual_seed(0)
-    config = dict(pipe.transformer.config) | {"num_layers": args.layers, "num_attention_heads": args.heads,
-                                              "attention_head_dim": 64, "ffn_dim": 4 * 64 * args.heads}  # fmt: skip
-    pipe.register_modules(transformer=WanTransformer3DModel.from_config(config))
-    pipe.set_progress_bar_config(disable=True)
+    pipe = tiny_wan_pipeline(args.layers, args.heads)
     if parallel.sp > 1:
         parallelize(pipe, parallel)
 
@@ -74,13 +66,7 @@ def worker(args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--frames", type=int, default=17)
-    parser.add_argument("--height", type=int, default=192)
-    parser.add_argument("--width", type=int, default=192)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=4)
+    parser = benchmark_parser(__doc__, frames=17, height=192, width=192, steps=10, layers=4, heads=4)
     parser.add_argument("--cache", default="first_block:0.2")  # random weights: their own thresholds
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()

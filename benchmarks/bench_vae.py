@@ -13,12 +13,11 @@ time). Every row's output is checked against the one-process run.
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 
 import torch
-from measure import peak_rss_mib, reset_peak_rss, rss_mib, steady_malloc  # benchmarks/measure.py
+from measure import benchmark_parser, peak_rss_mib, reset_peak_rss, rss_mib, steady_malloc  # benchmarks/measure.py
 
 from dit_sp import ParallelConfig, init_parallel, parallelize_vae, spawn
 from dit_sp.parallel.rows import RowSplit
@@ -66,10 +65,7 @@ def worker(frames: int, height: int, width: int, tiled: bool, threads: int, enco
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--frames", type=int, default=9)
-    parser.add_argument("--height", type=int, default=128)
-    parser.add_argument("--width", type=int, default=128)
+    parser = benchmark_parser(__doc__, frames=9, height=128, width=128)
     parser.add_argument("--worlds", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--threads", type=int, default=1, help="threads per process")
     parser.add_argument("--no-encode", action="store_true")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import resource
 import time
 from collections.abc import Callable
+from typing import Any
 
+import torch
 import torch.distributed as dist
 
 
@@ -57,3 +60,28 @@ def median_seconds(fn: Callable[[], object], iters: int, *, warmup: bool = True)
         fn()
         times.append(time.perf_counter() - start)
     return sorted(times)[len(times) // 2]
+
+
+def benchmark_parser(doc: str | None, **ints: int) -> argparse.ArgumentParser:
+    """A benchmark's command line: its docstring as the description and, per keyword, an int flag with that
+    default (``frames=17``: ``--frames``, 17); the benchmark adds the rest."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for name, default in ints.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
+    return parser
+
+
+def tiny_wan_pipeline(layers: int, heads: int, **transformer: Any) -> Any:
+    """``tiny-wan`` with a random Wan transformer (seed 0) of ``layers`` blocks and ``heads`` heads of 64
+    (``transformer``: more of its config), the progress bar off: the sampling benchmarks' model."""
+    from diffusers import WanTransformer3DModel
+
+    from dit_sp.zoo import build_tiny
+
+    pipe = build_tiny("tiny-wan")
+    torch.manual_seed(0)
+    sizes = {"num_layers": layers, "num_attention_heads": heads, "attention_head_dim": 64, "ffn_dim": 4 * 64 * heads}
+    config = dict(pipe.transformer.config) | transformer | sizes
+    pipe.register_modules(transformer=WanTransformer3DModel.from_config(config))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe

@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 
-from dit_sp import spawn
 from dit_sp.inference import GenerateConfig, batch_layout, check_before_loading, generate, read_batch
-from dit_sp.io.cli import run_main
+from dit_sp.io.cli import launch, run_main
 from dit_sp.io.schema import ConfigError
 from dit_sp.zoo import builtin_models
 
@@ -54,10 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         for video in read_batch(config):
             check_before_loading(video)
-    if "RANK" in os.environ or config.world_size == 1:  # under torchrun (this process is one rank), or one process
-        reports = [generate(config)]
-    else:
-        reports = spawn(generate, config.world_size, args=(config,), timeout=None)
+    reports = launch(generate, config.world_size, args=(config,))
     caches = [r["cache"] for r in reports if "cache" in r]
     if caches:  # every rank of a branch decides alike; the branches may differ
         run, total = sum(c["blocks_run"] for c in caches), sum(c["blocks"] for c in caches)

@@ -17,7 +17,7 @@ import asyncio
 import yaml
 
 from dit_sp.errors import ConfigError
-from dit_sp.io.cli import run_main
+from dit_sp.io.cli import parse_key_values, run_main
 from dit_sp.rl.rewards import build_reward
 from dit_sp.server.rewards import make_app
 
@@ -35,13 +35,7 @@ def main(argv: list[str] | None = None) -> None:
         if not isinstance(spec, str):
             raise ConfigError("--option sets an option of one named reward; with a mapping or list, put the options "
                               "in --reward's entries")  # fmt: skip
-        options = {}
-        for item in args.option:
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                raise ConfigError(f"--option {item}: expected KEY=VALUE, e.g. --option path=/ckpt/clip")
-            options[key] = yaml.safe_load(value)
-        spec = [{"name": spec, **options}]
+        spec = [{"name": spec, **parse_key_values(args.option, "--option", "path=/ckpt/clip")}]
     reward = build_reward(spec)
     asyncio.run(_serve(make_app(reward), args.host, args.port, args.reward))
 

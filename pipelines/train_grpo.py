@@ -15,10 +15,8 @@ import argparse
 import os
 from pathlib import Path
 
-import yaml
-
-from dit_sp import TrainConfig, spawn
-from dit_sp.io.cli import run_main
+from dit_sp import TrainConfig
+from dit_sp.io.cli import launch, parse_key_values, run_main
 from dit_sp.io.schema import ConfigError
 from dit_sp.rl.preflight import check_before_loading
 from dit_sp.rl.trainer import train
@@ -48,12 +46,8 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
                         help="any config value by dotted key, e.g. --set grpo.group_size=4 (a YAML value)")  # fmt: skip
     args = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
     path, settings = args.pop("config", None), args.pop("settings")
-    for item in settings:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            parser.error(f"--set {item}: expected KEY=VALUE, e.g. --set grpo.group_size=4")
-        args[key.strip()] = yaml.safe_load(value)
     try:
+        args |= parse_key_values(settings, "--set", "grpo.group_size=4")
         return TrainConfig.load(path, args)
     except (ConfigError, FileNotFoundError) as e:
         parser.error(str(e))
@@ -62,10 +56,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
 def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
     check_before_loading(config, int(os.environ.get("WORLD_SIZE", config.world_size)))
-    if "RANK" in os.environ or config.world_size == 1:  # under torchrun, or one process
-        results = [train(config)]
-    else:
-        results = spawn(train, config.world_size, args=(config,), timeout=None)
+    results = launch(train, config.world_size, args=(config,))
     rows = results[0]["rows"]
     if rows:
         first, last = rows[0], rows[-1]

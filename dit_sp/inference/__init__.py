@@ -1,15 +1,19 @@
 """Sampling: ``GenerateConfig`` and ``generate`` (what ``pipelines.generate`` runs on each rank), checks before
-anything loads, and batches of prompts with one loaded model."""
+anything loads, and batches of prompts with one loaded model.
 
-from dit_sp.inference.run import (
-    GenerateConfig,
-    batch_layout,
-    check_before_loading,
-    generate,
-    generate_batch,
-    guidance_arguments,
-    read_batch,
-)
+    from dit_sp import GenerateConfig, generate, spawn
 
-__all__ = ["GenerateConfig", "batch_layout", "check_before_loading", "generate", "generate_batch",
-           "guidance_arguments", "read_batch"]  # fmt: skip
+    report = generate(GenerateConfig.load(overrides={"model": "tiny-wan", "steps": 2}))  # this process
+    reports = spawn(generate, 2, args=(GenerateConfig.load(overrides={"ulysses": 2}),))  # two local workers
+
+Modules: ``config`` (``GenerateConfig``), ``checks`` (before loading; image inputs; guidance arguments),
+``run`` (setup, sampling, ``generate``), ``batch`` (prompt files, the manifest, ``generate_batch``).
+"""
+
+from dit_sp.inference.batch import PER_PROMPT, batch_layout, generate_batch, read_batch
+from dit_sp.inference.checks import check_before_loading, check_image_inputs, guidance_arguments
+from dit_sp.inference.config import GenerateConfig
+from dit_sp.inference.run import cache_report, generate
+
+__all__ = ["PER_PROMPT", "GenerateConfig", "batch_layout", "cache_report", "check_before_loading",
+           "check_image_inputs", "generate", "generate_batch", "guidance_arguments", "read_batch"]  # fmt: skip

@@ -1,15 +1,40 @@
-"""How the command-line entry points end: a user error (``ConfigError``, in this process or raised by a
-worker) is one line on stderr and exit status 2; a launcher stopped by a signal says so and exits with
-128 + the signal; an internal error keeps its traceback (a worker's comes with the first rank that failed)."""
+"""What the command-line entry points share: how they launch (``launch``: here under torchrun or for one
+process, else on local workers), ``KEY=VALUE`` flags (``parse_key_values``), and how they end: a user error
+(``ConfigError``, in this process or raised by a worker) is one line on stderr and exit status 2; a launcher
+stopped by a signal says so and exits with 128 + the signal; an internal error keeps its traceback (a
+worker's comes with the first rank that failed)."""
 
 from __future__ import annotations
 
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, NoReturn
 
+import yaml
+
 from dit_sp.errors import ConfigError
-from dit_sp.parallel.launch import LauncherStopped, WorkerError
+from dit_sp.parallel.launch import LauncherStopped, WorkerError, spawn
+
+
+def launch(fn: Callable[..., Any], world_size: int, args: tuple = ()) -> list[Any]:
+    """``fn(*args)`` in this process when it is one rank of torchrun's (``RANK`` set) or ``world_size`` is 1,
+    else on ``world_size`` local worker processes (``spawn``, no timeout): the results, one per process run."""
+    if "RANK" in os.environ or world_size == 1:
+        return [fn(*args)]
+    return spawn(fn, world_size, args=args, timeout=None)
+
+
+def parse_key_values(items: Iterable[str], flag: str, example: str) -> dict[str, Any]:
+    """``KEY=VALUE`` flag values as ``{KEY: VALUE}``, each value read as YAML (``4``, ``true``, ``[1, 2]``);
+    ``ConfigError`` for an item without ``=`` or a key, e.g. ``--set x: expected KEY=VALUE, e.g. --set EXAMPLE``."""
+    values = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{flag} {item}: expected KEY=VALUE, e.g. {flag} {example}")
+        values[key.strip()] = yaml.safe_load(value)
+    return values
 
 
 def _exit(message: str, status: int) -> NoReturn:

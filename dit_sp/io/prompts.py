@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from dit_sp.errors import ConfigError, MissingFileError
 from dit_sp.io.bundled import asset_path
@@ -16,30 +17,41 @@ def read_prompts(path: str | Path) -> list[str]:
     return read_prompt_file(path)[0]
 
 
+def prompt_entries(path: str | Path, missing: str | None = None) -> tuple[Path, list[Any]]:
+    """The prompt file found (a path, or a bundled file by name) and, per non-blank line, its entry: ``{"prompt":
+    LINE}`` for a .txt, the parsed line (not yet checked to be an object) for a .jsonl. ``MissingFileError``
+    (``missing``, or a message of its own) where there is no such file; ``ConfigError`` naming the line where
+    a .jsonl line is not JSON."""
+    file = asset_path(path)
+    if file is None or not file.is_file():
+        raise MissingFileError(missing or f"prompt file {path} does not exist (give a .txt with one prompt per line "
+                                          "or a .jsonl)")  # fmt: skip
+    lines = [line for line in file.read_text().splitlines() if line.strip()]
+    if file.suffix != ".jsonl":
+        return file, [{"prompt": line.strip()} for line in lines]
+    entries = []
+    for number, line in enumerate(lines, 1):
+        try:
+            entries.append(json.loads(line))
+        except ValueError as e:
+            raise ConfigError(f"{file}:{number}: not a JSON object ({e})") from e
+    return file, entries
+
+
 def read_prompt_file(path: str | Path) -> tuple[list[str], list[str | None]]:
     """``(prompts, images)`` of a prompt file: a .jsonl line may give an ``image`` (a path relative to the
     file) that conditions an image-to-video model; ``images`` holds None where a line gives none."""
-    file = asset_path(path)
-    if file is None or not file.is_file():
-        raise MissingFileError(f"prompt file {path} does not exist (give a .txt with one prompt per line or a .jsonl)")
-    lines = [line for line in file.read_text().splitlines() if line.strip()]
+    file, entries = prompt_entries(path)
     prompts, images = [], []
-    if file.suffix == ".jsonl":
-        for number, line in enumerate(lines, 1):
-            try:
-                entry = json.loads(line)
-                prompts.append(str(entry["prompt"]))
-                image = entry.get("image")
-            except (ValueError, KeyError, TypeError, AttributeError) as e:
-                raise ConfigError(f"{file}:{number}: expected a JSON object with a 'prompt' ({e})") from e
-            if image is not None and not (file.parent / str(image)).is_file():
-                raise MissingFileError(
-                    f"{file}:{number}: image {image} does not exist (paths are relative to the file)"
-                )
-            images.append(None if image is None else str(file.parent / str(image)))
-    else:
-        prompts = [line.strip() for line in lines]
-        images = [None] * len(prompts)
+    for number, entry in enumerate(entries, 1):
+        try:
+            prompts.append(str(entry["prompt"]))
+            image = entry.get("image")
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ConfigError(f"{file}:{number}: expected a JSON object with a 'prompt' ({e})") from e
+        if image is not None and not (file.parent / str(image)).is_file():
+            raise MissingFileError(f"{file}:{number}: image {image} does not exist (paths are relative to the file)")
+        images.append(None if image is None else str(file.parent / str(image)))
     if not prompts:
         raise ConfigError(f"prompt file {path} holds no prompts")
     if any(images) and not all(images):

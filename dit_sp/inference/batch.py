@@ -1,0 +1,127 @@
+"""Batches of prompts with one loaded model: the prompts file (``read_batch``), the output directory and its
+``manifest.jsonl`` (what a re-run skips), and ``generate_batch``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from tqdm import tqdm
+
+from dit_sp.errors import ConfigError
+from dit_sp.inference.checks import check_before_loading, guidance_arguments
+from dit_sp.inference.config import GenerateConfig
+from dit_sp.inference.run import cache_report, sample, setup
+from dit_sp.io.prompts import prompt_entries
+from dit_sp.io.schema import from_mapping
+from dit_sp.io.video import check_output, save_video
+
+PER_PROMPT = (
+    "prompt",
+    "seed",
+    "negative_prompt",
+    "frames",
+    "height",
+    "width",
+    "steps",
+    "guidance",
+    "image",
+    "last_image",
+)
+"""Settings a line of a ``prompts`` file may give for its own video."""
+
+
+def read_batch(config: GenerateConfig) -> list[GenerateConfig]:
+    """The videos of ``config.prompts``: a .txt (one prompt per line; seeds ``seed + index``) or a .jsonl
+    (``{"prompt": ..., "seed": ..., "frames": ...}`` per line, any of ``PER_PROMPT``), each checked."""
+    path, entries = prompt_entries(
+        config.prompts, f"--prompts {config.prompts}: no such file (a .txt, one prompt per line, or a .jsonl)"
+    )
+    base = dataclasses.asdict(config) | {"prompts": None, "save_latents": None}
+    videos = []
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict) or "prompt" not in entry or set(entry) - set(PER_PROMPT):
+            raise ConfigError(f"{path}:{index + 1}: expected a JSON object with a 'prompt' and any of {PER_PROMPT}")
+        entry = {"seed": config.seed + index} | entry
+        for key in ("image", "last_image"):  # relative to the prompts file
+            if isinstance(entry.get(key), str):
+                entry[key] = str(path.parent / entry[key])
+        videos.append(from_mapping(GenerateConfig, base | entry, where=f"{path}:{index + 1}"))
+    if not videos:
+        raise ConfigError(f"--prompts {config.prompts} holds no prompts")
+    if any(video.image for video in videos) and not all(video.image for video in videos):
+        raise ConfigError(f"--prompts {config.prompts}: some lines give an 'image' and some do not; one model runs "
+                          "the whole batch: give every line an image (image-to-video) or none")  # fmt: skip
+    return videos
+
+
+def batch_layout(config: GenerateConfig) -> tuple[Path, str]:
+    """The directory and the video format of a batch: ``--out outputs/video.mp4`` writes
+    ``outputs/video/00000.mp4``, ``00001.mp4``, ... and ``outputs/video/manifest.jsonl``."""
+    out = Path(config.out)
+    return (out.with_suffix(""), out.suffix or ".mp4")
+
+
+def _done(directory: Path) -> dict[int, dict]:
+    """Manifest entries whose video is there: what a re-run skips."""
+    manifest = directory / "manifest.jsonl"
+    done = {}
+    if manifest.exists():
+        for line in manifest.read_text().splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue  # a torn last line: that video is redone
+            if (directory / entry["path"]).is_file():
+                done[entry["index"]] = entry
+    return done
+
+
+def _manifest_entry(index: int, video: GenerateConfig, name: str) -> dict:
+    return {"index": index, **{key: getattr(video, key) for key in PER_PROMPT}, "model": video.model, "path": name}
+
+
+def generate_batch(config: GenerateConfig, return_frames: bool = False) -> dict[str, Any]:
+    """One rank's part of generating every prompt of ``config.prompts`` with one loaded model: prompt ``i``
+    goes to data-parallel group ``i % dp``, whose sample leader writes ``DIR/{i:05d}.mp4`` and appends a line
+    to ``DIR/manifest.jsonl`` (prompt, seed, settings, path). Videos already in the manifest (and on disk)
+    with the same settings are skipped, so a re-run after a crash finishes only the missing ones. A
+    prompt's seed is its own (not shifted per dp rank): every layout gives the same video for it.
+    Returns ``{"layout", "seconds", "videos"}`` and, on sample leaders, ``"written"`` (paths) and, with
+    ``return_frames``, ``"frames"`` by index."""
+    videos = read_batch(config)
+    directory, suffix = batch_layout(config)
+    check_output(directory / f"00000{suffix}")
+    for video in videos:
+        check_before_loading(video)
+    parallel, pipe, guidance, cache = setup(config, images=any(video.image for video in videos))
+    done = _done(directory)
+    mine = [i for i in range(len(videos)) if i % parallel.dp == parallel.dp_rank]
+    todo = [i for i in mine if done.get(i) != _manifest_entry(i, videos[i], f"{i:05d}{suffix}")]
+    if parallel.world_size > 1:
+        dist.barrier()  # every rank has read the manifest before any rank writes to it
+    start = time.perf_counter()
+    report: dict[str, Any] = {"layout": str(parallel.config), "videos": len(todo), "skipped": len(mine) - len(todo)}
+    written, frames = [], {}
+    for index in tqdm(todo, desc="videos", disable=not (parallel.is_sample_leader and parallel.dp_rank == 0)):
+        video = sample(pipe, videos[index], guidance_arguments(pipe, videos[index]), videos[index].seed,
+                        parallel.device)  # fmt: skip
+        if parallel.is_sample_leader:
+            name = f"{index:05d}{suffix}"
+            written.append(str(save_video(video["frames"], directory / name)))
+            with (directory / "manifest.jsonl").open("a") as f:  # one short line per append: no interleaving
+                f.write(json.dumps(_manifest_entry(index, videos[index], name)) + "\n")
+            if return_frames:
+                frames[index] = video["frames"]
+    report["seconds"] = time.perf_counter() - start
+    if cache is not None:
+        report["cache"] = cache_report(cache)
+    if parallel.is_sample_leader:
+        report["written"] = written
+        if return_frames:
+            report["frames"] = frames
+    return report

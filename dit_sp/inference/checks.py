@@ -1,0 +1,112 @@
+"""What a generation checks before weights load or workers start (sizes, outputs, image inputs against the
+model's pipeline), the image files it reads, and the guidance arguments a pipeline takes."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from dit_sp.errors import ConfigError, MissingFileError
+from dit_sp.families import check_shape, family_of
+from dit_sp.inference.config import GenerateConfig
+from dit_sp.io.video import check_output, check_writable
+
+
+def guidance_arguments(pipe: Any, config: GenerateConfig) -> dict[str, float]:
+    """The pipeline's guidance arguments. ``guidance`` goes to the argument whose value > 1 runs
+    classifier-free guidance, as dit-sp's model family records it (Wan, CogVideoX: ``guidance_scale``;
+    HunyuanVideo: ``true_cfg_scale``, with the negative prompt). ``embedded_guidance`` is HunyuanVideo's
+    ``guidance_scale``: the guidance distilled into the model (left at the pipeline's 6.0 if not given)."""
+    try:
+        cfg_argument = family_of(pipe.transformer).guidance_arg
+    except TypeError:  # a transformer dit-sp does not know: single process only, the usual argument
+        cfg_argument = "guidance_scale"
+    arguments = {cfg_argument: config.guidance}
+    if config.embedded_guidance is not None:
+        if cfg_argument == "guidance_scale":
+            raise ConfigError(
+                "--embedded-guidance is the distilled guidance of HunyuanVideo; this model has none (its "
+                "guidance_scale is classifier-free guidance): use --guidance"
+            )
+        arguments["guidance_scale"] = config.embedded_guidance
+    if config.guidance_2 is not None:
+        if pipe.config.get("boundary_ratio") is None:
+            raise ConfigError("--guidance-2 is the guidance of Wan 2.2 A14B's low-noise expert; this model has one "
+                              "transformer: use --guidance")  # fmt: skip
+        arguments["guidance_scale_2"] = config.guidance_2
+    return arguments
+
+
+def check_before_loading(config: GenerateConfig) -> None:
+    """What can be checked from files alone, before weights load or workers start: the output locations,
+    and frames, sizes and text length against the model's config files (``ConfigError`` naming the flag)."""
+    from dit_sp.zoo import shape_info
+
+    if config.shard_weights and (2 if config.cfg_parallel else 1) * config.ring * config.ulysses == 1:
+        raise ConfigError("--shard-weights shards the weights over the processes of one sample, and this layout "
+                          "has one: add --ulysses/--ring/--cfg-parallel, or drop --shard-weights")  # fmt: skip
+    if config.shard_weights and config.compile:
+        raise ConfigError("--shard-weights gathers each module's weights in hooks as it runs, which compiled blocks "
+                          "cannot hold: drop --compile or --shard-weights")  # fmt: skip
+    if config.shard_weights and config.cache and config.cfg_parallel:
+        raise ConfigError("--cache with --cfg-parallel lets each guidance branch skip on its own, but --shard-weights "
+                          "gathers weights across both branches: drop one of the three")  # fmt: skip
+    check_output(config.out)
+    if config.save_latents:
+        check_writable(config.save_latents, "--save-latents")
+    info = shape_info(config.model)
+    if info is not None:
+        check_shape(info, dataclasses.asdict(config))
+    check_image_inputs(config, info)
+
+
+def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
+    """``--image`` / ``--last-image`` against what the model's pipeline takes, and the files readable
+    (``ConfigError`` saying which flag to add or drop)."""
+    import inspect
+
+    import diffusers
+
+    from dit_sp.zoo import pipeline_class_name
+
+    name = pipeline_class_name(config.model, image=bool(config.image))
+    if name is None or not hasattr(diffusers, name):
+        return  # the full load reports what the model is
+    takes = inspect.signature(getattr(diffusers, name).__call__).parameters
+    if "image" not in takes:
+        if config.image or config.last_image:
+            raise ConfigError(f"--image: {config.model} is a text-to-video model ({name}) and takes no image; use an "
+                              "image-to-video model (e.g. tiny-wan-i2v, a Wan I2V or CogVideoX I2V checkpoint), "
+                              "or drop --image/--last-image")  # fmt: skip
+        return
+    if not config.image and takes["image"].default is inspect.Parameter.empty:
+        raise ConfigError(f"{config.model} is an image-to-video model ({name}): give its first frame with --image PATH")
+    if config.last_image:
+        if "last_image" not in takes or pipeline_class_name(config.model) != name:  # TI2V: first frame only
+            raise ConfigError(f"--last-image: {config.model} takes the first frame only; drop --last-image")
+        transformer = info.transformer.config if info is not None else {}
+        if transformer.get("image_dim") is not None and transformer.get("pos_embed_seq_len") is None:
+            raise ConfigError(f"--last-image: {config.model} encodes one image (Wan2.1-I2V); first-last-frame video "
+                              "needs a Wan2.1-FLF2V or Wan 2.2 I2V checkpoint, or drop --last-image")  # fmt: skip
+    elif info is not None and info.transformer.config.get("pos_embed_seq_len") is not None:
+        raise ConfigError(f"{config.model} is a first-last-frame model (Wan2.1-FLF2V): give the last frame too "
+                          "with --last-image PATH")  # fmt: skip
+    for flag, path in (("--image", config.image), ("--last-image", config.last_image)):
+        if path is not None:
+            read_image(path, flag)
+
+
+def read_image(path: str, flag: str) -> Any:
+    """The image at ``path`` (or a bundled asset of that name, e.g. ``first_frame.png``) as RGB (PIL)."""
+    from PIL import Image, UnidentifiedImageError
+
+    from dit_sp.io.bundled import asset_path
+
+    found = asset_path(path)
+    if found is None or not found.is_file():
+        raise MissingFileError(f"{flag} {path}: no such file")
+    try:
+        with Image.open(found) as image:
+            return image.convert("RGB")
+    except (UnidentifiedImageError, OSError) as e:
+        raise ConfigError(f"{flag} {path}: not an image this machine can read ({e})") from e

@@ -1,0 +1,117 @@
+"""``GenerateConfig``: the settings of one generation (or a batch), from the model's defaults, then a YAML
+file, then overrides; each checked on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from dit_sp.cache import CacheSpec
+from dit_sp.errors import ConfigError
+from dit_sp.io.schema import from_mapping, load_yaml
+from dit_sp.zoo import default_model, model_defaults
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    model: str = "tiny-wan"
+    """A built-in model name or a local diffusers pipeline directory."""
+    prompt: str = "a red circle moving left"
+    negative_prompt: str = ""
+    frames: int = 9
+    height: int = 32
+    width: int = 32
+    steps: int = 20
+    guidance: float = 4.0
+    """Classifier-free guidance scale (<= 1: off); HunyuanVideo: its ``true_cfg_scale``."""
+    embedded_guidance: float | None = None
+    """HunyuanVideo: the guidance distilled into the model, its ``guidance_scale`` (6.0)."""
+    guidance_2: float | None = None
+    """Wan 2.2 A14B: the guidance of the low-noise expert (``transformer_2``), its ``guidance_scale_2``;
+    default ``guidance``."""
+    max_sequence_length: int = 16
+    seed: int = 0
+    """Random seed (per data-parallel rank: seed + dp rank)."""
+    ulysses: int = 1
+    ring: int = 1
+    dp: int | None = None
+    """Data-parallel groups of a local launch (default 1; under torchrun: the processes left over)."""
+    cfg_parallel: bool = False
+    """Run the two guidance branches on two halves of the processes."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    out: str = "outputs/video.mp4"
+    """``FILE.mp4``, ``FILE.gif`` or a directory of PNG frames."""
+    image: str | None = None
+    """Image-to-video: the first frame (PNG, JPEG, ...), for an image-to-video model (Wan I2V / FLF2V, Wan 2.2
+    I2V and TI2V, CogVideoX I2V); resized to ``height`` x ``width`` by the pipeline."""
+    last_image: str | None = None
+    """First-last-frame: the last frame too (Wan2.1-FLF2V, Wan 2.2 I2V)."""
+    save_latents: str | None = None
+    """Also save the final latents to this ``.pt`` file (for exact comparisons): those of the last step (Wan 2.2
+    TI2V with an image: before the pipeline puts the image's latents into the first frame)."""
+    prompts: str | None = None
+    """A batch: a .txt (one prompt per line) or .jsonl file (per line ``prompt`` and optionally ``seed``,
+    ``frames``, ``height``, ``width``, ``steps``, ``guidance``, ``negative_prompt``, ``image``, ``last_image``:
+    image paths relative to the file); see ``generate_batch``."""
+    verify_inputs: bool = False
+    """Debug: checksum the latents across the sequence-parallel ranks at every forward."""
+    shard_weights: bool = False
+    """Keep each transformer's weights sharded over the processes of a sample (gathered block by block) and
+    read only this rank's shards from the checkpoint: for models larger than one device."""
+    parallel_vae: bool = True
+    """Decode with each frame's rows split over the processes of a sample (``dit_sp.parallelize_vae``);
+    off (``--no-parallel-vae``), one process decodes and sends the frames to the others."""
+    cache: str | None = None
+    """Step caching, ``NAME[:THRESHOLD]``: ``first_block`` or ``teacache`` (``dit_sp.cache``); without a
+    threshold, the model config's ``cache_thresholds`` or the policy's default. Same steps skipped on
+    every layout."""
+    cache_thresholds: dict[str, float] | None = None
+    """Per policy, the threshold ``--cache NAME`` uses for this model (the real models' configs give the
+    anchors' settings)."""
+    teacache_coefficients: list[float] | None = None
+    """TeaCache's polynomial rescaling of the relative change, highest power first (default: none)."""
+    compile: bool = False
+    """``torch.compile`` each transformer block (regional), USP attention included (``dit_sp.sp.compile``)."""
+
+    def __post_init__(self) -> None:
+        if self.dp is not None and self.dp < 1:
+            raise ValueError(f"dp must be >= 1, got {self.dp}")
+        for name in ("frames", "height", "width", "steps", "ulysses", "ring", "max_sequence_length"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.guidance_2 is not None and not self.guidance > 1:
+            raise ConfigError(f"guidance_2 {self.guidance_2} is the low-noise expert's classifier-free guidance, "
+                              f"and guidance {self.guidance} turns guidance off for both experts; use guidance > 1 "
+                              "or drop guidance_2")  # fmt: skip
+        if self.cache is not None:
+            self.cache_spec  # noqa: B018 (checks the name and threshold now, before anything loads)
+        if self.cfg_parallel and not self.guidance > 1:
+            raise ConfigError(
+                f"cfg_parallel runs the two guidance branches in parallel, but guidance {self.guidance} turns "
+                "guidance off; use guidance > 1 or drop cfg_parallel"
+            )
+
+    @property
+    def cache_spec(self) -> CacheSpec | None:
+        """``cache`` with the model's thresholds and coefficients, or None."""
+        if self.cache is None:
+            return None
+        return CacheSpec.parse(self.cache, self.teacache_coefficients, self.cache_thresholds)
+
+    @property
+    def world_size(self) -> int:
+        """Processes a local launch starts: ``dp * (2 if cfg_parallel) * ring * ulysses``."""
+        return (self.dp or 1) * self.ring * self.ulysses * (2 if self.cfg_parallel else 1)
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> GenerateConfig:
+        """The model's defaults, then the YAML file ``path`` (a path or a bundled config name), then
+        ``overrides``; every key and type checked (``dit_sp.io.schema.ConfigError``)."""
+        from dit_sp.io.bundled import config_path
+
+        values = load_yaml(config_path(path)) if path is not None else {}
+        values |= overrides or {}
+        model = values.get("model") or default_model()
+        where = str(path) if path is not None else "settings"
+        return from_mapping(cls, model_defaults(model) | values | {"model": model}, where=where)
