@@ -13,7 +13,8 @@ Modules: ``config`` (``GenerateConfig``), ``checks`` (before loading; image inpu
 from dit_sp.inference.batch import PER_PROMPT, batch_layout, generate_batch, read_batch
 from dit_sp.inference.checks import check_before_loading, check_image_inputs, guidance_arguments
 from dit_sp.inference.config import GenerateConfig
-from dit_sp.inference.run import cache_report, generate
+from dit_sp.inference.run import generate
+from dit_sp.inference.session import cache_report
 
 __all__ = ["PER_PROMPT", "GenerateConfig", "batch_layout", "cache_report", "check_before_loading",
            "check_image_inputs", "generate", "generate_batch", "guidance_arguments", "read_batch"]  # fmt: skip

@@ -15,7 +15,7 @@ from tqdm import tqdm
 from dit_sp.errors import ConfigError
 from dit_sp.inference.checks import check_before_loading, guidance_arguments
 from dit_sp.inference.config import GenerateConfig
-from dit_sp.inference.run import cache_report, sample, setup
+from dit_sp.inference.session import cache_report, sample, setup
 from dit_sp.io.prompts import prompt_entries
 from dit_sp.io.schema import from_mapping
 from dit_sp.io.video import check_output, save_video

@@ -13,115 +13,14 @@ negative prompt), the others' ``guidance_scale``; HunyuanVideo's distilled guida
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from dit_sp.cache import StepCache, enable_cache
-from dit_sp.errors import ConfigError
-from dit_sp.families import check_shape
-from dit_sp.inference.checks import check_before_loading, guidance_arguments, read_image
+from dit_sp.inference.batch import generate_batch
+from dit_sp.inference.checks import check_before_loading
 from dit_sp.inference.config import GenerateConfig
+from dit_sp.inference.session import cache_report, sample, save_latents, setup
 from dit_sp.io.video import save_video
-from dit_sp.parallel import ParallelConfig, ParallelState, check_ranks_agree, init_parallel
-from dit_sp.sp import parallelize
-from dit_sp.zoo import TRANSFORMERS
-
-
-def _save_latents(latents: torch.Tensor, path: Path) -> Path:
-    """``torch.save`` under a temporary name, read back, then renamed into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    torch.save(latents, tmp)
-    if not torch.equal(torch.load(tmp), latents):
-        raise OSError(f"{path}: the latents did not read back")
-    os.replace(tmp, path)
-    return path
-
-
-def setup(config: GenerateConfig, images: bool) -> tuple[ParallelState, Any, dict[str, float], StepCache | None]:
-    """This rank's layout on the running world, the loaded (and, on several ranks, parallelized)
-    pipeline with its guidance arguments (with ``images``, the pipeline that takes them), and its step
-    cache, if any."""
-    from dit_sp.zoo import as_image_to_video, load_pipeline
-
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    cfg = 2 if config.cfg_parallel else 1
-    parallel = init_parallel(ParallelConfig.for_world(world, ring=config.ring, ulysses=config.ulysses, cfg=cfg))
-    if config.dp is not None and config.dp != parallel.dp:
-        raise ConfigError(f"dp={config.dp}, but {world} processes with this layout give dp={parallel.dp}")
-    check_ranks_agree(parallel, dataclasses.asdict(config), "settings")
-    dtype = getattr(torch, config.dtype)
-    pipe = load_pipeline(config.model, dtype, parallel.device, empty_transformers=config.shard_weights)
-    if images:
-        pipe = as_image_to_video(pipe)
-    check_shape(pipe, dataclasses.asdict(config))
-    guidance = guidance_arguments(pipe, config)
-    pipe.set_progress_bar_config(disable=not parallel.is_sample_leader or parallel.dp_rank != 0)
-    if world > 1:
-        handle = parallelize(
-            pipe,
-            parallel,
-            verify_inputs=config.verify_inputs,
-            shard_weights=config.shard_weights,
-            parallel_vae=config.parallel_vae,
-            frames_on="leader",  # the leader writes
-            compile=config.compile,
-            cache=config.cache_spec,
-        )
-        return parallel, pipe, guidance, handle.cache
-    if config.compile:
-        from dit_sp.sp.compile import compile_blocks
-
-        for transformer in filter(None, (getattr(pipe, name, None) for name in TRANSFORMERS)):
-            compile_blocks(transformer)
-    cache = enable_cache(pipe, config.cache_spec) if config.cache is not None else None
-    return parallel, pipe, guidance, cache
-
-
-def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: int, device: torch.device) -> dict:
-    """One video: ``{"frames": (F, H, W, 3) in [0, 1], "latents", "seconds", "seconds_per_step"}``."""
-    step_times: list[float] = []
-    final: dict[str, torch.Tensor] = {}
-
-    def on_step_end(pipeline, step, timestep, tensors):
-        step_times.append(time.perf_counter())
-        final["latents"] = tensors["latents"].detach().cpu()
-        return tensors
-
-    images = {key: read_image(path, "--" + key.replace("_", "-"))
-              for key, path in (("image", config.image), ("last_image", config.last_image)) if path}  # fmt: skip
-    start = time.perf_counter()
-    result = pipe(
-        **images,
-        prompt=config.prompt,
-        negative_prompt=config.negative_prompt or "",  # HunyuanVideo: no negative prompt, no guidance
-        height=config.height,
-        width=config.width,
-        num_frames=config.frames,
-        num_inference_steps=config.steps,
-        generator=torch.Generator(device).manual_seed(seed),
-        max_sequence_length=config.max_sequence_length,
-        output_type="np",
-        callback_on_step_end=on_step_end,
-        **guidance,
-    )
-    steps = [b - a for a, b in zip([start, *step_times[:-1]], step_times)]
-    return {"frames": result.frames[0], "latents": final["latents"], "seconds": time.perf_counter() - start,
-            "seconds_per_step": sum(steps) / max(len(steps), 1)}  # fmt: skip
-
-
-def cache_report(cache: StepCache) -> dict[str, Any]:
-    """What a step cache did: ``{"cache", "saved_fraction", "blocks_run", "blocks", "computed"}``, where
-    ``computed`` gives, per context (``cond``, ``uncond``, ...), whether each call ran the blocks."""
-    stats = cache.stats
-    contexts = dict.fromkeys(r.context for r in stats.records)
-    return {"cache": str(cache.spec), "saved_fraction": stats.saved_fraction, "blocks_run": stats.blocks_run,
-            "blocks": stats.blocks, "computed": {c: stats.decisions(c) for c in contexts}}  # fmt: skip
 
 
 def generate(config: GenerateConfig, return_frames: bool = False) -> dict[str, Any]:
@@ -132,8 +31,6 @@ def generate(config: GenerateConfig, return_frames: bool = False) -> dict[str, A
     writes the sample, ``"out"`` (and ``"latents"``, and the float ``"frames"`` ``(F, H, W, 3)`` with
     ``return_frames``)."""
     if config.prompts is not None:
-        from dit_sp.inference.batch import generate_batch
-
         return generate_batch(config, return_frames)
     check_before_loading(config)
     parallel, pipe, guidance, cache = setup(config, images=bool(config.image))
@@ -150,5 +47,5 @@ def generate(config: GenerateConfig, return_frames: bool = False) -> dict[str, A
         if config.save_latents:
             path = Path(config.save_latents)
             path = path.with_name(f"{path.stem}{suffix}{path.suffix}")
-            report["latents"] = str(_save_latents(video["latents"], path))
+            report["latents"] = str(save_latents(video["latents"], path))
     return report
