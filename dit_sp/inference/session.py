@@ -12,11 +12,10 @@ from typing import Any
 import torch
 
 from dit_sp.cache import StepCache, enable_cache
-from dit_sp.errors import ConfigError
 from dit_sp.families import check_shape
 from dit_sp.inference.checks import guidance_arguments, read_image
 from dit_sp.inference.config import GenerateConfig
-from dit_sp.parallel import ParallelConfig, ParallelState, check_ranks_agree, init_parallel
+from dit_sp.parallel import ParallelState, check_ranks_agree, init_layout
 from dit_sp.sp import parallelize
 from dit_sp.zoo import TRANSFORMERS
 
@@ -38,11 +37,8 @@ def setup(config: GenerateConfig, images: bool) -> tuple[ParallelState, Any, dic
     cache, if any."""
     from dit_sp.zoo import as_image_to_video, load_pipeline
 
-    world = int(os.environ.get("WORLD_SIZE", "1"))
     cfg = 2 if config.cfg_parallel else 1
-    parallel = init_parallel(ParallelConfig.for_world(world, ring=config.ring, ulysses=config.ulysses, cfg=cfg))
-    if config.dp is not None and config.dp != parallel.dp:
-        raise ConfigError(f"dp={config.dp}, but {world} processes with this layout give dp={parallel.dp}")
+    parallel = init_layout(ring=config.ring, ulysses=config.ulysses, cfg=cfg, dp=config.dp)
     check_ranks_agree(parallel, dataclasses.asdict(config), "settings")
     dtype = getattr(torch, config.dtype)
     pipe = load_pipeline(config.model, dtype, parallel.device, empty_transformers=config.shard_weights)
@@ -51,7 +47,7 @@ def setup(config: GenerateConfig, images: bool) -> tuple[ParallelState, Any, dic
     check_shape(pipe, dataclasses.asdict(config))
     guidance = guidance_arguments(pipe, config)
     pipe.set_progress_bar_config(disable=not parallel.is_sample_leader or parallel.dp_rank != 0)
-    if world > 1:
+    if parallel.world_size > 1:
         handle = parallelize(
             pipe,
             parallel,

@@ -4,7 +4,7 @@ from dit_sp.parallel.comm import all_gather, all_to_all, gather_sequence, shard_
 from dit_sp.parallel.config import ParallelConfig
 from dit_sp.parallel.device import default_backend, default_device
 from dit_sp.parallel.launch import WorkerError, free_port, spawn
-from dit_sp.parallel.state import ParallelState, check_ranks_agree, init_parallel, single_process_state
+from dit_sp.parallel.state import ParallelState, check_ranks_agree, init_layout, init_parallel, single_process_state
 
 __all__ = [
     "ParallelConfig",
@@ -17,6 +17,7 @@ __all__ = [
     "default_device",
     "free_port",
     "gather_sequence",
+    "init_layout",
     "init_parallel",
     "shard_len",
     "shard_sequence",

@@ -192,6 +192,17 @@ def init_parallel(
     )
 
 
+def init_layout(*, ring: int = 1, ulysses: int = 1, cfg: int = 1, dp: int | None = None) -> ParallelState:
+    """The layout on the running world (torchrun's, ``spawn``'s, or one process): what ring, Ulysses and CFG
+    do not take becomes data parallelism; ``dp``, when given, must be what is left."""
+    world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
+    parallel = init_parallel(ParallelConfig.for_world(world, ring=ring, ulysses=ulysses, cfg=cfg))
+    if dp is not None and dp != parallel.dp:
+        raise ConfigError(f"dp={dp}, but {world} processes / (cfg*ring*ulysses={parallel.cfg * parallel.sp}) "
+                          f"give dp={parallel.dp}")  # fmt: skip
+    return parallel
+
+
 def check_ranks_agree(parallel: ParallelState, value: Any, what: str) -> None:
     """Every rank must hold the same ``value`` (e.g. settings and prompts: under torchrun each rank parses
     its own flags and files). Compared by a hash over all ranks; a ``ConfigError`` names those that differ."""

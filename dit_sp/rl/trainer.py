@@ -28,7 +28,7 @@ import torch.distributed as dist
 from dit_sp.errors import ConfigError
 from dit_sp.families import DiffusersPolicy, policy_for, supported_vaes, vae_plan_of
 from dit_sp.io.prompts import read_prompt_file
-from dit_sp.parallel import ParallelConfig, ParallelState, check_ranks_agree, free_port, init_parallel
+from dit_sp.parallel import ParallelState, check_ranks_agree, free_port, init_layout
 from dit_sp.rl import evaluate as _evaluate
 from dit_sp.rl import export as _export
 from dit_sp.rl import resume as _resume
@@ -56,11 +56,7 @@ def init_world(config: TrainConfig) -> ParallelState:
     world of one, since FSDP2 needs a process group."""
     if not dist.is_initialized() and "RANK" not in os.environ:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
-    world = dist.get_world_size() if dist.is_initialized() else int(os.environ["WORLD_SIZE"])
-    parallel = init_parallel(ParallelConfig.for_world(world, ring=config.ring, ulysses=config.ulysses))
-    if config.dp is not None and config.dp != parallel.dp:
-        raise ConfigError(f"dp={config.dp} but {world} processes / (ring*ulysses={parallel.sp}) give dp={parallel.dp}")
-    return parallel
+    return init_layout(ring=config.ring, ulysses=config.ulysses, dp=config.dp)
 
 
 class GRPOTrainer:
