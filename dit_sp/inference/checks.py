@@ -7,7 +7,7 @@ import dataclasses
 from typing import Any
 
 from dit_sp.errors import ConfigError, MissingFileError
-from dit_sp.families import check_shape, family_of
+from dit_sp.families import family_of
 from dit_sp.inference.config import GenerateConfig
 from dit_sp.io.video import check_output, check_writable
 
@@ -40,7 +40,7 @@ def guidance_arguments(pipe: Any, config: GenerateConfig) -> dict[str, float]:
 def check_before_loading(config: GenerateConfig) -> None:
     """What can be checked from files alone, before weights load or workers start: the output locations,
     and frames, sizes and text length against the model's config files (``ConfigError`` naming the flag)."""
-    from dit_sp.zoo import shape_info
+    from dit_sp.zoo import check_shape_from_files
 
     if config.shard_weights and (2 if config.cfg_parallel else 1) * config.ring * config.ulysses == 1:
         raise ConfigError("--shard-weights shards the weights over the processes of one sample, and this layout "
@@ -54,9 +54,7 @@ def check_before_loading(config: GenerateConfig) -> None:
     check_output(config.out)
     if config.save_latents:
         check_writable(config.save_latents, "--save-latents")
-    info = shape_info(config.model)
-    if info is not None:
-        check_shape(info, dataclasses.asdict(config))
+    info = check_shape_from_files(config.model, dataclasses.asdict(config))
     check_image_inputs(config, info)
 
 

@@ -15,14 +15,11 @@ def check_before_loading(config: TrainConfig, world_size: int) -> None:
     """Everything that can be checked from files alone before weights load or workers start: the output
     directory, the prompts, the reward names, the sample size against the model's config files, and the
     split of a step's samples over the layout's data-parallel ranks (``ConfigError`` naming the setting)."""
-    from dit_sp.families import check_shape
     from dit_sp.rl.rewards import check_reward
-    from dit_sp.zoo import shape_info
+    from dit_sp.zoo import check_shape_from_files
 
     check_output_dir(config)
     read_prompt_file(config.prompts)
     check_reward(config.reward)
-    info = shape_info(config.model)
-    if info is not None:
-        check_shape(info, asdict(config.sample), flags=False)
+    check_shape_from_files(config.model, asdict(config.sample), flags=False)
     check_split(config.grpo, ParallelConfig.for_world(world_size, ring=config.ring, ulysses=config.ulysses).dp)

@@ -231,3 +231,14 @@ def shape_info(model: str | Path) -> Any | None:
     temporal, spatial = _VAE_FACTORS[pipeline](vae)
     return SimpleNamespace(transformer=SimpleNamespace(config=FrozenDict(transformer)),
                            vae_scale_factor_temporal=temporal, vae_scale_factor_spatial=spatial)  # fmt: skip
+
+
+def check_shape_from_files(model: str | Path, settings: dict[str, Any], flags: bool = True) -> Any | None:
+    """``dit_sp.families.check_shape`` of ``settings`` against the model's config files alone (before any weights
+    load or workers start); returns ``shape_info(model)`` (``None``, and nothing checked, where it is unknown)."""
+    from dit_sp.families import check_shape
+
+    info = shape_info(model)
+    if info is not None:
+        check_shape(info, settings, flags)
+    return info
