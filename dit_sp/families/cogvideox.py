@@ -94,10 +94,9 @@ COGVIDEOX = ModelFamily(
     teacache_probe=_teacache_probe,
     shape_check=_shape_check,
     tiny_models=("tiny-cogvideox", "tiny-cogvideox-i2v"),
-    checkpoint_defaults={
-        "CogVideoXPipeline": generation_defaults(49, 480, 720, 50, 6.0, 226),
-        "CogVideoXImageToVideoPipeline": generation_defaults(49, 480, 720, 50, 6.0, 226),
-    },
+    checkpoint_defaults=dict.fromkeys(
+        ("CogVideoXPipeline", "CogVideoXImageToVideoPipeline"), generation_defaults(49, 480, 720, 50, 6.0, 226)
+    ),
     vae_factors=dict.fromkeys(("CogVideoXPipeline", "CogVideoXImageToVideoPipeline"), _vae_factors),
     architectures=_ARCHITECTURES,
 )
