@@ -4,12 +4,21 @@ anything heavy starts, and an error names the key, the value and what would be v
 Supported field types: ``int``, ``float``, ``bool``, ``str``, ``Literal[...]``, ``X | None``, ``list[X]``,
 ``tuple[X, ...]`` / ``tuple[X, Y]``, ``dict[str, X]``, ``Any`` and nested dataclasses (a mapping in YAML).
 Numbers written as strings (YAML 1.1 reads ``1e-4`` as a string) are accepted where a number is expected.
+
+Numbers are trusted only when finite: a ``float`` setting refuses NaN and infinities (``.nan``, ``.inf``, ``nan``,
+``inf``, ``1e999``) naming the key, because a NaN passes every ``x <= 0`` check and surfaces steps later as a NaN
+video or loss. A field whose infinity means "no limit" opts in with ``allow_inf(default)``; NaN is never a
+setting. The ranges sit in each dataclass's ``__post_init__`` as ``check_ranges(self, steps=">= 1", ...)``,
+written once here so that NaN fails every one of them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+import math
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -19,14 +28,51 @@ from typing import Any, Literal, TypeVar
 from dit_sp.errors import ConfigError, MissingFileError
 
 T = TypeVar("T")
-__all__ = ["ConfigError", "from_mapping", "load_yaml", "set_dotted"]
+__all__ = [
+    "ALLOW_INF", "SEED_RANGE", "ConfigError", "allow_inf", "check_ranges", "from_mapping", "load_yaml", "set_dotted",
+]  # fmt: skip
+
+ALLOW_INF = "allow_inf"
+"""Field metadata key of ``allow_inf``."""
+SEED_RANGE = (f"[0, {2**63 - 1}]", "0 to 2**63 - 1")
+"""The range of a seed for ``check_ranges``: ``torch.Generator.manual_seed`` takes [-2**63, 2**64 - 1] (a
+negative seed wraps around); non-negative 63-bit seeds leave room for the ``seed + rank`` and ``seed + index``
+the runs derive from them."""
+
+
+def allow_inf(default: float | None) -> Any:
+    """A float field that may be ``.inf`` / ``-.inf`` (where infinity means "no limit", e.g. a clip that never
+    clips); its range check still applies, and NaN is still refused."""
+    return dataclasses.field(default=default, metadata={ALLOW_INF: True})
 
 
 def _fail(where: str, value: Any, expected: str) -> typing.NoReturn:
     raise ConfigError(f"{where}: expected {expected}, got {value!r} ({type(value).__name__})")
 
 
-def _coerce(value: Any, kind: Any, where: str) -> Any:
+def _number(value: Any) -> float | None:
+    """``value`` as a float (YAML's ``.nan``/``.inf`` spellings and out-of-range integers included), or None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    if isinstance(value, int):
+        try:
+            return float(value)
+        except OverflowError:  # an integer beyond the float range: infinite as far as a float setting goes
+            return math.inf if value > 0 else -math.inf
+    if isinstance(value, str):
+        text = value.strip()
+        sign, core = (text[0], text[1:]) if text[:1] in "+-" and text else ("", text)
+        if core.lower() in (".nan", ".inf"):
+            text = sign + core[1:]
+        try:
+            return float(text)
+        except ValueError:
+            return None
+    return value
+
+
+def _coerce(value: Any, kind: Any, where: str, inf_ok: bool = False) -> Any:
+    """``value`` as ``kind``; ``inf_ok``: the field opted in to infinities (``allow_inf``)."""
     origin, args = typing.get_origin(kind), typing.get_args(kind)
     if kind is Any:
         return value
@@ -36,8 +82,10 @@ def _coerce(value: Any, kind: Any, where: str) -> Any:
         errors = []
         for option in (a for a in args if a is not type(None)):
             try:
-                return _coerce(value, option, where)
+                return _coerce(value, option, where, inf_ok)
             except ConfigError as e:
+                if not str(e).startswith(f"{where}: expected "):  # an item or a range is wrong: say which
+                    raise
                 errors.append(str(e).split(": expected ", 1)[-1].split(", got")[0])
         _fail(where, value, " or ".join(errors + (["null"] if type(None) in args else [])))
     if origin is Literal:
@@ -56,16 +104,22 @@ def _coerce(value: Any, kind: Any, where: str) -> Any:
         if isinstance(value, str) and value.lower() in ("true", "false"):
             return value.lower() == "true"
         _fail(where, value, "true or false")
-    if kind in (int, float):
-        exact = (int,) if kind is int else (int, float)  # a float is no integer, an integer is a number
-        if isinstance(value, exact) and not isinstance(value, bool):
-            return kind(value)
+    if kind is int:  # a float is no integer, and neither is a bool
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
         if isinstance(value, str):
             try:
-                return kind(value)
+                return int(value)
             except ValueError:
                 pass
-        _fail(where, value, "an integer" if kind is int else "a number")
+        _fail(where, value, "an integer")
+    if kind is float:
+        number = _number(value)
+        if number is None:
+            _fail(where, value, "a number")
+        if math.isnan(number) or (math.isinf(number) and not inf_ok):
+            _fail(where, value, "a number, not NaN" if inf_ok else "a finite number")
+        return number
     if kind is str:
         if isinstance(value, str):
             return value
@@ -78,15 +132,15 @@ def _coerce(value: Any, kind: Any, where: str) -> Any:
         if origin is tuple and args and args[-1] is not Ellipsis:
             if len(value) != len(args):
                 _fail(where, value, f"a list of {len(args)} values")
-            return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+            return tuple(_coerce(v, a, f"{where}[{i}]", inf_ok) for i, (v, a) in enumerate(zip(value, args)))
         item = args[0] if args else Any
-        items = [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+        items = [_coerce(v, item, f"{where}[{i}]", inf_ok) for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if origin is dict or kind is dict:
         if not isinstance(value, Mapping):
             _fail(where, value, "a mapping")
         item = args[1] if args else Any
-        return {str(k): _coerce(v, item, f"{where}.{k}") for k, v in value.items()}
+        return {str(k): _coerce(v, item, f"{where}.{k}", inf_ok) for k, v in value.items()}
     raise TypeError(f"{where}: field type {kind!r} is not supported by dit_sp.io.schema")
 
 
@@ -98,19 +152,65 @@ def from_mapping(cls: type[T], values: Mapping[str, Any], *, where: str = "confi
     if not isinstance(values, Mapping):
         _fail(where, values, f"a mapping of {cls.__name__} settings")
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    names = list(fields)
     for key in values:
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(f"{where}: unknown key {key!r}{hint}; valid keys: {', '.join(names)}")
-    kwargs = {key: _coerce(value, hints[key], f"{where}.{key}") for key, value in values.items()}
+    kwargs = {
+        key: _coerce(value, hints[key], f"{where}.{key}", bool(fields[key].metadata.get(ALLOW_INF)))
+        for key, value in values.items()
+    }
     try:
         return cls(**kwargs)
-    except ConfigError:
-        raise
-    except (ValueError, TypeError) as e:  # range checks of the dataclass itself
+    except (ValueError, TypeError) as e:  # range checks of the dataclass itself (ConfigError is a ValueError)
         raise ConfigError(f"{where}: {e}") from e
+
+
+_BOUND = re.compile(r"(>=|>|<=|<)\s*(\S+)")
+_INTERVAL = re.compile(r"([\[(])\s*([^,\s]+)\s*,\s*([^,\s]+)\s*([\])])")
+
+
+@functools.cache
+def _interval(text: str) -> tuple[typing.Callable[[Any], bool], str]:
+    """A test for ``text`` (``finite``, ``>= 1``, ``> 0``, ``[0, 1)``, ...) and its wording; every comparison is
+    written as "inside", so NaN (which compares false to everything) is outside every interval."""
+    if text == "finite":
+        return math.isfinite, "a finite number"
+    if match := _BOUND.fullmatch(text):
+        op, bound = match.group(1), _bound(match.group(2))
+        tests = {">=": lambda v: v >= bound, ">": lambda v: v > bound, "<=": lambda v: v <= bound,
+                 "<": lambda v: v < bound}  # fmt: skip
+        return tests[op], text
+    if match := _INTERVAL.fullmatch(text):
+        left, low, high, right = match.group(1), _bound(match.group(2)), _bound(match.group(3)), match.group(4)
+
+        def inside(v: Any) -> bool:
+            return (v >= low if left == "[" else v > low) and (v <= high if right == "]" else v < high)
+
+        return inside, f"in {text}"
+    raise ValueError(f"range {text!r}: expected 'finite', an OP and a bound ('>= 1') or an interval ('[0, 1)')")
+
+
+def _bound(text: str) -> int | float:
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
+
+def check_ranges(config: object, **ranges: str | tuple[str, str]) -> None:
+    """Raise ``ConfigError`` for the first setting of ``config`` outside its range: ``name="RANGE"`` or
+    ``name=("RANGE", "note")`` with RANGE ``finite``, ``>= 1``, ``> 0``, ``[0, 1)``, ... A None value is unset
+    and passes; NaN fails every range (``steps must be >= 1, got nan``)."""
+    for name, spec in ranges.items():
+        value = getattr(config, name)
+        text, note = (spec, "") if isinstance(spec, str) else spec
+        inside, wording = _interval(text)
+        if value is not None and not inside(value):
+            raise ConfigError(f"{name} must be {wording}{f' ({note})' if note else ''}, got {value}")
 
 
 def set_dotted(values: dict[str, Any], dotted: str, value: Any) -> None:
