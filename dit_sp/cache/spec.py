@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -35,12 +36,14 @@ class CacheSpec:
     def __post_init__(self) -> None:
         if self.policy not in DEFAULT_THRESHOLDS:
             raise ConfigError(f"unknown cache policy {self.policy!r}; expected one of {sorted(DEFAULT_THRESHOLDS)}")
-        if not self.threshold >= 0:
-            raise ConfigError(f"cache threshold must be >= 0, got {self.threshold}")
+        if not 0 <= self.threshold < math.inf:  # NaN fails too; infinity would skip every step after the first
+            raise ConfigError(f"cache threshold must be a finite number >= 0, got {self.threshold}")
         if self.warmup < 0:
             raise ConfigError(f"cache warmup must be >= 0 steps, got {self.warmup}")
         if not self.coefficients:
             raise ConfigError("teacache coefficients: give at least one polynomial coefficient")
+        if not all(math.isfinite(c) for c in self.coefficients):
+            raise ConfigError(f"teacache coefficients must be finite numbers, got {list(self.coefficients)}")
 
     @classmethod
     def parse(cls, text: str | CacheSpec, coefficients: tuple[float, ...] | list[float] | None = None,

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from dit_sp.cache import CacheSpec
 from dit_sp.errors import ConfigError
-from dit_sp.io.schema import from_mapping, load_yaml
+from dit_sp.io.schema import SEED_RANGE, check_ranges, from_mapping, load_yaml
 from dit_sp.zoo import default_model, model_defaults
 
 
@@ -75,11 +75,9 @@ class GenerateConfig:
     """``torch.compile`` each transformer block (regional), USP attention included (``dit_sp.sp.compile``)."""
 
     def __post_init__(self) -> None:
-        if self.dp is not None and self.dp < 1:
-            raise ValueError(f"dp must be >= 1, got {self.dp}")
-        for name in ("frames", "height", "width", "steps", "ulysses", "ring", "max_sequence_length"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_ranges(self, frames=">= 1", height=">= 1", width=">= 1", steps=">= 1", max_sequence_length=">= 1",
+                     seed=SEED_RANGE, ulysses=">= 1", ring=">= 1", dp=">= 1",
+                     guidance="finite", embedded_guidance="finite", guidance_2="finite")  # fmt: skip
         if self.guidance_2 is not None and not self.guidance > 1:
             raise ConfigError(f"guidance_2 {self.guidance_2} is the low-noise expert's classifier-free guidance, "
                               f"and guidance {self.guidance} turns guidance off for both experts; use guidance > 1 "
