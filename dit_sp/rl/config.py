@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from dit_sp.io.schema import from_mapping, load_yaml, set_dotted
+from dit_sp.io.schema import SEED_RANGE, allow_inf, check_ranges, from_mapping, load_yaml, set_dotted
 from dit_sp.rl.grpo_config import GRPOConfig
 from dit_sp.rl.metrics import WandbConfig
 
@@ -39,9 +39,8 @@ class SampleConfig:
     """Text tokens of a prompt."""
 
     def __post_init__(self) -> None:
-        for name in ("frames", "height", "width", "max_sequence_length"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_ranges(self, frames=">= 1", height=">= 1", width=">= 1", max_sequence_length=">= 1",
+                     guidance="finite", guidance_2="finite", embedded_guidance="finite")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -50,15 +49,11 @@ class OptimConfig:
     weight_decay: float = 0.0
     warmup_steps: int = 0
     """Linear warm-up of the learning rate over this many steps."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = allow_inf(1.0)
+    """Clip the gradient's norm to this (``.inf``: measure it, never clip)."""
 
     def __post_init__(self) -> None:
-        if self.lr <= 0 or self.weight_decay < 0 or self.warmup_steps < 0 or self.max_grad_norm <= 0:
-            raise ValueError(
-                f"lr and max_grad_norm must be > 0, weight_decay and warmup_steps >= 0; got lr={self.lr}, "
-                f"weight_decay={self.weight_decay}, warmup_steps={self.warmup_steps}, "
-                f"max_grad_norm={self.max_grad_norm}"
-            )
+        check_ranges(self, lr="> 0", weight_decay=">= 0", warmup_steps=">= 0", max_grad_norm="> 0")
 
 
 @dataclass(frozen=True)
@@ -69,8 +64,7 @@ class LoRAConfig:
     """LoRA scaling numerator (default: the rank)."""
 
     def __post_init__(self) -> None:
-        if self.rank < 0:
-            raise ValueError(f"rank must be >= 0 (0: full fine-tuning), got {self.rank}")
+        check_ranges(self, rank=(">= 0", "0: full fine-tuning"), alpha="> 0")
 
 
 @dataclass(frozen=True)
@@ -136,20 +130,11 @@ class TrainConfig:
     lora: LoRAConfig = field(default_factory=LoRAConfig)
 
     def __post_init__(self) -> None:
-        if self.vae_batch is not None and self.vae_batch < 1:
-            raise ValueError(f"vae_batch must be >= 1 (or null: the micro-batch), got {self.vae_batch}")
-        for name in ("ring", "ulysses", "eval_prompts"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_ranges(self, vae_batch=(">= 1", "or null: the micro-batch"), ring=">= 1", ulysses=">= 1", dp=">= 1",
+                     eval_prompts=">= 1", max_steps=">= 0", checkpoint_every=">= 0", eval_every=">= 0",
+                     max_skipped_steps=">= 0", ema_decay=("[0, 1)", "0: no EMA"), seed=SEED_RANGE)  # fmt: skip
         if self.resume and self.overwrite:
             raise ValueError("resume and overwrite exclude each other: continue the run, or replace it")
-        for name in ("max_steps", "checkpoint_every", "eval_every", "max_skipped_steps"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not 0 <= self.ema_decay < 1:
-            raise ValueError(f"ema_decay must be in [0, 1) (0: no EMA), got {self.ema_decay}")
-        if self.dp is not None and self.dp < 1:
-            raise ValueError(f"dp must be >= 1, got {self.dp}")
         if self.vae_split == "samples" and not self.parallel_vae:
             raise ValueError("vae_split: samples splits the decode over the SP ranks, and parallel_vae: false "
                              "decodes on the first rank alone: drop one of them")  # fmt: skip

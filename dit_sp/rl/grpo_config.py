@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from dit_sp.errors import ConfigError
+from dit_sp.io.schema import allow_inf, check_ranges
 from dit_sp.rl.sde import SDEConfig
 
 
@@ -21,9 +22,7 @@ class SlidingWindow:
     stride: int = 1
 
     def __post_init__(self) -> None:
-        if self.size < 1 or self.every < 1 or self.stride < 1:
-            raise ConfigError(f"sliding_window: size, every and stride must be >= 1, got {self.size}, {self.every}, "
-                              f"{self.stride}")  # fmt: skip
+        check_ranges(self, size=">= 1", every=">= 1", stride=">= 1")
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,8 @@ class GRPOConfig:
     The step equals the one-batch step up to float rounding."""
     adv_std: Literal["group", "global"] = "group"
     """Advantage scale: each prompt group's reward std, or the std over all samples of the iteration."""
-    adv_clip: float = 5.0
+    adv_clip: float = allow_inf(5.0)
+    """Clip the advantages to ``[-adv_clip, adv_clip]`` (``.inf``: never clip)."""
     branch: bool = False
     """Branching rollouts (Flow-GRPO-Fast / BranchGRPO style): a group's samples, which start from the same
     noise (``same_noise_per_group``), share their ODE steps before the first stochastic step and the velocity
@@ -81,27 +81,15 @@ class GRPOConfig:
     iterations it was drawn in, and this one's (``PromptStats``); 0: this iteration's group only."""
 
     def __post_init__(self) -> None:
-        if self.steps < 1 or self.group_size < 1 or self.prompts_per_step < 1:
-            raise ConfigError(
-                f"steps, group_size and prompts_per_step must be >= 1, got {self.steps}, {self.group_size} and "
-                f"{self.prompts_per_step}"
-            )
-        if self.shift <= 0 or self.clip_range <= 0 or self.kl_coef < 0 or self.adv_clip <= 0:
-            raise ConfigError(
-                f"shift, clip_range and adv_clip must be > 0 and kl_coef >= 0, got shift={self.shift}, "
-                f"clip_range={self.clip_range}, adv_clip={self.adv_clip}, kl_coef={self.kl_coef}"
-            )
-        if self.micro_batch is not None and self.micro_batch < 1:
-            raise ConfigError(f"micro_batch must be >= 1 (or null: the whole batch), got {self.micro_batch}")
+        check_ranges(self, steps=">= 1", group_size=">= 1", prompts_per_step=">= 1", shift="> 0", clip_range="> 0",
+                     kl_coef=">= 0", adv_clip="> 0", micro_batch=(">= 1", "or null: the whole batch"),
+                     stat_tracking=(">= 0", "iterations; 0: off"), train_fraction="(0, 1]",
+                     tail_steps=(">= 1", "or null: the schedule's own"))  # fmt: skip
         if self.branch and not self.same_noise_per_group:
             raise ConfigError("grpo.branch shares a group's start, so its samples need the same initial noise: "
                               "set same_noise_per_group: true or drop branch")  # fmt: skip
-        if self.stat_tracking < 0:
-            raise ConfigError(f"stat_tracking must be >= 0 iterations (0: off), got {self.stat_tracking}")
         if self.adv_std not in ("group", "global"):
             raise ConfigError(f"adv_std must be 'group' or 'global', got {self.adv_std!r}")
-        if not 0 < self.train_fraction <= 1:
-            raise ConfigError(f"train_fraction must be in (0, 1], got {self.train_fraction}")
         if self.sde_window is not None and not 0 <= self.sde_window[0] < self.sde_window[1] <= self.steps:
             raise ConfigError(f"sde_window {self.sde_window} must satisfy 0 <= start < end <= steps={self.steps}")
         if self.sliding_window is not None:
@@ -109,11 +97,8 @@ class GRPOConfig:
                 raise ConfigError("sde_window (fixed) and sliding_window (moving) exclude each other: give one")
             if self.sliding_window.size > self.steps:
                 raise ConfigError(f"sliding_window size {self.sliding_window.size} is more than steps={self.steps}")
-        if self.tail_steps is not None:
-            if self.tail_steps < 1:
-                raise ConfigError(f"tail_steps must be >= 1 (or null: the schedule's own), got {self.tail_steps}")
-            if self.sde_window is None and self.sliding_window is None:
-                raise ConfigError("tail_steps re-spaces the ODE steps after the SDE window, and there is none: "
-                                  "give grpo.sde_window or grpo.sliding_window, or drop tail_steps")  # fmt: skip
+        if self.tail_steps is not None and self.sde_window is None and self.sliding_window is None:
+            raise ConfigError("tail_steps re-spaces the ODE steps after the SDE window, and there is none: "
+                              "give grpo.sde_window or grpo.sliding_window, or drop tail_steps")  # fmt: skip
         if self.sde.kind == "ode":
             raise ConfigError("GRPO needs a stochastic sampler: sde.kind 'dance' or 'flow'")

@@ -38,8 +38,8 @@ class SDEConfig:
     def __post_init__(self) -> None:
         if self.kind not in ("dance", "flow", "ode"):
             raise ValueError(f"SDE kind must be 'dance', 'flow' or 'ode', got {self.kind!r}")
-        if self.eta < 0 or self.a < 0:
-            raise ValueError(f"noise levels must be >= 0, got eta={self.eta}, a={self.a}")
+        if not (0 <= self.eta < math.inf and 0 <= self.a < math.inf):  # NaN fails too
+            raise ValueError(f"noise levels must be finite and >= 0, got eta={self.eta}, a={self.a}")
 
 
 def _compute_dtype(x: Tensor) -> torch.dtype:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -83,6 +84,8 @@ def _entries(spec: str | Mapping[str, Any] | list) -> list[tuple[str, float, dic
         name, weight = item.pop("name"), item.pop("weight", 1.0)
         if isinstance(weight, bool) or not isinstance(weight, (int, float)):
             raise ConfigError(f"reward {name!r}: weight must be a number, got {weight!r}")
+        if not abs(weight) <= sys.float_info.max:  # NaN, infinities and integers beyond a float
+            raise ConfigError(f"reward {name!r}: weight must be a finite number, got {weight!r}")
         entries.append((name, float(weight), item))
     if not entries:
         raise ConfigError("no reward given")
