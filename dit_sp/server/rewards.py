@@ -11,8 +11,10 @@ off the event loop, one batch at a time, under a deadline. Every answer that is 
 from __future__ import annotations
 
 import asyncio
+import errno
 import hmac
 import logging
+import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -190,10 +192,12 @@ class RewardServer:
             await web.TCPSite(self._runner, host, port).start()
         except OSError as e:  # address in use or not this machine's, unknown host, privileged port
             await self.stop()
-            why = e.strerror or str(e)
-            hint = "choose another --port (0: any free one)" if port else "check --host"
-            if "nodename" in why or "not known" in why or "resolution" in why:
-                hint = "--host must be this machine's name or address (127.0.0.1 for loopback only)"
+            why = os.strerror(e.errno) if e.errno and e.errno > 0 else (e.strerror or str(e))  # < 0: a DNS error
+            hint = "--host must name this machine or one of its addresses (127.0.0.1: loopback only)"
+            if e.errno == errno.EADDRINUSE:
+                hint = "choose another --port (0: any free one)"
+            elif e.errno == errno.EACCES:
+                hint = "ports below 1024 need privileges: choose --port 1024 or above"
             raise ConfigError(f"reward server: cannot listen on {host}:{port}: {why}; {hint}") from e
         return self._runner.addresses[0][1]
 

@@ -27,10 +27,10 @@ def test_addresses_it_cannot_listen_on_and_bad_limits_are_one_line():
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = str(taken.getsockname()[1])
         error = _one_line_error(run_cli("pipelines.reward_server", ["--reward", "brightness", "--port", port], REPO))
-        assert f"cannot listen on 127.0.0.1:{port}" in error and "choose another --port" in error
-    error = _one_line_error(run_cli("pipelines.reward_server", ["--reward", "brightness", "--host",
-                                                                "no-such-host.invalid"], REPO))  # fmt: skip
-    assert "cannot listen on no-such-host.invalid" in error and "--host must be" in error
+        assert f"cannot listen on 127.0.0.1:{port}: Address already in use; choose another --port" in error
+    for host in ("no-such-host.invalid", "192.0.2.1"):  # unknown, not this machine's (TEST-NET-1)
+        error = _one_line_error(run_cli("pipelines.reward_server", ["--reward", "brightness", "--host", host], REPO))
+        assert f"cannot listen on {host}:8000" in error and "--host must name this machine" in error
     for flags, expected in [(["--port", "70000"], "--port must be between 0 and 65535"),
                             (["--max-request-mb", "0"], "--max-request-mb must be"),
                             (["--read-timeout", "nan"], "--read-timeout must be a finite number"),
