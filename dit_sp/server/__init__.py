@@ -1,1 +1,2 @@
-"""HTTP servers over the library: the reward server's app (``rewards``)."""
+"""HTTP servers over the library: the reward server (``rewards.RewardServer``) and the limits it holds its
+clients to (``limits.ServerLimits``)."""

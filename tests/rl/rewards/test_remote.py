@@ -1,11 +1,15 @@
-"""The reward server and the trainer's ``remote`` reward: a loopback round trip, a server that is down or
-slow (a clear error or a step without an update, never a hang), and scoring overlapped with sampling."""
+"""The reward server and the trainer's ``remote`` reward: a loopback round trip, a server that is down,
+slow or trickling its answer (a clear error within the timeout or a step without an update, never a hang),
+and scoring overlapped with sampling."""
 
 from __future__ import annotations
 
 import os
+import socket
+import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -17,7 +21,7 @@ from dit_sp import spawn
 from dit_sp.errors import ConfigError
 from dit_sp.rl.rewards import brightness, build_reward, score
 from dit_sp.rl.rewards.remote import RemoteReward, RewardUnavailable
-from dit_sp.rl.rewards.wire import decode_batch, encode_batch
+from dit_sp.rl.rewards.wire import decode_batch, encode_batch, parse_batch
 
 TESTS = Path(__file__).resolve().parents[2] / "support"
 
@@ -53,8 +57,55 @@ def test_the_wire_format_round_trips_and_refuses_what_it_is_not():
     assert (quantized - videos).abs().max() <= 0.5 / 255 + 1e-7
     with pytest.raises(ValueError, match="not a dit-sp reward request"):
         decode_batch(b"\x00" * 16)
+    body = bytearray(encode_batch(videos, ["a", "b", "c"], dtype="float32"))  # as the server reads it
+    floats = parse_batch(body).videos()
+    assert torch.equal(floats, videos)
+    body[-4:] = struct.pack("<f", 0.5)
+    assert floats.flatten()[-1] == 0.5  # a view of the body: float32 videos cost no copy
     with pytest.raises(ConfigError, match="http"):
         RemoteReward("scorer:8000")
+
+
+def _trickling_server() -> socket.socket:
+    """A loopback server that answers every request a byte per 0.2 s: each socket read succeeds quickly."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer(conn: socket.socket) -> None:
+        with conn:
+            conn.recv(1 << 20)
+            try:
+                for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 40\r\n\r\n" + b" " * 40:
+                    conn.send(bytes([byte]))
+                    time.sleep(0.2)
+            except OSError:
+                pass
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=answer, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return listener
+
+
+def test_the_timeout_bounds_the_whole_request_and_a_refusal_is_one_line():
+    listener = _trickling_server()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    began = time.monotonic()
+    with pytest.raises(RewardUnavailable, match=r"no answer after 2 tries within 0.5 s each \(last: no answer within"):
+        RemoteReward(url, timeout=0.5, retries=1, backoff=0.1)(torch.rand(1, 1, 3, 4, 4), ["a"])
+    assert time.monotonic() - began < 2.5  # the trickle alone would take 12 s a try
+    listener.shutdown(socket.SHUT_RDWR)
+    listener.close()
+    with socket.socket() as bound:  # a port bound but not listening refuses connections
+        bound.bind(("127.0.0.1", 0))
+        with pytest.raises(RewardUnavailable, match="connection refused.*reward_server") as refused:
+            RemoteReward(f"http://127.0.0.1:{bound.getsockname()[1]}", retries=0)(torch.rand(1, 1, 3, 4, 4), ["a"])
+    assert "\n" not in str(refused.value)
 
 
 @pytest.mark.slow
