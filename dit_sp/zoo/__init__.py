@@ -167,7 +167,8 @@ def check_checkpoint(model: str | Path) -> dict[str, Any]:
                               f"(upgrade {library}, or fix the entry)")  # fmt: skip
         directory = path / key
         if not directory.is_dir():
-            raise MissingFileError(f"{directory} is missing: {file.name} lists the component {key!r} ({class_name})")
+            raise MissingFileError(f"{path} is an incomplete diffusers pipeline directory: {key}/ is missing, which "
+                                   f"{file.name} lists ({class_name})")  # fmt: skip
         weights = weight_files(directory)
         if weights or key in (*TRANSFORMERS, "vae"):
             for required in MODEL_FILES:

@@ -78,7 +78,8 @@ CASES = [
     ("gen-foreign-weights", "generate", ["--model", "{tmp}/m", "--shard-weights", "--ulysses", "2"], "foreign",
      r"m/transformer/diffusion_pytorch_model.safetensors is damaged: not a safetensors file, or truncated"),
     ("gen-no-vae", "generate", ["--model", "{tmp}/m"], "no-vae",
-     r"m/vae is missing: model_index.json lists the component 'vae' \(AutoencoderKLWan\)"),
+     r"m is an incomplete diffusers pipeline directory: vae/ is missing, which model_index.json lists "
+     r"\(AutoencoderKLWan\)"),
     ("train-read-only-output", "train_grpo", [*TRAIN, "--output-dir", "/proc/dit_sp_run"], None,
      r"output_dir /proc/dit_sp_run/config.yaml: cannot write to /proc \("),
     ("train-read-only-cache", "train_grpo", [*TRAIN, "--output-dir", "{tmp}/run", "--set",
