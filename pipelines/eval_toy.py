@@ -19,13 +19,13 @@ import json
 
 from dit_sp.cache import CacheSpec
 from dit_sp.io.bundled import asset_path
-from dit_sp.io.cli import run_main
+from dit_sp.io.cli import ArgumentParser, run_main
 from dit_sp.toy import world as toyworld
 from dit_sp.toy.model import cached_sample_scores, paired_gain, sample_scores, summarize
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="toy-wan")
     parser.add_argument("--baseline", help="a second model, sampled from the same noise; reports the paired gain")
     parser.add_argument("--prompts", default="toy_prompts_heldout.txt", help="one toy caption per line")

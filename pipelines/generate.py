@@ -20,13 +20,13 @@ import argparse
 import dataclasses
 
 from dit_sp.inference import GenerateConfig, batch_layout, check_before_loading, generate, read_batch
-from dit_sp.io.cli import launch, run_main
+from dit_sp.io.cli import ArgumentParser, launch, run_main
 from dit_sp.io.schema import ConfigError
 from dit_sp.zoo import builtin_models
 
 
 def parse_args(argv: list[str] | None = None) -> GenerateConfig:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="YAML file of settings, or a bundled config name (flags override it)")
     for field in dataclasses.fields(GenerateConfig):
         if str(field.type).startswith(("dict", "list")):

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 
-from dit_sp.io.cli import run_main
+from dit_sp.io.cli import ArgumentParser, run_main
 from dit_sp.memory.planner import ARCHITECTURES, plan_training
 from dit_sp.rl.config import TrainConfig
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="a GRPO config: YAML file or bundled name")
     parser.add_argument("--gpus", type=int, required=True)
     parser.add_argument("--gpu-memory", type=float, default=80, help="GiB per GPU (default 80)")

@@ -27,7 +27,7 @@ import sys
 import yaml
 
 from dit_sp.errors import ConfigError
-from dit_sp.io.cli import parse_key_values, run_main
+from dit_sp.io.cli import ArgumentParser, parse_key_values, run_main
 from dit_sp.rl.rewards import build_reward
 from dit_sp.server.limits import DEFAULT_MAX_REQUEST_MB, MiB, ServerLimits, api_key_from, is_loopback, require_aiohttp
 
@@ -35,7 +35,7 @@ LIMITS = ServerLimits()
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reward", required=True, help="a reward name, {name: weight, ...} or a list (YAML)")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="an option of the named reward, e.g. --option path=/ckpt/clip (YAML)")  # fmt: skip

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from dit_sp import TrainConfig
-from dit_sp.io.cli import launch, parse_key_values, run_main
+from dit_sp.io.cli import ArgumentParser, launch, parse_key_values, run_main
 from dit_sp.io.schema import ConfigError
 from dit_sp.rl.preflight import check_before_loading
 from dit_sp.rl.trainer import train
@@ -36,7 +36,7 @@ FLAGS = {  # flag: (type, help); each sets the TrainConfig key of the same name
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=None, help="YAML training config (a path or a bundled name)")
     for name, (kind, text) in FLAGS.items():
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, help=text)

@@ -14,12 +14,12 @@ from pathlib import Path
 import torch
 
 from dit_sp.io.bundled import ASSET_DIR
-from dit_sp.io.cli import run_main
+from dit_sp.io.cli import ArgumentParser, run_main
 from dit_sp.toy.model import train_toy_model
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stage", choices=["all", "vae", "transformer"], default="all")
     parser.add_argument("--vae-steps", type=int, default=1500)
     parser.add_argument("--transformer-steps", type=int, default=2500)

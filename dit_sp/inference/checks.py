@@ -38,9 +38,11 @@ def guidance_arguments(pipe: Any, config: GenerateConfig) -> dict[str, float]:
 
 
 def check_before_loading(config: GenerateConfig) -> None:
-    """What can be checked from files alone, before weights load or workers start: the output locations,
-    and frames, sizes and text length against the model's config files (``ConfigError`` naming the flag)."""
-    from dit_sp.zoo import check_shape_from_files
+    """What can be checked from files alone, before weights load or workers start: the output locations
+    (that each takes a file: not read-only, not full), the model directory's files (``zoo.check_checkpoint``:
+    its index, configs and safetensors headers), and frames, sizes and text length against the model's
+    config files (``ConfigError`` naming the flag or file)."""
+    from dit_sp.zoo import check_checkpoint, check_shape_from_files
 
     if config.shard_weights and (2 if config.cfg_parallel else 1) * config.ring * config.ulysses == 1:
         raise ConfigError("--shard-weights shards the weights over the processes of one sample, and this layout "
@@ -54,6 +56,7 @@ def check_before_loading(config: GenerateConfig) -> None:
     check_output(config.out)
     if config.save_latents:
         check_writable(config.save_latents, "--save-latents")
+    check_checkpoint(config.model)
     info = check_shape_from_files(config.model, dataclasses.asdict(config))
     check_image_inputs(config, info)
 

@@ -2,10 +2,12 @@
 process, else on local workers), ``KEY=VALUE`` flags (``parse_key_values``), and how they end: a user error
 (``ConfigError``, in this process or raised by a worker) is one line on stderr and exit status 2; a launcher
 stopped by a signal says so and exits with 128 + the signal; an internal error keeps its traceback (a
-worker's comes with the first rank that failed)."""
+worker's comes with the first rank that failed). Their flags are parsed by ``ArgumentParser``, whose errors are
+one line too."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Callable, Iterable
@@ -15,6 +17,31 @@ import yaml
 
 from dit_sp.errors import ConfigError
 from dit_sp.parallel.launch import LauncherStopped, WorkerError, spawn
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser with a one-line error: ``error: MESSAGE (see python -m pipelines.X --help)``, exit 2.
+
+    argparse prints the whole usage block before its error, which for a CLI with thirty flags buries the
+    one line that says what is wrong; ``--help`` still prints the usage in full. ``prog`` defaults to the
+    command that runs the module (``python -m pipelines.generate``, also under torchrun) rather than the
+    file name argparse would take from ``sys.argv[0]`` (``generate.py``, which cannot be run as such)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        if not args and "prog" not in kwargs:
+            kwargs["prog"] = running_command()
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        _exit(f"error: {message} (see {self.prog} --help)", 2)
+
+
+def running_command() -> str | None:
+    """``python -m MODULE`` for the module run as ``__main__`` with ``-m`` (or by torchrun ``-m``); None
+    (argparse's own name) for a script run by its path or an interpreter without a main module."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    name = getattr(spec, "name", None)
+    return f"python -m {name.removesuffix('.__main__')}" if name else None
 
 
 def launch(fn: Callable[..., Any], world_size: int, args: tuple = ()) -> list[Any]:

@@ -21,12 +21,12 @@ def prompt_entries(path: str | Path, missing: str | None = None) -> tuple[Path, 
     """The prompt file found (a path, or a bundled file by name) and, per non-blank line, its entry: ``{"prompt":
     LINE}`` for a .txt, the parsed line (not yet checked to be an object) for a .jsonl. ``MissingFileError``
     (``missing``, or a message of its own) where there is no such file; ``ConfigError`` naming the line where
-    a .jsonl line is not JSON."""
+    a .jsonl line is not JSON or the file is not UTF-8 (``read_text``)."""
     file = asset_path(path)
     if file is None or not file.is_file():
         raise MissingFileError(missing or f"prompt file {path} does not exist (give a .txt with one prompt per line "
                                           "or a .jsonl)")  # fmt: skip
-    lines = [line for line in file.read_text().splitlines() if line.strip()]
+    lines = [line for line in read_text(file).splitlines() if line.strip()]
     if file.suffix != ".jsonl":
         return file, [{"prompt": line.strip()} for line in lines]
     entries = []
@@ -36,6 +36,22 @@ def prompt_entries(path: str | Path, missing: str | None = None) -> tuple[Path, 
         except ValueError as e:
             raise ConfigError(f"{file}:{number}: not a JSON object ({e})") from e
     return file, entries
+
+
+def read_text(file: Path) -> str:
+    """The text of ``file``, decoded as UTF-8 (what every prompt file is read as, whatever the machine's
+    locale); ``ConfigError`` naming the line and byte offset of the first byte that is not UTF-8 (a file saved
+    as Latin-1 or UTF-16 by an editor), or why the file could not be read."""
+    try:
+        data = file.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"prompt file {file}: cannot be read ({e.strerror or e})") from e
+    try:
+        return data.decode("utf-8").removeprefix("\ufeff")  # a BOM some editors write is not part of a prompt
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise ConfigError(f"prompt file {file}:{line}: byte 0x{data[e.start]:02x} at offset {e.start} is not UTF-8 "
+                          "text; save the file as UTF-8") from None  # fmt: skip
 
 
 def read_prompt_file(path: str | Path) -> tuple[list[str], list[str | None]]:

@@ -56,8 +56,9 @@ def check_writable(path: str | Path, flag: str) -> None:
     if not existing.is_dir():
         raise ConfigError(f"{flag} {path}: {existing} is a file, not a directory")
     try:
-        with tempfile.NamedTemporaryFile(dir=existing, prefix=".dit_sp_probe_"):
-            pass
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".dit_sp_probe_") as probe:
+            probe.write(b"0")  # a full disk still takes an empty file, not a byte
+            probe.flush()
     except OSError as e:
         raise ConfigError(f"{flag} {path}: cannot write to {existing} ({e.strerror or e})") from e
 

@@ -5,20 +5,30 @@ HunyuanVideo's 8B Llama) costs as much memory as a shard of the DiT. The trainer
 the run up front (the ranks share the work), writes one file per prompt, frees the encoder, and reads the
 files of each step's prompts (a few MB) when it rolls out. A later run (or a resume) with the same model,
 prompt and text settings finds the files and never loads the encoder at all.
+
+A damaged file (cut short by a full disk or a killed copy, or overwritten) never stops a later run: it counts
+as missing, so it is encoded again and replaced, with one warning.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import pickle
+import shutil
+import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from dit_sp.errors import ConfigError
 from dit_sp.rl.batch import select
+
+log = logging.getLogger(__name__)
 
 TEXT_ENCODERS = ("text_encoder", "text_encoder_2")
 """Pipeline components that only encode prompts (HunyuanVideo has two)."""
@@ -59,38 +69,90 @@ class PromptEmbeddings:
         return self.directory / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.pt"
 
     def missing(self, prompts: Sequence[str]) -> list[str]:
-        """The distinct prompts of ``prompts`` that have no file yet, in order."""
-        return [p for p in dict.fromkeys(prompts) if not self.path(p).is_file()]
+        """The distinct prompts of ``prompts`` that have no usable file yet, in order: a damaged one (not the
+        zip archive ``torch.save`` writes, or cut short: its directory at the end is read, not its tensors)
+        counts as missing and is replaced by ``compute``; one warning lists them (on rank 0 only: every rank
+        looks, rank 0's answer is used)."""
+        todo, damaged = [], []
+        for prompt in dict.fromkeys(prompts):
+            path = self.path(prompt)
+            if not path.is_file():
+                todo.append(prompt)
+            elif (problem := _damage(path)) is not None:
+                todo.append(prompt)
+                damaged.append(f"{path.name} ({problem})")
+        if damaged and os.environ.get("RANK", "0") == "0":
+            log.warning("%d damaged prompt embedding file(s) in %s are encoded again: %s%s", len(damaged),
+                        self.directory, ", ".join(damaged[:3]), " ..." if len(damaged) > 3 else "")  # fmt: skip
+        return todo
 
     def compute(self, prompts: Sequence[str], encode: Callable[[list[str]], Conditioning], batch: int = 8) -> None:
         """Encode ``prompts`` in batches and write one file per prompt (atomically: a killed run leaves no
-        half-written file)."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        half-written file, a failed write no temporary one). A directory that takes no file (read-only, full)
+        is a ``ConfigError`` naming it."""
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"embedding_cache {self.directory}: cannot be created ({e.strerror or e}); choose "
+                              "another embedding_cache or output_dir") from e  # fmt: skip
         prompts = list(prompts)
         for start in range(0, len(prompts), batch):
             chunk = prompts[start : start + batch]
             with torch.no_grad():
                 cond = encode(chunk)
             for i, prompt in enumerate(chunk):
-                one = select(cond, slice(i, i + 1))
-                path = self.path(prompt)
-                tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-                torch.save({"prompt": prompt, "cond": _to_cpu(one)}, tmp)
-                os.replace(tmp, path)
+                self._write(prompt, select(cond, slice(i, i + 1)))
+
+    def _write(self, prompt: str, cond: Conditioning) -> None:
+        path = self.path(prompt)
+        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+        try:
+            torch.save({"prompt": prompt, "cond": _to_cpu(cond)}, tmp)
+            os.replace(tmp, path)
+        except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
+            full = shutil.disk_usage(self.directory).free < (tmp.stat().st_size if tmp.exists() else 0) + 2**20
+            tmp.unlink(missing_ok=True)
+            if not isinstance(e, OSError) and not full:
+                raise
+            reason = "no space left on the device" if full else (e.strerror or str(e))
+            raise ConfigError(f"embedding_cache {self.directory}: cannot write {path.name} ({reason}); free space "
+                              "there or set embedding_cache to another directory") from e  # fmt: skip
 
     def read(self, prompts: Sequence[str], device: torch.device) -> Conditioning:
-        """The batched conditioning of ``prompts`` on ``device``."""
+        """The batched conditioning of ``prompts`` on ``device``. A file damaged since ``missing`` looked (the
+        encoder may be gone by now) is removed, so that the next run encodes it again, and is a one-line
+        ``ConfigError``."""
         items = []
         for prompt in prompts:
             path = self.path(prompt)
             try:
                 entry = torch.load(path, map_location=device, weights_only=True)
+                if not isinstance(entry, dict) or entry.get("prompt") != prompt:  # a file from elsewhere
+                    raise ValueError(f"it holds no embedding of {prompt!r}")
             except FileNotFoundError as e:
                 raise FileNotFoundError(f"no embedding of {prompt!r} in {self.directory}: encode it first") from e
-            if entry["prompt"] != prompt:  # a hash collision, or a file from elsewhere
-                raise ValueError(f"{path} holds the embedding of {entry['prompt']!r}, not of {prompt!r}")
+            except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as e:
+                path.unlink(missing_ok=True)
+                raise ConfigError(f"prompt embedding {path} is damaged ({_first_line(e)}); it was removed, and the "
+                                  "next run (or --resume) encodes it again") from e  # fmt: skip
             items.append(entry["cond"])
         return concat(items)
+
+
+def _damage(path: Path) -> str | None:
+    """What is wrong with an embedding file's archive, or None: its zip directory (at the end of the file) is
+    read and must list the pickle ``torch.save`` writes; the tensors are not read."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            if not any(name.endswith("/data.pkl") for name in archive.namelist()):
+                return "not a torch.save archive"
+    except (OSError, zipfile.BadZipFile) as e:
+        return str(e)
+    return None
+
+
+def _first_line(error: BaseException) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
 def _to_cpu(cond: Any) -> Any:

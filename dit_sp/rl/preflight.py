@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from pathlib import Path
 
+from dit_sp.errors import require_package
 from dit_sp.io.prompts import read_prompt_file
+from dit_sp.io.video import check_writable
 from dit_sp.parallel import ParallelConfig
 from dit_sp.rl.batch import check_split
 from dit_sp.rl.config import TrainConfig
@@ -13,13 +16,29 @@ from dit_sp.rl.rundir import check_output_dir
 
 def check_before_loading(config: TrainConfig, world_size: int) -> None:
     """Everything that can be checked from files alone before weights load or workers start: the output
-    directory, the prompts, the reward names, the sample size against the model's config files, and the
-    split of a step's samples over the layout's data-parallel ranks (``ConfigError`` naming the setting)."""
+    directory (a run in it, and that it takes a file: read-only or full), the prompts, the optional packages
+    the settings need, the model directory's files, the reward names, the sample size against the model's
+    config files, and the split of a step's samples over the layout's data-parallel ranks (``ConfigError``
+    naming the setting or file)."""
     from dit_sp.rl.rewards import check_reward
-    from dit_sp.zoo import check_shape_from_files
+    from dit_sp.zoo import check_checkpoint, check_shape_from_files
 
     check_output_dir(config)
+    check_writable(Path(config.output_dir) / "config.yaml", "output_dir")
+    if config.embedding_cache:
+        check_writable(Path(config.embedding_cache) / "embedding.pt", "embedding_cache")
     read_prompt_file(config.prompts)
+    check_packages(config)
+    check_checkpoint(config.model)
     check_reward(config.reward)
     check_shape_from_files(config.model, asdict(config.sample), flags=False)
     check_split(config.grpo, ParallelConfig.for_world(world_size, ring=config.ring, ulysses=config.ulysses).dp)
+
+
+def check_packages(config: TrainConfig) -> None:
+    """The optional packages the settings need are installed (``MissingPackageError`` with the pip command):
+    peft for LoRA, wandb for W&B logging."""
+    if config.lora.rank > 0:
+        require_package("peft", "LoRA (lora.rank > 0)", "lora")
+    if config.wandb is not None:
+        require_package("wandb", "W&B logging (the wandb setting)", "tracking")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from dit_sp.errors import RunStopped
 from dit_sp.rl.batch import seed_for
 from dit_sp.rl.step_stats import metrics_row
 from dit_sp.rl.update import train_on_rollout
@@ -14,8 +15,9 @@ if TYPE_CHECKING:
     from dit_sp.rl.trainer import GRPOTrainer
 
 
-class NonFiniteError(RuntimeError):
-    """Too many updates in a row were skipped for a non-finite loss or gradient norm."""
+class NonFiniteError(RunStopped, RuntimeError):
+    """Too many updates in a row were skipped for a non-finite loss or gradient norm (a documented stop: one
+    line from the CLIs)."""
 
 
 def step(trainer: GRPOTrainer) -> dict[str, Any]:

@@ -7,16 +7,16 @@ from typing import Any
 
 import torch
 
+from dit_sp.errors import require_package
+
 TARGET_MODULES = ("to_q", "to_k", "to_v", "to_out.0")
 """The attention projections of every supported diffusers transformer."""
 
 
 def add_lora(model: torch.nn.Module, rank: int, alpha: float | None = None) -> None:
     """Freeze ``model`` and add trainable LoRA adapters (B initialised to zero: the model is unchanged)."""
-    try:
-        from peft import LoraConfig
-    except ImportError as e:
-        raise ImportError("LoRA needs peft: pip install 'dit-sp[lora]' (or pip install peft)") from e
+    require_package("peft", "LoRA (lora.rank > 0)", "lora")  # one line, not peft's ImportError traceback
+    from peft import LoraConfig
 
     model.requires_grad_(False)
     rng = torch.get_rng_state()

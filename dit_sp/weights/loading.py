@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from dit_sp._compat import keep_in_fp32_modules, local_region
-from dit_sp.errors import MissingFileError
+from dit_sp.errors import ConfigError, MissingFileError
 
 WEIGHTS_NAME = "diffusion_pytorch_model"
 """The stem of diffusers' weight files (``.safetensors``, or shards listed in ``.safetensors.index.json``)."""
@@ -67,25 +67,17 @@ class SafetensorsCheckpoint:
 
     def __init__(self, directory: str | Path):
         self.directory = Path(directory)
-        index = self.directory / f"{WEIGHTS_NAME}.safetensors.index.json"
-        if index.is_file():
-            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        else:
-            files = [f.name for f in sorted(self.directory.glob("*.safetensors"))]
+        files = weight_files(self.directory)
         if not files:
             raise MissingFileError(
                 f"{self.directory} holds no .safetensors weights: sharded loading reads safetensors only "
                 "(save with save_pretrained(DIR, safe_serialization=True), the default)"
             )
         self._where: dict[str, tuple[Path, int, dict]] = {}
-        for name in files:
-            path = self.directory / name
-            with open(path, "rb") as f:
-                size = int.from_bytes(f.read(8), "little")
-                header = json.loads(f.read(size))
-            header.pop("__metadata__", None)
+        for path in files:
+            header, data_start = safetensors_header(path)
             for key, info in header.items():
-                self._where[key] = (path, 8 + size, info)
+                self._where[key] = (path, data_start, info)
 
     def keys(self) -> set[str]:
         return set(self._where)
@@ -118,6 +110,62 @@ class SafetensorsCheckpoint:
         rows, row = region[0], math.prod(shape[1:])
         out = self.read_flat(name, rows.start * row, (rows.stop - rows.start) * row).view(-1, *shape[1:])
         return out[(slice(None), *region[1:])]
+
+
+def weight_files(directory: str | Path) -> list[Path]:
+    """The safetensors files of a model directory: the shards its ``*.safetensors.index.json`` lists, else
+    every ``*.safetensors`` there (none: ``[]``). ``ConfigError`` naming the index if it is not JSON with a
+    ``weight_map``, ``MissingFileError`` naming a shard it lists that is not there."""
+    directory = Path(directory)
+    indexes = sorted(directory.glob("*.safetensors.index.json"))
+    if not indexes:
+        return sorted(directory.glob("*.safetensors"))
+    index = directory / f"{WEIGHTS_NAME}.safetensors.index.json"
+    index = index if index in indexes else indexes[0]
+    try:
+        names = sorted(set(json.loads(index.read_bytes())["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(f"{index} is damaged: not a JSON shard index with a weight_map ({e}); save or download "
+                          "the model again") from e  # fmt: skip
+    missing = [name for name in names if not (directory / name).is_file()]
+    if missing:
+        raise MissingFileError(f"{index} lists shards that are not in {directory}: {missing[:3]}; the download is "
+                               "incomplete (fetch the missing files)")  # fmt: skip
+    return [directory / name for name in names]
+
+
+def safetensors_header(path: str | Path) -> tuple[dict[str, dict], int]:
+    """The tensor table of a safetensors file (name: dtype, shape, data offsets) and the byte where its data
+    starts, checked against the file's size without reading the data: ``ConfigError`` naming the file if it
+    is not safetensors or is shorter than its table says (a download cut short, a disk that filled up).
+    Cheap enough to run on every shard of a checkpoint before anything loads."""
+    path = Path(path)
+
+    def damaged(what: str) -> ConfigError:
+        return ConfigError(f"{path} is damaged: {what}; save or download it again")
+
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            length = int.from_bytes(f.read(8), "little")
+            if size < 8 or length > size - 8:
+                raise damaged(f"not a safetensors file, or truncated ({size} bytes, header of {length} claimed)")
+            header = json.loads(f.read(length))
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot be read ({e.strerror or e})") from e
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise damaged(f"its header is not the JSON table of a safetensors file ({e})") from e
+    if not isinstance(header, dict):
+        raise damaged("its header is not the JSON table of a safetensors file")
+    header.pop("__metadata__", None)
+    data = size - 8 - length
+    for key, info in header.items():
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
+            raise damaged(f"tensor {key!r} has no valid data_offsets in its header")
+        if not 0 <= offsets[0] <= offsets[1] <= data:
+            raise damaged(f"truncated: tensor {key!r} ends at byte {8 + length + offsets[1]} of {size}")
+    return header, 8 + length
 
 
 def checkpoint_key(name: str) -> str:

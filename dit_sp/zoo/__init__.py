@@ -4,6 +4,7 @@ diffusers checkpoints."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,79 @@ def model_defaults(model: str) -> dict[str, Any]:
     return dict(model_spec(model).get("defaults", {}))
 
 
+MODEL_FILES = ("config.json",)
+"""What the directory of every model component (one that holds weights, a transformer, a VAE) must hold."""
+
+
+def check_checkpoint(model: str | Path) -> dict[str, Any]:
+    """A checkpoint directory checked from its files alone, before anything loads or any worker starts: its
+    ``model_index.json`` (valid JSON naming a diffusers pipeline class, and library classes that exist), each
+    component's directory, the ``config.json`` of each model component and the headers of its safetensors
+    files (``dit_sp.weights.loading.safetensors_header``: truncated or foreign files). A ``ConfigError`` (or
+    ``MissingFileError``) names the file and what is wrong; returns the parsed ``model_index.json`` (``{}`` for
+    a tiny model built in code). Class names are looked up in the libraries' lazy listings (nothing imported)."""
+    from dit_sp.weights.loading import safetensors_header, weight_files
+
+    path = checkpoint_dir(model)
+    if path is None:
+        return {}
+    file = path / "model_index.json"
+    if not file.is_file():
+        raise MissingFileError(f"{path} is not a diffusers pipeline directory: model_index.json is missing "
+                               "(save one with pipeline.save_pretrained(DIR))")  # fmt: skip
+    index = _json_object(file, "the pipeline's index, as pipeline.save_pretrained(DIR) writes it")
+    name = index.get("_class_name")
+    if not _has_class("diffusers", name):
+        raise ConfigError(f"{file}: _class_name {name!r} is not a pipeline class of this diffusers; is it a "
+                          "pipeline directory of a newer diffusers, or a model's own directory?")  # fmt: skip
+    for key, value in index.items():
+        if key.startswith("_") or not isinstance(value, list) or len(value) != 2 or value[0] is None:
+            continue  # a pipeline setting (expand_timesteps, ...) or an absent component ([null, null])
+        library, class_name = value
+        if not _has_class(library, class_name):
+            raise ConfigError(f"{file}: component {key!r} is {library}.{class_name}, which {library} does not have "
+                              f"(upgrade {library}, or fix the entry)")  # fmt: skip
+        directory = path / key
+        if not directory.is_dir():
+            raise MissingFileError(f"{path} is an incomplete diffusers pipeline directory: {key}/ is missing, which "
+                                   f"{file.name} lists ({class_name})")  # fmt: skip
+        weights = weight_files(directory)
+        if weights or key in (*TRANSFORMERS, "vae"):
+            for required in MODEL_FILES:
+                _json_object(directory / required, f"the {key}'s configuration, as save_pretrained writes it")
+        for weight_file in weights:
+            safetensors_header(weight_file)
+    return index
+
+
+def _json_object(file: Path, what: str) -> dict[str, Any]:
+    if not file.is_file():
+        raise MissingFileError(f"{file} is missing: it holds {what}")
+    try:
+        value = json.loads(file.read_bytes())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{file} is not valid JSON ({e}): it should hold {what}") from e
+    if not isinstance(value, dict):
+        raise ConfigError(f"{file} holds a JSON {type(value).__name__}, not an object: it should hold {what}")
+    return value
+
+
+def _has_class(library: Any, name: Any) -> bool:
+    """Whether ``library`` (diffusers or transformers) has a class ``name``; other libraries are left to
+    diffusers' loader."""
+    if library not in ("diffusers", "transformers"):
+        return True
+    return isinstance(name, str) and name in _names(library)
+
+
+@functools.cache
+def _names(library: str) -> frozenset[str]:
+    """What a lazy module (diffusers, transformers) lists, read without importing any of it."""
+    import importlib
+
+    return frozenset(dir(importlib.import_module(library)))
+
+
 def load_pipeline(
     model: str | Path,
     dtype: torch.dtype,
@@ -156,14 +230,9 @@ def load_pipeline(
         pipe = build_tiny(str(model))
         pipe = pipe if dtype == torch.float32 else pipe.to(dtype)
         return pipe if device is None else pipe.to(device)
-    if not (path / "model_index.json").is_file():
-        raise MissingFileError(
-            f"{path} is not a diffusers pipeline directory: model_index.json is missing "
-            "(save one with pipeline.save_pretrained(DIR))"
-        )
+    index = check_checkpoint(path)
     import diffusers
 
-    index = json.loads((path / "model_index.json").read_text())
     present = [name for name, value in index.items() if isinstance(value, list) and value[0] is not None]
     empty = [name for name in TRANSFORMERS if empty_transformers and name in present]
     skipped = [name for name in without if name in present]
