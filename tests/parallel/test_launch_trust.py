@@ -83,6 +83,8 @@ def test_a_local_launch_listens_on_loopback_only(monkeypatch, direct):
         assert sockets["launcher"], "the launcher hosts the rendezvous store"
         beyond = [s for s in sockets["worker"] + sockets["launcher"] if s[0] not in LOOPBACK]
         assert not beyond, f"rank {rank}: listening beyond loopback: {beyond}"
+    store = set(results[0]["launcher"])
+    assert not store & set(listeners(os.getpid())), "the store outlived its launch"
 
 
 def _listeners_of_one() -> list:
