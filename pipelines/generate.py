@@ -22,7 +22,12 @@ import dataclasses
 from dit_sp.inference import GenerateConfig, batch_layout, check_before_loading, generate, read_batch
 from dit_sp.io.cli import ArgumentParser, launch, run_main
 from dit_sp.io.schema import ConfigError
+from dit_sp.parallel.state import collective_timeout
 from dit_sp.zoo import builtin_models
+
+HELP = {
+    "collective_timeout": f"SECONDS a collective waits for a lost peer (default {GenerateConfig.collective_timeout:g})"
+}
 
 
 def parse_args(argv: list[str] | None = None) -> GenerateConfig:
@@ -33,6 +38,7 @@ def parse_args(argv: list[str] | None = None) -> GenerateConfig:
             continue  # a model config's tables (cache_thresholds, ...): YAML only
         flag = "--" + field.name.replace("_", "-")
         help_text = f"built-in {builtin_models()} or a local diffusers directory" if field.name == "model" else None
+        help_text = HELP.get(field.name, help_text)
         if field.type in ("bool", bool):  # on by default: --no-NAME turns it off
             action = argparse.BooleanOptionalAction if field.default is True else "store_true"
             parser.add_argument(flag, dest=field.name, action=action, default=None)
@@ -40,7 +46,9 @@ def parse_args(argv: list[str] | None = None) -> GenerateConfig:
             parser.add_argument(flag, dest=field.name, help=help_text)
     args = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
     try:
-        return GenerateConfig.load(args.pop("config", None), args)
+        config = GenerateConfig.load(args.pop("config", None), args)
+        collective_timeout(config.collective_timeout)  # refused before any worker starts
+        return config
     except (ConfigError, FileNotFoundError, ValueError) as e:
         parser.error(str(e))
 

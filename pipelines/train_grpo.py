@@ -18,6 +18,7 @@ from pathlib import Path
 from dit_sp import TrainConfig
 from dit_sp.io.cli import ArgumentParser, launch, parse_key_values, run_main
 from dit_sp.io.schema import ConfigError
+from dit_sp.parallel.state import collective_timeout
 from dit_sp.rl.preflight import check_before_loading
 from dit_sp.rl.trainer import train
 
@@ -30,6 +31,10 @@ FLAGS = {  # flag: (type, help); each sets the TrainConfig key of the same name
     "ulysses": (int, "Ulysses degree"),
     "ring": (int, "ring degree"),
     "dp": (int, "data-parallel degree (local launch: processes = dp*ring*ulysses)"),
+    "collective_timeout": (
+        float,
+        f"SECONDS a collective waits for a lost peer (default {TrainConfig.collective_timeout:g})",
+    ),
     "prompts": (str, "a .txt (one prompt per line) or .jsonl ({'prompt': ...}) file"),
     "seed": (int, "run seed"),
 }
@@ -48,7 +53,9 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     path, settings = args.pop("config", None), args.pop("settings")
     try:
         args |= parse_key_values(settings, "--set", "grpo.group_size=4")
-        return TrainConfig.load(path, args)
+        config = TrainConfig.load(path, args)
+        collective_timeout(config.collective_timeout)  # refused before any worker starts
+        return config
     except (ConfigError, FileNotFoundError) as e:
         parser.error(str(e))
 

@@ -39,6 +39,8 @@ class GenerateConfig:
     """Data-parallel groups of a local launch (default 1; under torchrun: the processes left over)."""
     cfg_parallel: bool = False
     """Run the two guidance branches on two halves of the processes."""
+    collective_timeout: float = 600.0
+    """Seconds a collective waits for a slow or lost peer before the run fails (``dit_sp.parallel.init_layout``)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     out: str = "outputs/video.mp4"
     """``FILE.mp4``, ``FILE.gif`` or a directory of PNG frames."""

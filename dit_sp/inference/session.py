@@ -38,7 +38,9 @@ def setup(config: GenerateConfig, images: bool) -> tuple[ParallelState, Any, dic
     from dit_sp.zoo import as_image_to_video, load_pipeline
 
     cfg = 2 if config.cfg_parallel else 1
-    parallel = init_layout(ring=config.ring, ulysses=config.ulysses, cfg=cfg, dp=config.dp)
+    parallel = init_layout(
+        ring=config.ring, ulysses=config.ulysses, cfg=cfg, dp=config.dp, timeout=config.collective_timeout
+    )
     check_ranks_agree(parallel, dataclasses.asdict(config), "settings")
     dtype = getattr(torch, config.dtype)
     pipe = load_pipeline(config.model, dtype, parallel.device, empty_transformers=config.shard_weights)

@@ -1,10 +1,19 @@
-"""Start N local worker processes that form one torch.distributed world (tests, benchmarks, CLIs)."""
+"""Start N local worker processes that form one torch.distributed world (tests, benchmarks, CLIs).
+
+Nothing a local launch opens listens beyond loopback: the rendezvous store is a ``TCPStore`` that the launcher
+hosts on 127.0.0.1 (torch's own, started by rank 0 under ``env://``, listens on every interface), the workers
+being its clients as under torchrun (``TORCHELASTIC_USE_AGENT_STORE``); gloo's and NCCL's sockets are bound to
+the loopback interface (``GLOO_SOCKET_IFNAME``, ``NCCL_SOCKET_IFNAME``). Under torchrun the store and the
+interfaces are torchrun's and the user's: its store listens on every interface of the first node, so a
+multi-node world belongs on a trusted network.
+"""
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
 import pickle
+import re
 import signal
 import socket
 import sys
@@ -12,7 +21,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -23,8 +32,9 @@ import torch
 class WorkerError(RuntimeError):
     """A spawned worker raised, died or ran past its time limit.
 
-    ``rank`` is the first rank that failed; ``cause`` the exception it raised (when it could be carried
-    over), ``worker_traceback`` its traceback text.
+    ``rank`` is the rank whose failure came first by cause (``_failure``); ``cause`` the exception it raised
+    (when it could be carried over; ``None`` for a worker killed by a signal), ``worker_traceback`` its
+    traceback text.
     """
 
     def __init__(self, message: str, rank: int | None = None, cause: BaseException | None = None,
@@ -46,6 +56,47 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def loopback_interface() -> str:
+    """The loopback network interface's name: ``lo`` on Linux, ``lo0`` on macOS."""
+    names = [name for _, name in socket.if_nameindex()] if hasattr(socket, "if_nameindex") else []
+    return next((name for name in names if name in ("lo", "lo0")), "lo")
+
+
+def loopback_env() -> dict[str, str]:
+    """Environment variables that bind gloo's and NCCL's sockets to the loopback interface, for processes on
+    one machine that reach each other there (left to themselves, gloo listens on the address the host name
+    resolves to, NCCL on the first non-loopback interface). NCCL's ``=`` asks for that name exactly."""
+    lo = loopback_interface()
+    return {"GLOO_SOCKET_IFNAME": lo, "NCCL_SOCKET_IFNAME": f"={lo}"}
+
+
+@contextmanager
+def _rendezvous_store() -> Iterator[int]:
+    """A ``TCPStore`` server in this process that listens on 127.0.0.1 alone, for the workers' rendezvous: the
+    port. Handed a socket already bound to loopback (``master_listen_fd``, which it takes over), the store
+    listens there instead of on every interface; the port is held from the start, so no other process can
+    take it in between. The workers are its clients, as torchrun's are of its agent's store."""
+    import torch.distributed as dist
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(128)
+    except BaseException:
+        sock.close()
+        raise
+    port, fd = sock.getsockname()[1], sock.detach()
+    try:
+        store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, master_listen_fd=fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        yield port
+    finally:
+        del store  # stops the server and closes its socket
 
 
 def _exit_with_launcher() -> None:
@@ -82,6 +133,7 @@ def _worker(
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
+        TORCHELASTIC_USE_AGENT_STORE="True",  # env:// on every rank: a client of the launcher's store
         RANK=str(rank),
         WORLD_SIZE=str(world_size),
         LOCAL_RANK=str(rank),
@@ -132,6 +184,20 @@ def _stop_on_signals():
             signal.signal(sig, handler)
 
 
+REPORT_GRACE_S = 2.0
+"""After one worker failed, how long the others get to end by themselves before they are stopped."""
+
+
+def _let_survivors_report(procs: list) -> None:
+    """A moment for the other workers to end by themselves once one failed: what that failure did to them
+    (gloo's "Connection closed by peer" in a collective with a killed rank comes within milliseconds) is then
+    reported after it, instead of being cut off by the launcher's SIGTERM; a worker that is busy elsewhere is
+    stopped after ``REPORT_GRACE_S``."""
+    deadline = time.monotonic() + REPORT_GRACE_S
+    while time.monotonic() < deadline and any(p.is_alive() for p in procs):
+        time.sleep(0.05)
+
+
 def _stop(procs: list) -> None:
     """SIGTERM, a moment to exit, then SIGKILL: no worker outlives its launcher."""
     procs = [p for p in procs if p.pid is not None]  # a signal may come before every worker started
@@ -146,33 +212,75 @@ def _stop(procs: list) -> None:
             p.join()
 
 
-def _failure(out_dir: str, procs: list, fn: Callable) -> WorkerError | None:
-    """The first failure (by time) among the workers, or None if all succeeded."""
-    failures = []
-    for rank in range(len(procs)):
-        path = Path(out_dir) / f"rank{rank}.err"
-        if path.exists():
+_SIGNAL_HINTS = {
+    signal.SIGKILL: " (out of memory?)",
+    signal.SIGSEGV: " (a crash in native code?)",
+    signal.SIGBUS: " (a crash in native code?)",
+    signal.SIGABRT: " (aborted by native code?)",
+}
+_PEER_LOST = re.compile(r"connection (closed|reset) by peer|remote worker crash|broken pipe|\bgloo\b|\bnccl\b", re.I)
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _read_failure(path: Path) -> dict | None:
+    if not path.exists():
+        return None
+    try:
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    except Exception:  # noqa: BLE001 - stopped while writing it: what it did is unknown
+        return None
+
+
+def _outcomes(out_dir: str, exited: dict[int, int], world_size: int) -> list[tuple]:
+    """Each failed rank as ``(sort key, rank, summary, exception, traceback)``, sorted by cause: killed by a
+    signal first (the launcher's own stops excluded: ``exited`` holds the exit codes of the ranks that ended by
+    themselves), then an exit without a traceback, then an exception of the worker's own, and last the errors
+    a lost or stalled peer causes in the survivors (gloo's "Connection closed by peer", NCCL's, a timeout);
+    by time within each kind. A survivor often reports its follow-on error before the launcher notices the
+    death that caused it, so time alone blames the wrong rank."""
+    outcomes = []
+    for rank in range(world_size):
+        failure = _read_failure(Path(out_dir) / f"rank{rank}.err")
+        code = exited.get(rank, 0)
+        if failure is not None:
+            error, text = failure["error"], failure["traceback"]
+            what = f"{type(error).__name__}: {error}" if error is not None else text.strip().splitlines()[-1]
+            import torch.distributed as dist
+
+            peer = isinstance(error, dist.DistError) or bool(_PEER_LOST.search(what))
+            outcomes.append(((3 if peer else 2, failure["time"], rank), rank, f"rank {rank} failed ({what})",
+                             error, text))  # fmt: skip
+        elif code < 0:
             try:
-                with open(path, "rb") as f:
-                    failures.append((pickle.load(f), rank))
-            except Exception:  # noqa: BLE001 - killed while writing it: report the exit code instead
-                continue
-    if failures:
-        failure, rank = min(failures, key=lambda item: item[0]["time"])
-        error = failure["error"]
-        last_line = failure["traceback"].strip().splitlines()[-1]
-        what = f"{type(error).__name__}: {error}" if error is not None else last_line
-        return WorkerError(
-            f"rank {rank} of {len(procs)} failed first ({what}); worker {fn.__qualname__}'s traceback:\n"
-            f"{failure['traceback']}",
-            rank, error, failure["traceback"],
-        )  # fmt: skip
-    bad = {r: p.exitcode for r, p in enumerate(procs) if p.exitcode != 0}
-    if bad:
-        first = min(bad)
-        return WorkerError(f"workers of {fn.__qualname__} died without a traceback (killed, or out of memory?): "
-                           f"exit codes {bad}", first)  # fmt: skip
-    return None
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            hint = _SIGNAL_HINTS.get(-code, "")
+            outcomes.append(((0, 0.0, rank), rank, f"rank {rank} was killed by {name}{hint}", None, ""))
+        elif code > 0:
+            outcomes.append(((1, 0.0, rank), rank, f"rank {rank} exited with status {code} without a traceback",
+                             None, ""))  # fmt: skip
+    return sorted(outcomes, key=lambda outcome: outcome[0])
+
+
+def _failure(out_dir: str, exited: dict[int, int], world_size: int, fn: Callable) -> WorkerError | None:
+    """The failure that came first by cause (``_outcomes``), the others after it in one line each; None if
+    every worker succeeded."""
+    outcomes = _outcomes(out_dir, exited, world_size)
+    if not outcomes:
+        return None
+    (_, rank, summary, error, text), rest = outcomes[0], outcomes[1:]
+    message = summary
+    if rest:
+        message += "; after it, " + "; ".join(_one_line(other[2]) for other in rest)
+    if text:
+        message += f"; worker {fn.__qualname__}'s traceback:\n{text}"
+    return WorkerError(message, rank, error, text)
 
 
 def _context(fn: Callable) -> mp.context.BaseContext:
@@ -199,11 +307,15 @@ def spawn(
     """Run ``fn(*args)`` in ``world_size`` fresh processes and return their results by rank.
 
     Each worker sees torchrun's environment variables (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
-    ``MASTER_PORT`` on a free port, ``LOCAL_RANK``), so ``init_parallel`` works in it unchanged.
+    ``MASTER_PORT``, ``LOCAL_RANK``), so ``init_parallel`` and a plain ``env://`` ``init_process_group`` work
+    in it unchanged: ``MASTER_ADDR:MASTER_PORT`` is the launcher's store on 127.0.0.1, and gloo and NCCL are
+    bound to the loopback interface (``env`` may name another). Nothing listens beyond loopback.
     ``fn`` must be importable (defined at module level) and its result picklable by ``torch.save``.
     ``threads`` (torch intra-op threads per worker) defaults to the CPU cores divided among the workers,
     so they do not oversubscribe the machine. If any worker fails, the others are stopped and a
-    ``WorkerError`` names the first rank that failed and carries its exception and traceback; a run past
+    ``WorkerError`` names the rank whose failure came first by cause (a worker killed by a signal before the
+    errors it caused in its peers: "rank 1 was killed by SIGKILL (out of memory?); after it, rank 0 failed
+    (...)") and carries its exception and traceback; a run past
     ``timeout`` seconds (``None``: no limit) is stopped too, so nothing can hang. SIGTERM, SIGHUP or SIGINT
     to the launcher stop every worker (``LauncherStopped`` or ``KeyboardInterrupt`` is raised) and remove
     the temporary files; a worker whose launcher died exits by itself.
@@ -213,12 +325,16 @@ def spawn(
     if threads is None:
         threads = max(1, (os.cpu_count() or 1) // world_size)
     ctx = _context(fn)
-    port = free_port()
-    with tempfile.TemporaryDirectory(prefix="dit_sp_spawn_") as out_dir, _stop_on_signals():
+    worker_env = {**os.environ, **loopback_env(), **(env or {})}
+    with (
+        tempfile.TemporaryDirectory(prefix="dit_sp_spawn_") as out_dir,
+        _stop_on_signals(),
+        _rendezvous_store() as port,
+    ):
         procs = [
             ctx.Process(
                 target=_worker,
-                args=(fn, rank, world_size, port, args, out_dir, threads, {**os.environ, **(env or {})}),
+                args=(fn, rank, world_size, port, args, out_dir, threads, worker_env),
                 name=f"dit_sp-worker-{rank}",
             )
             for rank in range(world_size)
@@ -229,13 +345,15 @@ def spawn(
             deadline = time.monotonic() + timeout if timeout is not None else None
             while any(p.is_alive() for p in procs):
                 if any(p.exitcode not in (None, 0) for p in procs):
+                    _let_survivors_report(procs)
                     break
                 if deadline is not None and time.monotonic() > deadline:
                     raise WorkerError(f"workers of {fn.__qualname__} ran past the {timeout:.0f} s limit")
                 time.sleep(0.05)
+            exited = {rank: p.exitcode for rank, p in enumerate(procs) if p.exitcode is not None}
         finally:
             _stop(procs)
-        error = _failure(out_dir, procs, fn)
+        error = _failure(out_dir, exited, world_size, fn)
         if error is not None:
             raise error
         return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=False) for r in range(world_size)]

@@ -18,9 +18,13 @@ from dit_sp._compat import device_mesh, flatten_mesh, group_options
 from dit_sp.errors import ConfigError
 from dit_sp.parallel.config import ParallelConfig
 from dit_sp.parallel.device import default_backend, default_device
+from dit_sp.parallel.launch import loopback_env
 
 MESH_DIM_NAMES = ("dp", "cfg", "ring", "ulysses")
 DEFAULT_TIMEOUT = timedelta(minutes=10)
+"""How long a collective waits for its peers before it fails (the ``collective_timeout`` of the CLIs' configs):
+long enough for the slowest rank to load a model or write a checkpoint while the others wait."""
+MAX_TIMEOUT_S = 1e7
 
 
 @dataclass(frozen=True, eq=False)
@@ -123,6 +127,17 @@ def single_process_state(device: torch.device | None = None) -> ParallelState:
     )
 
 
+def collective_timeout(seconds: float | timedelta) -> timedelta:
+    """``seconds`` (a config's ``collective_timeout``) as the process groups' timeout; a ``ConfigError`` unless it
+    is a finite number above 0 (and at most ``MAX_TIMEOUT_S``)."""
+    if isinstance(seconds, timedelta):
+        seconds = seconds.total_seconds()
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_TIMEOUT_S:
+        raise ConfigError(f"collective_timeout must be a number of seconds above 0 and at most {MAX_TIMEOUT_S:.0f} "
+                          f"(default {DEFAULT_TIMEOUT.total_seconds():.0f}), got {seconds!r}")  # fmt: skip
+    return timedelta(seconds=seconds)
+
+
 def _destroy_process_group() -> None:
     """At exit, tear down the process group that ``init_parallel`` started, unless the caller did: left to
     interpreter finalization, gloo's worker threads can abort the process (SIGABRT, "terminate called without
@@ -136,16 +151,18 @@ def init_parallel(
     *,
     backend: str | None = None,
     device: torch.device | str | None = None,
-    timeout: timedelta = DEFAULT_TIMEOUT,
+    timeout: float | timedelta = DEFAULT_TIMEOUT,
 ) -> ParallelState:
     """Join (or start) the process group and build the ``(dp, cfg, ring, ulysses)`` mesh.
 
     The process group comes from torchrun's environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
     ``MASTER_PORT``), or is reused if already initialised. A single process with nothing launched gets
-    a state without process groups. A process group started here is destroyed at exit if the caller has
-    not done so. Every group created here uses ``timeout``, so a lost peer raises
-    instead of hanging.
+    a state without process groups. A world of one opens no store and binds gloo and NCCL to loopback, so
+    it listens on no other interface. A process group started here is destroyed at exit if the caller has
+    not done so. Every group created here uses ``timeout`` (seconds or a ``timedelta``), so a lost peer
+    raises instead of hanging.
     """
+    timeout = collective_timeout(timeout)
     device = torch.device(device) if device is not None else default_device()
     backend = backend or default_backend(device)
     if not dist.is_initialized():
@@ -160,7 +177,11 @@ def init_parallel(
         config.check_world_size(int(os.environ["WORLD_SIZE"]))
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        dist.init_process_group(backend=backend, timeout=timeout)
+        if int(os.environ["WORLD_SIZE"]) == 1:  # no peer to meet: an in-memory store, gloo/NCCL on loopback
+            os.environ.update(loopback_env())
+            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        else:
+            dist.init_process_group(backend=backend, timeout=timeout)
         atexit.register(_destroy_process_group)
     config.check_world_size(dist.get_world_size())
 
@@ -192,11 +213,14 @@ def init_parallel(
     )
 
 
-def init_layout(*, ring: int = 1, ulysses: int = 1, cfg: int = 1, dp: int | None = None) -> ParallelState:
+def init_layout(*, ring: int = 1, ulysses: int = 1, cfg: int = 1, dp: int | None = None,
+                timeout: float | timedelta = DEFAULT_TIMEOUT) -> ParallelState:  # fmt: skip
     """The layout on the running world (torchrun's, ``spawn``'s, or one process): what ring, Ulysses and CFG
-    do not take becomes data parallelism; ``dp``, when given, must be what is left."""
+    do not take becomes data parallelism; ``dp``, when given, must be what is left. ``timeout``: the
+    collectives' (``collective_timeout``)."""
+    timeout = collective_timeout(timeout)
     world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
-    parallel = init_parallel(ParallelConfig.for_world(world, ring=ring, ulysses=ulysses, cfg=cfg))
+    parallel = init_parallel(ParallelConfig.for_world(world, ring=ring, ulysses=ulysses, cfg=cfg), timeout=timeout)
     if dp is not None and dp != parallel.dp:
         raise ConfigError(f"dp={dp}, but {world} processes / (cfg*ring*ulysses={parallel.cfg * parallel.sp}) "
                           f"give dp={parallel.dp}")  # fmt: skip

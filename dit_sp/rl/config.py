@@ -97,6 +97,9 @@ class TrainConfig:
     """Data-parallel degree; by default the processes left after ring x ulysses."""
     ring: int = 1
     ulysses: int = 1
+    collective_timeout: float = 600.0
+    """Seconds a collective waits for a slow or lost peer before the run fails (``dit_sp.parallel.init_layout``):
+    raise it if one rank may take longer than that alone (loading a large model, writing a checkpoint)."""
     hsdp: bool = False
     """Shard over the SP ranks of a sample and replicate across dp, instead of sharding over all ranks."""
     activation_checkpointing: bool = False

@@ -56,7 +56,7 @@ def init_world(config: TrainConfig) -> ParallelState:
     world of one, since FSDP2 needs a process group."""
     if not dist.is_initialized() and "RANK" not in os.environ:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
-    return init_layout(ring=config.ring, ulysses=config.ulysses, dp=config.dp)
+    return init_layout(ring=config.ring, ulysses=config.ulysses, dp=config.dp, timeout=config.collective_timeout)
 
 
 class GRPOTrainer:
