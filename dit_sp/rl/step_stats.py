@@ -69,9 +69,9 @@ def step_line(row: dict[str, Any], video: str | None = None) -> str:
     """One console line of a metrics row, numbered like ``metrics.jsonl``: its step, the reward's mean and
     std over the step's samples, loss, KL, time, and the evaluation (its reward and ``video``) if it ran."""
 
-    def number(key: str, digits: int = 4) -> str:
+    def number(key: str) -> str:  # 3 significant digits: a loss or KL of 4e-06 is not 0.0000
         value = row.get(key)
-        return "n/a" if value is None else f"{value:.{digits}f}"
+        return "n/a" if value is None else f"{value:.3g}"
 
     reward = "n/a" if row["reward_mean"] is None else f"{row['reward_mean']:.4f} (std {row['reward_std']:.4f})"
     line = f"step {row['step']}: reward {reward}, loss {number('loss')}, kl {number('kl')}, {row['seconds']:.1f} s"

@@ -19,7 +19,8 @@ pytestmark = pytest.mark.slow  # runs the CLIs
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--max-steps", "2", "--set", "grpo.group_size=2", "--set", "grpo.prompts_per_step=2",
          "--set", "grpo.steps=2", "--set", "eval_prompts=2"]  # fmt: skip
-LINE = re.compile(r"^step (\d+): reward \d+\.\d+ \(std \d+\.\d+\), loss -?\d+\.\d+, kl -?\d+\.\d+, \d+\.\d+ s", re.M)
+NUMBER = r"-?\d+(?:\.\d+)?(?:e[-+]\d+)?"
+LINE = re.compile(rf"^step (\d+): reward \d\.\d{{4}} \(std \d\.\d{{4}}\), loss {NUMBER}, kl {NUMBER}, \d+\.\d s", re.M)
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,8 @@ def test_step_line_shows_reward_loss_kl_time_and_the_evaluation():
     row = {"step": 4, "reward_mean": 0.25, "reward_std": 0.0312, "loss": -0.00123, "kl": 0.0004, "seconds": 9.87,
            "reward_failed": 0, "eval_reward": 0.3}  # fmt: skip
     assert step_line(row, "eval_step000004.mp4") == (
-        "step 4: reward 0.2500 (std 0.0312), loss -0.0012, kl 0.0004, 9.9 s, eval reward 0.3000 (eval_step000004.mp4)"
+        "step 4: reward 0.2500 (std 0.0312), loss -0.00123, kl 0.0004, 9.9 s, eval reward 0.3000 (eval_step000004.mp4)"
     )
     row |= {"reward_mean": None, "reward_std": None, "reward_failed": 2, "eval_reward": None}
-    assert step_line(row) == "step 4: reward n/a, loss -0.0012, kl 0.0004, 9.9 s, 2 rewards failed"
+    row["kl"] = 3.78e-06
+    assert step_line(row) == "step 4: reward n/a, loss -0.00123, kl 3.78e-06, 9.9 s, 2 rewards failed"
