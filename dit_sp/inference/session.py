@@ -15,6 +15,7 @@ from dit_sp.cache import StepCache, enable_cache
 from dit_sp.families import check_shape
 from dit_sp.inference.checks import guidance_arguments, read_image
 from dit_sp.inference.config import GenerateConfig
+from dit_sp.io.console import plain_tracebacks, quiet_followers
 from dit_sp.parallel import ParallelState, check_ranks_agree, init_layout
 from dit_sp.sp import parallelize
 from dit_sp.zoo import TRANSFORMERS
@@ -38,9 +39,11 @@ def setup(config: GenerateConfig, images: bool) -> tuple[ParallelState, Any, dic
     from dit_sp.zoo import as_image_to_video, load_pipeline
 
     cfg = 2 if config.cfg_parallel else 1
-    parallel = init_layout(
-        ring=config.ring, ulysses=config.ulysses, cfg=cfg, dp=config.dp, timeout=config.collective_timeout
-    )
+    with plain_tracebacks():
+        parallel = init_layout(
+            ring=config.ring, ulysses=config.ulysses, cfg=cfg, dp=config.dp, timeout=config.collective_timeout
+        )
+    quiet_followers(leader=parallel.rank == 0)  # one set of bars and warnings: the first sample leader's
     check_ranks_agree(parallel, dataclasses.asdict(config), "settings")
     dtype = getattr(torch, config.dtype)
     pipe = load_pipeline(config.model, dtype, parallel.device, empty_transformers=config.shard_weights)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -109,3 +110,51 @@ def save_video(frames: np.ndarray, out: str | Path, suffix: str = "", fps: int =
         shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
         raise
     return target
+
+
+CAPTION_LINES = 3
+"""At most this many lines of a caption (a longer prompt ends in "...")."""
+
+
+def _wrap(text: str, fits: Callable[[str], bool]) -> list[str]:
+    """``text`` in greedy word lines that ``fits``, at most ``CAPTION_LINES`` (a word wider than the tile is
+    clipped at its edge when drawn)."""
+    lines: list[str] = []
+    for word in text.split():
+        if lines and fits(f"{lines[-1]} {word}"):
+            lines[-1] += f" {word}"
+        else:
+            lines.append(word)
+    if len(lines) > CAPTION_LINES:
+        lines = lines[:CAPTION_LINES]
+        lines[-1] += " ..."
+    return lines or [""]
+
+
+def captioned_side_by_side(videos: list[np.ndarray], captions: list[str], min_width: int = 128) -> np.ndarray:
+    """Videos ``(F, H, W, 3)`` in [0, 1] side by side, each under a strip with its caption (e.g. its
+    prompt) burnt in, so that a video file says what each sample was asked to show. Tiles narrower than
+    ``min_width`` are enlarged by a whole factor (nearest pixel: a 32-pixel sample stays sharp and the
+    text stays readable). Returns ``(F, strip + H * k, sum of widths, 3)`` in [0, 1]."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    if len(videos) != len(captions) or not videos:
+        raise ValueError(f"{len(videos)} videos for {len(captions)} captions")
+    font = ImageFont.load_default()
+    line_height = font.getbbox("Ag")[3] + 2
+    tiles, wrapped = [], []
+    for video in videos:
+        factor = max(1, -(-min_width // video.shape[2]))
+        tiles.append(video.repeat(factor, axis=1).repeat(factor, axis=2))
+    for tile, text in zip(tiles, captions):
+        width = tile.shape[2]
+        wrapped.append(_wrap(text, lambda line, room=width - 4: font.getlength(line) <= room))
+    strip_height = max(len(lines) for lines in wrapped) * line_height + 4
+    strip_height += strip_height % 2  # h264's 4:2:0 frames take even sizes
+    columns = []
+    for tile, lines in zip(tiles, wrapped):
+        strip = Image.new("RGB", (tile.shape[2], strip_height), (16, 16, 16))
+        ImageDraw.Draw(strip).multiline_text((2, 2), "\n".join(lines), fill=(240, 240, 240), font=font, spacing=2)
+        band = np.broadcast_to(np.asarray(strip, dtype=np.float32) / 255, (tile.shape[0], *strip.size[::-1], 3))
+        columns.append(np.concatenate([band, tile.astype(np.float32)], axis=1))
+    return np.concatenate(columns, axis=2)

@@ -93,26 +93,40 @@ class MetricsLog:
         self.plot()
 
     def plot(self) -> None:
-        import matplotlib
-
-        matplotlib.use("Agg")
+        """``reward_curve.png`` from the rows so far."""
         import matplotlib.pyplot as plt
 
-        rows = [r for r in self.rows if r["reward_mean"] is not None]
-        steps = [r["step"] for r in rows]
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        ax.plot(steps, [r["reward_mean"] for r in rows], label="reward mean")
-        ax.fill_between(steps, [r["reward_mean"] - r["reward_std"] for r in rows],
-                        [r["reward_mean"] + r["reward_std"] for r in rows], alpha=0.2)  # fmt: skip
-        evals = [r for r in rows if r.get("eval_reward") is not None]
-        if evals:
-            ax.plot([r["step"] for r in evals], [r["eval_reward"] for r in evals], "o-", label="eval reward (ODE)")
-        ax.set_xlabel("step")
-        ax.set_ylabel("reward")
-        ax.legend()
-        fig.tight_layout()
+        fig = reward_curve(self.rows)
         fig.savefig(self.out / "reward_curve.png", dpi=100)
         plt.close(fig)
+
+
+def reward_curve(rows: list[dict[str, Any]]) -> Any:
+    """The reward curve of metrics rows as a matplotlib ``Figure``: each step's mean reward over its
+    samples with a band of one standard deviation, and the evaluations' reward, against the step as in
+    ``metrics.jsonl`` (whole numbers on the x axis)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    rows = [r for r in rows if r["reward_mean"] is not None]
+    steps = [r["step"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(steps, [r["reward_mean"] for r in rows], label="training samples")
+    ax.fill_between(steps, [r["reward_mean"] - r["reward_std"] for r in rows],
+                    [r["reward_mean"] + r["reward_std"] for r in rows], alpha=0.2, label="± 1 std")  # fmt: skip
+    evals = [r for r in rows if r.get("eval_reward") is not None]
+    if evals:
+        ax.plot([r["step"] for r in evals], [r["eval_reward"] for r in evals], "o-", label="eval samples (ODE)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward (mean over the step's samples)")
+    ax.set_title("reward per GRPO step")
+    ax.legend()
+    fig.tight_layout()
+    return fig
 
 
 def _start_wandb(out: Path, config: WandbConfig, settings: dict[str, Any]) -> Any:

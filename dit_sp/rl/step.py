@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from dit_sp.errors import RunStopped
 from dit_sp.rl.batch import seed_for
+from dit_sp.rl.evaluate import video_name
 from dit_sp.rl.step_stats import metrics_row
 from dit_sp.rl.update import train_on_rollout
 
@@ -41,7 +42,7 @@ def step(trainer: GRPOTrainer) -> dict[str, Any]:
     row["skipped_steps"] = self.skipped_steps
     self.step_index = done = step + 1
     if config.eval_every and done % config.eval_every == 0:
-        video = self.output_dir / f"eval_step{done:06d}.mp4"
+        video = self.output_dir / video_name(step)  # numbered like its metrics row
         row["eval_reward"] = self.evaluate(video)
         if self.is_leader:
             self.metrics.log_video(video, step)

@@ -63,3 +63,20 @@ def over_dp(stats: dict[str, float], parallel: ParallelState) -> dict[str, float
             values /= parallel.dp
         out |= dict(zip(keys, values.tolist()))
     return out
+
+
+def step_line(row: dict[str, Any], video: str | None = None) -> str:
+    """One console line of a metrics row, numbered like ``metrics.jsonl``: its step, the reward's mean and
+    std over the step's samples, loss, KL, time, and the evaluation (its reward and ``video``) if it ran."""
+
+    def number(key: str) -> str:  # 3 significant digits: a loss or KL of 4e-06 is not 0.0000
+        value = row.get(key)
+        return "n/a" if value is None else f"{value:.3g}"
+
+    reward = "n/a" if row["reward_mean"] is None else f"{row['reward_mean']:.4f} (std {row['reward_std']:.4f})"
+    line = f"step {row['step']}: reward {reward}, loss {number('loss')}, kl {number('kl')}, {row['seconds']:.1f} s"
+    if row.get("reward_failed"):
+        line += f", {row['reward_failed']} rewards failed"
+    if row.get("eval_reward") is not None:
+        line += f", eval reward {row['eval_reward']:.4f}" + (f" ({video})" if video else "")
+    return line

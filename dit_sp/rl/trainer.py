@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ import torch.distributed as dist
 
 from dit_sp.errors import ConfigError
 from dit_sp.families import DiffusersPolicy, policy_for, supported_vaes, vae_plan_of
+from dit_sp.io.console import plain_tracebacks, quiet_followers
 from dit_sp.io.prompts import read_prompt_file
 from dit_sp.parallel import ParallelState, check_ranks_agree, free_port, init_layout
 from dit_sp.rl import evaluate as _evaluate
@@ -42,6 +44,7 @@ from dit_sp.rl.metrics import MetricsLog
 from dit_sp.rl.rewards import RewardFn, WeightedReward, build_reward
 from dit_sp.rl.rundir import check_output_dir, clear_run, write_config
 from dit_sp.rl.schedule import shifted_sigmas
+from dit_sp.rl.step_stats import step_line
 from dit_sp.sp import parallelize, parallelize_vae
 from dit_sp.train import shard_model
 from dit_sp.train.ema import EMA
@@ -56,7 +59,8 @@ def init_world(config: TrainConfig) -> ParallelState:
     world of one, since FSDP2 needs a process group."""
     if not dist.is_initialized() and "RANK" not in os.environ:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
-    return init_layout(ring=config.ring, ulysses=config.ulysses, dp=config.dp, timeout=config.collective_timeout)
+    with plain_tracebacks():  # a world of one: tracebacks without torch's "[rank0]:" on every line
+        return init_layout(ring=config.ring, ulysses=config.ulysses, dp=config.dp, timeout=config.collective_timeout)
 
 
 class GRPOTrainer:
@@ -96,6 +100,10 @@ class GRPOTrainer:
         self._build_optimizer()
         if config.resume:
             _resume.resume(self)
+            if self.is_leader:
+                layout = self.parallel.config
+                print(f"resumed from step {self.step_index} (layout ring {layout.ring} x ulysses {layout.ulysses} "
+                      f"x dp {layout.dp})", flush=True)  # fmt: skip
         self._open_run_dir()
 
     def _set_up_run(self, parallel: ParallelState | None, prompts: list[str] | None, images: list[str] | None,
@@ -104,6 +112,7 @@ class GRPOTrainer:
         config = self.config
         self.parallel = parallel or init_world(config)
         self.is_leader = self.parallel.rank == 0
+        quiet_followers(self.is_leader)  # one set of progress bars and library warnings: rank 0's
         self._split_decode = config.vae_split if config.parallel_vae and self.parallel.sp > 1 else None
         self._decode_chunk = config.vae_batch or config.grpo.micro_batch
         if prompts is None:
@@ -286,14 +295,19 @@ class GRPOTrainer:
 
     def train(self) -> list[dict[str, Any]]:
         """Steps until ``max_steps`` with periodic checkpoints, then a final checkpoint and the export to
-        ``OUTPUT_DIR/final``; returns the metrics rows of the whole run (on rank 0; empty elsewhere)."""
+        ``OUTPUT_DIR/final``; rank 0 shows a progress bar and prints a line per step (``step_line``).
+        Returns the metrics rows of the whole run (on rank 0; empty elsewhere)."""
         from tqdm import tqdm
 
         config = self.config
         bar = tqdm(total=config.max_steps, initial=self.step_index, disable=not self.is_leader, desc="GRPO")
         while self.step_index < config.max_steps:
-            self.step()
+            row = self.step()
             bar.update()
+            if self.is_leader:  # one line per step, above the bar, numbered like metrics.jsonl
+                video = _evaluate.video_name(row["step"]) if row.get("eval_reward") is not None else None
+                bar.write(step_line(row, video), file=sys.stdout)
+                sys.stdout.flush()
             done = self.step_index
             if config.checkpoint_every and done % config.checkpoint_every == 0 and done < config.max_steps:
                 self.save_checkpoint()

@@ -47,13 +47,14 @@ def test_killed_run_resumes_exactly(tmp_path):
 
 
 def _check_eval_videos(out: Path, rows: list[dict]) -> None:
-    """Every 3 steps: an mp4 of the first prompts side by side (5 frames of 32x32 each) and its reward."""
+    """Every 3 steps: an mp4 of the first prompts side by side (5 frames of 32x32 each, enlarged 4x under a
+    caption strip), named like the metrics row that holds its reward."""
     import imageio.v3 as iio
 
     prompts = len((ASSET_DIR / "prompts_demo.txt").read_text().strip().splitlines())
     for done in (3, 6):
-        frames = iio.imread(out / f"eval_step{done:06d}.mp4")
-        assert frames.shape == (5, 32, 32 * min(4, prompts), 3)
+        frames = iio.imread(out / f"eval_step{done - 1:06d}.mp4")
+        assert frames.shape[0] == 5 and frames.shape[1] > 128 and frames.shape[2:] == (128 * min(4, prompts), 3)
         reward = rows[done - 1]["eval_reward"]
         assert isinstance(reward, float) and 0 <= reward <= 1
     assert all("eval_reward" not in row for i, row in enumerate(rows) if (i + 1) % 3)
