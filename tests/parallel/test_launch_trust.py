@@ -203,7 +203,7 @@ def test_the_clis_take_the_collective_timeout_from_flags_and_yaml(tmp_path):
         assert "--collective-timeout" in shown and "(default 600)" in " ".join(shown.split()), shown
     (tmp_path / "bad.yaml").write_text("collective_timeout: 0\n")
     refused = {
-        "generate flag": ["pipelines.generate", "--collective-timeout", "nan"],
+        "generate flag": ["pipelines.generate", "--collective-timeout", "-1"],
         "generate yaml": ["pipelines.generate", "--config", str(tmp_path / "bad.yaml")],
         "train flag": ["pipelines.train_grpo", "--config", "grpo_tiny_wan", "--collective-timeout", "-5"],
         "train set": ["pipelines.train_grpo", "--config", "grpo_tiny_wan", "--set", "collective_timeout=0"],
@@ -213,3 +213,5 @@ def test_the_clis_take_the_collective_timeout_from_flags_and_yaml(tmp_path):
         assert result.returncode == 2, (case, result.stderr)
         assert "collective_timeout must be a number of seconds above 0" in result.stderr, (case, result.stderr)
         assert "Traceback" not in result.stderr, (case, result.stderr)
+    nan = run_python([sys.executable, "-m", "pipelines.generate", "--collective-timeout", "nan"], cwd=tmp_path)
+    assert nan.returncode == 2 and "collective_timeout: expected a finite number" in nan.stderr, nan.stderr
