@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import sys
 
 from dit_sp.inference import GenerateConfig, batch_layout, check_before_loading, generate, read_batch
 from dit_sp.io.cli import launch, run_main
 from dit_sp.io.schema import ConfigError
-from dit_sp.zoo import builtin_models
+from dit_sp.zoo import models_help, random_weights_note
 
 
 def parse_args(argv: list[str] | None = None) -> GenerateConfig:
@@ -32,7 +34,7 @@ def parse_args(argv: list[str] | None = None) -> GenerateConfig:
         if str(field.type).startswith(("dict", "list")):
             continue  # a model config's tables (cache_thresholds, ...): YAML only
         flag = "--" + field.name.replace("_", "-")
-        help_text = f"built-in {builtin_models()} or a local diffusers directory" if field.name == "model" else None
+        help_text = f"{models_help()}; or a local diffusers directory" if field.name == "model" else None
         if field.type in ("bool", bool):  # on by default: --no-NAME turns it off
             action = argparse.BooleanOptionalAction if field.default is True else "store_true"
             parser.add_argument(flag, dest=field.name, action=action, default=None)
@@ -47,6 +49,9 @@ def parse_args(argv: list[str] | None = None) -> GenerateConfig:
 
 def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
+    note = random_weights_note(config.model)
+    if note and os.environ.get("RANK", "0") == "0":  # once: under torchrun every rank runs this
+        print(note, file=sys.stderr, flush=True)
     if config.prompts is None:
         check_before_loading(config)  # one line for a bad size or output, before any worker starts
     else:
