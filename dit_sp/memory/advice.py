@@ -78,8 +78,7 @@ def _state(config: Any, gpus: int, replan: Callable[..., Any]) -> list:
     options = []
     if not config.lora.rank:
         options.append(_tried("LoRA (lora.rank: 32): a few trained weights, no full gradients, AdamW state or KL "
-                              "reference", lambda: replan(with_setting(config, "lora", dataclasses.replace(
-                                  config.lora, rank=32)))))  # fmt: skip
+                              "reference", lambda: replan(with_setting(config, "lora.rank", 32))))  # fmt: skip
     if config.hsdp:
         options.append(_tried("hsdp: false (shard over every GPU, not a sample's)",
                               lambda: replan(with_setting(config, "hsdp", False))))  # fmt: skip
