@@ -22,6 +22,7 @@ from dit_sp.io.bundled import asset_path
 from dit_sp.io.cli import ArgumentParser, run_main
 from dit_sp.toy import world as toyworld
 from dit_sp.toy.model import cached_sample_scores, paired_gain, sample_scores, summarize
+from dit_sp.zoo import model_defaults
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -51,11 +52,12 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"{args.prompts}: {e}")
     saved = None
     if args.cache:
-        CacheSpec.parse(args.cache)  # a bad name or threshold: one line, before anything loads
-        scores, saved = cached_sample_scores(args.model, prompts, args.seeds, args.cache, args.steps, args.guidance)
+        # a bad name or threshold: one line, before anything loads; no threshold: the one measured for the model
+        cache = CacheSpec.parse(args.cache, thresholds=model_defaults(args.model).get("cache_thresholds"))
+        scores, saved = cached_sample_scores(args.model, prompts, args.seeds, cache, args.steps, args.guidance)
     else:
         scores = sample_scores(args.model, prompts, args.seeds, args.steps, args.guidance)
-    result: dict = summarize(scores) | ({} if saved is None else {"cache": args.cache, "saved_fraction": saved})
+    result: dict = summarize(scores) | ({} if saved is None else {"cache": str(cache), "saved_fraction": saved})
     if args.baseline:
         base = sample_scores(args.baseline, prompts, args.seeds, args.steps, args.guidance)
         result = {"model": result, "baseline": summarize(base)} | paired_gain(scores, base)

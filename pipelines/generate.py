@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import sys
 
 from dit_sp.inference import GenerateConfig, batch_layout, check_before_loading, generate, read_batch
 from dit_sp.io.cli import ArgumentParser, launch, run_main
 from dit_sp.io.schema import ConfigError
 from dit_sp.parallel.state import collective_timeout
-from dit_sp.zoo import builtin_models
+from dit_sp.zoo import models_help, random_weights_note
 
 HELP = {
     "collective_timeout": f"SECONDS a collective waits for a lost peer (default {GenerateConfig.collective_timeout:g})"
@@ -37,7 +39,7 @@ def parse_args(argv: list[str] | None = None) -> GenerateConfig:
         if str(field.type).startswith(("dict", "list")):
             continue  # a model config's tables (cache_thresholds, ...): YAML only
         flag = "--" + field.name.replace("_", "-")
-        help_text = f"built-in {builtin_models()} or a local diffusers directory" if field.name == "model" else None
+        help_text = f"{models_help()}; or a local diffusers directory" if field.name == "model" else None
         help_text = HELP.get(field.name, help_text)
         if field.type in ("bool", bool):  # on by default: --no-NAME turns it off
             action = argparse.BooleanOptionalAction if field.default is True else "store_true"
@@ -55,6 +57,9 @@ def parse_args(argv: list[str] | None = None) -> GenerateConfig:
 
 def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
+    note = random_weights_note(config.model)
+    if note and os.environ.get("RANK", "0") == "0":  # once: under torchrun every rank runs this
+        print(note, file=sys.stderr, flush=True)
     if config.prompts is None:
         check_before_loading(config)  # one line for a bad size or output, before any worker starts
     else:
@@ -78,7 +83,12 @@ def main(argv: list[str] | None = None) -> None:
     for report in reports:
         if "out" in report:
             print(f"wrote {report['out']}" + (f" and {report['latents']}" if "latents" in report else ""))
-            print(f"layout {report['layout']}: {report['seconds']:.1f} s, {report['seconds_per_step']:.3f} s/step")
+            if config.compile and config.steps > 1:  # the first step compiles: the steps after it are the speed
+                print(f"layout {report['layout']}: {report['seconds']:.1f} s; compile: "
+                      f"{report['first_step_seconds']:.1f} s (first step), then {report['later_seconds_per_step']:.3f} "
+                      "s/step")  # fmt: skip
+            else:
+                print(f"layout {report['layout']}: {report['seconds']:.1f} s, {report['seconds_per_step']:.3f} s/step")
 
 
 if __name__ == "__main__":

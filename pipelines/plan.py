@@ -1,36 +1,49 @@
-"""Plan a GRPO run's memory before launching it: per GPU and per component, for the layout it would choose.
+"""Plan a GRPO run's memory before launching it: per GPU and per component, for the layout it would choose,
+where the peak is (set-up or training, and which component) and what would lower that peak.
 
     python -m pipelines.plan --config grpo_hunyuanvideo --gpus 32
     python -m pipelines.plan --config grpo_wan2.1_1.3b --gpus 8 --gpu-memory 40 --ulysses 2
+    python -m pipelines.plan --config grpo_wan2.1_1.3b --gpus 8 --gpu-memory 24 --set grpo.micro_batch=2
     python -m pipelines.plan --config my_run.yaml --gpus 16 --arch wan2.2-t2v-a14b
 
 The transformer is built on the meta device from the checkpoint's config (a local ``--model`` directory, or
 the architecture named by ``--arch`` or found in the model path), so counts are exact; activations follow a
-per-token model measured on real forward/backward passes (``dit_sp.memory.planner``).
+per-token model measured on real forward/backward passes (``dit_sp.memory.planner``). ``--set`` changes any
+config value as train_grpo's does, so an override is planned without writing a YAML file.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from dit_sp.io.cli import ArgumentParser, run_main
+from dit_sp.io.cli import ArgumentParser, parse_key_values, run_main
+from dit_sp.io.schema import ConfigError
 from dit_sp.memory.planner import ARCHITECTURES, plan_training
 from dit_sp.rl.config import TrainConfig
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True, help="a GRPO config: YAML file or bundled name")
-    parser.add_argument("--gpus", type=int, required=True)
+    parser.add_argument("--config", help="a GRPO config: YAML file or bundled name (default: TrainConfig's defaults)")
+    parser.add_argument("--gpus", type=int, required=True, help="GPUs of the run")
     parser.add_argument("--gpu-memory", type=float, default=80, help="GiB per GPU (default 80)")
     parser.add_argument("--arch", choices=sorted(ARCHITECTURES), help="the model's architecture, if not found")
-    parser.add_argument("--ring", type=int)
-    parser.add_argument("--ulysses", type=int)
+    parser.add_argument("--ring", type=int, help="ring degree (default: the planner chooses)")
+    parser.add_argument("--ulysses", type=int, help="Ulysses degree (default: the planner chooses)")
+    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                        help="any config value by dotted key, e.g. --set grpo.micro_batch=2")  # fmt: skip
+    parser.add_argument("--embeddings-cached", action="store_true",
+                        help="every prompt's embedding is already in the run's embedding_cache, so the text "
+                             "encoder never loads (default: it loads at set-up to encode them)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.gpus < 1:
         parser.error(f"--gpus must be >= 1, got {args.gpus}")
-    config = TrainConfig.load(args.config)
-    plan = plan_training(config, args.gpus, args.gpu_memory, arch=args.arch, ring=args.ring, ulysses=args.ulysses)
+    try:
+        config = TrainConfig.load(args.config, parse_key_values(args.settings, "--set", "grpo.micro_batch=2"))
+    except (ConfigError, FileNotFoundError) as e:
+        parser.error(str(e))
+    plan = plan_training(config, args.gpus, args.gpu_memory, arch=args.arch, ring=args.ring, ulysses=args.ulysses,
+                         embeddings_cached=args.embeddings_cached)  # fmt: skip
     print(plan.report())
 
 

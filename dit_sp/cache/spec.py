@@ -10,7 +10,10 @@ from dit_sp.errors import ConfigError
 
 Policy = Literal["first_block", "teacache"]
 DEFAULT_THRESHOLDS: dict[str, float] = {"first_block": 0.05, "teacache": 0.1}
-"""Used when a spec names no threshold (diffusers' ``FirstBlockCacheConfig`` default; TeaCache's 0.1)."""
+"""Used when a spec names no threshold and the model has none of its own (diffusers' ``FirstBlockCacheConfig``
+default; TeaCache's 0.1). A threshold depends on the model: a model's own are measured on it and kept with it,
+as ``cache_thresholds`` (the shipped toy-wan's in its spec, ``dit_sp/zoo/specs/toy-wan.yaml``, with the table
+they were chosen from; the real models' in their configs); at 0.05 ``first_block`` skips nothing of toy-wan."""
 _ALIASES = {"fbc": "first_block", "first-block": "first_block", "tea": "teacache", "tea_cache": "teacache"}
 
 
@@ -49,7 +52,7 @@ class CacheSpec:
     def parse(cls, text: str | CacheSpec, coefficients: tuple[float, ...] | list[float] | None = None,
               thresholds: dict[str, float] | None = None) -> CacheSpec:  # fmt: skip
         """``NAME``, ``NAME:THRESHOLD`` or ``NAME:THRESHOLD:WARMUP`` (``first_block``/``fbc``, ``teacache``); a
-        missing threshold comes from ``thresholds`` (a model config's), then ``DEFAULT_THRESHOLDS``."""
+        missing threshold comes from ``thresholds`` (the model's ``cache_thresholds``), then ``DEFAULT_THRESHOLDS``."""
         if isinstance(text, CacheSpec):
             return text
         name, _, value = text.strip().partition(":")

@@ -26,7 +26,8 @@ from dit_sp.io.video import save_video
 def generate(config: GenerateConfig, return_frames: bool = False) -> dict[str, Any]:
     """One rank's part of generating ``config.prompt`` (or, with ``config.prompts``, a batch: see
     ``generate_batch``): loads the pipeline, parallelizes it over the running world (torchrun's, ``spawn``'s,
-    or one process) and samples. Returns ``{"layout", "seconds", "seconds_per_step"}`` (with a step cache,
+    or one process) and samples. Returns ``{"layout", "seconds", "seconds_per_step", "first_step_seconds",
+    "later_seconds_per_step"}`` (with a step cache,
     ``"cache"``: ``cache_report``) and, on the rank that
     writes the sample, ``"out"`` (and ``"latents"``, and the float ``"frames"`` ``(F, H, W, 3)`` with
     ``return_frames``)."""
@@ -35,8 +36,9 @@ def generate(config: GenerateConfig, return_frames: bool = False) -> dict[str, A
     check_before_loading(config)
     parallel, pipe, guidance, cache = setup(config, images=bool(config.image))
     video = sample(pipe, config, guidance, parallel.dp_seed(config.seed), parallel.device)
-    report: dict[str, Any] = {"layout": str(parallel.config), "seconds": video["seconds"],
-                              "seconds_per_step": video["seconds_per_step"]}  # fmt: skip
+    report: dict[str, Any] = {key: video[key] for key in ("seconds", "seconds_per_step", "first_step_seconds",
+                                                          "later_seconds_per_step")}  # fmt: skip
+    report["layout"] = str(parallel.config)
     if cache is not None:
         report["cache"] = cache_report(cache)
     if parallel.is_sample_leader:

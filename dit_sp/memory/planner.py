@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 
 from dit_sp.families import TRANSFORMERS, architectures
+from dit_sp.memory.advice import advise_plan
 
 GiB = 2**30
 
@@ -48,6 +50,14 @@ class TransformerShape:
 
     @classmethod
     def of(cls, class_name: str, config: dict[str, Any]) -> TransformerShape:
+        """Counted once per config (a plan's advice plans again, and a meta build of 13 B parameters takes seconds)."""
+        key = (class_name, json.dumps(config, sort_keys=True, default=str))
+        if key not in _SHAPES:
+            _SHAPES[key] = cls._count(class_name, config)
+        return _SHAPES[key]
+
+    @classmethod
+    def _count(cls, class_name: str, config: dict[str, Any]) -> TransformerShape:
         import diffusers
 
         from dit_sp.train.fsdp import BLOCK_LISTS
@@ -64,6 +74,9 @@ class TransformerShape:
         return cls(params=sum(p.numel() for p in model.parameters()),
                    block_params=max(sum(p.numel() for p in b.parameters()) for b in blocks), layers=len(blocks),
                    dim=dim, ffn=ffn, heads=heads, patch=patch)  # fmt: skip
+
+
+_SHAPES: dict[tuple[str, str], TransformerShape] = {}
 
 
 def tokens(shape: TransformerShape, frames: int, height: int, width: int, compression: tuple[int, int]) -> int:
@@ -87,13 +100,16 @@ def activation_bytes(shape: TransformerShape, tokens_per_rank: int, sequences: i
 
 @dataclass
 class Plan:
-    """Bytes per GPU by component, for one layout."""
+    """Bytes per GPU by component, for one layout: while training (or sampling) and at set-up, where the
+    text encoders are loaded to encode the prompts before the transformer fills."""
 
     what: str
     layout: dict[str, int]
     components: dict[str, int] = field(default_factory=dict)
     setup: dict[str, int] = field(default_factory=dict)
     gpu_bytes: int = 80 * GiB
+    advice: list[str] = field(default_factory=list)
+    """What would lower the peak, each with the peak it gives (``dit_sp.memory.advice``); empty when it fits."""
 
     @property
     def peak(self) -> int:
@@ -103,6 +119,17 @@ class Plan:
     def fits(self) -> bool:
         return self.peak <= 0.9 * self.gpu_bytes  # 10% for the allocator's fragmentation and CUDA context
 
+    @property
+    def peak_phase(self) -> str:
+        """When the peak happens: ``"set-up"`` (prompts being encoded) or ``"training"``."""
+        return "set-up" if sum(self.setup.values()) > sum(self.components.values()) else "training"
+
+    @property
+    def peak_component(self) -> str:
+        """The largest component of the peak's phase (e.g. the text encoder at set-up, or activations)."""
+        parts = self.setup if self.peak_phase == "set-up" else self.components
+        return max(parts, key=parts.__getitem__)
+
     def report(self) -> str:
         layout = " x ".join(f"{k} {v}" for k, v in self.layout.items())
         lines = [f"{self.what} on {layout}: per GPU"]
@@ -111,11 +138,16 @@ class Plan:
             if parts:
                 lines.append(f"  {title}: {sum(parts.values()) / GiB:.1f} GiB")
                 lines += [f"    {name:<48}{value / GiB:8.2f} GiB" for name, value in parts.items()]
+        parts = self.setup if self.peak_phase == "set-up" else self.components
         verdict = "fits" if self.fits else "does NOT fit"
-        lines.append(f"  peak {self.peak / GiB:.1f} GiB of {self.gpu_bytes / GiB:.0f} GiB (90% usable): {verdict}")
-        if not self.fits:
-            lines.append("  to fit: lower grpo.micro_batch, set activation_checkpointing: true, use more GPUs "
-                         "(or more ring/ulysses), or LoRA")  # fmt: skip
+        short = self.peak_component.split(" (")[0]
+        lines.append(f"  peak {self.peak / GiB:.1f} GiB at {self.peak_phase}, mostly the {short} "
+                     f"({parts[self.peak_component] / GiB:.1f} GiB), of {self.gpu_bytes / GiB:.0f} GiB "
+                     f"(90% usable): {verdict}")  # fmt: skip
+        if self.advice:
+            lines.append(f"  to lower the {self.peak_phase} peak ({short}):")
+            lines += [textwrap.fill(line, 112, initial_indent="    - ", subsequent_indent="      ")
+                      for line in self.advice]  # fmt: skip
         return "\n".join(lines)
 
 
@@ -165,10 +197,21 @@ def _layouts(gpus: int, heads: int, ring: int | None, ulysses: int | None) -> li
     return out
 
 
+TEXT_ENCODER = "text encoder(s) (fp32, freed after encoding)"
+"""The set-up component of the text encoders (``embedding_cache``: loaded only for prompts without an embedding)."""
+
+
 def plan_training(config: Any, gpus: int, gpu_memory_gb: float = 80, *, arch: str | None = None,
-                  ring: int | None = None, ulysses: int | None = None) -> Plan:  # fmt: skip
+                  ring: int | None = None, ulysses: int | None = None, embeddings_cached: bool = False,
+                  advise: bool = True) -> Plan:  # fmt: skip
     """The plan of GRPO run ``config`` (a ``TrainConfig``) on ``gpus`` GPUs: for the given ``ring x
-    ulysses``, or the smallest sequence parallelism that fits (and splits the step's samples over dp)."""
+    ulysses``, or the smallest sequence parallelism whose training fits (and splits the step's samples over
+    dp); set-up does not depend on the layout.
+
+    ``embeddings_cached``: every prompt's embedding is already in the run's ``embedding_cache`` (an earlier
+    run's, same model, prompts and text settings), so the trainer never loads the text encoders. ``advise``:
+    when it does not fit, ``Plan.advice`` says what addresses the peak's phase and component, each with the
+    peak it would give (``dit_sp.memory.advice``)."""
     spec = architecture(config.model, arch)
     name, (class_name, transformer_config) = next(iter(spec["transformers"].items()))
     shape = TransformerShape.of(class_name, transformer_config)
@@ -179,6 +222,9 @@ def plan_training(config: Any, gpus: int, gpu_memory_gb: float = 80, *, arch: st
     total_tokens = video + (min(sample.max_sequence_length, spec["text_tokens"]) if spec["joint"] else 0)
     samples = grpo.prompts_per_step * grpo.group_size
     compute = 2 if config.mixed_precision else 4
+    setup = {"VAE (fp32)": int(spec["vae"] * 4)}
+    if not embeddings_cached:
+        setup = {TEXT_ENCODER: int(spec["text_encoders"] * 4)} | setup
     plan = None
     layouts = _layouts(gpus, shape.heads, ring, ulysses)
     layouts = [(r, u) for r, u in layouts if samples % (gpus // (r * u)) == 0] or layouts  # dp splits the step
@@ -201,11 +247,17 @@ def plan_training(config: Any, gpus: int, gpu_memory_gb: float = 80, *, arch: st
             shape, math.ceil(total_tokens / sp), sequences, compute, config.activation_checkpointing
         )
         parts["VAE (fp32, decoding ranks)"] = int(spec["vae"] * 4)
-        setup = {"text encoder(s) (fp32, freed after encoding)": int(spec["text_encoders"] * 4),
-                 "VAE (fp32)": int(spec["vae"] * 4)}  # fmt: skip
-        plan = Plan(f"GRPO ({Path(str(config.model)).name})", {"dp": dp, "ring": r, "ulysses": u}, parts, setup,
-                    int(gpu_memory_gb * GiB))  # fmt: skip
-        if plan.fits:
+        plan = Plan(f"GRPO ({Path(str(config.model)).name})", {"dp": dp, "ring": r, "ulysses": u}, parts,
+                    dict(setup), int(gpu_memory_gb * GiB))  # fmt: skip
+        if sum(parts.values()) <= 0.9 * plan.gpu_bytes:
             break
     assert plan is not None
+    if advise and not plan.fits:
+
+        def replan(changed: Any, **changes: Any) -> Plan:
+            options = {"arch": arch, "ring": ring, "ulysses": ulysses, "embeddings_cached": embeddings_cached}
+            options |= {k: v for k, v in changes.items() if k != "gpus"}
+            return plan_training(changed, changes.get("gpus", gpus), gpu_memory_gb, advise=False, **options)
+
+        plan.advice = advise_plan(plan, config, TEXT_ENCODER, gpus, replan, fixed_layout=bool(ring or ulysses))
     return plan

@@ -22,8 +22,32 @@ SPEC_DIR = Path(__file__).resolve().parent / "specs"
 
 
 def builtin_models() -> list[str]:
-    """The families' built-in models (each family lists its own; their specs are ``specs/<name>.yaml``)."""
+    """The families' built-in models (each family lists its own; their specs are ``specs/<name>.yaml``): the
+    trained ``toy-wan`` (``trained_models``) and the random tiny ones."""
     return families.tiny_models()
+
+
+def trained_models() -> list[str]:
+    """The built-in models with trained weights (a shipped checkpoint, ``toy-wan``); the others are seeded
+    random weights, for checking layouts and code paths: their videos are noise."""
+    return [name for name in builtin_models() if "path" in model_spec(name)]
+
+
+def models_help() -> str:
+    """The built-in models for a listing (a ``--model`` help): the trained ones apart from the random ones."""
+    trained = trained_models()
+    random = [name for name in builtin_models() if name not in trained]
+    default = "; the default" if default_model() in trained else ""
+    return f"built-in: {', '.join(trained)} (trained{default}), or {', '.join(random)} (random weights: noise)"
+
+
+def random_weights_note(model: str | Path) -> str | None:
+    """One line for a built-in model with random weights (its video is noise), else None: said once, so that
+    noise is not taken for a bug."""
+    if Path(model).exists() or str(model) not in builtin_models() or str(model) in trained_models():
+        return None
+    trained = " or ".join(trained_models())
+    return f"note: {model} has random weights (for checking layouts): its video is noise; {trained} is trained"
 
 
 def default_model() -> str:

@@ -3,6 +3,8 @@ frames as one process, on every layout; compiled blocks without graph breaks in 
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -151,5 +153,7 @@ def test_generate_cli_with_cache_and_compile(tmp_path):
                                             "6", "--out", str(out)], cwd=tmp_path, timeout=600)  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert out.is_file() and "first_block:0.1 skipped" in result.stdout
+    # the first step's compilation apart from the step time (else the compiled run looks many times slower)
+    assert re.search(r"compile: [\d.]+ s \(first step\), then [\d.]+ s/step", result.stdout), result.stdout
     bad = run_cli("pipelines.generate", ["--cache", "magic", "--out", str(out)], cwd=tmp_path)
     assert bad.returncode == 2 and "unknown policy" in bad.stderr
