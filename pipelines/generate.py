@@ -18,35 +18,61 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import typing
 
 from dit_sp.inference import GenerateConfig, batch_layout, check_before_loading, generate, read_batch
 from dit_sp.io.cli import launch, run_main
-from dit_sp.io.schema import ConfigError
-from dit_sp.zoo import builtin_models
+from dit_sp.io.schema import ConfigError, help_of, to_yaml
+from dit_sp.io.usage import HelpFormatter, prog, shown, with_default
+from dit_sp.zoo import CHECKPOINT_DEFAULTS, builtin_models, model_defaults
 
 
-def parse_args(argv: list[str] | None = None) -> GenerateConfig:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv: list[str] | None = None) -> tuple[GenerateConfig, bool]:
+    """The settings, and whether ``--print-config`` asks for them to be printed instead of run."""
+    defaults, decided = GenerateConfig.load(), _model_settings()  # the default model's: what --help shows
+    parser = argparse.ArgumentParser(
+        prog=prog("pipelines.generate"), description=__doc__, formatter_class=HelpFormatter
+    )
     parser.add_argument("--config", help="YAML file of settings, or a bundled config name (flags override it)")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved settings as YAML (a --config file) and exit")  # fmt: skip
     for field in dataclasses.fields(GenerateConfig):
         if str(field.type).startswith(("dict", "list")):
             continue  # a model config's tables (cache_thresholds, ...): YAML only
-        flag = "--" + field.name.replace("_", "-")
-        help_text = f"built-in {builtin_models()} or a local diffusers directory" if field.name == "model" else None
+        flag, value = "--" + field.name.replace("_", "-"), getattr(defaults, field.name)
+        if field.name == "model":
+            text = f"built-in {', '.join(builtin_models())} or a local diffusers directory (default: {value})"
+        elif field.name in decided:  # the model's defaults come before the file and the flags
+            text = f"{help_of(GenerateConfig, field.name)} (default: the model's; {defaults.model}: {shown(value)})"
+        else:
+            text = with_default(help_of(GenerateConfig, field.name), value)
+        text = text.replace("%", "%%")  # argparse formats help with %
         if field.type in ("bool", bool):  # on by default: --no-NAME turns it off
             action = argparse.BooleanOptionalAction if field.default is True else "store_true"
-            parser.add_argument(flag, dest=field.name, action=action, default=None)
+            parser.add_argument(flag, dest=field.name, action=action, default=None, help=text)
         else:  # typed and range-checked by GenerateConfig.load
-            parser.add_argument(flag, dest=field.name, help=help_text)
+            choices = typing.get_args(typing.get_type_hints(GenerateConfig)[field.name])
+            metavar = "{" + ",".join(choices) + "}" if field.name == "dtype" else None
+            parser.add_argument(flag, dest=field.name, help=text, metavar=metavar)
     args = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
+    print_config = args.pop("print_config")
     try:
-        return GenerateConfig.load(args.pop("config", None), args)
+        return GenerateConfig.load(args.pop("config", None), args), print_config
     except (ConfigError, FileNotFoundError, ValueError) as e:
         parser.error(str(e))
 
 
+def _model_settings() -> set[str]:
+    """The settings a model's defaults give (a built-in model's, a checkpoint's by its pipeline class)."""
+    tables = [model_defaults(name) for name in builtin_models()] + list(CHECKPOINT_DEFAULTS.values())
+    return set().union(*tables)
+
+
 def main(argv: list[str] | None = None) -> None:
-    config = parse_args(argv)
+    config, print_config = parse_args(argv)
+    if print_config:
+        print(to_yaml(config), end="")
+        return
     if config.prompts is None:
         check_before_loading(config)  # one line for a bad size or output, before any worker starts
     else:

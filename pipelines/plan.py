@@ -14,18 +14,25 @@ from __future__ import annotations
 import argparse
 
 from dit_sp.io.cli import run_main
+from dit_sp.io.usage import HelpFormatter, prog
 from dit_sp.memory.planner import ARCHITECTURES, plan_training
 from dit_sp.rl.config import TrainConfig
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog=prog("pipelines.plan"), description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--config", required=True, help="a GRPO config: YAML file or bundled name")
-    parser.add_argument("--gpus", type=int, required=True)
-    parser.add_argument("--gpu-memory", type=float, default=80, help="GiB per GPU (default 80)")
-    parser.add_argument("--arch", choices=sorted(ARCHITECTURES), help="the model's architecture, if not found")
-    parser.add_argument("--ring", type=int)
-    parser.add_argument("--ulysses", type=int)
+    parser.add_argument("--gpus", type=int, required=True, help="GPUs of the run, over all nodes")
+    parser.add_argument("--gpu-memory", type=float, default=80, help="memory per GPU in GiB")
+    parser.add_argument(
+        "--arch",
+        choices=sorted(ARCHITECTURES),
+        help="the model's architecture (default: read from the model directory or its name)",
+    )
+    parser.add_argument("--ring", type=int, help="ring degree (default: the smallest sequence parallelism that fits)")
+    parser.add_argument(
+        "--ulysses", type=int, help="Ulysses degree (default: the smallest sequence parallelism that fits)"
+    )
     args = parser.parse_args(argv)
     if args.gpus < 1:
         parser.error(f"--gpus must be >= 1, got {args.gpus}")

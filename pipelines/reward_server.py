@@ -18,17 +18,21 @@ import yaml
 
 from dit_sp.errors import ConfigError
 from dit_sp.io.cli import parse_key_values, run_main
+from dit_sp.io.usage import HelpFormatter, prog
 from dit_sp.rl.rewards import build_reward
 from dit_sp.server.rewards import make_app
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog=prog("pipelines.reward_server"), description=__doc__, formatter_class=HelpFormatter
+    )
     parser.add_argument("--reward", required=True, help="a reward name, {name: weight, ...} or a list (YAML)")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                        help="an option of the named reward, e.g. --option path=/ckpt/clip (YAML)")  # fmt: skip
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000, help="0: any free port (printed)")
+                        help="an option of the named reward, e.g. --option path=/ckpt/clip (a YAML value; repeatable; "
+                        "default: none)")  # fmt: skip
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port (0: any free one, printed)")
     args = parser.parse_args(argv)
     spec = yaml.safe_load(args.reward)
     if args.option:
