@@ -36,6 +36,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[GenerateConfig, bool]:
     parser.add_argument("--config", help="YAML file of settings, or a bundled config name (flags override it)")
     parser.add_argument("--print-config", action="store_true",
                         help="print the resolved settings as YAML (a --config file) and exit")  # fmt: skip
+    hints = typing.get_type_hints(GenerateConfig)
     for field in dataclasses.fields(GenerateConfig):
         if str(field.type).startswith(("dict", "list")):
             continue  # a model config's tables (cache_thresholds, ...): YAML only
@@ -51,8 +52,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[GenerateConfig, bool]:
             action = argparse.BooleanOptionalAction if field.default is True else "store_true"
             parser.add_argument(flag, dest=field.name, action=action, default=None, help=text)
         else:  # typed and range-checked by GenerateConfig.load
-            choices = typing.get_args(typing.get_type_hints(GenerateConfig)[field.name])
-            metavar = "{" + ",".join(choices) + "}" if field.name == "dtype" else None
+            kind = hints[field.name]  # a Literal's values as the metavar, checked by GenerateConfig.load
+            metavar = "{" + ",".join(typing.get_args(kind)) + "}" if typing.get_origin(kind) is typing.Literal else None
             parser.add_argument(flag, dest=field.name, help=text, metavar=metavar)
     args = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
     print_config = args.pop("print_config")

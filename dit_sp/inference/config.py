@@ -37,7 +37,7 @@ class GenerateConfig:
     ring: int = setting(1, "ring-attention degree of a sample")
     dp: int | None = setting(None, "data-parallel groups (default 1; under torchrun: the processes left over)")
     cfg_parallel: bool = setting(False, "run the two guidance branches on two halves of the processes")
-    dtype: Literal["float32", "bfloat16", "float16"] = setting("float32", "compute dtype: float32, bfloat16 or float16")
+    dtype: Literal["float32", "bfloat16", "float16"] = setting("float32", "compute dtype of the model")
     out: str = setting("outputs/video.mp4", "FILE.mp4, FILE.gif or a directory of PNG frames")
     image: str | None = setting(None, "image-to-video: the first frame (default: none, text-to-video)")
     """Image-to-video: the first frame (PNG, JPEG, ...), for an image-to-video model (Wan I2V / FLF2V, Wan 2.2
