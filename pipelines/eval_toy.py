@@ -14,27 +14,30 @@ is reported as ``saved_fraction``.
 
 from __future__ import annotations
 
-import argparse
 import json
 
 from dit_sp.cache import CacheSpec
 from dit_sp.io.bundled import asset_path
 from dit_sp.io.cli import ArgumentParser, run_main
+from dit_sp.io.usage import HelpFormatter, prog
 from dit_sp.toy import world as toyworld
 from dit_sp.toy.model import cached_sample_scores, paired_gain, sample_scores, summarize
 from dit_sp.zoo import model_defaults
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="toy-wan")
-    parser.add_argument("--baseline", help="a second model, sampled from the same noise; reports the paired gain")
-    parser.add_argument("--prompts", default="toy_prompts_heldout.txt", help="one toy caption per line")
-    parser.add_argument("--seeds", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--guidance", type=float, default=4.0)
+    parser = ArgumentParser(prog=prog("pipelines.eval_toy"), description=__doc__, formatter_class=HelpFormatter)
+    parser.add_argument("--model", default="toy-wan", help="the model evaluated: a built-in name or a local directory")
     parser.add_argument(
-        "--cache", help="sample the model with this step cache, NAME[:THRESHOLD] (first_block, teacache)"
+        "--baseline", help="a second model, sampled from the same noise; reports the paired gain (default: none)"
+    )
+    parser.add_argument("--prompts", default="toy_prompts_heldout.txt", help="one toy caption per line")
+    parser.add_argument("--seeds", type=int, default=32, help="samples per prompt, each from its own noise")
+    parser.add_argument("--steps", type=int, default=20, help="denoising steps (ODE sampling)")
+    parser.add_argument("--guidance", type=float, default=4.0, help="classifier-free guidance scale")
+    parser.add_argument(
+        "--cache",
+        help="sample the model with this step cache, NAME[:THRESHOLD]: first_block or teacache (default: off)",
     )
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.steps < 1:

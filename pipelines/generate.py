@@ -20,43 +20,63 @@ import argparse
 import dataclasses
 import os
 import sys
+import typing
 
 from dit_sp.inference import GenerateConfig, batch_layout, check_before_loading, generate, read_batch
 from dit_sp.io.cli import ArgumentParser, launch, run_main
-from dit_sp.io.schema import ConfigError
+from dit_sp.io.schema import ConfigError, help_of, to_yaml
+from dit_sp.io.usage import HelpFormatter, prog, shown, with_default
 from dit_sp.parallel.state import collective_timeout
-from dit_sp.zoo import models_help, random_weights_note
-
-HELP = {
-    "collective_timeout": f"SECONDS a collective waits for a lost peer (default {GenerateConfig.collective_timeout:g})"
-}
+from dit_sp.zoo import CHECKPOINT_DEFAULTS, builtin_models, model_defaults, models_help, random_weights_note
 
 
-def parse_args(argv: list[str] | None = None) -> GenerateConfig:
-    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv: list[str] | None = None) -> tuple[GenerateConfig, bool]:
+    """The settings, and whether ``--print-config`` asks for them to be printed instead of run."""
+    defaults, decided = GenerateConfig.load(), _model_settings()  # the default model's: what --help shows
+    parser = ArgumentParser(prog=prog("pipelines.generate"), description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--config", help="YAML file of settings, or a bundled config name (flags override it)")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved settings as YAML (a --config file) and exit")  # fmt: skip
+    hints = typing.get_type_hints(GenerateConfig)
     for field in dataclasses.fields(GenerateConfig):
         if str(field.type).startswith(("dict", "list")):
             continue  # a model config's tables (cache_thresholds, ...): YAML only
-        flag = "--" + field.name.replace("_", "-")
-        help_text = f"{models_help()}; or a local diffusers directory" if field.name == "model" else None
-        help_text = HELP.get(field.name, help_text)
+        flag, value = "--" + field.name.replace("_", "-"), getattr(defaults, field.name)
+        if field.name == "model":
+            text = f"{models_help()}; or a local diffusers directory (default: {value})"
+        elif field.name in decided:  # the model's defaults come before the file and the flags
+            text = f"{help_of(GenerateConfig, field.name)} (default: the model's; {defaults.model}: {shown(value)})"
+        else:
+            text = with_default(help_of(GenerateConfig, field.name), value)
+        text = text.replace("%", "%%")  # argparse formats help with %
         if field.type in ("bool", bool):  # on by default: --no-NAME turns it off
             action = argparse.BooleanOptionalAction if field.default is True else "store_true"
-            parser.add_argument(flag, dest=field.name, action=action, default=None)
+            parser.add_argument(flag, dest=field.name, action=action, default=None, help=text)
         else:  # typed and range-checked by GenerateConfig.load
-            parser.add_argument(flag, dest=field.name, help=help_text)
+            kind = hints[field.name]  # a Literal's values as the metavar, checked by GenerateConfig.load
+            metavar = "{" + ",".join(typing.get_args(kind)) + "}" if typing.get_origin(kind) is typing.Literal else None
+            parser.add_argument(flag, dest=field.name, help=text, metavar=metavar)
     args = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
+    print_config = args.pop("print_config")
     try:
         config = GenerateConfig.load(args.pop("config", None), args)
         collective_timeout(config.collective_timeout)  # refused before any worker starts
-        return config
+        return config, print_config
     except (ConfigError, FileNotFoundError, ValueError) as e:
         parser.error(str(e))
 
 
+def _model_settings() -> set[str]:
+    """The settings a model's defaults give (a built-in model's, a checkpoint's by its pipeline class)."""
+    tables = [model_defaults(name) for name in builtin_models()] + list(CHECKPOINT_DEFAULTS.values())
+    return set().union(*tables)
+
+
 def main(argv: list[str] | None = None) -> None:
-    config = parse_args(argv)
+    config, print_config = parse_args(argv)
+    if print_config:
+        print(to_yaml(config), end="")
+        return
     note = random_weights_note(config.model)
     if note and os.environ.get("RANK", "0") == "0":  # once: under torchrun every rank runs this
         print(note, file=sys.stderr, flush=True)

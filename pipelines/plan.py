@@ -14,22 +14,23 @@ config value as train_grpo's does, so an override is planned without writing a Y
 
 from __future__ import annotations
 
-import argparse
-
 from dit_sp.io.cli import ArgumentParser, parse_key_values, run_main
 from dit_sp.io.schema import ConfigError
+from dit_sp.io.usage import HelpFormatter, prog
 from dit_sp.memory.planner import ARCHITECTURES, plan_training
 from dit_sp.rl.config import TrainConfig
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(prog=prog("pipelines.plan"), description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--config", help="a GRPO config: YAML file or bundled name (default: TrainConfig's defaults)")
-    parser.add_argument("--gpus", type=int, required=True, help="GPUs of the run")
-    parser.add_argument("--gpu-memory", type=float, default=80, help="GiB per GPU (default 80)")
-    parser.add_argument("--arch", choices=sorted(ARCHITECTURES), help="the model's architecture, if not found")
-    parser.add_argument("--ring", type=int, help="ring degree (default: the planner chooses)")
-    parser.add_argument("--ulysses", type=int, help="Ulysses degree (default: the planner chooses)")
+    parser.add_argument("--gpus", type=int, required=True, help="GPUs of the run, over all nodes")
+    parser.add_argument("--gpu-memory", type=float, default=80, help="memory per GPU in GiB")
+    parser.add_argument("--arch", choices=sorted(ARCHITECTURES),
+                        help="the model's architecture (default: read from the model directory or name)")  # fmt: skip
+    parser.add_argument("--ring", type=int, help="ring degree (default: the smallest sequence parallelism that fits)")
+    parser.add_argument("--ulysses", type=int,
+                        help="Ulysses degree (default: the smallest sequence parallelism that fits)")  # fmt: skip
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                         help="any config value by dotted key, e.g. --set grpo.micro_batch=2")  # fmt: skip
     parser.add_argument("--embeddings-cached", action="store_true",

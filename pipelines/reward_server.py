@@ -28,6 +28,7 @@ import yaml
 
 from dit_sp.errors import ConfigError
 from dit_sp.io.cli import ArgumentParser, parse_key_values, run_main
+from dit_sp.io.usage import HelpFormatter, prog
 from dit_sp.rl.rewards import build_reward
 from dit_sp.server.limits import DEFAULT_MAX_REQUEST_MB, MiB, ServerLimits, api_key_from, is_loopback, require_aiohttp
 
@@ -35,12 +36,12 @@ LIMITS = ServerLimits()
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(prog=prog("pipelines.reward_server"), description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--reward", required=True, help="a reward name, {name: weight, ...} or a list (YAML)")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                        help="an option of the named reward, e.g. --option path=/ckpt/clip (YAML)")  # fmt: skip
+                        help="an option of the named reward, e.g. path=/ckpt/clip (YAML, repeatable)")  # fmt: skip
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
-    parser.add_argument("--port", type=int, default=8000, help="0: any free port (printed)")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port (0: any free one, printed)")
     parser.add_argument("--max-request-mb", type=float, default=DEFAULT_MAX_REQUEST_MB, metavar="MB",
                         help="largest request body in MiB, refused with 413 before it is read (default "
                              f"{DEFAULT_MAX_REQUEST_MB}: a request is about batch x frames x H x W x 3 bytes in "

@@ -11,57 +11,63 @@ flags override it. The trainer is ``dit_sp.GRPOTrainer``.
 
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
 
 from dit_sp import TrainConfig
 from dit_sp.io.cli import ArgumentParser, launch, parse_key_values, run_main
-from dit_sp.io.schema import ConfigError
+from dit_sp.io.schema import ConfigError, help_of, to_yaml
+from dit_sp.io.usage import HelpFormatter, prog, with_default
 from dit_sp.parallel.state import collective_timeout
 from dit_sp.rl.preflight import check_before_loading
 from dit_sp.rl.trainer import train
 
-FLAGS = {  # flag: (type, help); each sets the TrainConfig key of the same name
-    "model": (str, "built-in model name or local diffusers pipeline directory"),
-    "output_dir": (str, "where metrics, checkpoints and the final export go"),
-    "max_steps": (int, "GRPO iterations"),
-    "checkpoint_every": (int, "checkpoint every N steps (0: only at the end)"),
-    "eval_every": (int, "eval video and eval_reward every N steps (0: never)"),
-    "ulysses": (int, "Ulysses degree"),
-    "ring": (int, "ring degree"),
-    "dp": (int, "data-parallel degree (local launch: processes = dp*ring*ulysses)"),
-    "collective_timeout": (
-        float,
-        f"SECONDS a collective waits for a lost peer (default {TrainConfig.collective_timeout:g})",
-    ),
-    "prompts": (str, "a .txt (one prompt per line) or .jsonl ({'prompt': ...}) file"),
-    "seed": (int, "run seed"),
-}
+FLAGS = {  # flag: type; each sets the TrainConfig key of the same name (help: the field's ``setting``)
+    "model": str, "output_dir": str, "max_steps": int, "checkpoint_every": int, "eval_every": int, "ulysses": int,
+    "ring": int, "dp": int, "collective_timeout": float, "prompts": str, "seed": int,
+}  # fmt: skip
+SWITCHES = ("resume", "overwrite")
 
 
-def parse_args(argv: list[str] | None = None) -> TrainConfig:
-    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default=None, help="YAML training config (a path or a bundled name)")
-    for name, (kind, text) in FLAGS.items():
-        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, help=text)
-    parser.add_argument("--resume", action="store_true", default=None, help="continue from the latest checkpoint")
-    parser.add_argument("--overwrite", action="store_true", default=None, help="replace the run in --output-dir")
+def _help(name: str) -> str:
+    """A flag's help and TrainConfig's default, which applies where the --config file says nothing."""
+    return with_default(help_of(TrainConfig, name), getattr(TrainConfig(), name))
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, bool]:
+    """The run's settings, and whether ``--print-config`` asks for them to be printed instead of run."""
+    parser = ArgumentParser(prog=prog("pipelines.train_grpo"), description=__doc__, formatter_class=HelpFormatter)
+    parser.add_argument(
+        "--config",
+        default=None,
+        help="YAML training config, a path or a bundled name (default: none); the flags override it, and the "
+        "defaults below apply where it says nothing",
+    )
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved config as YAML (a --config file) and exit")  # fmt: skip
+    for name, kind in FLAGS.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, help=_help(name))
+    for name in SWITCHES:
+        parser.add_argument(f"--{name}", action="store_true", default=None, help=_help(name))
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
-                        help="any config value by dotted key, e.g. --set grpo.group_size=4 (a YAML value)")  # fmt: skip
+                        help="any config value by dotted key, e.g. --set grpo.group_size=4 (a YAML value; "
+                        "repeatable; default: none)")  # fmt: skip
     args = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
-    path, settings = args.pop("config", None), args.pop("settings")
+    path, settings, print_config = args.pop("config", None), args.pop("settings"), args.pop("print_config")
     try:
         args |= parse_key_values(settings, "--set", "grpo.group_size=4")
         config = TrainConfig.load(path, args)
         collective_timeout(config.collective_timeout)  # refused before any worker starts
-        return config
+        return config, print_config
     except (ConfigError, FileNotFoundError) as e:
         parser.error(str(e))
 
 
 def main(argv: list[str] | None = None) -> None:
-    config = parse_args(argv)
+    config, print_config = parse_args(argv)
+    if print_config:
+        print(to_yaml(config), end="")
+        return
     check_before_loading(config, int(os.environ.get("WORLD_SIZE", config.world_size)))
     results = launch(train, config.world_size, args=(config,))
     rows = results[0]["rows"]

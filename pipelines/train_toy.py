@@ -8,26 +8,29 @@ The model and its training are ``dit_sp.toy.model``; deterministic for a given t
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import torch
 
 from dit_sp.io.bundled import ASSET_DIR
 from dit_sp.io.cli import ArgumentParser, run_main
+from dit_sp.io.usage import HelpFormatter, prog
 from dit_sp.toy.model import train_toy_model
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--stage", choices=["all", "vae", "transformer"], default="all")
-    parser.add_argument("--vae-steps", type=int, default=1500)
-    parser.add_argument("--transformer-steps", type=int, default=2500)
-    parser.add_argument("--seeds-per-caption", type=int, default=12)
-    parser.add_argument("--seed", type=int, default=0)
+    parser = ArgumentParser(prog=prog("pipelines.train_toy"), description=__doc__, formatter_class=HelpFormatter)
+    parser.add_argument("--stage", choices=["all", "vae", "transformer"], default="all",
+                        help="what to train: all (the VAE, then the transformer), or one of them")  # fmt: skip
+    parser.add_argument("--vae-steps", type=int, default=1500, help="VAE optimiser steps")
+    parser.add_argument("--transformer-steps", type=int, default=2500, help="transformer optimiser steps")
+    parser.add_argument("--seeds-per-caption", type=int, default=12, help="training videos rendered per caption")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the data and the initial weights")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (the result depends on it)")
-    parser.add_argument("--work-dir", type=Path, default=Path("outputs/toy"))
-    parser.add_argument("--out", type=Path, default=ASSET_DIR / "toy-wan")
+    parser.add_argument(
+        "--work-dir", type=Path, default=Path("outputs/toy"), help="intermediate files (the VAE stage's)"
+    )
+    parser.add_argument("--out", type=Path, default=ASSET_DIR / "toy-wan", help="where the trained pipeline is saved")
     args = parser.parse_args(argv)
     for name in ("vae_steps", "transformer_steps", "seeds_per_caption", "threads"):
         if getattr(args, name) < 1:

@@ -1,6 +1,6 @@
 """A non-editable install works away from the repository: configs, tiny model specs and the toy model travel
-inside the package, and the first README command runs from another directory; what the stock pipelines need
-at run time is installed."""
+inside the package, the first README command runs from another directory, and so does the ``dit-sp`` console
+script; what the stock pipelines need at run time is installed."""
 
 from __future__ import annotations
 
@@ -42,7 +42,13 @@ def test_installed_package_runs_the_first_readme_command_from_another_directory(
     result = subprocess.run(command, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "wrote outputs/video.mp4" in result.stdout and (elsewhere / "outputs" / "video.mp4").stat().st_size > 0
-    bundled = [sys.executable, "-m", "pipelines.train_grpo", "--config", "grpo_tiny_wan", "--max-steps", "1",
+    # the console script (pyproject's [project.scripts]) runs the same CLIs: dit-sp train = pipelines.train_grpo
+    script = site / "bin" / "dit-sp"
+    listing = subprocess.run([str(script), "--help"], cwd=elsewhere, env=env, capture_output=True, text=True)
+    assert listing.returncode == 0 and "serve-reward" in listing.stdout, listing
+    usage = subprocess.run([str(script), "generate", "--help"], cwd=elsewhere, env=env, capture_output=True, text=True)
+    assert usage.returncode == 0 and usage.stdout.startswith("usage: dit-sp generate "), usage
+    bundled = [str(script), "train", "--config", "grpo_tiny_wan", "--max-steps", "1",
                "--set", "grpo.group_size=2", "--set", "grpo.prompts_per_step=1", "--set", "grpo.steps=2",
                "--output-dir", "outputs/g"]  # fmt: skip
     result = subprocess.run(bundled, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600)

@@ -9,71 +9,67 @@ from typing import Any, Literal
 
 from dit_sp.cache import CacheSpec
 from dit_sp.errors import ConfigError
-from dit_sp.io.schema import SEED_RANGE, check_ranges, from_mapping, load_yaml
+from dit_sp.io.schema import SEED_RANGE, check_ranges, from_mapping, load_yaml, merge, setting
 from dit_sp.zoo import default_model, model_defaults
 
 
 @dataclass(frozen=True)
 class GenerateConfig:
-    model: str = "tiny-wan"
-    """A built-in model name or a local diffusers pipeline directory."""
-    prompt: str = "a red circle moving left"
-    negative_prompt: str = ""
-    frames: int = 9
-    height: int = 32
-    width: int = 32
-    steps: int = 20
-    guidance: float = 4.0
+    """One generation's settings; each field's one-line ``setting`` help is its flag's in ``pipelines.generate``."""
+
+    model: str = setting("tiny-wan", "a built-in model name or a local diffusers pipeline directory")
+    prompt: str = setting("a red circle moving left", "what the video shows")
+    negative_prompt: str = setting("", "what it should not show (with guidance)")
+    frames: int = setting(9, "video frames")
+    height: int = setting(32, "frame height in pixels")
+    width: int = setting(32, "frame width in pixels")
+    steps: int = setting(20, "denoising steps")
+    guidance: float = setting(4.0, "classifier-free guidance scale (<= 1: off)")
     """Classifier-free guidance scale (<= 1: off); HunyuanVideo: its ``true_cfg_scale``."""
-    embedded_guidance: float | None = None
+    embedded_guidance: float | None = setting(None, "HunyuanVideo: its distilled guidance (default 6.0)")
     """HunyuanVideo: the guidance distilled into the model, its ``guidance_scale`` (6.0)."""
-    guidance_2: float | None = None
+    guidance_2: float | None = setting(None, "Wan 2.2 A14B: the low-noise expert's guidance (default: --guidance)")
     """Wan 2.2 A14B: the guidance of the low-noise expert (``transformer_2``), its ``guidance_scale_2``;
     default ``guidance``."""
-    max_sequence_length: int = 16
-    seed: int = 0
-    """Random seed (per data-parallel rank: seed + dp rank)."""
-    ulysses: int = 1
-    ring: int = 1
-    dp: int | None = None
-    """Data-parallel groups of a local launch (default 1; under torchrun: the processes left over)."""
-    cfg_parallel: bool = False
-    """Run the two guidance branches on two halves of the processes."""
-    collective_timeout: float = 600.0
-    """Seconds a collective waits for a slow or lost peer before the run fails (``dit_sp.parallel.init_layout``)."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    out: str = "outputs/video.mp4"
-    """``FILE.mp4``, ``FILE.gif`` or a directory of PNG frames."""
-    image: str | None = None
+    max_sequence_length: int = setting(16, "text tokens of a prompt")
+    seed: int = setting(0, "random seed (each data-parallel rank adds its rank)")
+    ulysses: int = setting(1, "Ulysses (head all-to-all) degree of a sample")
+    ring: int = setting(1, "ring-attention degree of a sample")
+    dp: int | None = setting(None, "data-parallel groups (default 1; under torchrun: the processes left over)")
+    cfg_parallel: bool = setting(False, "run the two guidance branches on two halves of the processes")
+    collective_timeout: float = setting(
+        600.0, "seconds a collective waits for a slow or lost peer before the run fails"
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = setting("float32", "compute dtype of the model")
+    out: str = setting("outputs/video.mp4", "FILE.mp4, FILE.gif or a directory of PNG frames")
+    image: str | None = setting(None, "image-to-video: the first frame (default: none, text-to-video)")
     """Image-to-video: the first frame (PNG, JPEG, ...), for an image-to-video model (Wan I2V / FLF2V, Wan 2.2
     I2V and TI2V, CogVideoX I2V); resized to ``height`` x ``width`` by the pipeline."""
-    last_image: str | None = None
-    """First-last-frame: the last frame too (Wan2.1-FLF2V, Wan 2.2 I2V)."""
-    save_latents: str | None = None
+    last_image: str | None = setting(None, "first-last-frame: the last frame too (Wan FLF2V; default: none)")
+    save_latents: str | None = setting(None, "also save the final latents to this .pt file (default: none)")
     """Also save the final latents to this ``.pt`` file (for exact comparisons): those of the last step (Wan 2.2
     TI2V with an image: before the pipeline puts the image's latents into the first frame)."""
-    prompts: str | None = None
+    prompts: str | None = setting(None, "a batch: a .txt or .jsonl file of prompts (default: none, --prompt)")
     """A batch: a .txt (one prompt per line) or .jsonl file (per line ``prompt`` and optionally ``seed``,
     ``frames``, ``height``, ``width``, ``steps``, ``guidance``, ``negative_prompt``, ``image``, ``last_image``:
     image paths relative to the file); see ``generate_batch``."""
-    verify_inputs: bool = False
-    """Debug: checksum the latents across the sequence-parallel ranks at every forward."""
-    shard_weights: bool = False
+    verify_inputs: bool = setting(False, "debug: checksum the latents over the SP ranks at every forward")
+    shard_weights: bool = setting(False, "keep the weights sharded over a sample's processes (big models)")
     """Keep each transformer's weights sharded over the processes of a sample (gathered block by block) and
     read only this rank's shards from the checkpoint: for models larger than one device."""
-    parallel_vae: bool = True
+    parallel_vae: bool = setting(True, "decode with each frame's rows split over a sample's processes")
     """Decode with each frame's rows split over the processes of a sample (``dit_sp.parallelize_vae``);
     off (``--no-parallel-vae``), one process decodes and sends the frames to the others."""
-    cache: str | None = None
+    cache: str | None = setting(None, "step caching, NAME[:THRESHOLD]: first_block or teacache (default: off)")
     """Step caching, ``NAME[:THRESHOLD]``: ``first_block`` or ``teacache`` (``dit_sp.cache``); without a
     threshold, the model config's ``cache_thresholds`` or the policy's default. Same steps skipped on
     every layout."""
-    cache_thresholds: dict[str, float] | None = None
+    cache_thresholds: dict[str, float] | None = setting(None, "per cache policy, the threshold --cache NAME uses")
     """Per policy, the threshold ``--cache NAME`` uses for this model (the real models' configs give the
     anchors' settings)."""
-    teacache_coefficients: list[float] | None = None
+    teacache_coefficients: list[float] | None = setting(None, "TeaCache's rescaling polynomial, highest power first")
     """TeaCache's polynomial rescaling of the relative change, highest power first (default: none)."""
-    compile: bool = False
+    compile: bool = setting(False, "torch.compile each transformer block")
     """``torch.compile`` each transformer block (regional), USP attention included (``dit_sp.sp.compile``)."""
 
     def __post_init__(self) -> None:
@@ -107,11 +103,14 @@ class GenerateConfig:
     @classmethod
     def load(cls, path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> GenerateConfig:
         """The model's defaults, then the YAML file ``path`` (a path or a bundled config name), then
-        ``overrides``; every key and type checked (``dit_sp.io.schema.ConfigError``)."""
+        ``overrides``; every key and type checked (``dit_sp.io.schema.ConfigError``).
+
+        Each layer changes only the keys it names: the tables merge key by key (a file's
+        ``cache_thresholds: {teacache: 0.1}`` keeps the model's ``first_block`` threshold), lists replace
+        (``dit_sp.io.schema.merge``); a dotted override key sets one entry (``cache_thresholds.teacache``)."""
         from dit_sp.io.bundled import config_path
 
-        values = load_yaml(config_path(path)) if path is not None else {}
-        values |= overrides or {}
+        values = merge(cls, load_yaml(config_path(path)) if path is not None else {}, overrides or {})
         model = values.get("model") or default_model()
         where = str(path) if path is not None else "settings"
-        return from_mapping(cls, model_defaults(model) | values | {"model": model}, where=where)
+        return from_mapping(cls, merge(cls, model_defaults(model), values | {"model": model}), where=where)

@@ -29,21 +29,35 @@ from dit_sp.errors import ConfigError, MissingFileError
 
 T = TypeVar("T")
 __all__ = [
-    "ALLOW_INF", "SEED_RANGE", "ConfigError", "allow_inf", "check_ranges", "from_mapping", "load_yaml", "set_dotted",
+    "ALLOW_INF", "HELP", "SEED_RANGE", "ConfigError", "allow_inf", "check_ranges", "from_mapping", "help_of",
+    "load_yaml", "merge", "set_dotted", "setting", "to_yaml",
 ]  # fmt: skip
 
 ALLOW_INF = "allow_inf"
 """Field metadata key of ``allow_inf``."""
+HELP = "help"
+"""Field metadata key of a setting's one-line help (``setting``)."""
 SEED_RANGE = (f"[0, {2**63 - 1}]", "0 to 2**63 - 1")
 """The range of a seed for ``check_ranges``: ``torch.Generator.manual_seed`` takes [-2**63, 2**64 - 1] (a
 negative seed wraps around); non-negative 63-bit seeds leave room for the ``seed + rank`` and ``seed + index``
 the runs derive from them."""
 
 
-def allow_inf(default: float | None) -> Any:
+def allow_inf(default: float | None, help: str | None = None) -> Any:
     """A float field that may be ``.inf`` / ``-.inf`` (where infinity means "no limit", e.g. a clip that never
-    clips); its range check still applies, and NaN is still refused."""
-    return dataclasses.field(default=default, metadata={ALLOW_INF: True})
+    clips); its range check still applies, and NaN is still refused. ``help``: as ``setting``'s."""
+    return dataclasses.field(default=default, metadata={ALLOW_INF: True} | ({HELP: help} if help else {}))
+
+
+def setting(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field with a one-line ``help`` for the flag a CLI makes of it (``help_of``); the field's
+    docstring below it keeps the long story."""
+    return dataclasses.field(default=default, default_factory=factory, metadata={HELP: help})
+
+
+def help_of(cls: type, name: str) -> str:
+    """The one-line help of field ``name`` of the dataclass ``cls`` (``setting``), or ``""``."""
+    return next((f.metadata.get(HELP, "") for f in dataclasses.fields(cls) if f.name == name), "")
 
 
 def _fail(where: str, value: Any, expected: str) -> typing.NoReturn:
@@ -213,14 +227,65 @@ def check_ranges(config: object, **ranges: str | tuple[str, str]) -> None:
             raise ConfigError(f"{name} must be {wording}{f' ({note})' if note else ''}, got {value}")
 
 
-def set_dotted(values: dict[str, Any], dotted: str, value: Any) -> None:
-    """``set_dotted(d, "optim.lr", 1e-4)`` sets ``d["optim"]["lr"]`` (creating the nested mapping)."""
+def merge(cls: type, base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``overrides`` on top, deeply: one key changes one key, never its neighbours.
+
+    ``overrides`` maps a key, or a dotted key (``"grpo.group_size"``, ``set_dotted``), to a value. Where the
+    setting is a section of ``cls`` (a nested dataclass: ``grpo``, ``optim``, ``wandb``) or a table (a
+    ``dict[str, X]`` field: ``cache_thresholds``) and both sides are mappings, the two merge key by key, at
+    every depth, so ``{"grpo": {"group_size": 4}}`` keeps the rest of the file's ``grpo``. Everything else
+    replaces: a list (``[0, 2]`` is one window, not two edits), a mapping given to a field of any other type
+    (``reward: {name: weight}`` is one reward, so a new one drops the old weights), a value over a mapping.
+    Neither input is changed; keys are not checked here (``from_mapping`` names a bad one)."""
+    merged = _plain(base)
+    for key, value in overrides.items():
+        set_dotted(merged, key, value, cls)
+    return merged
+
+
+def _plain(values: Any) -> Any:
+    """A copy of the nested mappings of ``values`` (leaves shared), so that a merge writes only into its own."""
+    return {k: _plain(v) for k, v in values.items()} if isinstance(values, Mapping) else values
+
+
+def _section(kind: Any) -> Any:
+    """The dataclass or ``dict`` type that ``kind`` (maybe ``X | None``) holds, or None for any other type."""
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        options = [_section(a) for a in typing.get_args(kind) if a is not type(None)]
+        return next((o for o in options if o is not None), None)
+    if dataclasses.is_dataclass(kind) or kind is dict or typing.get_origin(kind) is dict:
+        return kind
+    return None
+
+
+def _child(kind: Any, key: str) -> Any:
+    """The type of setting ``key`` inside a setting of type ``kind`` (``Any`` where unknown)."""
+    kind = _section(kind)
+    if dataclasses.is_dataclass(kind):
+        return typing.get_type_hints(kind).get(key, Any)
+    args = typing.get_args(kind) if kind is not None else ()
+    return args[1] if len(args) == 2 else Any
+
+
+def _merged(kind: Any, old: Any, new: Any) -> Any:
+    if not (isinstance(old, Mapping) and isinstance(new, Mapping) and _section(kind) is not None):
+        return _plain(new)
+    return {**old, **{k: _merged(_child(kind, str(k)), old.get(k), v) for k, v in new.items()}}
+
+
+def set_dotted(values: dict[str, Any], dotted: str, value: Any, cls: type | None = None) -> None:
+    """``set_dotted(d, "optim.lr", 1e-4)`` sets ``d["optim"]["lr"]`` (creating the nested mapping, or one in
+    place of a null section). With the dataclass ``cls`` the settings are of, a mapping ``value`` for a section
+    or table merges into the one there (``merge``); without, it replaces it."""
     *parents, leaf = dotted.split(".")
+    kind: Any = cls if cls is not None else Any
     for key in parents:
-        values = values.setdefault(key, {})
+        if values.get(key) is None:
+            values[key] = {}
+        values, kind = values[key], _child(kind, key)
         if not isinstance(values, dict):
             raise ConfigError(f"{key}: expected a mapping of settings, got {values!r}")
-    values[leaf] = value
+    values[leaf] = _merged(_child(kind, leaf), values.get(leaf), value)
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
@@ -241,3 +306,18 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(values, dict):
         raise ConfigError(f"config file {path} must hold a mapping of settings, got {type(values).__name__}")
     return values
+
+
+def to_yaml(config: Any) -> str:
+    """The dataclass ``config`` as YAML that ``load_yaml`` and ``from_mapping`` read back to an equal config
+    (tuples as lists, infinities as ``.inf``): what ``--print-config`` prints."""
+    import yaml
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return {str(k): plain(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        return str(value) if isinstance(value, Path) else value
+
+    return yaml.safe_dump(plain(dataclasses.asdict(config)), sort_keys=False, default_flow_style=False, width=120)

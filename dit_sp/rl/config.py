@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from dit_sp.io.schema import SEED_RANGE, allow_inf, check_ranges, from_mapping, load_yaml, set_dotted
+from dit_sp.io.schema import SEED_RANGE, allow_inf, check_ranges, from_mapping, load_yaml, merge, setting
 from dit_sp.rl.grpo_config import GRPOConfig
 from dit_sp.rl.metrics import WandbConfig
 
@@ -69,21 +69,21 @@ class LoRAConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    model: str = "tiny-wan"
+    model: str = setting("tiny-wan", "a built-in model name or a local diffusers pipeline directory")
     """A built-in model name (``dit_sp.zoo.builtin_models()``) or a local diffusers pipeline directory."""
-    prompts: str = "prompts_demo.txt"
+    prompts: str = setting("prompts_demo.txt", "a .txt (a prompt per line) or .jsonl file, or a bundled one's name")
     """A .txt (one prompt per line) or .jsonl (``{"prompt": ...}``) file; bundled prompt files by name."""
     reward: Any = "brightness"
     """A reward name, ``{name: weight, ...}`` or a list of ``{name, weight, **options}`` (``build_reward``)."""
-    output_dir: str = "outputs/grpo"
-    max_steps: int = 20
-    checkpoint_every: int = 10
-    eval_every: int = 0
+    output_dir: str = setting("outputs/grpo", "where metrics, checkpoints and the final export go")
+    max_steps: int = setting(20, "GRPO iterations")
+    checkpoint_every: int = setting(10, "checkpoint every N steps (0: only at the end)")
+    eval_every: int = setting(0, "eval videos and eval_reward every N steps (0: never)")
     """Every N steps: ODE samples of the first ``eval_prompts`` prompts (video + ``eval_reward`` metric)."""
     eval_prompts: int = 4
-    resume: bool = False
+    resume: bool = setting(False, "continue the run in --output-dir from its newest checkpoint")
     """Continue the run in ``output_dir`` from its newest complete checkpoint (on any layout)."""
-    overwrite: bool = False
+    overwrite: bool = setting(False, "replace the run in --output-dir")
     """Replace the run in ``output_dir``; without it (or ``resume``) an existing run there is an error."""
     max_skipped_steps: int = 3
     """Stop with an error after this many updates in a row were skipped for a non-finite loss or gradient."""
@@ -92,14 +92,15 @@ class TrainConfig:
     default ``OUTPUT_DIR/embeddings``): computed once, then the text encoder is freed. Share one between runs.
     A pipeline passed to ``GRPOTrainer`` is keyed by its class only: clear the directory if you change its
     text encoder."""
-    seed: int = 0
-    dp: int | None = None
-    """Data-parallel degree; by default the processes left after ring x ulysses."""
-    ring: int = 1
-    ulysses: int = 1
-    collective_timeout: float = 600.0
-    """Seconds a collective waits for a slow or lost peer before the run fails (``dit_sp.parallel.init_layout``):
-    raise it if one rank may take longer than that alone (loading a large model, writing a checkpoint)."""
+    seed: int = setting(0, "run seed")
+    dp: int | None = setting(None, "data-parallel degree (default: the processes left after ring x ulysses)")
+    ring: int = setting(1, "ring-attention degree of a sample")
+    ulysses: int = setting(1, "Ulysses (head all-to-all) degree of a sample")
+    collective_timeout: float = setting(
+        600.0,
+        "seconds a collective waits for a slow or lost peer before the run "
+        "fails; raise it if one rank may work alone longer (loading, saving)",
+    )
     hsdp: bool = False
     """Shard over the SP ranks of a sample and replicate across dp, instead of sharding over all ranks."""
     activation_checkpointing: bool = False
@@ -154,11 +155,11 @@ class TrainConfig:
 
     @classmethod
     def load(cls, path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
-        """A YAML file (a path or a bundled config name), then ``overrides`` by dotted key
-        (``{"optim.lr": 1e-4, "ulysses": 2}``)."""
+        """A YAML file (a path or a bundled config name), then ``overrides`` by key or dotted key
+        (``{"optim.lr": 1e-4, "ulysses": 2}``). An override changes only what it names: a section given as a
+        mapping (``{"grpo": {"group_size": 4}}``) merges into the file's, key by key; lists and the ``reward``
+        spec replace (``dit_sp.io.schema.merge``)."""
         from dit_sp.io.bundled import config_path
 
-        values = load_yaml(config_path(path)) if path is not None else {}
-        for key, value in (overrides or {}).items():
-            set_dotted(values, key, value)
+        values = merge(cls, load_yaml(config_path(path)) if path is not None else {}, overrides or {})
         return cls.from_dict(values, where=str(path) if path is not None else "config")
