@@ -75,7 +75,8 @@ class GenerateConfig:
     def __post_init__(self) -> None:
         check_ranges(self, frames=">= 1", height=">= 1", width=">= 1", steps=">= 1", max_sequence_length=">= 1",
                      seed=SEED_RANGE, ulysses=">= 1", ring=">= 1", dp=">= 1",
-                     guidance="finite", embedded_guidance="finite", guidance_2="finite")  # fmt: skip
+                     guidance="finite", embedded_guidance="finite", guidance_2="finite",
+                     collective_timeout="finite")  # fmt: skip
         if self.guidance_2 is not None and not self.guidance > 1:
             raise ConfigError(f"guidance_2 {self.guidance_2} is the low-noise expert's classifier-free guidance, "
                               f"and guidance {self.guidance} turns guidance off for both experts; use guidance > 1 "

@@ -136,7 +136,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_ranges(self, vae_batch=(">= 1", "or null: the micro-batch"), ring=">= 1", ulysses=">= 1", dp=">= 1",
                      eval_prompts=">= 1", max_steps=">= 0", checkpoint_every=">= 0", eval_every=">= 0",
-                     max_skipped_steps=">= 0", ema_decay=("[0, 1)", "0: no EMA"), seed=SEED_RANGE)  # fmt: skip
+                     max_skipped_steps=">= 0", ema_decay=("[0, 1)", "0: no EMA"), seed=SEED_RANGE,
+                     collective_timeout="finite")  # fmt: skip
         if self.resume and self.overwrite:
             raise ValueError("resume and overwrite exclude each other: continue the run, or replace it")
         if self.vae_split == "samples" and not self.parallel_vae:
