@@ -104,7 +104,7 @@ CASES = [
     ("train-reward-weight", "train_grpo", [*TRAIN, "--set", "reward={brightness: high}"], {},
      r"reward 'brightness': weight must be a number"),
     ("train-no-model", "train_grpo", [*TRAIN, "--model", "/nonexistent/model"], {}, r"model directory /nonexistent/model"),
-    ("train-height", "train_grpo", [*TRAIN, "--set", "sample.height=33"], {}, r"height 33: must be a multiple of 8"),
+    ("train-height", "train_grpo", [*TRAIN, "--set", "sample.height=33"], {}, r"height 33: must be a multiple of 16"),
     ("train-resume-nothing", "train_grpo", [*TRAIN, "--resume", "--output-dir", "{tmp}/new"], {},
      r"holds no complete checkpoint to continue from"),
     ("train-resume-overwrite", "train_grpo", [*TRAIN, "--resume", "--overwrite"], {}, r"resume and overwrite exclude"),
