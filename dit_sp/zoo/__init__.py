@@ -15,6 +15,7 @@ from dit_sp import families
 from dit_sp.errors import ConfigError, MissingFileError
 from dit_sp.families import TRANSFORMERS  # re-exported: dit_sp.rl and dit_sp.inference import it from here
 from dit_sp.io.bundled import ASSET_DIR, asset_path
+from dit_sp.zoo.sample import read_sample_settings
 from dit_sp.zoo.tokenizers import clip_byte_vocab, llama3_byte_tokenizer
 
 SPEC_DIR = Path(__file__).resolve().parent / "specs"
@@ -119,7 +120,9 @@ def as_image_to_video(pipe: Any) -> Any:
 
 
 def model_defaults(model: str) -> dict[str, Any]:
-    """Generation defaults of a built-in model, or of a local checkpoint by its pipeline class."""
+    """Generation defaults of a built-in model, or of a local checkpoint: its pipeline class's (the real
+    models' settings), then those a trained export recorded (``dit_sp.zoo.sample``: the size and steps it
+    was trained at)."""
     if not Path(model).exists() and model in builtin_models():
         return dict(model_spec(model).get("defaults", {}))
     path = checkpoint_dir(model)  # raises for a missing directory or an unknown name
@@ -128,7 +131,7 @@ def model_defaults(model: str) -> dict[str, Any]:
             name = json.loads((path / "model_index.json").read_text()).get("_class_name")
         except (OSError, ValueError, AttributeError):
             name = None  # load_pipeline reports what is wrong with the directory
-        return dict(CHECKPOINT_DEFAULTS.get(name, CHECKPOINT_DEFAULTS["WanPipeline"]))
+        return dict(CHECKPOINT_DEFAULTS.get(name, CHECKPOINT_DEFAULTS["WanPipeline"])) | read_sample_settings(path)
     return dict(model_spec(model).get("defaults", {}))
 
 
