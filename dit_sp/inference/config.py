@@ -11,6 +11,10 @@ from dit_sp.cache import CacheSpec
 from dit_sp.errors import ConfigError
 from dit_sp.io.schema import SEED_RANGE, check_ranges, from_mapping, load_yaml
 from dit_sp.zoo import default_model, model_defaults
+from dit_sp.zoo.sample import DEFAULT_FPS
+
+DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+"""Short dtype names ``GenerateConfig.dtype`` accepts, and the torch names they stand for."""
 
 
 @dataclass(frozen=True)
@@ -39,7 +43,12 @@ class GenerateConfig:
     """Data-parallel groups of a local launch (default 1; under torchrun: the processes left over)."""
     cfg_parallel: bool = False
     """Run the two guidance branches on two halves of the processes."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["float32", "bfloat16", "float16", "fp32", "bf16", "fp16"] = "float32"
+    """The weights' and compute dtype; ``bf16``, ``fp16`` and ``fp32`` are short for ``bfloat16``, ``float16``
+    and ``float32`` (the config holds the long name)."""
+    fps: float = DEFAULT_FPS
+    """Frame rate of the written video (mp4, gif); default the model's (a trained export: the one it
+    recorded; Wan 16, HunyuanVideo 15, CogVideoX 8)."""
     out: str = "outputs/video.mp4"
     """``FILE.mp4``, ``FILE.gif`` or a directory of PNG frames."""
     image: str | None = None
@@ -75,6 +84,8 @@ class GenerateConfig:
     """``torch.compile`` each transformer block (regional), USP attention included (``dit_sp.sp.compile``)."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))  # bf16 -> bfloat16
+        check_ranges(self, fps="> 0")
         check_ranges(self, frames=">= 1", height=">= 1", width=">= 1", steps=">= 1", max_sequence_length=">= 1",
                      seed=SEED_RANGE, ulysses=">= 1", ring=">= 1", dp=">= 1",
                      guidance="finite", embedded_guidance="finite", guidance_2="finite")  # fmt: skip
@@ -104,8 +115,9 @@ class GenerateConfig:
 
     @classmethod
     def load(cls, path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> GenerateConfig:
-        """The model's defaults, then the YAML file ``path`` (a path or a bundled config name), then
-        ``overrides``; every key and type checked (``dit_sp.io.schema.ConfigError``)."""
+        """The model's defaults (``dit_sp.zoo.model_defaults``: a built-in's, or a checkpoint's family's and then
+        the sample settings a trained export recorded), then the YAML file ``path`` (a path or a bundled config
+        name), then ``overrides``; every key and type checked (``dit_sp.io.schema.ConfigError``)."""
         from dit_sp.io.bundled import config_path
 
         values = load_yaml(config_path(path)) if path is not None else {}
