@@ -15,6 +15,7 @@ from dit_sp import families
 from dit_sp.errors import ConfigError, MissingFileError
 from dit_sp.families import TRANSFORMERS  # re-exported: dit_sp.rl and dit_sp.inference import it from here
 from dit_sp.io.bundled import ASSET_DIR, asset_path
+from dit_sp.zoo.hub import cached_snapshot, is_hub_id
 from dit_sp.zoo.sample import read_sample_settings
 from dit_sp.zoo.tokenizers import clip_byte_vocab, llama3_byte_tokenizer
 
@@ -80,11 +81,14 @@ CHECKPOINT_DEFAULTS = families.checkpoint_defaults()
 
 
 def checkpoint_dir(model: str | Path) -> Path | None:
-    """The directory a model name stands for: a local path, a bundled asset (``toy-wan``), or the shipped
-    checkpoint of a built-in name; ``None`` for a tiny model built in code. Unknown names raise."""
+    """The directory a model name stands for: a local path, a bundled asset (``toy-wan``), a hub id
+    (``ORG/NAME``) in the local Hugging Face cache (``dit_sp.zoo.hub``), or the shipped checkpoint of a
+    built-in name; ``None`` for a tiny model built in code. Unknown names raise."""
     path = asset_path(model)
     if path is not None:
         return path
+    if is_hub_id(model):  # ORG/NAME: the local hub cache's snapshot, or one line naming the download command
+        return cached_snapshot(str(model))
     if Path(model).is_absolute() or len(Path(model).parts) > 1:
         raise MissingFileError(f"model directory {model} does not exist")
     spec = model_spec(str(model))  # raises for unknown names
