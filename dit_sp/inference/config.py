@@ -20,7 +20,8 @@ DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 @dataclass(frozen=True)
 class GenerateConfig:
     model: str = "tiny-wan"
-    """A built-in model name or a local diffusers pipeline directory."""
+    """A built-in model name, a local diffusers pipeline directory, or a hub id (``ORG/NAME``) downloaded to the
+    local Hugging Face cache (``hf download ORG/NAME``; read offline)."""
     prompt: str = "a red circle moving left"
     negative_prompt: str = ""
     frames: int = 9
@@ -85,6 +86,7 @@ class GenerateConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))  # bf16 -> bfloat16
+        check_ranges(self, fps="finite")  # NaN is "not a finite number", as for every float setting
         check_ranges(self, fps="> 0")
         check_ranges(self, frames=">= 1", height=">= 1", width=">= 1", steps=">= 1", max_sequence_length=">= 1",
                      seed=SEED_RANGE, ulysses=">= 1", ring=">= 1", dp=">= 1",
