@@ -14,6 +14,7 @@ import torch
 from dit_sp._compat import block_argument, context_parallel_types
 from dit_sp.errors import ConfigError
 from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.families.shape import check_largest
 from dit_sp.vae import Padding, VAEPlan
 from dit_sp.vae.tiles import TileProtocol
 
@@ -56,15 +57,32 @@ def _teacache_probe(block: torch.nn.Module, meta: object, args: tuple, kwargs: d
     return block.norm1(hidden, text, temb)[0], True
 
 
-def _shape_check(config: Any, settings: dict[str, Any], name: Callable[[str], str]) -> None:
-    """Without RoPE, CogVideoX adds sincos or learned positional embeddings over exactly
-    ``max_text_seq_length`` text tokens."""
+def _shape_check(config: Any, settings: dict[str, Any], name: Callable[[str], str], vae: tuple[int, int]) -> None:
+    """CogVideoX's positional limits: without RoPE, sincos embeddings over exactly ``max_text_seq_length`` text
+    tokens; learned embeddings (CogVideoX-5b-I2V) of exactly ``sample_height`` x ``sample_width`` latents (the
+    patch embedding refuses others); CogVideoX 1.5's RoPE (``patch_size_t`` set), sliced from a grid of
+    ``sample_height / patch`` x ``sample_width / patch`` patches (the pipeline's ``grid_type="slice"``)."""
     text_len = config.get("max_text_seq_length") if not config.get("use_rotary_positional_embeddings", True) else None
     if text_len is not None and settings["max_sequence_length"] != text_len:
         raise ConfigError(
             f"{name('max_sequence_length')} {settings['max_sequence_length']}: this model's positional embeddings "
             f"take exactly {text_len} text tokens; use {name('max_sequence_length')} {text_len}"
         )
+    spatial, patch = vae[1], config.get("patch_size", 2)
+    for key in ("height", "width"):
+        latents = config.get(f"sample_{key}")
+        if latents is None:
+            continue
+        if config.get("use_learned_positional_embeddings") and settings[key] != latents * spatial:
+            raise ConfigError(
+                f"{name(key)} {settings[key]}: this model's learned positional embeddings take exactly "
+                f"{latents} latent {'rows' if key == 'height' else 'columns'} (sample_{key}, VAE x{spatial}); "
+                f"use {name(key)} {latents * spatial}"
+            )
+        if config.get("use_rotary_positional_embeddings") and config.get("patch_size_t") is not None:
+            check_largest(settings, key, latents // patch * patch * spatial, name,
+                          f"the rotary grid covers sample_{key} {latents} latents ({latents // patch} patches of "
+                          f"{patch}, VAE x{spatial})")  # fmt: skip
 
 
 def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
@@ -95,7 +113,8 @@ COGVIDEOX = ModelFamily(
     shape_check=_shape_check,
     tiny_models=("tiny-cogvideox", "tiny-cogvideox-i2v"),
     checkpoint_defaults=dict.fromkeys(
-        ("CogVideoXPipeline", "CogVideoXImageToVideoPipeline"), generation_defaults(49, 480, 720, 50, 6.0, 226)
+        ("CogVideoXPipeline", "CogVideoXImageToVideoPipeline"),
+        generation_defaults(49, 480, 720, 50, 6.0, 226) | {"fps": 8},
     ),
     vae_factors=dict.fromkeys(("CogVideoXPipeline", "CogVideoXImageToVideoPipeline"), _vae_factors),
     architectures=_ARCHITECTURES,

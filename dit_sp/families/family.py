@@ -61,9 +61,13 @@ class ModelFamily:
     """What the ``teacache`` step cache compares between steps, from the first block and its call
     ``(block, metadata, args, kwargs)``: ``(tensor, per_token)``, per-token tensors laid out
     ``(B, S_local, ...)`` (``dit_sp.cache.teacache``)."""
-    shape_check: Callable[[Any, dict[str, Any], Callable[[str], str]], None] = lambda config, settings, name: None
-    """Raises for generation settings the family's positional embeddings cannot take, from the transformer's
-    config, the settings and how to name a setting in the message (``dit_sp.families.check_shape``)."""
+    shape_check: Callable[[Any, dict[str, Any], Callable[[str], str], tuple[int, int]], None] = (
+        lambda config, settings, name, vae: None
+    )
+    """Raises for generation settings the family's positional embeddings cannot take (rotary tables, fixed
+    embedding sizes), from the transformer's config, the settings, how to name a setting in the message and
+    the VAE's ``(temporal, spatial)`` compression (``dit_sp.families.check_shape``); one line naming the limit
+    and the largest (or only) value allowed."""
     tiny_models: tuple[str, ...] = ()
     """The family's built-in models (``dit_sp/zoo/specs/<name>.yaml``)."""
     checkpoint_defaults: dict[str, dict[str, Any]] = field(default_factory=dict, hash=False)

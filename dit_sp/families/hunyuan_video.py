@@ -138,8 +138,8 @@ HUNYUAN_VIDEO = ModelFamily(
     tiny_models=("tiny-hunyuanvideo", "tiny-hunyuanvideo-i2v"),
     checkpoint_defaults={
         # guidance-distilled: true classifier-free guidance off; its embedded guidance_scale stays at 6.0
-        "HunyuanVideoPipeline": generation_defaults(61, 320, 512, 30, 1.0, 256),
-        "HunyuanVideoImageToVideoPipeline": generation_defaults(129, 720, 1280, 50, 1.0, 256),
+        "HunyuanVideoPipeline": generation_defaults(61, 320, 512, 30, 1.0, 256) | {"fps": 15},
+        "HunyuanVideoImageToVideoPipeline": generation_defaults(129, 720, 1280, 50, 1.0, 256) | {"fps": 15},
     },
     vae_factors=dict.fromkeys(("HunyuanVideoPipeline", "HunyuanVideoImageToVideoPipeline"), _vae_factors),
     architectures=_ARCHITECTURES,

@@ -6,6 +6,8 @@ The split/gather plan is the ``_cp_plan`` diffusers ships with the model.
 """
 
 import inspect
+import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -14,6 +16,7 @@ from dit_sp._compat import block_argument, model_cp_plan, wan_conv_padding
 from dit_sp.errors import ConfigError
 from dit_sp.families.family import TRANSFORMERS, ModelFamily, generation_defaults
 from dit_sp.families.policy import DiffusersPolicy
+from dit_sp.families.shape import check_largest, check_multiple
 from dit_sp.vae import Padding, VAEPlan
 from dit_sp.vae.tiles import TileProtocol
 
@@ -162,6 +165,27 @@ def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
     return vae.get("scale_factor_temporal", 4), vae.get("scale_factor_spatial", 8)
 
 
+def _shape_check(config: Any, settings: dict[str, Any], name: Callable[[str], str], vae: tuple[int, int]) -> None:
+    """Wan's rotary embedding is a table of ``rope_max_seq_len`` positions per axis (``WanRotaryPosEmbed``):
+    a video with more patches along frames, rows or columns than that has no position for them. And the Wan
+    pipelines take heights and widths in multiples of 16 only, also with a VAE of x4 (``toy-wan``)."""
+    table = config.get("rope_max_seq_len")
+    if table is None:  # another family's transformer (every family's rule sees every config)
+        return
+    p_t, p_h, p_w = config["patch_size"]
+    temporal, spatial = vae
+    why = f"the rotary position table (rope_max_seq_len {table}) covers {table} patches along the"
+    check_largest(settings, "frames", (table * p_t - 1) * temporal + 1, name,
+                  f"{why} frames ({table * p_t} latent frames, VAE x{temporal})")  # fmt: skip
+    for key, patch in (("height", p_h), ("width", p_w)):
+        check_largest(settings, key, table * patch * spatial, name,
+                      f"{why} {key} ({table} x patch {patch} x VAE {spatial} pixels)")  # fmt: skip
+        # diffusers' Wan pipelines refuse sizes that are not multiples of 16 (check_inputs), whatever the VAE
+        multiple = math.lcm(16, spatial * patch)
+        pipelines = ", and Wan's pipelines take multiples of 16" if multiple > spatial * patch else ""
+        check_multiple(settings, key, multiple, name, f"VAE x{spatial}, patch x{patch}{pipelines}")
+
+
 _CONFIG = {"patch_size": [1, 2, 2], "attention_head_dim": 128, "in_channels": 16, "out_channels": 16,
            "text_dim": 4096, "freq_dim": 256, "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads",
            "eps": 1e-6, "rope_max_seq_len": 1024}  # fmt: skip
@@ -198,10 +222,11 @@ WAN = ModelFamily(
     policy=WanPolicy,
     vae=WAN_VAE,
     teacache_probe=_teacache_probe,
+    shape_check=_shape_check,
     tiny_models=("tiny-wan", "tiny-wan-i2v", "tiny-wan-flf2v", "tiny-wan2.2-a14b", "tiny-wan2.2-ti2v", "toy-wan"),
     checkpoint_defaults={
-        "WanPipeline": generation_defaults(33, 480, 832, 50, 5.0, 512),
-        "WanImageToVideoPipeline": generation_defaults(81, 480, 832, 50, 5.0, 512),
+        "WanPipeline": generation_defaults(33, 480, 832, 50, 5.0, 512) | {"fps": 16},
+        "WanImageToVideoPipeline": generation_defaults(81, 480, 832, 50, 5.0, 512) | {"fps": 16},
     },
     vae_factors=dict.fromkeys(("WanPipeline", "WanImageToVideoPipeline"), _vae_factors),
     architectures=_ARCHITECTURES,

@@ -112,7 +112,7 @@ def generate_batch(config: GenerateConfig, return_frames: bool = False) -> dict[
                         parallel.device)  # fmt: skip
         if parallel.is_sample_leader:
             name = f"{index:05d}{suffix}"
-            written.append(str(save_video(video["frames"], directory / name)))
+            written.append(str(save_video(video["frames"], directory / name, fps=videos[index].fps)))
             with (directory / "manifest.jsonl").open("a") as f:  # one short line per append: no interleaving
                 f.write(json.dumps(_manifest_entry(index, videos[index], name)) + "\n")
             if return_frames:

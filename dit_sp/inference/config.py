@@ -11,13 +11,19 @@ from dit_sp.cache import CacheSpec
 from dit_sp.errors import ConfigError
 from dit_sp.io.schema import SEED_RANGE, check_ranges, from_mapping, load_yaml, merge, setting
 from dit_sp.zoo import default_model, model_defaults
+from dit_sp.zoo.sample import DEFAULT_FPS
+
+DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+"""Short dtype names ``GenerateConfig.dtype`` accepts, and the torch names they stand for."""
 
 
 @dataclass(frozen=True)
 class GenerateConfig:
     """One generation's settings; each field's one-line ``setting`` help is its flag's in ``pipelines.generate``."""
 
-    model: str = setting("tiny-wan", "a built-in model name or a local diffusers pipeline directory")
+    model: str = setting("tiny-wan", "a built-in model name, a local diffusers pipeline directory or a hub id")
+    """A built-in model name, a local diffusers pipeline directory, or a hub id (``ORG/NAME``) downloaded to the
+    local Hugging Face cache (``hf download ORG/NAME``; read offline)."""
     prompt: str = setting("a red circle moving left", "what the video shows")
     negative_prompt: str = setting("", "what it should not show (with guidance)")
     frames: int = setting(9, "video frames")
@@ -40,7 +46,14 @@ class GenerateConfig:
     collective_timeout: float = setting(
         600.0, "seconds a collective waits for a slow or lost peer before the run fails"
     )
-    dtype: Literal["float32", "bfloat16", "float16"] = setting("float32", "compute dtype of the model")
+    dtype: Literal["float32", "bfloat16", "float16", "fp32", "bf16", "fp16"] = setting(
+        "float32", "compute dtype of the model (bf16, fp16, fp32: short names)"
+    )
+    """The weights' and compute dtype; ``bf16``, ``fp16`` and ``fp32`` are short for ``bfloat16``, ``float16``
+    and ``float32`` (the config holds the long name)."""
+    fps: float = setting(DEFAULT_FPS, "frame rate of the written video (default: the model's)")
+    """Frame rate of the written video (mp4, gif); default the model's (a trained export: the one it
+    recorded; Wan 16, HunyuanVideo 15, CogVideoX 8)."""
     out: str = setting("outputs/video.mp4", "FILE.mp4, FILE.gif or a directory of PNG frames")
     image: str | None = setting(None, "image-to-video: the first frame (default: none, text-to-video)")
     """Image-to-video: the first frame (PNG, JPEG, ...), for an image-to-video model (Wan I2V / FLF2V, Wan 2.2
@@ -73,6 +86,9 @@ class GenerateConfig:
     """``torch.compile`` each transformer block (regional), USP attention included (``dit_sp.sp.compile``)."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))  # bf16 -> bfloat16
+        check_ranges(self, fps="finite")  # NaN is "not a finite number", as for every float setting
+        check_ranges(self, fps="> 0")
         check_ranges(self, frames=">= 1", height=">= 1", width=">= 1", steps=">= 1", max_sequence_length=">= 1",
                      seed=SEED_RANGE, ulysses=">= 1", ring=">= 1", dp=">= 1",
                      guidance="finite", embedded_guidance="finite", guidance_2="finite",
@@ -103,8 +119,9 @@ class GenerateConfig:
 
     @classmethod
     def load(cls, path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> GenerateConfig:
-        """The model's defaults, then the YAML file ``path`` (a path or a bundled config name), then
-        ``overrides``; every key and type checked (``dit_sp.io.schema.ConfigError``).
+        """The model's defaults (``dit_sp.zoo.model_defaults``: a built-in's, or a checkpoint's family's and then
+        the sample settings a trained export recorded), then the YAML file ``path`` (a path or a bundled config
+        name), then ``overrides``; every key and type checked (``dit_sp.io.schema.ConfigError``).
 
         Each layer changes only the keys it names: the tables merge key by key (a file's
         ``cache_thresholds: {teacache: 0.1}`` keeps the model's ``first_block`` threshold), lists replace

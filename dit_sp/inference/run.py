@@ -43,7 +43,7 @@ def generate(config: GenerateConfig, return_frames: bool = False) -> dict[str, A
         report["cache"] = cache_report(cache)
     if parallel.is_sample_leader:
         suffix = f"_dp{parallel.dp_rank}" if parallel.dp > 1 else ""
-        report["out"] = str(save_video(video["frames"], config.out, suffix))
+        report["out"] = str(save_video(video["frames"], config.out, suffix, fps=config.fps))
         if return_frames:
             report["frames"] = video["frames"]
         if config.save_latents:

@@ -64,7 +64,7 @@ def check_writable(path: str | Path, flag: str) -> None:
         raise ConfigError(f"{flag} {path}: cannot write to {existing} ({e.strerror or e})") from e
 
 
-def _write(images: np.ndarray, path: Path, fps: int) -> None:
+def _write(images: np.ndarray, path: Path, fps: float) -> None:
     import imageio.v2 as imageio
 
     if path.suffix.lower() == ".mp4":
@@ -86,7 +86,7 @@ def _frames_in(path: Path) -> int:
     return sum(1 for _ in iio.imiter(path))
 
 
-def save_video(frames: np.ndarray, out: str | Path, suffix: str = "", fps: int = 8) -> Path:
+def save_video(frames: np.ndarray, out: str | Path, suffix: str = "", fps: float = 8) -> Path:
     """``frames``: ``(F, H, W, 3)`` floats in [0, 1]. A path without ``.mp4``/``.gif`` is a PNG directory.
 
     Written to a temporary name beside the target, read back (every frame must be there), then renamed;

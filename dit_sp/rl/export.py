@@ -11,8 +11,11 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from dit_sp.errors import ConfigError
 from dit_sp.train import checkpoint
 from dit_sp.train.lora import add_lora, merge_lora
+from dit_sp.zoo import model_defaults
+from dit_sp.zoo.sample import DEFAULT_FPS, write_sample_settings
 
 if TYPE_CHECKING:
     from dit_sp.rl.trainer import GRPOTrainer
@@ -70,9 +73,27 @@ def export(trainer: GRPOTrainer, path: str | Path) -> Path:
             settings = {k: v for k, v in self.pipe.config.items() if k in accepted and k not in components}
             self._export_class(**settings, **components).save_pretrained(tmp)
     if self.is_leader:
+        write_sample_settings(tmp, sample_settings(self))  # generate --model PATH samples as trained
         self._export_class.load_config(tmp)  # raises if what was written does not read back
         shutil.rmtree(path, ignore_errors=True)
         os.replace(tmp, path)
     if self.parallel.world_size > 1:
         dist.barrier()
     return path
+
+
+def sample_settings(trainer: GRPOTrainer) -> dict[str, object]:
+    """The generation settings the weights were trained at, written beside every export as
+    ``dit_sp_sample.json`` (``dit_sp.zoo.sample``), which ``generate --model PATH`` takes as its defaults:
+    the rollouts' size, guidance and text settings, the evaluation's ODE steps (``grpo.steps``), and the base
+    model's frame rate. Without them ``generate`` would fall back to the real family's defaults (Wan: 33 x 480 x
+    832), which a model trained small may not even take."""
+    config, sample = trainer.config, trainer.config.sample
+    try:
+        fps = model_defaults(config.model).get("fps", DEFAULT_FPS)
+    except ConfigError:  # a pipeline built in code under a name the zoo does not know
+        fps = DEFAULT_FPS
+    return {"frames": sample.frames, "height": sample.height, "width": sample.width, "steps": config.grpo.steps,
+            "guidance": sample.guidance, "guidance_2": sample.guidance_2, "embedded_guidance": sample.embedded_guidance,
+            "negative_prompt": sample.negative_prompt, "max_sequence_length": sample.max_sequence_length,
+            "fps": fps}  # fmt: skip

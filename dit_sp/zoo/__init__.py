@@ -16,6 +16,8 @@ from dit_sp import families
 from dit_sp.errors import ConfigError, MissingFileError
 from dit_sp.families import TRANSFORMERS  # re-exported: dit_sp.rl and dit_sp.inference import it from here
 from dit_sp.io.bundled import ASSET_DIR, asset_path
+from dit_sp.zoo.hub import cached_snapshot, is_hub_id
+from dit_sp.zoo.sample import read_sample_settings
 from dit_sp.zoo.tokenizers import clip_byte_vocab, llama3_byte_tokenizer
 
 SPEC_DIR = Path(__file__).resolve().parent / "specs"
@@ -104,11 +106,14 @@ CHECKPOINT_DEFAULTS = families.checkpoint_defaults()
 
 
 def checkpoint_dir(model: str | Path) -> Path | None:
-    """The directory a model name stands for: a local path, a bundled asset (``toy-wan``), or the shipped
-    checkpoint of a built-in name; ``None`` for a tiny model built in code. Unknown names raise."""
+    """The directory a model name stands for: a local path, a bundled asset (``toy-wan``), a hub id
+    (``ORG/NAME``) in the local Hugging Face cache (``dit_sp.zoo.hub``), or the shipped checkpoint of a
+    built-in name; ``None`` for a tiny model built in code. Unknown names raise."""
     path = asset_path(model)
     if path is not None:
         return path
+    if is_hub_id(model):  # ORG/NAME: the local hub cache's snapshot, or one line naming the download command
+        return cached_snapshot(str(model))
     if Path(model).is_absolute() or len(Path(model).parts) > 1:
         raise MissingFileError(f"model directory {model} does not exist")
     spec = model_spec(str(model))  # raises for unknown names
@@ -144,7 +149,9 @@ def as_image_to_video(pipe: Any) -> Any:
 
 
 def model_defaults(model: str) -> dict[str, Any]:
-    """Generation defaults of a built-in model, or of a local checkpoint by its pipeline class."""
+    """Generation defaults of a built-in model, or of a local checkpoint: its pipeline class's (the real
+    models' settings), then those a trained export recorded (``dit_sp.zoo.sample``: the size and steps it
+    was trained at)."""
     if not Path(model).exists() and model in builtin_models():
         return dict(model_spec(model).get("defaults", {}))
     path = checkpoint_dir(model)  # raises for a missing directory or an unknown name
@@ -153,7 +160,7 @@ def model_defaults(model: str) -> dict[str, Any]:
             name = json.loads((path / "model_index.json").read_text()).get("_class_name")
         except (OSError, ValueError, AttributeError):
             name = None  # load_pipeline reports what is wrong with the directory
-        return dict(CHECKPOINT_DEFAULTS.get(name, CHECKPOINT_DEFAULTS["WanPipeline"]))
+        return dict(CHECKPOINT_DEFAULTS.get(name, CHECKPOINT_DEFAULTS["WanPipeline"])) | read_sample_settings(path)
     return dict(model_spec(model).get("defaults", {}))
 
 

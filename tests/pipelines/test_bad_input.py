@@ -19,7 +19,7 @@ TRAIN = ["--config", "grpo_tiny_wan", "--max-steps", "1"]
 # (id, CLI module, argv, files to write first {name: text}, expected message as a regex)
 CASES = [
     ("gen-frames", "generate", ["--model", "tiny-wan", "--frames", "8"], {}, r"--frames 8: the VAE needs 4\*k\+1 frames"),
-    ("gen-height-sp", "generate", ["--height", "33", "--ulysses", "2"], {}, r"--height 33: must be a multiple of 8 \(VAE x4, patch x2\), e.g. 32 or 40"),
+    ("gen-height-sp", "generate", ["--height", "33", "--ulysses", "2"], {}, r"--height 33: must be a multiple of 16 \(VAE x4, patch x2, and Wan's pipelines take multiples of 16\), e.g. 32 or 48"),
     ("gen-width", "generate", ["--model", "tiny-wan", "--width", "40"], {}, r"--width 40: must be a multiple of 16"),
     ("gen-ulysses-0", "generate", ["--ulysses", "0"], {}, r"ulysses must be >= 1, got 0"),
     ("gen-ulysses-word", "generate", ["--ulysses", "two"], {}, r"ulysses: expected an integer, got 'two'"),
@@ -104,7 +104,7 @@ CASES = [
     ("train-reward-weight", "train_grpo", [*TRAIN, "--set", "reward={brightness: high}"], {},
      r"reward 'brightness': weight must be a number"),
     ("train-no-model", "train_grpo", [*TRAIN, "--model", "/nonexistent/model"], {}, r"model directory /nonexistent/model"),
-    ("train-height", "train_grpo", [*TRAIN, "--set", "sample.height=33"], {}, r"height 33: must be a multiple of 8"),
+    ("train-height", "train_grpo", [*TRAIN, "--set", "sample.height=33"], {}, r"height 33: must be a multiple of 16"),
     ("train-resume-nothing", "train_grpo", [*TRAIN, "--resume", "--output-dir", "{tmp}/new"], {},
      r"holds no complete checkpoint to continue from"),
     ("train-resume-overwrite", "train_grpo", [*TRAIN, "--resume", "--overwrite"], {}, r"resume and overwrite exclude"),
