@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 
 from dit_sp.inference import GenerateConfig, batch_layout, check_before_loading, generate, read_batch
 from dit_sp.io.cli import launch, run_main
+from dit_sp.io.runlock import run_lock
 from dit_sp.io.schema import ConfigError
 from dit_sp.zoo import builtin_models
 
@@ -47,12 +49,14 @@ def parse_args(argv: list[str] | None = None) -> GenerateConfig:
 
 def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
-    if config.prompts is None:
-        check_before_loading(config)  # one line for a bad size or output, before any worker starts
-    else:
-        for video in read_batch(config):
-            check_before_loading(video)
-    reports = launch(generate, config.world_size, args=(config,))
+    batch = config.prompts is not None and os.environ.get("RANK", "0") == "0"
+    with run_lock(batch_layout(config)[0], enabled=batch):  # one batch per output directory
+        if config.prompts is None:
+            check_before_loading(config)  # one line for a bad size or output, before any worker starts
+        else:
+            for video in read_batch(config):
+                check_before_loading(video)
+        reports = launch(generate, config.world_size, args=(config,))
     caches = [r["cache"] for r in reports if "cache" in r]
     if caches:  # every rank of a branch decides alike; the branches may differ
         run, total = sum(c["blocks_run"] for c in caches), sum(c["blocks"] for c in caches)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from dit_sp import TrainConfig
 from dit_sp.io.cli import launch, parse_key_values, run_main
+from dit_sp.io.runlock import run_lock
 from dit_sp.io.schema import ConfigError
 from dit_sp.rl.preflight import check_before_loading
 from dit_sp.rl.trainer import train
@@ -42,6 +43,9 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, help=text)
     parser.add_argument("--resume", action="store_true", default=None, help="continue from the latest checkpoint")
     parser.add_argument("--overwrite", action="store_true", default=None, help="replace the run in --output-dir")
+    parser.add_argument("--allow-change", dest="allow_change", action="append", metavar="KEY",
+                        help="with --resume: let the run continue with a changed setting (e.g. optim.lr), "
+                             "recorded in OUTPUT_DIR/config_changes.jsonl; repeatable")  # fmt: skip
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                         help="any config value by dotted key, e.g. --set grpo.group_size=4 (a YAML value)")  # fmt: skip
     args = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
@@ -55,8 +59,9 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
 
 def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
-    check_before_loading(config, int(os.environ.get("WORLD_SIZE", config.world_size)))
-    results = launch(train, config.world_size, args=(config,))
+    with run_lock(config.output_dir, enabled=os.environ.get("RANK", "0") == "0"):  # one run per directory
+        check_before_loading(config, int(os.environ.get("WORLD_SIZE", config.world_size)))
+        results = launch(train, config.world_size, args=(config,))
     rows = results[0]["rows"]
     if rows:
         first, last = rows[0], rows[-1]
