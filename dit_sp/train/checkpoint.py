@@ -123,6 +123,18 @@ def _from_leader(value: Any) -> Any:
     return box[0]
 
 
+def os_error(error: BaseException) -> OSError | None:
+    """``error`` as the ``OSError`` of a failed write, if it is one: an ``OSError``, or safetensors' error
+    for one (``SafetensorError: ... I/O error: File too large (os error 27)``, as diffusers' ``save_pretrained``
+    raises it); else ``None``."""
+    if isinstance(error, OSError):
+        return error
+    if type(error).__name__ != "SafetensorError":
+        return None
+    found = re.search(r"I/O error: .*\(os error (\d+)\)", str(error))
+    return OSError(int(found.group(1)), os.strerror(int(found.group(1)))) if found else None
+
+
 def write_failure(target: Path, error: OSError, advice: str) -> str:
     """One line: what could not be written, why, and what to do."""
     where = f" ({error.filename})" if error.filename and str(error.filename) != str(target) else ""
@@ -143,11 +155,11 @@ def leader_write(write: Callable[[], Any], target: Path, advice: str = _ADVICE) 
             write()
         except Exception as e:  # noqa: BLE001 - every rank must hear of it
             error = e
-    message = _from_leader(None if error is None else write_failure(target, error, advice)
-                           if isinstance(error, OSError) else "")  # fmt: skip
+    failed = os_error(error) if error is not None else None
+    message = _from_leader(None if error is None else write_failure(target, failed, advice) if failed else "")
     if message is None:
         return
-    if error is not None and not isinstance(error, OSError):
+    if error is not None and failed is None:
         raise error
     if not message:
         raise RuntimeError(f"rank 0 failed while writing {target} (its error says why)")
@@ -240,7 +252,7 @@ def save(
         try:
             dcp.save({"model": model_state, "optim": optim_state, **(tensors or {})}, checkpoint_id=str(tmp))
         except CheckpointException as e:  # every rank gets it
-            failed = next((f for f in _failures(e) if isinstance(f, OSError)), None)
+            failed = next((os_error(f) for f in _failures(e) if os_error(f) is not None), None)
             if failed is None:
                 raise
             raise CheckpointWriteError(write_failure(final, failed, _ADVICE)) from None

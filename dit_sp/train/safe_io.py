@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as save_tensors
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
@@ -97,7 +98,7 @@ def write_state(directory: Path, name: str, value: Any) -> None:
     tensors: dict[str, torch.Tensor] = {}
     text = json.dumps(_encode(value, tensors))  # floats as repr: exact
     plain, arrays = state_files(directory, name)
-    save_file(tensors, str(arrays))
+    arrays.write_bytes(save_tensors(tensors))  # written by Python: a full disk is an OSError
     plain.write_text(text)
 
 

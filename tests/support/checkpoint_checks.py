@@ -157,3 +157,31 @@ def save_among_temporaries(root: str, names: list[str], sole_writer: bool) -> li
     model, optimizer = _model()
     checkpoint.save(root, 3, model, optimizer, {"step": 3}, sole_writer=sole_writer)
     return sorted(p.name for p in Path(root).iterdir())
+
+
+def export_on_a_full_disk(config, limit: int) -> dict:
+    """A trainer's export, then a second one into the same directory with files limited to ``limit`` bytes
+    (RLIMIT_FSIZE, as ``save_on_a_full_disk``): the error, the output directory's listing and whether the first
+    export is still whole."""
+    from dit_sp import GRPOTrainer
+    from dit_sp.zoo import load_pipeline
+
+    trainer = GRPOTrainer(config)
+    final = trainer.export(Path(config.output_dir) / "final")
+    before = sorted(str(p.relative_to(final)) for p in final.rglob("*"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        trainer.export(final)
+        error = None
+    except Exception as e:  # noqa: BLE001 - the test reads it
+        error = f"{type(e).__name__}: {e}"
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+    if dist.is_initialized():
+        dist.barrier()  # rank 0 has cleaned up
+    after = sorted(str(p.relative_to(final)) for p in final.rglob("*"))
+    load_pipeline(str(final), torch.float32)  # the first export still loads
+    return {"error": error, "listing": sorted(p.name for p in final.parent.iterdir()), "same": before == after}
