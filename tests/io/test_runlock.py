@@ -16,9 +16,8 @@ from dit_sp.io.runlock import RunLock, RunLockedError, held_by_this_run, holder
 @pytest.fixture
 def other_holder(tmp_path):
     """Another process holding ``tmp_path / 'run'``'s lock, until the test kills it."""
-    proc, release = start_holder(tmp_path / "run")
+    proc = start_holder(tmp_path / "run")
     yield proc
-    release.set()
     proc.kill()
     proc.join()
 

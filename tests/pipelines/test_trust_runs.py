@@ -120,12 +120,12 @@ def test_an_allowed_change_takes_effect_and_is_recorded_beside_the_original(toy_
 def test_a_generate_batch_into_a_locked_directory_is_refused(tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red ball\n")
-    proc, release = start_holder(tmp_path / "videos")
+    proc = start_holder(tmp_path / "videos")
     try:
         result = run_python([sys.executable, "-m", "pipelines.generate", "--model", "tiny-wan", "--prompts",
                              str(prompts), "--out", str(tmp_path / "videos.mp4")], timeout=120)  # fmt: skip
     finally:
-        release.set()
+        proc.kill()
         proc.join()
     line = one_line_error(result)
     assert f"{tmp_path / 'videos'} is in use by another run (pid {proc.pid} on " in line, line
