@@ -24,6 +24,7 @@ import typing
 
 from dit_sp.inference import GenerateConfig, batch_layout, check_before_loading, generate, read_batch
 from dit_sp.io.cli import ArgumentParser, launch, run_main
+from dit_sp.io.runlock import run_lock
 from dit_sp.io.schema import ConfigError, help_of, to_yaml
 from dit_sp.io.usage import HelpFormatter, prog, shown, with_default
 from dit_sp.parallel.state import collective_timeout
@@ -80,12 +81,14 @@ def main(argv: list[str] | None = None) -> None:
     note = random_weights_note(config.model)
     if note and os.environ.get("RANK", "0") == "0":  # once: under torchrun every rank runs this
         print(note, file=sys.stderr, flush=True)
-    if config.prompts is None:
-        check_before_loading(config)  # one line for a bad size or output, before any worker starts
-    else:
-        for video in read_batch(config):
-            check_before_loading(video)
-    reports = launch(generate, config.world_size, args=(config,))
+    batch = config.prompts is not None and os.environ.get("RANK", "0") == "0"
+    with run_lock(batch_layout(config)[0], enabled=batch):  # one batch per output directory
+        if config.prompts is None:
+            check_before_loading(config)  # one line for a bad size or output, before any worker starts
+        else:
+            for video in read_batch(config):
+                check_before_loading(video)
+        reports = launch(generate, config.world_size, args=(config,))
     caches = [r["cache"] for r in reports if "cache" in r]
     if caches:  # every rank of a branch decides alike; the branches may differ
         run, total = sum(c["blocks_run"] for c in caches), sum(c["blocks"] for c in caches)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from dit_sp import TrainConfig
 from dit_sp.io.cli import ArgumentParser, launch, parse_key_values, run_main
+from dit_sp.io.runlock import run_lock
 from dit_sp.io.schema import ConfigError, help_of, to_yaml
 from dit_sp.io.usage import HelpFormatter, prog, with_default
 from dit_sp.parallel.state import collective_timeout
@@ -49,6 +50,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, bool]:
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, help=_help(name))
     for name in SWITCHES:
         parser.add_argument(f"--{name}", action="store_true", default=None, help=_help(name))
+    parser.add_argument("--allow-change", dest="allow_change", action="append", metavar="KEY",
+                        help="with --resume: let the run continue with a changed setting (e.g. optim.lr), "
+                             "recorded in OUTPUT_DIR/config_changes.jsonl; repeatable (default: none)")  # fmt: skip
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                         help="any config value by dotted key, e.g. --set grpo.group_size=4 (a YAML value; "
                         "repeatable; default: none)")  # fmt: skip
@@ -68,8 +72,9 @@ def main(argv: list[str] | None = None) -> None:
     if print_config:
         print(to_yaml(config), end="")
         return
-    check_before_loading(config, int(os.environ.get("WORLD_SIZE", config.world_size)))
-    results = launch(train, config.world_size, args=(config,))
+    with run_lock(config.output_dir, enabled=os.environ.get("RANK", "0") == "0"):  # one run per directory
+        check_before_loading(config, int(os.environ.get("WORLD_SIZE", config.world_size)))
+        results = launch(train, config.world_size, args=(config,))
     rows = results[0]["rows"]
     if rows:
         first, last = rows[0], rows[-1]

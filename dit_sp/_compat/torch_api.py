@@ -88,3 +88,53 @@ def _check_cpu_flash() -> None:
             "aten._scaled_dot_product_flash_attention_for_cpu to return (out, natural-log lse of shape (B, H, S))",
             " (it returns something else)",
         )
+
+
+# --- torch.distributed.checkpoint metadata --------------------------------------------------------
+_DCP_METADATA_TYPES = ("Metadata", "StorageMeta", "MetadataIndex", "TensorStorageMetadata", "BytesStorageMetadata",
+                       "ChunkStorageMetadata", "TensorProperties")  # fmt: skip
+
+
+def dcp_metadata_globals() -> dict[tuple[str, str], Any]:
+    """Every global a DCP ``.metadata`` pickle names, by ``(module, name)``, and nothing else: DCP's metadata
+    classes, the file storage's per-item record (the private ``filesystem._StorageInfo``), how tensor
+    properties pickle their layout and memory format (``torch.serialization._get_layout``,
+    ``metadata._MEM_FORMAT_ENCODING``), ``torch.Size``, the dtypes, the checkpoint's path (``pathlib``) and
+    ``OrderedDict``. None of them runs code when called with any arguments: each builds a value."""
+    import collections
+    import pathlib
+
+    import torch.serialization
+    from torch.distributed.checkpoint import filesystem, metadata
+
+    allowed: dict[tuple[str, str], Any] = {}
+    named = [(metadata, name) for name in _DCP_METADATA_TYPES]
+    named += [(filesystem, "_StorageInfo"), (torch.serialization, "_get_layout"), (metadata, "_MEM_FORMAT_ENCODING")]
+    for module, name in named:
+        if not hasattr(module, name):
+            raise _error("torch", f"{module.__name__}.{name} (named by a DCP checkpoint's .metadata)")
+        allowed[(module.__name__, name)] = getattr(module, name)
+    allowed |= {("torch", name): value for name, value in vars(torch).items() if isinstance(value, torch.dtype)}
+    allowed[("torch", "Size")] = torch.Size
+    allowed |= {("pathlib", cls.__name__): cls for cls in (pathlib.PosixPath, pathlib.PurePosixPath,
+                                                          pathlib.WindowsPath, pathlib.PureWindowsPath)}  # fmt: skip
+    allowed[("collections", "OrderedDict")] = collections.OrderedDict
+    return allowed
+
+
+def dcp_metadata_path(reader: Any, rank: int | None = None) -> Any:
+    """The ``.metadata`` file a DCP ``FileSystemReader`` reads (its private ``_get_metadata_path``; per
+    rank with ``rank``)."""
+    find = getattr(reader, "_get_metadata_path", None)
+    if find is None:
+        raise _error("torch", "torch.distributed.checkpoint.FileSystemReader._get_metadata_path(rank)")
+    return find(rank)
+
+
+def rebased_lr_schedule(state: dict[str, Any], base_lr: float, factors: list[float]) -> dict[str, Any]:
+    """A ``LambdaLR`` state dict with every group's base learning rate set to ``base_lr``: its ``base_lrs``
+    and the rates it computed last (the private ``_last_lr``, which ``get_last_lr`` reports), each
+    ``base_lr`` times the group's schedule factor ``factors[i]`` at the state's ``last_epoch``."""
+    if "_last_lr" not in state or len(state.get("base_lrs", ())) != len(factors):
+        raise _error("torch", "LambdaLR.state_dict() with 'base_lrs' and '_last_lr', one per parameter group")
+    return state | {"base_lrs": [base_lr] * len(factors), "_last_lr": [base_lr * f for f in factors]}

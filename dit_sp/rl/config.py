@@ -85,6 +85,10 @@ class TrainConfig:
     """Continue the run in ``output_dir`` from its newest complete checkpoint (on any layout)."""
     overwrite: bool = setting(False, "replace the run in --output-dir")
     """Replace the run in ``output_dir``; without it (or ``resume``) an existing run there is an error."""
+    allow_change: list[str] = field(default_factory=list)
+    """Settings (dotted keys, e.g. ``optim.lr``) a ``resume`` may change from the run's; any other change is
+    refused, and those that change what a checkpoint holds always are (``dit_sp.rl.rundir``). An allowed
+    change is recorded in ``OUTPUT_DIR/config_changes.jsonl`` with the step it took effect."""
     max_skipped_steps: int = 3
     """Stop with an error after this many updates in a row were skipped for a non-finite loss or gradient."""
     embedding_cache: str | None = None

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import inspect
-import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-import torch.distributed as dist
 
 from dit_sp.errors import ConfigError
 from dit_sp.train import checkpoint
@@ -39,47 +37,65 @@ def plain_copy(trainer: GRPOTrainer, name: str, state: dict[str, Tensor]) -> tor
     return target
 
 
+_ADVICE = "the checkpoints are intact and nothing partial was left: free space or make the directory writable"
+
+
 def export(trainer: GRPOTrainer, path: str | Path) -> Path:
     """The trained weights (their EMA, with ``ema_decay``) as a diffusers pipeline directory (LoRA
     merged), loadable by ``load_pipeline`` and ``python -m pipelines.generate --model PATH``
     (collective). Written to ``PATH.tmp``, checked to load, then renamed (replacing an earlier export
-    of this run)."""
+    of this run). A write that fails (full disk, read-only directory) is a ``CheckpointWriteError`` on every
+    rank naming ``PATH``, with no ``PATH.tmp`` left."""
     self = trainer
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    if self._source is not None:
-        # the checkpoint's other components as they are (some were never loaded), and its frozen experts;
-        # each trained expert gathered, saved and freed in turn (one full copy in host memory at a time)
-        if self.is_leader:
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.copytree(self._source, tmp, ignore=shutil.ignore_patterns(*self.trained))
-        for name in self.trained:
+
+    def written(write) -> None:  # rank 0 writes, every rank hears how it went
+        checkpoint.leader_write(write, path, _ADVICE)
+
+    try:
+        if self._source is not None:
+            # the checkpoint's other components as they are (some were never loaded), and its frozen experts;
+            # each trained expert gathered, saved and freed in turn (one full copy in host memory at a time)
+            written(lambda: _copy_source(self._source, tmp, self.trained))
+            for name in self.trained:
+                with self._averaged():
+                    state = checkpoint.full_state_dict(self.experts[name])
+                written(lambda: plain_copy(self, name, state).save_pretrained(tmp / name))  # noqa: B023 - run now
+                del state
+        else:
+            # a pipeline built in code (small): saved whole, with its other constructor settings (e.g. Wan 2.2's
+            # boundary_ratio), as the class it was loaded as (Wan 2.2 TI2V: a WanPipeline, though it trained
+            # with images)
             with self._averaged():
-                state = checkpoint.full_state_dict(self.experts[name])
-            if self.is_leader:
-                plain_copy(self, name, state).save_pretrained(tmp / name)
-            del state
-    else:
-        # a pipeline built in code (small): saved whole, with its other constructor settings (e.g. Wan 2.2's
-        # boundary_ratio), as the class it was loaded as (Wan 2.2 TI2V: a WanPipeline, though it trained
-        # with images)
-        with self._averaged():
-            states = {name: checkpoint.full_state_dict(model) for name, model in self.experts.items()}
+                states = {name: checkpoint.full_state_dict(model) for name, model in self.experts.items()}
+            written(lambda: _save_built(self, states, tmp))
+        written(lambda: _publish(self, tmp, path))
+    except BaseException:
         if self.is_leader:
-            targets = {name: plain_copy(self, name, state) for name, state in states.items()}
             shutil.rmtree(tmp, ignore_errors=True)
-            accepted = inspect.signature(self._export_class.__init__).parameters
-            components = {k: v for k, v in (dict(self.pipe.components) | targets).items() if k in accepted}
-            settings = {k: v for k, v in self.pipe.config.items() if k in accepted and k not in components}
-            self._export_class(**settings, **components).save_pretrained(tmp)
-    if self.is_leader:
-        write_sample_settings(tmp, sample_settings(self))  # generate --model PATH samples as trained
-        self._export_class.load_config(tmp)  # raises if what was written does not read back
-        shutil.rmtree(path, ignore_errors=True)
-        os.replace(tmp, path)
-    if self.parallel.world_size > 1:
-        dist.barrier()
+        raise
     return path
+
+
+def _copy_source(source: Path, tmp: Path, trained: list[str]) -> None:
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(source, tmp, ignore=shutil.ignore_patterns(*trained))
+
+
+def _save_built(trainer: GRPOTrainer, states: dict[str, dict[str, Tensor]], tmp: Path) -> None:
+    targets = {name: plain_copy(trainer, name, state) for name, state in states.items()}
+    shutil.rmtree(tmp, ignore_errors=True)
+    accepted = inspect.signature(trainer._export_class.__init__).parameters
+    components = {k: v for k, v in (dict(trainer.pipe.components) | targets).items() if k in accepted}
+    settings = {k: v for k, v in trainer.pipe.config.items() if k in accepted and k not in components}
+    trainer._export_class(**settings, **components).save_pretrained(tmp)
+
+
+def _publish(trainer: GRPOTrainer, tmp: Path, path: Path) -> None:
+    write_sample_settings(tmp, sample_settings(trainer))  # generate --model PATH samples as trained
+    trainer._export_class.load_config(tmp)  # raises if what was written does not read back
+    checkpoint.replace_dir(tmp, path)
 
 
 def sample_settings(trainer: GRPOTrainer) -> dict[str, object]:
