@@ -54,11 +54,14 @@ def tiny_wan_dir(tmp_path_factory) -> Path:
 
 
 def _run(command: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
-    """A README command: ``python -m MODULE ...`` as that runs it, forked with the imports done (the
-    installed interpreter's own start is tested in test_install); torchrun as it is."""
+    """A README command: ``python -m MODULE ...`` and ``dit-sp COMMAND ...`` as they run it, forked with the
+    imports done (the installed interpreter's and script's own start is tested in test_install); torchrun as
+    it is."""
     argv = shlex.split(command)
     if argv[:2] == ["python", "-m"]:
         result = run_cli(argv[2], argv[3:], cwd=cwd, timeout=timeout)
+    elif argv[0] == "dit-sp":  # the console script's entry point (the installed script itself: test_install)
+        result = run_cli("pipelines.cli", argv[1:], cwd=cwd, timeout=timeout)
     else:
         if argv[0] == "torchrun":
             argv[:1] = [sys.executable, "-m", "torch.distributed.run"]
@@ -92,6 +95,9 @@ def shell_cases(ckpt: Path, tmp: Path) -> dict[str, list[str]]:
         "python -m pipelines.generate --model tiny-hunyuanvideo --out v.gif": [
             f"python -m pipelines.generate --model tiny-hunyuanvideo --steps 2 --out {tmp}/v.gif"
         ],
+        "dit-sp generate --help": ["dit-sp generate --help"],
+        "dit-sp generate --ulysses 2 --print-config": ["dit-sp generate --ulysses 2 --print-config"],
+        "dit-sp train --config grpo_tiny_wan --print-config": ["dit-sp train --config grpo_tiny_wan --print-config"],
         "python -m pipelines.generate --model tiny-wan-i2v --image first_frame.png --ulysses 2": [
             f"python -m pipelines.generate --model tiny-wan-i2v --image first_frame.png --ulysses 2 --steps 2 {out}"
         ],
@@ -160,6 +166,11 @@ def test_every_shell_command_of_the_readme_runs(tiny_wan_dir, tmp_path):
                 assert "skipped" in result.stdout or '"saved_fraction"' in result.stdout, result.stdout
             if "pipelines.eval_toy" in run:
                 assert '"faithfulness"' in result.stdout, result.stdout
+            if run.endswith("--help"):
+                assert result.stdout.startswith("usage: dit-sp generate ") and "(default: " in result.stdout
+            if run.endswith("--print-config"):  # YAML that --config takes, nothing run
+                assert ("ulysses: 2\n" if "generate" in run else "output_dir: outputs/grpo_tiny_wan\n") in result.stdout
+                assert not (tmp_path / "outputs").exists()
     rows = (tmp_path / "g2" / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == 2  # the resumed run kept step 0 and added step 1
 
