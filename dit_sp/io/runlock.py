@@ -91,6 +91,7 @@ class RunLock:
     def __init__(self, directory: str | Path):
         self.directory = Path(directory)
         self._fd: int | None = None
+        self._token: str | None = None
         self._created: list[Path] = []  # the directories the lock made, deepest first
 
     def _open(self) -> int:
@@ -137,9 +138,14 @@ class RunLock:
         token = uuid.uuid4().hex
         record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
                   "command": " ".join([Path(sys.executable).name, *sys.argv]), "token": token}  # fmt: skip
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(record).encode(), 0)
         self._fd = fd
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(record).encode(), 0)
+        except OSError as e:  # a full disk takes the empty lock file, not its record
+            self.release()
+            raise ConfigError(f"cannot write to the output directory {self.directory}: {e.strerror}: free space "
+                              "there, or choose another") from None  # fmt: skip
         os.environ[TOKEN_ENV] = token  # for the workers this process starts
         self._token = token
         return self
@@ -149,7 +155,7 @@ class RunLock:
         (a run refused by its checks leaves nothing behind)."""
         if self._fd is None:
             return
-        if os.environ.get(TOKEN_ENV) == self._token:
+        if self._token is not None and os.environ.get(TOKEN_ENV) == self._token:
             del os.environ[TOKEN_ENV]
         with contextlib.suppress(OSError):
             os.ftruncate(self._fd, 0)

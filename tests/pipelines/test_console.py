@@ -78,7 +78,8 @@ def test_resume_says_from_where_and_a_one_process_traceback_has_no_rank_prefix(t
     result = run_python([sys.executable, "-m", "pipelines.train_grpo", "--config", "grpo_toy", *SMALL,
                          "--max-steps", "3", "--resume", "--output-dir", str(out),
                          "--set", "reward=tests.support.rewards_for_tests:nan_reward",
-                         "--set", "max_skipped_steps=1"], cwd=ROOT, timeout=900)  # fmt: skip
+                         "--set", "max_skipped_steps=1", "--allow-change", "reward",
+                         "--allow-change", "max_skipped_steps"], cwd=ROOT, timeout=900)  # fmt: skip
     assert "resumed from step 2 (layout ring 1 x ulysses 1 x dp 1)" in result.stdout, result.stdout
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert result.returncode == 2 and len(errors) == 1 and "skipped" in errors[0], result.stderr[-3000:]
