@@ -18,7 +18,8 @@ import json
 
 from dit_sp.cache import CacheSpec
 from dit_sp.io.bundled import asset_path
-from dit_sp.io.cli import ArgumentParser, run_main
+from dit_sp.io.cli import ArgumentParser, finite_float, run_main
+from dit_sp.io.prompts import read_prompt_file
 from dit_sp.io.usage import HelpFormatter, prog
 from dit_sp.toy import world as toyworld
 from dit_sp.toy.model import cached_sample_scores, paired_gain, sample_scores, summarize
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompts", default="toy_prompts_heldout.txt", help="one toy caption per line")
     parser.add_argument("--seeds", type=int, default=32, help="samples per prompt, each from its own noise")
     parser.add_argument("--steps", type=int, default=20, help="denoising steps (ODE sampling)")
-    parser.add_argument("--guidance", type=float, default=4.0, help="classifier-free guidance scale")
+    parser.add_argument("--guidance", type=finite_float, default=4.0, help="classifier-free guidance scale")
     parser.add_argument(
         "--cache",
         help="sample the model with this step cache, NAME[:THRESHOLD]: first_block or teacache (default: off)",
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     path = asset_path(args.prompts)
     if path is None or not path.is_file():
         parser.error(f"prompt file {args.prompts} does not exist (one toy caption per line)")
-    prompts = [p.strip() for p in path.read_text().splitlines() if p.strip()]
+    prompts = [p.strip() for p in read_prompt_file(path)[0] if p.strip()]  # UTF-8, or one line saying where
     if not prompts:
         parser.error(f"prompt file {args.prompts} has no prompts")
     try:

@@ -14,7 +14,7 @@ config value as train_grpo's does, so an override is planned without writing a Y
 
 from __future__ import annotations
 
-from dit_sp.io.cli import ArgumentParser, parse_key_values, run_main
+from dit_sp.io.cli import ArgumentParser, finite_float, parse_key_values, run_main
 from dit_sp.io.schema import ConfigError
 from dit_sp.io.usage import HelpFormatter, prog
 from dit_sp.memory.planner import ARCHITECTURES, plan_training
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(prog=prog("pipelines.plan"), description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--config", help="a GRPO config: YAML file or bundled name (default: TrainConfig's defaults)")
     parser.add_argument("--gpus", type=int, required=True, help="GPUs of the run, over all nodes")
-    parser.add_argument("--gpu-memory", type=float, default=80, help="memory per GPU in GiB")
+    parser.add_argument("--gpu-memory", type=finite_float, default=80, help="memory per GPU in GiB")
     parser.add_argument("--arch", choices=sorted(ARCHITECTURES),
                         help="the model's architecture (default: read from the model directory or name)")  # fmt: skip
     parser.add_argument("--ring", type=int, help="ring degree (default: the smallest sequence parallelism that fits)")
@@ -39,6 +39,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.gpus < 1:
         parser.error(f"--gpus must be >= 1, got {args.gpus}")
+    if not args.gpu_memory > 0:
+        parser.error(f"--gpu-memory must be > 0 GiB, got {args.gpu_memory}")
     try:
         config = TrainConfig.load(args.config, parse_key_values(args.settings, "--set", "grpo.micro_batch=2"))
     except (ConfigError, FileNotFoundError) as e:

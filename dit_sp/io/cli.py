@@ -8,6 +8,7 @@ one line too."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Callable, Iterable
@@ -34,6 +35,18 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         _exit(f"error: {message} (see {self.prog} --help)", 2)
+
+
+def finite_float(text: str) -> float:
+    """An argparse ``type`` for a float flag outside the typed configs: NaN and infinities are refused, as
+    ``dit_sp.io.schema`` refuses them in every config."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
 
 
 def running_command() -> str | None:
