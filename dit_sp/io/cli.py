@@ -24,14 +24,8 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser with a one-line error: ``error: MESSAGE (see python -m pipelines.X --help)``, exit 2.
 
     argparse prints the whole usage block before its error, which for a CLI with thirty flags buries the
-    one line that says what is wrong; ``--help`` still prints the usage in full. ``prog`` defaults to the
-    command that runs the module (``python -m pipelines.generate``, also under torchrun) rather than the
-    file name argparse would take from ``sys.argv[0]`` (``generate.py``, which cannot be run as such)."""
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        if not args and "prog" not in kwargs:
-            kwargs["prog"] = running_command()
-        super().__init__(*args, **kwargs)
+    one line that says what is wrong; ``--help`` still prints the usage in full. The CLIs pass
+    ``prog=dit_sp.io.usage.prog(MODULE)``, the command the user typed."""
 
     def error(self, message: str) -> NoReturn:
         _exit(f"error: {message} (see {self.prog} --help)", 2)
@@ -47,14 +41,6 @@ def finite_float(text: str) -> float:
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
     return value
-
-
-def running_command() -> str | None:
-    """``python -m MODULE`` for the module run as ``__main__`` with ``-m`` (or by torchrun ``-m``); None
-    (argparse's own name) for a script run by its path or an interpreter without a main module."""
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    name = getattr(spec, "name", None)
-    return f"python -m {name.removesuffix('.__main__')}" if name else None
 
 
 def launch(fn: Callable[..., Any], world_size: int, args: tuple = ()) -> list[Any]:

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import torch
 from cli_run import run_cli
-from cli_without import run_cli_without
 
 from dit_sp.io.bundled import asset_path
 
@@ -151,7 +150,7 @@ def test_help_still_prints_the_whole_usage(tmp_path):
 )  # fmt: skip
 def test_a_missing_optional_package_is_one_line_with_the_pip_command(tmp_path, package, argv, needed):
     argv = [*argv, "--output-dir", str(tmp_path / "run")]
-    result = run_cli_without((package,), "pipelines.train_grpo", argv, cwd=tmp_path)
+    result = run_cli("pipelines.train_grpo", argv, cwd=tmp_path, without=(package,))
     assert_one_line(result, needed)
     assert not (tmp_path / "run").exists()
 

@@ -4,6 +4,7 @@ load them and for the CLI tests), and worker-side saves and loads of a small mod
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import random
@@ -123,6 +124,24 @@ def load_latest(root: str) -> str:
     return found[0].name if found else "none"
 
 
+@contextlib.contextmanager
+def files_limited_to(limit: int | None, outcome: dict):
+    """Files limited to ``limit`` bytes inside (RLIMIT_FSIZE: a write past it fails with EFBIG, as one fails
+    with ENOSPC on a full disk; ``None``: no limit here); ``outcome["error"]`` is what the body raised, or None."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else the kernel kills the writer
+    if limit is not None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    outcome["error"] = None
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - the test reads it
+        outcome["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+
+
 def save_on_a_full_disk(root: str, limit: int, ranks: list[int], extra_bytes: int = 0) -> dict:
     """Saves step 1, then step 2 with files limited to ``limit`` bytes on ``ranks`` (RLIMIT_FSIZE: a write
     past it fails with EFBIG, as one fails with ENOSPC on a full disk); returns the error, the directory's
@@ -130,23 +149,14 @@ def save_on_a_full_disk(root: str, limit: int, ranks: list[int], extra_bytes: in
     _world()
     model, optimizer = _model()
     checkpoint.save(root, 1, model, optimizer, {"step": 1})
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else the kernel kills the writer
-    if dist.get_rank() in ranks:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
-    try:
+    outcome: dict = {}
+    with files_limited_to(limit if dist.get_rank() in ranks else None, outcome):
         checkpoint.save(root, 2, model, optimizer, {"step": 2, "notes": "x" * extra_bytes})
-        error = None
-    except Exception as e:  # noqa: BLE001 - the test reads it
-        error = f"{type(e).__name__}: {e}"
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-        signal.signal(signal.SIGXFSZ, previous)
     dist.barrier()  # rank 0 has cleaned up after the failed save
     listing = sorted(p.name for p in Path(root).iterdir())
     other, other_optimizer = _model(seed=1)
     extra = checkpoint.load(Path(root) / "step_00000001", other, other_optimizer)
-    return {"error": error, "listing": listing, "step_1": extra["step"]}
+    return {"error": outcome["error"], "listing": listing, "step_1": extra["step"]}
 
 
 def save_among_temporaries(root: str, names: list[str], sole_writer: bool) -> list[str]:
@@ -169,19 +179,15 @@ def export_on_a_full_disk(config, limit: int) -> dict:
     trainer = GRPOTrainer(config)
     final = trainer.export(Path(config.output_dir) / "final")
     before = sorted(str(p.relative_to(final)) for p in final.rglob("*"))
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
-    try:
+    outcome: dict = {}
+    with files_limited_to(limit, outcome):
         trainer.export(final)
-        error = None
-    except Exception as e:  # noqa: BLE001 - the test reads it
-        error = f"{type(e).__name__}: {e}"
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-        signal.signal(signal.SIGXFSZ, previous)
     if dist.is_initialized():
         dist.barrier()  # rank 0 has cleaned up
     after = sorted(str(p.relative_to(final)) for p in final.rglob("*"))
     load_pipeline(str(final), torch.float32)  # the first export still loads
-    return {"error": error, "listing": sorted(p.name for p in final.parent.iterdir()), "same": before == after}
+    return {
+        "error": outcome["error"],
+        "listing": sorted(p.name for p in final.parent.iterdir()),
+        "same": before == after,
+    }

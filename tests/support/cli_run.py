@@ -39,13 +39,23 @@ def _run_module(module: str, argv: list[str], cwd: str, out: str, err: str) -> N
     os._exit(code)
 
 
-def run_cli(module: str, argv: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    """``python -m module *argv`` in ``cwd``, from the fork server; ``TimeoutExpired`` after ``timeout``."""
+def _run_without(packages: tuple[str, ...], module: str, argv: list[str], cwd: str, out: str, err: str) -> None:
+    for name in packages:  # as if never installed: import raises ModuleNotFoundError, find_spec finds nothing
+        sys.modules[name] = None  # type: ignore[assignment]
+    _run_module(module, argv, cwd, out, err)
+
+
+def run_cli(module: str, argv: list[str], cwd: Path, timeout: float = 120,
+            without: tuple[str, ...] = ()) -> subprocess.CompletedProcess:  # fmt: skip
+    """``python -m module *argv`` in ``cwd``, from the fork server; ``TimeoutExpired`` after ``timeout``.
+
+    ``without``: optional packages blocked in the forked process only (what a user without ``peft`` or
+    ``wandb`` sees); the fork server and the other tests keep them."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torch.distributed", "diffusers", "dit_sp"])  # if not started yet
     with tempfile.TemporaryDirectory() as tmp:
         out, err = os.path.join(tmp, "out"), os.path.join(tmp, "err")
-        proc = ctx.Process(target=_run_module, args=(module, argv, str(cwd), out, err))
+        proc = ctx.Process(target=_run_without, args=(tuple(without), module, argv, str(cwd), out, err))
         proc.start()
         proc.join(timeout)
         if proc.is_alive():
