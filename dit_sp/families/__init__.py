@@ -30,7 +30,8 @@ def family_of(model: torch.nn.Module) -> ModelFamily:
             return family
     raise TypeError(
         f"{type(model).__name__} is not supported for sequence parallelism; supported transformers: "
-        f"{', '.join(supported_classes())}"
+        f"{', '.join(supported_classes())}. To add it, write a ModelFamily for it in dit_sp/families/ and register "
+        "it in FAMILIES (docs/architecture.md, section 8: Model families)"
     )
 
 

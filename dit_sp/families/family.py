@@ -74,6 +74,14 @@ class ModelFamily:
     """Generation defaults of a local checkpoint, by its diffusers pipeline class: the real models' settings."""
     vae_factors: dict[str, VAEFactors] = field(default_factory=dict, hash=False)
     """How each of the family's pipeline classes derives its VAE's compression from the VAE config."""
+    modular_pipelines: tuple[str, ...] = ()
+    """Modular Diffusers pipelines (``ModularPipeline`` blocks) whose transformer the family parallelizes; the
+    classic pipeline classes are read from diffusers itself (``dit_sp.families.table``)."""
+    cfg_parallel: bool = True
+    """Whether the guidance branches can run on two halves of the devices (``ParallelConfig(cfg=2)``)."""
+    step_cache: bool = True
+    """Whether step caching and regional compile find the family's blocks (diffusers has block metadata for
+    them); ``tests/families/test_family_table.py`` checks this against the tiny models."""
     architectures: dict[str, dict[str, Any]] = field(default_factory=dict, hash=False)
     """The real checkpoints, for the memory planner (``dit_sp.memory.planner.ARCHITECTURES``): their
     transformer configs, text-encoder and VAE parameter counts, VAE compression and text length."""

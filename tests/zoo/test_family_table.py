@@ -1,0 +1,61 @@
+"""The README's family table is generated from the registry, and what the registry claims of each family holds."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from dit_sp.cache.blocks import transformer_blocks
+from dit_sp.errors import ConfigError
+from dit_sp.families import FAMILIES
+from dit_sp.zoo import build_tiny
+from dit_sp.zoo.table import END, START, diffusers_pipelines, family_table
+
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+
+
+def test_the_readme_holds_the_generated_table():
+    shown = README[README.index(START) : README.index(END) + len(END)]
+    assert shown == family_table(), f"the README's family table is stale; replace it with:\n{family_table()}"
+
+
+def test_every_family_has_a_row_naming_its_transformers_and_trained_pipelines():
+    rows = family_table().splitlines()[3:-1]
+    assert len(rows) == len(FAMILIES)
+    for family, row in zip(FAMILIES, rows, strict=True):
+        assert row.startswith(f"| {family.name} |")
+        assert all(f"`{name}`" in row for name in family.class_names)
+        if family.policy is not None:  # GRPO's pipelines are real diffusers pipelines of the family's transformer
+            pipelines = {p for cls in family.class_names for p in diffusers_pipelines().get(cls, ())}
+            assert set(family.pipelines) <= pipelines, f"{family.name}: {set(family.pipelines) - pipelines}"
+
+
+def test_pipelines_are_read_from_diffusers_annotations():
+    pipelines = diffusers_pipelines()
+    assert "WanPipeline" in pipelines["WanTransformer3DModel"]  # annotated ``WanTransformer3DModel | None``
+    assert "CogVideoXPipeline" in pipelines["CogVideoXTransformer3DModel"]
+    assert not any(name.startswith("Modular") for names in pipelines.values() for name in names)
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+def test_step_cache_and_compile_claims_match_the_blocks_diffusers_knows(family):
+    """The table's "step cache" and "compile" columns: both wrap the blocks that diffusers has metadata for."""
+    if not family.tiny_models:
+        pytest.skip(f"{family.name} has no built-in model to check")
+    model = build_tiny(next(m for m in family.tiny_models if not m.startswith("toy")), "transformer")
+    if family.step_cache:
+        assert len(transformer_blocks(model)) >= 2
+    else:
+        with pytest.raises(ConfigError, match=re.escape(type(model).__name__) + "|block metadata"):
+            transformer_blocks(model)
+
+
+def test_an_unregistered_transformer_is_told_what_is_supported_and_how_to_add_it():
+    import torch
+
+    from dit_sp.families import family_of
+
+    with pytest.raises(TypeError, match=r"supported transformers: .*WanTransformer3DModel.*section 8: Model families"):
+        family_of(torch.nn.Linear(2, 2))
