@@ -12,10 +12,11 @@ from dit_sp.families.family import TRANSFORMERS, ModelFamily, VAEFactors
 from dit_sp.families.hunyuan_video import HUNYUAN_VIDEO
 from dit_sp.families.policy import DiffusersPolicy
 from dit_sp.families.shape import check_latent_shape
+from dit_sp.families.skyreels_v2 import SKYREELS_V2
 from dit_sp.families.wan import WAN
 from dit_sp.vae import VAEPlan
 
-FAMILIES: tuple[ModelFamily, ...] = (WAN, HUNYUAN_VIDEO, COGVIDEOX)
+FAMILIES: tuple[ModelFamily, ...] = (WAN, HUNYUAN_VIDEO, COGVIDEOX, SKYREELS_V2)
 
 
 def supported_classes() -> list[str]:

@@ -1,0 +1,51 @@
+"""Group B's families (SkyReels-V2 with diffusion forcing, ...) parallelized vs. one process: every model on
+Ulysses 2 and ring 2 in one spawn, forward and backward, with the attention seeing its shard of the tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+from dit_sp import spawn
+
+MODELS = {"tiny-skyreels-v2": 18, "tiny-skyreels-v2-df": 18}  # model: video tokens
+LAYOUTS = [(1, 1, 2), (1, 2, 1)]
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def results():
+    from family_checks_famB import check_models
+
+    return spawn(check_models, 2, args=(list(MODELS), LAYOUTS, MODELS), timeout=300)[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: "dp{}-r{}-u{}".format(*layout))
+@pytest.mark.parametrize("model", list(MODELS))
+def test_transformer_matches_single_process(results, model, layout):
+    errors = results[model]["dp{}-r{}-u{}".format(*layout)]
+    assert errors["ref_scale"] > 0.1  # the check compares real outputs
+    for key in ("out", "input_grads", "param_grads"):
+        where = f" (worst: {errors[key + '_worst']})" if key + "_worst" in errors else ""
+        assert errors[key] <= TOL, f"{model} {layout}: {key} error {errors[key]:.2e} above {TOL:.0e}{where}"
+    assert errors["restored_bit_identical"] == 1.0
+    seen, local = errors["lengths"]
+    assert seen == [local], f"{model}: attention saw {seen} tokens per rank, not the {local} of a split sequence"
+
+
+def test_skyreels_block_causal_attention_is_refused_in_one_line():
+    """causal_block_size > 1 is a mask over frames: refused at parallelize, and at a call after the pipeline set it."""
+    from family_inputs_famB import famb_inputs
+
+    from dit_sp import ParallelConfig, init_parallel, parallelize
+    from dit_sp.zoo import build_tiny
+
+    model = build_tiny("tiny-skyreels-v2-df", "transformer")
+    parallel = init_parallel(ParallelConfig())
+    with parallelize(model, parallel):
+        model._set_ar_attention(3)  # what SkyReelsV2DiffusionForcingPipeline(causal_block_size=3) does
+        refusal = r"^SkyReels-V2 with causal_block_size .* 3 > 1 .*use causal_block_size 1$"
+        with pytest.raises(NotImplementedError, match=refusal):
+            model(**famb_inputs("tiny-skyreels-v2-df"))
+    with pytest.raises(NotImplementedError, match="block-causally over frames"):
+        parallelize(model, parallel)

@@ -1,0 +1,22 @@
+"""Transformer inputs of the tiny models of SkyReels-V2, Wan VACE, ChronoEdit, HunyuanVideo-1.5, Framepack, Wan
+Animate and AnyFlow (``model_checks.model_inputs`` asks here first): 18 video tokens (uneven over 4 ranks), text
+of a few tokens, and each family's conditioning (per-frame timesteps, control latents, history latents, ...)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def famb_inputs(model: str, batch: int = 2) -> dict | None:
+    """The inputs of ``model``'s tiny transformer, or None for a model of another group."""
+    g = torch.Generator().manual_seed(7)
+    rand = lambda *shape: torch.randn(*shape, generator=g)
+    if model == "tiny-skyreels-v2":
+        return {"hidden_states": rand(batch, 4, 3, 6, 4), "timestep": torch.tensor([500.0, 20.0][:batch]),
+                "encoder_hidden_states": rand(batch, 8, 16)}  # fmt: skip
+    if model == "tiny-skyreels-v2-df":
+        # diffusion forcing: a timestep per latent frame, and the fps embedding (which diffusers' model repeats
+        # per frame for one sample only, as its pipelines call it)
+        return {"hidden_states": rand(1, 4, 3, 6, 4), "timestep": torch.tensor([[900.0, 500.0, 20.0]]),
+                "encoder_hidden_states": rand(1, 8, 16), "enable_diffusion_forcing": True, "fps": [1]}  # fmt: skip
+    return None
