@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from dit_sp.errors import ConfigError
+from dit_sp.families.chronoedit import CHRONOEDIT
 from dit_sp.families.cogvideox import COGVIDEOX
 from dit_sp.families.family import TRANSFORMERS, ModelFamily, VAEFactors
 from dit_sp.families.hunyuan_video import HUNYUAN_VIDEO
@@ -14,9 +15,10 @@ from dit_sp.families.policy import DiffusersPolicy
 from dit_sp.families.shape import check_latent_shape
 from dit_sp.families.skyreels_v2 import SKYREELS_V2
 from dit_sp.families.wan import WAN
+from dit_sp.families.wan_vace import WAN_VACE
 from dit_sp.vae import VAEPlan
 
-FAMILIES: tuple[ModelFamily, ...] = (WAN, HUNYUAN_VIDEO, COGVIDEOX, SKYREELS_V2)
+FAMILIES: tuple[ModelFamily, ...] = (WAN, HUNYUAN_VIDEO, COGVIDEOX, SKYREELS_V2, WAN_VACE, CHRONOEDIT)
 
 
 def supported_classes() -> list[str]:

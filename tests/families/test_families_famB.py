@@ -7,7 +7,12 @@ import pytest
 
 from dit_sp import spawn
 
-MODELS = {"tiny-skyreels-v2": 18, "tiny-skyreels-v2-df": 18}  # model: video tokens
+MODELS = {
+    "tiny-skyreels-v2": 18,
+    "tiny-skyreels-v2-df": 18,
+    "tiny-wan-vace": 18,
+    "tiny-chronoedit": 18,
+}  # model: video tokens
 LAYOUTS = [(1, 1, 2), (1, 2, 1)]
 TOL = 1e-5
 
@@ -44,7 +49,9 @@ def test_skyreels_block_causal_attention_is_refused_in_one_line():
     parallel = init_parallel(ParallelConfig())
     with parallelize(model, parallel):
         model._set_ar_attention(3)  # what SkyReelsV2DiffusionForcingPipeline(causal_block_size=3) does
-        refusal = r"^SkyReels-V2 with causal_block_size .* 3 > 1 .*use causal_block_size 1 \(synchronous diffusion forcing\)$"
+        refusal = (
+            r"^SkyReels-V2 with causal_block_size .* 3 > 1 .*use causal_block_size 1 \(synchronous diffusion forcing\)$"
+        )
         with pytest.raises(NotImplementedError, match=refusal):
             model(**famb_inputs("tiny-skyreels-v2-df"))
     with pytest.raises(NotImplementedError, match="block-causally over frames"):

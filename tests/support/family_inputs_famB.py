@@ -19,4 +19,11 @@ def famb_inputs(model: str, batch: int = 2) -> dict | None:
         # per frame for one sample only, as its pipelines call it)
         return {"hidden_states": rand(1, 4, 3, 6, 4), "timestep": torch.tensor([[900.0, 500.0, 20.0]]),
                 "encoder_hidden_states": rand(1, 8, 16), "enable_diffusion_forcing": True, "fps": [1]}  # fmt: skip
+    if model == "tiny-wan-vace":  # control latents: 2 x 4 latent channels and 8 x 8 mask channels, per token
+        return {"hidden_states": rand(batch, 4, 3, 6, 4), "timestep": torch.tensor([500.0, 20.0][:batch]),
+                "encoder_hidden_states": rand(batch, 8, 16), "control_hidden_states": rand(batch, 72, 3, 6, 4),
+                "control_hidden_states_scale": torch.tensor([1.0, 0.5])}  # fmt: skip
+    if model == "tiny-chronoedit":  # the image's latents and mask in channels, CLIP image tokens
+        return {"hidden_states": rand(batch, 12, 3, 6, 4), "timestep": torch.tensor([500.0, 20.0][:batch]),
+                "encoder_hidden_states": rand(batch, 8, 16), "encoder_hidden_states_image": rand(batch, 5, 16)}  # fmt: skip
     return None
