@@ -11,6 +11,7 @@ from dit_sp.families.chronoedit import CHRONOEDIT
 from dit_sp.families.cogvideox import COGVIDEOX
 from dit_sp.families.family import TRANSFORMERS, ModelFamily, VAEFactors
 from dit_sp.families.hunyuan_video import HUNYUAN_VIDEO
+from dit_sp.families.hunyuan_video15 import HUNYUAN_VIDEO15
 from dit_sp.families.policy import DiffusersPolicy
 from dit_sp.families.shape import check_latent_shape
 from dit_sp.families.skyreels_v2 import SKYREELS_V2
@@ -18,7 +19,7 @@ from dit_sp.families.wan import WAN
 from dit_sp.families.wan_vace import WAN_VACE
 from dit_sp.vae import VAEPlan
 
-FAMILIES: tuple[ModelFamily, ...] = (WAN, HUNYUAN_VIDEO, COGVIDEOX, SKYREELS_V2, WAN_VACE, CHRONOEDIT)
+FAMILIES: tuple[ModelFamily, ...] = (WAN, HUNYUAN_VIDEO, COGVIDEOX, SKYREELS_V2, WAN_VACE, CHRONOEDIT, HUNYUAN_VIDEO15)
 
 
 def supported_classes() -> list[str]:

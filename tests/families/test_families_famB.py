@@ -12,6 +12,7 @@ MODELS = {
     "tiny-skyreels-v2-df": 18,
     "tiny-wan-vace": 18,
     "tiny-chronoedit": 18,
+    "tiny-hunyuanvideo15": 18,
 }  # model: video tokens
 LAYOUTS = [(1, 1, 2), (1, 2, 1)]
 TOL = 1e-5
