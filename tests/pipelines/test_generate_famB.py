@@ -1,0 +1,58 @@
+"""Group B's pipelines through ``generate``: SkyReels-V2 diffusion forcing (a timestep per latent frame), Wan
+VACE (control hints per token) and ChronoEdit (an image) give the same frames and latents on Ulysses 2 and ring 2
+as on one process, with the attention of each rank holding half of the video tokens. One spawn runs them all."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from dit_sp import GenerateConfig, generate, spawn
+
+pytestmark = pytest.mark.slow  # spawns worker processes
+
+MODELS = {"tiny-skyreels-v2-df": 18, "tiny-wan-vace": 18, "tiny-chronoedit": 12}  # model: video tokens per forward
+LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}}
+
+
+def _settings(tmp, model: str, name: str, **flags) -> GenerateConfig:
+    image = {"image": str(tmp / "image.png")} if model == "tiny-chronoedit" else {}
+    return GenerateConfig.load(overrides={"model": model, "steps": 2, "out": str(tmp / f"{model}-{name}.mp4"),
+                                          "save_latents": str(tmp / f"{model}-{name}.pt"), "verify_inputs": True,
+                                          **image, **flags})  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory):
+    """{(model, layout): the sample leader's report}, "single" being one process."""
+    from generate_checks_famB import generate_recording
+
+    tmp = tmp_path_factory.mktemp("famB")
+    pixels = np.random.RandomState(0).rand(40, 30, 3)
+    Image.fromarray((pixels * 255).astype("uint8")).save(tmp / "image.png")
+    reports = {(model, "single"): generate(_settings(tmp, model, "single"), True) for model in MODELS}
+    jobs = [((model, layout), _settings(tmp, model, layout, **flags)) for layout, flags in LAYOUTS.items()
+            for model in MODELS]  # fmt: skip
+    by_rank = spawn(generate_recording, 2, args=([settings for _, settings in jobs],), timeout=300)
+    for i, (key, _) in enumerate(jobs):
+        leaders = [rank_reports[i] for rank_reports in by_rank if "out" in rank_reports[i]]
+        assert len(leaders) == 1, f"{key}: exactly one rank writes the output"
+        reports[key] = leaders[0] | {"lengths": [rank_reports[i]["attention_lengths"] for rank_reports in by_rank]}
+    return reports
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("model", list(MODELS))
+def test_every_layout_gives_the_same_video_from_a_split_sequence(videos, model, layout):
+    reference, report = videos[(model, "single")], videos[(model, layout)]
+    assert report["frames"].shape == reference["frames"].shape
+    assert np.abs(report["frames"] - reference["frames"]).max() <= 1e-4
+    latents, ref_latents = torch.load(report["latents"]), torch.load(reference["latents"])
+    assert (latents - ref_latents).abs().max() <= 1e-4
+    assert reference["frames"].std() > 0.01  # a real video, not a constant
+    half = math.ceil(MODELS[model] / 2)
+    assert report["lengths"] == [[half], [half]], f"each rank's attention saw {report['lengths']}, not {half} tokens"
