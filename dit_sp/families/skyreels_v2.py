@@ -70,7 +70,8 @@ SKYREELS_V2 = ModelFamily(
     tiny_models=("tiny-skyreels-v2", "tiny-skyreels-v2-df"),
     checkpoint_defaults={
         "SkyReelsV2Pipeline": generation_defaults(97, 544, 960, 50, 6.0, 512) | {"fps": 24},
-        "SkyReelsV2DiffusionForcingPipeline": generation_defaults(97, 544, 960, 30, 6.0, 512) | {"fps": 24},
+        "SkyReelsV2ImageToVideoPipeline": generation_defaults(97, 544, 960, 50, 5.0, 512) | {"fps": 24},
+        **dict.fromkeys(PIPELINES[2:], generation_defaults(97, 544, 960, 30, 6.0, 512) | {"fps": 24}),
     },
     vae_factors=dict.fromkeys(PIPELINES, wan_vae_factors),
     architectures=_ARCHITECTURES,

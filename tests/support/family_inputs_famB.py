@@ -25,7 +25,8 @@ def famb_inputs(model: str, batch: int = 2) -> dict | None:
                 "control_hidden_states_scale": torch.tensor([1.0, 0.5])}  # fmt: skip
     if model == "tiny-chronoedit":  # the image's latents and mask in channels, CLIP image tokens
         return {"hidden_states": rand(batch, 12, 3, 6, 4), "timestep": torch.tensor([500.0, 20.0][:batch]),
-                "encoder_hidden_states": rand(batch, 8, 16), "encoder_hidden_states_image": rand(batch, 5, 16)}  # fmt: skip
+                "encoder_hidden_states": rand(batch, 8, 16),
+                "encoder_hidden_states_image": rand(batch, 5, 16)}  # fmt: skip
     if model == "tiny-hunyuanvideo15":  # 18 tokens (patch 1); padded MLLM (5, 7) and ByT5 (3, 4) text, 2 image tokens
         mask, mask_2 = torch.ones(batch, 7, dtype=torch.long), torch.ones(batch, 4, dtype=torch.long)
         mask[0, 5:], mask_2[0, 3:] = 0, 0
