@@ -12,6 +12,7 @@ from dit_sp.families.cogvideox import COGVIDEOX
 from dit_sp.families.family import TRANSFORMERS, ModelFamily, VAEFactors
 from dit_sp.families.hunyuan_video import HUNYUAN_VIDEO
 from dit_sp.families.hunyuan_video15 import HUNYUAN_VIDEO15
+from dit_sp.families.hunyuan_video_framepack import HUNYUAN_VIDEO_FRAMEPACK
 from dit_sp.families.policy import DiffusersPolicy
 from dit_sp.families.shape import check_latent_shape
 from dit_sp.families.skyreels_v2 import SKYREELS_V2
@@ -19,7 +20,16 @@ from dit_sp.families.wan import WAN
 from dit_sp.families.wan_vace import WAN_VACE
 from dit_sp.vae import VAEPlan
 
-FAMILIES: tuple[ModelFamily, ...] = (WAN, HUNYUAN_VIDEO, COGVIDEOX, SKYREELS_V2, WAN_VACE, CHRONOEDIT, HUNYUAN_VIDEO15)
+FAMILIES: tuple[ModelFamily, ...] = (
+    WAN,
+    HUNYUAN_VIDEO,
+    COGVIDEOX,
+    SKYREELS_V2,
+    WAN_VACE,
+    CHRONOEDIT,
+    HUNYUAN_VIDEO15,
+    HUNYUAN_VIDEO_FRAMEPACK,
+)
 
 
 def supported_classes() -> list[str]:

@@ -3,7 +3,8 @@
 A plan maps module names to what is sharded at that module (diffusers' ``_cp_plan`` format, so the
 plans diffusers ships are used as they are): ``{"name": {"arg" or output index: ContextParallelInput}}``
 splits a forward argument (or, with ``split_output``, an output) along the sequence, and
-``{"name": ContextParallelOutput}`` gathers the module's output. The empty name is the model itself.
+``{"name": ContextParallelOutput}`` gathers the module's output (of a module returning a tuple, a list of one
+``ContextParallelOutput`` or None per output). The empty name is the model itself.
 We implement the hooks ourselves: padding of uneven lengths, our gradient semantics, no accelerator
 assumption.
 """
@@ -78,6 +79,11 @@ def _output_hook(specs: dict | OutputSpec | list, ctx: SequenceContext, is_root:
             else:
                 for item in _as_list(specs.get(0, [])):
                     output = _split(output, item, ctx)
+        elif isinstance(output, (tuple, list)):  # one entry per output, None: not gathered (diffusers' format)
+            entries = _as_list(specs)
+            if len(entries) != len(output):
+                raise ValueError(f"the plan gathers {len(entries)} outputs of a module that returns {len(output)}")
+            output = type(output)(x if spec is None else _gather(x, spec, ctx) for x, spec in zip(output, entries))
         else:
             for item in _as_list(specs):
                 output = _gather(output, item, ctx)

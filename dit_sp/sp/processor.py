@@ -61,10 +61,12 @@ def _joint_valid(
     if cached is not None and cached[0] is mask:
         return cached[1]
     keys, queries_too = _key_padding(mask)
+    # a mask built before the split covers the whole video (HunyuanVideo Framepack), one built after, the shard
+    video_len = ctx.seq_len if keys.shape[1] == ctx.seq_len + joint_len else local_len
     video, joint = (
         (keys[:, joint_len:], keys[:, :joint_len])
         if ctx.joint_position == "front"
-        else (keys[:, :local_len], keys[:, local_len:])
+        else (keys[:, :video_len], keys[:, video_len:])
     )
     valid = joint.sum(1)
     prefix = torch.arange(joint_len, device=mask.device) < valid.unsqueeze(1)

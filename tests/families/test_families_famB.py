@@ -13,6 +13,7 @@ MODELS = {
     "tiny-wan-vace": 18,
     "tiny-chronoedit": 18,
     "tiny-hunyuanvideo15": 18,
+    "tiny-hunyuanvideo-framepack": 27,  # 18 video tokens behind 9 history tokens
 }  # model: video tokens
 LAYOUTS = [(1, 1, 2), (1, 2, 1)]
 TOL = 1e-5

@@ -34,4 +34,17 @@ def famb_inputs(model: str, batch: int = 2) -> dict | None:
                 "encoder_hidden_states": rand(batch, 7, 16), "encoder_attention_mask": mask,
                 "encoder_hidden_states_2": rand(batch, 4, 8), "encoder_attention_mask_2": mask_2,
                 "image_embeds": rand(batch, 2, 12)}  # fmt: skip
+    if model == "tiny-hunyuanvideo-framepack":
+        # frame indices 1-D, as the pipeline passes them; 18 video tokens, behind 6 clean, 2 history-2x and 1 history-4x tokens (27: uneven); padded text (5, 7)
+        mask = torch.ones(batch, 7, dtype=torch.long)
+        mask[0, 5:] = 0
+        return {"hidden_states": rand(batch, 4, 3, 6, 4), "timestep": torch.tensor([500.0, 20.0][:batch]),
+                "encoder_hidden_states": rand(batch, 7, 16), "encoder_attention_mask": mask,
+                "pooled_projections": rand(batch, 8), "image_embeds": rand(batch, 3, 12),
+                "indices_latents": torch.tensor([5, 6, 7]), "guidance": torch.tensor([6000.0] * batch),
+                "latents_clean": rand(batch, 4, 1, 6, 4), "indices_latents_clean": torch.tensor([0]),
+                "latents_history_2x": rand(batch, 4, 2, 6, 4),
+                "indices_latents_history_2x": torch.tensor([1, 2]),
+                "latents_history_4x": rand(batch, 4, 4, 6, 4),
+                "indices_latents_history_4x": torch.tensor([1, 2, 3, 4])}  # fmt: skip
     return None
