@@ -35,7 +35,8 @@ def famb_inputs(model: str, batch: int = 2) -> dict | None:
                 "encoder_hidden_states_2": rand(batch, 4, 8), "encoder_attention_mask_2": mask_2,
                 "image_embeds": rand(batch, 2, 12)}  # fmt: skip
     if model == "tiny-hunyuanvideo-framepack":
-        # frame indices 1-D, as the pipeline passes them; 18 video tokens, behind 6 clean, 2 history-2x and 1 history-4x tokens (27: uneven); padded text (5, 7)
+        # 18 video tokens behind 6 clean, 2 history-2x and 1 history-4x tokens (27: uneven); padded text (5, 7);
+        # frame indices 1-D, as the pipeline passes them
         mask = torch.ones(batch, 7, dtype=torch.long)
         mask[0, 5:] = 0
         return {"hidden_states": rand(batch, 4, 3, 6, 4), "timestep": torch.tensor([500.0, 20.0][:batch]),
