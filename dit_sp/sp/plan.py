@@ -34,9 +34,11 @@ def _as_list(spec) -> list:
 
 
 def _split(x: Any, spec: InputSpec, ctx: SequenceContext) -> Any:
-    """Shard a tensor (or each tensor of a tuple/list) whose rank matches ``expected_dims``."""
+    """Shard a tensor (or each tensor of a tuple, list or dict) whose rank matches ``expected_dims``."""
     if isinstance(x, (tuple, list)):
         return type(x)(_split(item, spec, ctx) for item in x)
+    if isinstance(x, dict):  # e.g. AnyFlow's rotary tables {"query": ..., "key": ...}
+        return {key: _split(item, spec, ctx) for key, item in x.items()}
     if not isinstance(x, torch.Tensor) or (spec.expected_dims is not None and x.dim() != spec.expected_dims):
         return x
     ctx.record_seq_len(x.shape[spec.split_dim])

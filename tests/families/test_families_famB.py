@@ -14,6 +14,7 @@ MODELS = {
     "tiny-chronoedit": 18,
     "tiny-hunyuanvideo15": 18,
     "tiny-hunyuanvideo-framepack": 27,  # 18 video tokens behind 9 history tokens
+    "tiny-anyflow": 18,
 }  # model: video tokens
 LAYOUTS = [(1, 1, 2), (1, 2, 1)]
 TOL = 1e-5
@@ -70,3 +71,29 @@ def test_real_architectures_have_their_published_sizes(name, low, high):
 
     shape = TransformerShape.of(*ARCHITECTURES[name]["transformers"]["transformer"])
     assert low <= shape.params <= high, shape.params
+
+
+@pytest.mark.parametrize(
+    ("cls", "config", "refusal"),
+    [
+        ("WanAnimateTransformer3DModel",
+         {"num_attention_heads": 2, "attention_head_dim": 8, "in_channels": 12, "latent_channels": 4, "out_channels": 4,
+          "text_dim": 16, "freq_dim": 16, "ffn_dim": 16, "num_layers": 1, "image_dim": 16, "motion_encoder_size": 16,
+          "motion_style_dim": 8, "motion_dim": 4, "motion_encoder_dim": 8, "face_encoder_hidden_dim": 8,
+          "face_encoder_num_heads": 2, "inject_face_latents_blocks": 1,
+          "motion_encoder_channel_sizes": {"4": 8, "8": 8, "16": 8, "32": 8, "64": 8, "128": 8, "256": 8, "512": 8}},
+         r"^Wan Animate .* face adapters group the video tokens by frame .*one process per sample \(dp only\)$"),
+        ("AnyFlowFARTransformer3DModel",
+         {"num_attention_heads": 2, "attention_head_dim": 8, "in_channels": 4, "out_channels": 4, "text_dim": 16,
+          "freq_dim": 16, "ffn_dim": 16, "num_layers": 1},
+         r"^AnyFlow FAR .* causally over frame chunks with a KV cache.*bidirectional AnyFlowTransformer3DModel$"),
+    ],
+)  # fmt: skip
+def test_models_that_cannot_be_split_exactly_are_refused_in_one_line(cls, config, refusal):
+    import diffusers
+
+    from dit_sp import ParallelConfig, init_parallel, parallelize
+
+    model = getattr(diffusers, cls)(**config)
+    with pytest.raises(NotImplementedError, match=refusal):
+        parallelize(model, init_parallel(ParallelConfig()))

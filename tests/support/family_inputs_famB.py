@@ -48,4 +48,9 @@ def famb_inputs(model: str, batch: int = 2) -> dict | None:
                 "indices_latents_history_2x": torch.tensor([1, 2]),
                 "latents_history_4x": rand(batch, 4, 4, 6, 4),
                 "indices_latents_history_4x": torch.tensor([1, 2, 3, 4])}  # fmt: skip
+    if model == "tiny-anyflow":  # latents (B, F, C, H, W); the flow map's two timesteps, t and r, per latent frame
+        return {"hidden_states": rand(batch, 3, 4, 6, 4),
+                "timestep": torch.tensor([[900.0, 600.0, 300.0], [500.0, 500.0, 20.0]][:batch]),
+                "r_timestep": torch.tensor([[600.0, 300.0, 0.0], [20.0, 20.0, 0.0]][:batch]),
+                "encoder_hidden_states": rand(batch, 8, 16)}  # fmt: skip
     return None
