@@ -1,6 +1,7 @@
 """Group B's pipelines through ``generate``: SkyReels-V2 diffusion forcing (a timestep per latent frame), Wan
 VACE (control hints per token) and ChronoEdit (an image) give the same frames and latents on Ulysses 2 and ring 2
-as on one process, with the attention of each rank holding half of the video tokens. One spawn runs them all."""
+as on one process, with the attention of each rank holding half of the video tokens, and with CFG parallelism
+(the two guidance branches on two processes). One spawn runs them all."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from dit_sp import GenerateConfig, generate, spawn
 pytestmark = pytest.mark.slow  # spawns worker processes
 
 MODELS = {"tiny-skyreels-v2-df": 18, "tiny-wan-vace": 18, "tiny-chronoedit": 12}  # model: video tokens per forward
-LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}}
+LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}  # cfg2: a branch per rank
+SP = {"1x2": 2, "2x1": 2, "cfg2": 1}  # processes per guidance branch
 
 
 def _settings(tmp, model: str, name: str, **flags) -> GenerateConfig:
@@ -54,5 +56,5 @@ def test_every_layout_gives_the_same_video_from_a_split_sequence(videos, model, 
     latents, ref_latents = torch.load(report["latents"]), torch.load(reference["latents"])
     assert (latents - ref_latents).abs().max() <= 1e-4
     assert reference["frames"].std() > 0.01  # a real video, not a constant
-    half = math.ceil(MODELS[model] / 2)
-    assert report["lengths"] == [[half], [half]], f"each rank's attention saw {report['lengths']}, not {half} tokens"
+    local = math.ceil(MODELS[model] / SP[layout])
+    assert report["lengths"] == [[local], [local]], f"each rank's attention saw {report['lengths']}, not {local} tokens"
