@@ -1,7 +1,8 @@
 """Group B's pipelines through ``generate``: SkyReels-V2 diffusion forcing (a timestep per latent frame), Wan
-VACE (control hints per token) and ChronoEdit (an image) give the same frames and latents on Ulysses 2 and ring 2
-as on one process, with the attention of each rank holding half of the video tokens, and with CFG parallelism
-(the two guidance branches on two processes). One spawn runs them all."""
+VACE (control hints per token), ChronoEdit (an image) and AnyFlow (two timesteps per frame, batched guidance)
+give the same frames and latents on Ulysses 2 and ring 2 as on one process, with the attention of each rank
+holding half of the video tokens, and with CFG parallelism (the two guidance branches on two processes). One
+spawn runs them all."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from dit_sp import GenerateConfig, generate, spawn
 
 pytestmark = pytest.mark.slow  # spawns worker processes
 
-MODELS = {"tiny-skyreels-v2-df": 18, "tiny-wan-vace": 18, "tiny-chronoedit": 12}  # model: video tokens per forward
+# model: video tokens per forward
+MODELS = {"tiny-skyreels-v2-df": 18, "tiny-wan-vace": 18, "tiny-chronoedit": 12, "tiny-anyflow": 18}
 LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}  # cfg2: a branch per rank
 SP = {"1x2": 2, "2x1": 2, "cfg2": 1}  # processes per guidance branch
 

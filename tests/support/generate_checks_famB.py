@@ -15,11 +15,11 @@ def generate_recording(jobs: list[GenerateConfig]) -> list[dict]:
     for settings in jobs:
         seen: set[int] = set()
 
-        def record(module, args, kwargs, seen=seen):
+        def record(module, args, kwargs, output, seen=seen):
             if type(getattr(module, "processor", None)).__name__.startswith("SequenceParallel"):
                 seen.add((args[0] if args else kwargs["hidden_states"]).shape[1])
 
-        handle = torch.nn.modules.module.register_module_forward_pre_hook(lambda module, args: record(module, args, {}))
+        handle = torch.nn.modules.module.register_module_forward_hook(record, with_kwargs=True)
         try:
             report = generate(settings, True)
         finally:
