@@ -1,8 +1,8 @@
 """Group B's pipelines through ``generate``: SkyReels-V2 diffusion forcing (a timestep per latent frame), Wan
-VACE (control hints per token), ChronoEdit (an image) and AnyFlow (two timesteps per frame, batched guidance)
-give the same frames and latents on Ulysses 2 and ring 2 as on one process, with the attention of each rank
-holding half of the video tokens, and with CFG parallelism (the two guidance branches on two processes). One
-spawn runs them all."""
+VACE (control hints per token), ChronoEdit (an image), AnyFlow (two timesteps per frame, batched guidance) and
+HunyuanVideo Framepack (history latents packed in front of the video) give the same frames and latents on
+Ulysses 2 and ring 2 as on one process, with the attention of each rank holding half of the tokens, and with
+CFG parallelism (the two guidance branches on two processes). One spawn runs them all."""
 
 from __future__ import annotations
 
@@ -18,16 +18,21 @@ from dit_sp import GenerateConfig, generate, spawn
 pytestmark = pytest.mark.slow  # spawns worker processes
 
 # model: video tokens per forward
-MODELS = {"tiny-skyreels-v2-df": 18, "tiny-wan-vace": 18, "tiny-chronoedit": 12, "tiny-anyflow": 18}
+MODELS = {"tiny-skyreels-v2-df": 18, "tiny-wan-vace": 18, "tiny-chronoedit": 12, "tiny-anyflow": 18,
+          "tiny-hunyuanvideo-framepack": 72}  # fmt: skip
+# ChronoEdit and Framepack take an image; Framepack (guidance-distilled) runs true CFG with guidance > 1
+OVERRIDES = {"tiny-chronoedit": {"image": True}, "tiny-hunyuanvideo-framepack": {"image": True, "guidance": 4.0}}
 LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}  # cfg2: a branch per rank
 SP = {"1x2": 2, "2x1": 2, "cfg2": 1}  # processes per guidance branch
 
 
 def _settings(tmp, model: str, name: str, **flags) -> GenerateConfig:
-    image = {"image": str(tmp / "image.png")} if model == "tiny-chronoedit" else {}
+    overrides = OVERRIDES.get(model, {}) | flags
+    if overrides.get("image"):
+        overrides["image"] = str(tmp / "image.png")
     return GenerateConfig.load(overrides={"model": model, "steps": 2, "out": str(tmp / f"{model}-{name}.mp4"),
                                           "save_latents": str(tmp / f"{model}-{name}.pt"), "verify_inputs": True,
-                                          **image, **flags})  # fmt: skip
+                                          **overrides})  # fmt: skip
 
 
 @pytest.fixture(scope="module")
