@@ -46,6 +46,12 @@ def videos(tmp_path_factory):
     reports = {(model, "single"): generate(_settings(tmp, model, "single"), True) for model in MODELS}
     jobs = [((model, layout), _settings(tmp, model, layout, **flags)) for layout, flags in LAYOUTS.items()
             for model in MODELS]  # fmt: skip
+    # Wan VACE with the first-block step cache: each rank's decision is the one-process decision
+    cached = {"cache": "first_block:0.5", "steps": 4}
+    reports[("tiny-wan-vace", "single+cache")] = generate(
+        _settings(tmp, "tiny-wan-vace", "single-cache", **cached), True
+    )
+    jobs.append((("tiny-wan-vace", "1x2+cache"), _settings(tmp, "tiny-wan-vace", "1x2-cache", ulysses=2, **cached)))
     by_rank = spawn(generate_recording, 2, args=([settings for _, settings in jobs],), timeout=300)
     for i, (key, _) in enumerate(jobs):
         leaders = [rank_reports[i] for rank_reports in by_rank if "out" in rank_reports[i]]
@@ -65,3 +71,11 @@ def test_every_layout_gives_the_same_video_from_a_split_sequence(videos, model, 
     assert reference["frames"].std() > 0.01  # a real video, not a constant
     local = math.ceil(MODELS[model] / SP[layout])
     assert report["lengths"] == [[local], [local]], f"each rank's attention saw {report['lengths']}, not {local} tokens"
+
+
+def test_the_first_block_cache_decides_as_one_process(videos):
+    reference, report = videos[("tiny-wan-vace", "single+cache")], videos[("tiny-wan-vace", "1x2+cache")]
+    assert report["cache"]["computed"] == reference["cache"]["computed"]
+    assert 0 < reference["cache"]["saved_fraction"] < 1  # it skipped some blocks, not all
+    assert np.abs(report["frames"] - reference["frames"]).max() <= 1e-4
+    assert (torch.load(report["latents"]) - torch.load(reference["latents"])).abs().max() <= 1e-4
