@@ -37,11 +37,9 @@ def _check(model: torch.nn.Module) -> None:
         raise NotImplementedError(FAR_REFUSAL)
 
 
-_ARCHITECTURES = {
-    "anyflow-14b": wan_architecture({"transformer": {"num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40}},
-                                    "AnyFlowTransformer3DModel"),
-}  # fmt: skip
-"""A 14B AnyFlow (Wan 2.1 14B's shape with AnyFlow's two timestep embedders), for the memory planner."""
+_14B = {"num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40}
+_ARCHITECTURES = {"anyflow-wan2.1-t2v-14b": wan_architecture({"transformer": _14B}, "AnyFlowTransformer3DModel")}
+"""nvidia/AnyFlow-Wan2.1-T2V-14B-Diffusers (Wan 2.1 14B's shape with two timestep embedders), for the planner."""
 
 ANYFLOW = ModelFamily(
     name="anyflow",
@@ -52,7 +50,7 @@ ANYFLOW = ModelFamily(
     cfg_batched_args=("hidden_states", "timestep", "r_timestep", "encoder_hidden_states"),
     check=_check,
     tiny_models=("tiny-anyflow",),
-    checkpoint_defaults={"AnyFlowPipeline": generation_defaults(81, 480, 832, 4, 1.0, 512) | {"fps": 16}},
+    checkpoint_defaults={"AnyFlowPipeline": generation_defaults(33, 480, 832, 4, 1.0, 512) | {"fps": 16}},
     vae_factors={"AnyFlowPipeline": wan_vae_factors},
     architectures=_ARCHITECTURES,
 )

@@ -65,6 +65,7 @@ def test_skyreels_block_causal_attention_is_refused_in_one_line():
     ("skyreels-v2-df-1.3b-540p", 1.3e9, 1.5e9),  # Wan 2.1 1.3B and its fps embedding
     ("wan2.1-vace-1.3b", 2.0e9, 2.3e9),  # 1.3B and 15 VACE blocks (about 4.3 GB of bf16 weights)
     ("hunyuanvideo-1.5-480p-t2v", 8.2e9, 8.4e9),  # published: 8.3B parameters
+    ("anyflow-wan2.1-t2v-14b", 13e9, 15e9),  # Wan 2.1 T2V 14B and a second timestep embedder
 ])  # fmt: skip
 def test_real_architectures_have_their_published_sizes(name, low, high):
     from dit_sp.memory.planner import ARCHITECTURES, TransformerShape
