@@ -61,7 +61,9 @@ def check_cp_plan(plan: dict, owner: str) -> None:
 
     for name, spec in plan.items():
         kind, items = (cp_input, spec.values()) if isinstance(spec, dict) else (cp_output, [spec])
-        odd = [entry for item in items for entry in entries(item) if not isinstance(entry, kind)]
+        # None: an output of a tuple that is not gathered (diffusers' ContextParallelGatherHook)
+        odd = [entry for item in items for entry in entries(item)
+               if not (isinstance(entry, kind) or (entry is None and kind is cp_output))]  # fmt: skip
         if odd:
             raise _error(
                 "diffusers",

@@ -7,15 +7,33 @@ from typing import Any
 import torch
 
 from dit_sp.errors import ConfigError
+from dit_sp.families.anyflow import ANYFLOW
+from dit_sp.families.chronoedit import CHRONOEDIT
 from dit_sp.families.cogvideox import COGVIDEOX
 from dit_sp.families.family import TRANSFORMERS, ModelFamily, VAEFactors
 from dit_sp.families.hunyuan_video import HUNYUAN_VIDEO
+from dit_sp.families.hunyuan_video15 import HUNYUAN_VIDEO15
+from dit_sp.families.hunyuan_video_framepack import HUNYUAN_VIDEO_FRAMEPACK
 from dit_sp.families.policy import DiffusersPolicy
 from dit_sp.families.shape import check_latent_shape
+from dit_sp.families.skyreels_v2 import SKYREELS_V2
 from dit_sp.families.wan import WAN
+from dit_sp.families.wan_animate import WAN_ANIMATE
+from dit_sp.families.wan_vace import WAN_VACE
 from dit_sp.vae import VAEPlan
 
-FAMILIES: tuple[ModelFamily, ...] = (WAN, HUNYUAN_VIDEO, COGVIDEOX)
+FAMILIES: tuple[ModelFamily, ...] = (
+    WAN,
+    HUNYUAN_VIDEO,
+    COGVIDEOX,
+    SKYREELS_V2,
+    WAN_VACE,
+    CHRONOEDIT,
+    HUNYUAN_VIDEO15,
+    HUNYUAN_VIDEO_FRAMEPACK,
+    WAN_ANIMATE,
+    ANYFLOW,
+)
 
 
 def supported_classes() -> list[str]:

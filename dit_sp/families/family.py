@@ -50,7 +50,8 @@ class ModelFamily:
     guidance_needs_any: tuple[str, ...] = ()
     """Pipeline arguments of which one must also be given for guidance to run (e.g. a negative prompt)."""
     check: Callable[[torch.nn.Module], None] = lambda model: None
-    """Raises for configurations of the family that are not supported."""
+    """Raises for configurations of the family that are not supported (at ``parallelize`` and at every call: a
+    pipeline may reconfigure its model per call)."""
     pipelines: tuple[str, ...] = ()
     """diffusers pipeline classes that GRPO can train (through ``policy``)."""
     policy: type | None = None

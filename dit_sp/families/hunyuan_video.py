@@ -107,7 +107,8 @@ def _teacache_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict
     return block.norm1(hidden, emb=temb)[0], True
 
 
-def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
+def hunyuan_video_vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
+    """``(temporal, spatial)`` compression of an ``AutoencoderKLHunyuanVideo`` config."""
     return vae.get("temporal_compression_ratio", 4), vae.get("spatial_compression_ratio", 8)
 
 
@@ -141,6 +142,6 @@ HUNYUAN_VIDEO = ModelFamily(
         "HunyuanVideoPipeline": generation_defaults(61, 320, 512, 30, 1.0, 256) | {"fps": 15},
         "HunyuanVideoImageToVideoPipeline": generation_defaults(129, 720, 1280, 50, 1.0, 256) | {"fps": 15},
     },
-    vae_factors=dict.fromkeys(("HunyuanVideoPipeline", "HunyuanVideoImageToVideoPipeline"), _vae_factors),
+    vae_factors=dict.fromkeys(("HunyuanVideoPipeline", "HunyuanVideoImageToVideoPipeline"), hunyuan_video_vae_factors),
     architectures=_ARCHITECTURES,
 )

@@ -161,7 +161,8 @@ def _teacache_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict
     return temb, temb.dim() == 4
 
 
-def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
+def wan_vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
+    """``(temporal, spatial)`` compression of an ``AutoencoderKLWan`` config (every Wan-based pipeline's)."""
     return vae.get("scale_factor_temporal", 4), vae.get("scale_factor_spatial", 8)
 
 
@@ -192,8 +193,11 @@ _CONFIG = {"patch_size": [1, 2, 2], "attention_head_dim": 128, "in_channels": 16
 _UMT5_XXL, _VAE = 5.68e9, 127e6
 
 
-def _architecture(transformers: dict[str, dict[str, Any]], vae: float = _VAE, spatial: int = 8) -> dict[str, Any]:
-    transformers = {name: ("WanTransformer3DModel", _CONFIG | config) for name, config in transformers.items()}
+def wan_architecture(transformers: dict[str, dict[str, Any]], class_name: str = "WanTransformer3DModel",
+                     vae: float = _VAE, spatial: int = 8) -> dict[str, Any]:  # fmt: skip
+    """A Wan-based checkpoint for the memory planner: Wan 2.1's transformer config with ``transformers``' changes
+    (by component), UMT5-XXL text, Wan's VAE."""
+    transformers = {name: (class_name, _CONFIG | config) for name, config in transformers.items()}
     return {"transformers": transformers,
             "text_encoders": _UMT5_XXL, "vae": vae, "compression": (4, spatial), "text_tokens": 512,
             "joint": False}  # fmt: skip
@@ -202,11 +206,11 @@ def _architecture(transformers: dict[str, dict[str, Any]], vae: float = _VAE, sp
 _14B = {"num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40}
 
 _ARCHITECTURES = {
-    "wan2.1-t2v-1.3b": _architecture({"transformer": {"num_attention_heads": 12, "ffn_dim": 8960,
+    "wan2.1-t2v-1.3b": wan_architecture({"transformer": {"num_attention_heads": 12, "ffn_dim": 8960,
                                                       "num_layers": 30}}),
-    "wan2.1-t2v-14b": _architecture({"transformer": _14B}),
-    "wan2.2-t2v-a14b": _architecture(dict.fromkeys(TRANSFORMERS, _14B)),
-    "wan2.2-ti2v-5b": _architecture({"transformer": {"num_attention_heads": 24, "ffn_dim": 14336, "num_layers": 30,
+    "wan2.1-t2v-14b": wan_architecture({"transformer": _14B}),
+    "wan2.2-t2v-a14b": wan_architecture(dict.fromkeys(TRANSFORMERS, _14B)),
+    "wan2.2-ti2v-5b": wan_architecture({"transformer": {"num_attention_heads": 24, "ffn_dim": 14336, "num_layers": 30,
                                                      "in_channels": 48, "out_channels": 48}},
                                     vae=705e6, spatial=16),
 }  # fmt: skip
@@ -228,6 +232,6 @@ WAN = ModelFamily(
         "WanPipeline": generation_defaults(33, 480, 832, 50, 5.0, 512) | {"fps": 16},
         "WanImageToVideoPipeline": generation_defaults(81, 480, 832, 50, 5.0, 512) | {"fps": 16},
     },
-    vae_factors=dict.fromkeys(("WanPipeline", "WanImageToVideoPipeline"), _vae_factors),
+    vae_factors=dict.fromkeys(("WanPipeline", "WanImageToVideoPipeline"), wan_vae_factors),
     architectures=_ARCHITECTURES,
 )

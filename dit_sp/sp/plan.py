@@ -3,7 +3,8 @@
 A plan maps module names to what is sharded at that module (diffusers' ``_cp_plan`` format, so the
 plans diffusers ships are used as they are): ``{"name": {"arg" or output index: ContextParallelInput}}``
 splits a forward argument (or, with ``split_output``, an output) along the sequence, and
-``{"name": ContextParallelOutput}`` gathers the module's output. The empty name is the model itself.
+``{"name": ContextParallelOutput}`` gathers the module's output (of a module returning a tuple, a list of one
+``ContextParallelOutput`` or None per output). The empty name is the model itself.
 We implement the hooks ourselves: padding of uneven lengths, our gradient semantics, no accelerator
 assumption.
 """
@@ -33,9 +34,11 @@ def _as_list(spec) -> list:
 
 
 def _split(x: Any, spec: InputSpec, ctx: SequenceContext) -> Any:
-    """Shard a tensor (or each tensor of a tuple/list) whose rank matches ``expected_dims``."""
+    """Shard a tensor (or each tensor of a tuple, list or dict) whose rank matches ``expected_dims``."""
     if isinstance(x, (tuple, list)):
         return type(x)(_split(item, spec, ctx) for item in x)
+    if isinstance(x, dict):  # e.g. AnyFlow's rotary tables {"query": ..., "key": ...}
+        return {key: _split(item, spec, ctx) for key, item in x.items()}
     if not isinstance(x, torch.Tensor) or (spec.expected_dims is not None and x.dim() != spec.expected_dims):
         return x
     ctx.record_seq_len(x.shape[spec.split_dim])
@@ -78,6 +81,11 @@ def _output_hook(specs: dict | OutputSpec | list, ctx: SequenceContext, is_root:
             else:
                 for item in _as_list(specs.get(0, [])):
                     output = _split(output, item, ctx)
+        elif isinstance(output, (tuple, list)):  # one entry per output, None: not gathered (diffusers' format)
+            entries = _as_list(specs)
+            if len(entries) != len(output):
+                raise ValueError(f"the plan gathers {len(entries)} outputs of a module that returns {len(output)}")
+            output = type(output)(x if spec is None else _gather(x, spec, ctx) for x, spec in zip(output, entries))
         else:
             for item in _as_list(specs):
                 output = _gather(output, item, ctx)

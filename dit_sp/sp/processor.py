@@ -32,30 +32,47 @@ from dit_sp.sp.context import SequenceContext
 Tensor = torch.Tensor
 
 
-def _joint_valid(mask: Tensor | None, local_len: int, joint_len: int, ctx: SequenceContext) -> tuple[int, ...] | None:
-    """Real joint keys per sample from a boolean key mask over ``[video (local_len), joint]`` (or the
-    reverse): the only kind of mask a DiT passes (padding of the prompt)."""
+def _key_padding(mask: Tensor) -> tuple[Tensor, bool]:
+    """The key mask ``(B, S)`` of a boolean padding mask, and whether padded tokens are padded as queries too.
+
+    Two forms: keys only, ``(B, 1, 1, S)``; or keys and queries, ``(B, 1, S, S)`` = ``keep_q & keep_k``
+    (HunyuanVideo-1.5), whose padded queries attend to nothing, so their outputs are zero."""
+    if mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == 1:
+        return mask[:, 0, 0], False
+    if mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == mask.shape[3]:
+        keys = mask[:, 0].any(dim=1)
+        if torch.equal(mask[:, 0], keys[:, :, None] & keys[:, None, :]):
+            return keys, True
+    raise NotImplementedError(
+        f"sequence-parallel attention supports only a boolean padding mask, (B, 1, 1, S) over keys or (B, 1, S, S) "
+        f"over keys and queries; got {tuple(mask.shape)} of {mask.dtype}"
+    )
+
+
+def _joint_valid(
+    mask: Tensor | None, local_len: int, joint_len: int, ctx: SequenceContext
+) -> tuple[tuple[int, ...] | None, bool]:
+    """Real joint tokens per sample from a boolean padding mask over ``[video (local_len), joint]`` (or the
+    reverse): the only kind of mask a DiT passes (padding of the prompt); and whether the padding is of
+    queries too (``_key_padding``)."""
     if mask is None:
-        return None
+        return None, False
     cached = ctx._mask_cache.get(id(mask))
     if cached is not None and cached[0] is mask:
         return cached[1]
-    if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[2] != 1:
-        raise NotImplementedError(
-            f"sequence-parallel attention supports only a boolean key-padding mask (B, 1, 1, S); got "
-            f"{tuple(mask.shape)} of {mask.dtype}"
-        )
-    keys = mask[:, 0, 0]
+    keys, queries_too = _key_padding(mask)
+    # a mask built before the split covers the whole video (HunyuanVideo Framepack), one built after, the shard
+    video_len = ctx.seq_len if keys.shape[1] == ctx.seq_len + joint_len else local_len
     video, joint = (
         (keys[:, joint_len:], keys[:, :joint_len])
         if ctx.joint_position == "front"
-        else (keys[:, :local_len], keys[:, local_len:])
+        else (keys[:, :video_len], keys[:, video_len:])
     )
     valid = joint.sum(1)
     prefix = torch.arange(joint_len, device=mask.device) < valid.unsqueeze(1)
     if not bool(video.all()) or not torch.equal(prefix, joint):
         raise NotImplementedError("the attention mask must keep every video token and a prefix of the text tokens")
-    result = tuple(valid.tolist())
+    result = (tuple(valid.tolist()), queries_too)
     ctx._mask_cache[id(mask)] = (mask, result)
     return result
 
@@ -70,16 +87,22 @@ def _attend(ctx: SequenceContext, query: Tensor, key: Tensor, value: Tensor, att
             f"attention over {query.shape[2]} queries and {key.shape[2]} keys does not fit this rank's "
             f"{local_len} video tokens; is this module's sequence really split?"
         )
+    joint_valid, queries_too = _joint_valid(attn_mask, local_len, joint_len, ctx)
     out = usp_attention(
         *(x.transpose(1, 2) for x in (query, key, value)),
         ctx.parallel,
         seq_len=ctx.seq_len,
         joint_len=joint_len,
         joint_position=ctx.joint_position,
-        joint_valid=_joint_valid(attn_mask, local_len, joint_len, ctx),
+        joint_valid=joint_valid,
         scale=scale,
         kernel=ctx.kernel,
     )
+    if queries_too:  # padded joint queries attend to nothing: zero, as torch gives for an empty mask row
+        real = torch.arange(joint_len, device=out.device) < torch.tensor(joint_valid, device=out.device)[:, None]
+        video = torch.ones(len(joint_valid), local_len, dtype=torch.bool, device=out.device)
+        keep = torch.cat([real, video] if ctx.joint_position == "front" else [video, real], dim=1)
+        out = out * keep[:, :, None, None].to(out.dtype)
     return out.transpose(1, 2)
 
 

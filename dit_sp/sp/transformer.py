@@ -53,6 +53,8 @@ def parallelize_transformer(
         raise ValueError("this model already uses diffusers' own context parallelism; do not enable both")
     ctx = SequenceContext(parallel, family.joint_position, gather_grad, kernel)
     handles = apply_plan(model, family.plan(model), ctx)
+    # and at every call: a pipeline may reconfigure its model (SkyReels-V2's causal_block_size)
+    handles.append(model.register_forward_pre_hook(lambda module, args: family.check(module)))
     handle.add_undo(lambda: [h.remove() for h in handles])
     set_instance_attr(model, SEQUENCE_ATTR, ctx, handle)  # what a step cache reduces over
     if verify and parallel.sp > 1:

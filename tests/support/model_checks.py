@@ -11,6 +11,10 @@ from dit_sp.zoo import build_tiny
 
 def model_inputs(family: str, batch: int = 2) -> dict:
     """Inputs of the tiny transformers; 18 video tokens (uneven over 4 ranks) and padded text."""
+    from family_inputs_famB import famb_inputs
+
+    if (inputs := famb_inputs(family, batch)) is not None:
+        return inputs
     g = torch.Generator().manual_seed(7)
     rand = lambda *shape: torch.randn(*shape, generator=g)
     if family == "tiny-wan":

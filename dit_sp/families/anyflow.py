@@ -1,0 +1,56 @@
+"""AnyFlow (``AnyFlowTransformer3DModel``; ``AnyFlowPipeline``: a Wan-style flow-map transformer conditioned on two
+timesteps, ``t`` and ``r``, per latent frame).
+
+Self-attention (``attn1``) runs through USP; cross-attention to text (``attn2``) stays local. Its timestep
+modulation is per token (``(B, S, 6, C)`` in the blocks, ``(B, S, C)`` before ``proj_out``), so the blocks'
+modulation is split with the tokens at every block, as are its rotary tables (``{"query", "key"}``, each
+``(1, 1, S, D/2)``, complex), and the sequence is gathered after ``norm_out``, before the final per-token shift
+and scale. Its VAE is Wan's. diffusers ships no ``_cp_plan`` for this model.
+
+AnyFlow FAR (``AnyFlowFARTransformer3DModel``) attends causally over frame chunks with a KV cache: refused.
+"""
+
+import torch
+
+from dit_sp._compat import context_parallel_types
+from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.families.wan import wan_architecture, wan_vae_factors
+
+FAR_REFUSAL = (
+    "AnyFlow FAR (AnyFlowFARTransformer3DModel) attends causally over frame chunks with a KV cache, which "
+    "sequence-parallel attention cannot split exactly; use the bidirectional AnyFlowTransformer3DModel"
+)
+
+
+def _plan(model: torch.nn.Module) -> dict:
+    cp_input, cp_output = context_parallel_types()
+    per_token = {"temb": cp_input(split_dim=1, expected_dims=4),  # (B, S, 6, C)
+                 "rotary_emb": cp_input(split_dim=2, expected_dims=4)}  # fmt: skip
+    plan: dict = {f"blocks.{i}": per_token for i in range(len(model.blocks))}
+    plan["blocks.0"] = per_token | {"hidden_states": cp_input(split_dim=1, expected_dims=3)}
+    plan["norm_out"] = cp_output(gather_dim=1, expected_dims=3)  # the final shift/scale is per token
+    return plan
+
+
+def _check(model: torch.nn.Module) -> None:
+    if type(model).__name__ == "AnyFlowFARTransformer3DModel":
+        raise NotImplementedError(FAR_REFUSAL)
+
+
+_14B = {"num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40}
+_ARCHITECTURES = {"anyflow-wan2.1-t2v-14b": wan_architecture({"transformer": _14B}, "AnyFlowTransformer3DModel")}
+"""nvidia/AnyFlow-Wan2.1-T2V-14B-Diffusers (Wan 2.1 14B's shape with two timestep embedders), for the planner."""
+
+ANYFLOW = ModelFamily(
+    name="anyflow",
+    class_names=("AnyFlowTransformer3DModel", "AnyFlowFARTransformer3DModel"),
+    plan=_plan,
+    attention_modules=("blocks.*.attn1",),
+    cfg_mode="batched",  # one call on [unconditional, conditional]
+    cfg_batched_args=("hidden_states", "timestep", "r_timestep", "encoder_hidden_states"),
+    check=_check,
+    tiny_models=("tiny-anyflow",),
+    checkpoint_defaults={"AnyFlowPipeline": generation_defaults(33, 480, 832, 4, 1.0, 512) | {"fps": 16}},
+    vae_factors={"AnyFlowPipeline": wan_vae_factors},
+    architectures=_ARCHITECTURES,
+)

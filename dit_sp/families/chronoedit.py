@@ -1,0 +1,31 @@
+"""ChronoEdit (``ChronoEditTransformer3DModel``; ``ChronoEditPipeline``: image editing as a short video).
+
+A Wan 2.1 I2V transformer: the input image's latents and mask join the noise in channels, CLIP image tokens
+join the text in cross-attention, and with temporal reasoning the rotary table skips frames (computed for
+the whole sequence, then split with it). Self-attention (``attn1``) runs through USP; cross-attention stays
+local. The split/gather plan is the ``_cp_plan`` diffusers ships with the model. Its VAE is Wan's.
+"""
+
+from dit_sp._compat import model_cp_plan
+from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.families.wan import wan_architecture, wan_vae_factors
+
+_ARCHITECTURES = {
+    "chronoedit-14b": wan_architecture({"transformer": {"num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40,
+                                                        "in_channels": 36, "image_dim": 1280,
+                                                        "added_kv_proj_dim": 5120}},
+                                       "ChronoEditTransformer3DModel"),
+}  # fmt: skip
+"""The real checkpoint, for the memory planner (``ModelFamily.architectures``)."""
+
+CHRONOEDIT = ModelFamily(
+    name="chronoedit",
+    class_names=("ChronoEditTransformer3DModel",),
+    plan=model_cp_plan,
+    attention_modules=("blocks.*.attn1",),
+    cfg_mode="sequential",
+    tiny_models=("tiny-chronoedit",),
+    checkpoint_defaults={"ChronoEditPipeline": generation_defaults(5, 480, 832, 50, 5.0, 512) | {"fps": 16}},
+    vae_factors={"ChronoEditPipeline": wan_vae_factors},
+    architectures=_ARCHITECTURES,
+)

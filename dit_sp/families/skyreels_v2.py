@@ -1,0 +1,78 @@
+"""SkyReels-V2 (``SkyReelsV2Transformer3DModel``; text-to-video, image-to-video, diffusion forcing).
+
+A Wan 2.1 transformer: self-attention (``attn1``) runs through USP; cross-attention to text and the I2V image
+branch (``attn2``) keep the stock processor (local queries, replicated keys). Its VAE is Wan's
+(``AutoencoderKLWan``: the parallel VAE of ``families/wan.py``).
+
+Diffusion forcing (``enable_diffusion_forcing=True``) gives every latent frame its own timestep: the model
+expands the per-frame modulation to one per token, ``temb`` ``(B, S, C)`` and the blocks' ``(B, 6, S, C)``.
+So the blocks' modulation is split with the tokens (a ``temb`` of 4 dimensions, at every block), and the
+sequence is gathered after ``norm_out``, before the final per-token shift and scale. Block-causal attention
+(``num_frame_per_block > 1``, the pipelines' ``causal_block_size``) is a mask over frames, not key padding:
+refused. diffusers ships no ``_cp_plan`` for this model.
+"""
+
+from typing import Any
+
+import torch
+
+from dit_sp._compat import context_parallel_types
+from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.families.wan import wan_architecture, wan_vae_factors
+
+PIPELINES = (
+    "SkyReelsV2Pipeline",
+    "SkyReelsV2ImageToVideoPipeline",
+    "SkyReelsV2DiffusionForcingPipeline",
+    "SkyReelsV2DiffusionForcingImageToVideoPipeline",
+    "SkyReelsV2DiffusionForcingVideoToVideoPipeline",
+)
+CAUSAL_REFUSAL = (
+    "SkyReels-V2 with causal_block_size (num_frame_per_block) {n} > 1 attends block-causally over frames, a mask "
+    "sequence-parallel attention cannot split exactly; use causal_block_size 1 (synchronous diffusion forcing)"
+)
+
+
+def _plan(model: torch.nn.Module) -> dict:
+    cp_input, cp_output = context_parallel_types()
+    rope = cp_input(split_dim=1, expected_dims=4, split_output=True)  # (1, S, 1, D) cos and sin
+    per_token = cp_input(split_dim=2, expected_dims=4)  # diffusion forcing's (B, 6, S, C); (B, 6, C) stays
+    plan: dict[str, Any] = {"rope": {0: rope, 1: rope}}
+    for i in range(len(model.blocks)):
+        plan[f"blocks.{i}"] = {"temb": per_token}
+    plan["blocks.0"] = {"hidden_states": cp_input(split_dim=1, expected_dims=3), "temb": per_token}
+    # diffusion forcing's final shift/scale is (B, S, C): gather before it (norm_out is per token)
+    plan["norm_out"] = cp_output(gather_dim=1, expected_dims=3)
+    return plan
+
+
+def _check(model: torch.nn.Module) -> None:
+    n = model.config.num_frame_per_block
+    if n > 1:
+        raise NotImplementedError(CAUSAL_REFUSAL.format(n=n))
+
+
+_DF_1_3B = {"num_attention_heads": 12, "ffn_dim": 8960, "num_layers": 30, "inject_sample_info": True}
+_14B = {"num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40}
+_ARCHITECTURES = {
+    "skyreels-v2-df-1.3b-540p": wan_architecture({"transformer": _DF_1_3B}, "SkyReelsV2Transformer3DModel"),
+    "skyreels-v2-t2v-14b-720p": wan_architecture({"transformer": _14B}, "SkyReelsV2Transformer3DModel"),
+}
+"""The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
+
+SKYREELS_V2 = ModelFamily(
+    name="skyreels_v2",
+    class_names=("SkyReelsV2Transformer3DModel",),
+    plan=_plan,
+    attention_modules=("blocks.*.attn1",),
+    cfg_mode="sequential",
+    check=_check,
+    tiny_models=("tiny-skyreels-v2", "tiny-skyreels-v2-df"),
+    checkpoint_defaults={
+        "SkyReelsV2Pipeline": generation_defaults(97, 544, 960, 50, 6.0, 512) | {"fps": 24},
+        "SkyReelsV2ImageToVideoPipeline": generation_defaults(97, 544, 960, 50, 5.0, 512) | {"fps": 24},
+        **dict.fromkeys(PIPELINES[2:], generation_defaults(97, 544, 960, 30, 6.0, 512) | {"fps": 24}),
+    },
+    vae_factors=dict.fromkeys(PIPELINES, wan_vae_factors),
+    architectures=_ARCHITECTURES,
+)

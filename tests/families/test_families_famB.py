@@ -1,0 +1,114 @@
+"""Group B's families (SkyReels-V2 with diffusion forcing, ...) parallelized vs. one process: every model on
+Ulysses 2 and ring 2 in one spawn, forward and backward, with the attention seeing its shard of the tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+from dit_sp import spawn
+
+MODELS = {
+    "tiny-skyreels-v2": 18,
+    "tiny-skyreels-v2-df": 18,
+    "tiny-wan-vace": 18,
+    "tiny-chronoedit": 18,
+    "tiny-hunyuanvideo15": 18,
+    "tiny-hunyuanvideo-framepack": 27,  # 18 video tokens behind 9 history tokens
+    "tiny-anyflow": 18,
+}  # model: video tokens
+LAYOUTS = [(1, 1, 2), (1, 2, 1)]
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def results():
+    from family_checks_famB import check_models
+
+    return spawn(check_models, 2, args=(list(MODELS), LAYOUTS, MODELS), timeout=300)[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: "dp{}-r{}-u{}".format(*layout))
+@pytest.mark.parametrize("model", list(MODELS))
+def test_transformer_matches_single_process(results, model, layout):
+    errors = results[model]["dp{}-r{}-u{}".format(*layout)]
+    assert errors["ref_scale"] > 0.1  # the check compares real outputs
+    for key in ("out", "input_grads", "param_grads"):
+        where = f" (worst: {errors[key + '_worst']})" if key + "_worst" in errors else ""
+        assert errors[key] <= TOL, f"{model} {layout}: {key} error {errors[key]:.2e} above {TOL:.0e}{where}"
+    assert errors["restored_bit_identical"] == 1.0
+    seen, local = errors["lengths"]
+    assert seen == [local], f"{model}: attention saw {seen} tokens per rank, not the {local} of a split sequence"
+
+
+def test_skyreels_block_causal_attention_is_refused_in_one_line():
+    """causal_block_size > 1 is a mask over frames: refused at parallelize, and at a call after the pipeline set it."""
+    from family_inputs_famB import famb_inputs
+
+    from dit_sp import ParallelConfig, init_parallel, parallelize
+    from dit_sp.zoo import build_tiny
+
+    model = build_tiny("tiny-skyreels-v2-df", "transformer")
+    parallel = init_parallel(ParallelConfig())
+    with parallelize(model, parallel):
+        model._set_ar_attention(3)  # what SkyReelsV2DiffusionForcingPipeline(causal_block_size=3) does
+        refusal = (
+            r"^SkyReels-V2 with causal_block_size .* 3 > 1 .*use causal_block_size 1 \(synchronous diffusion forcing\)$"
+        )
+        with pytest.raises(NotImplementedError, match=refusal):
+            model(**famb_inputs("tiny-skyreels-v2-df"))
+    with pytest.raises(NotImplementedError, match="block-causally over frames"):
+        parallelize(model, parallel)
+
+
+@pytest.mark.parametrize(("name", "low", "high"), [
+    ("skyreels-v2-df-1.3b-540p", 1.3e9, 1.5e9),  # Wan 2.1 1.3B and its fps embedding
+    ("wan2.1-vace-1.3b", 2.0e9, 2.3e9),  # 1.3B and 15 VACE blocks (about 4.3 GB of bf16 weights)
+    ("hunyuanvideo-1.5-480p-t2v", 8.2e9, 8.4e9),  # published: 8.3B parameters
+    ("anyflow-wan2.1-t2v-14b", 13e9, 15e9),  # Wan 2.1 T2V 14B and a second timestep embedder
+])  # fmt: skip
+def test_real_architectures_have_their_published_sizes(name, low, high):
+    from dit_sp.memory.planner import ARCHITECTURES, TransformerShape
+
+    shape = TransformerShape.of(*ARCHITECTURES[name]["transformers"]["transformer"])
+    assert low <= shape.params <= high, shape.params
+
+
+@pytest.mark.parametrize(
+    ("cls", "config", "refusal"),
+    [
+        ("WanAnimateTransformer3DModel",
+         {"num_attention_heads": 2, "attention_head_dim": 8, "in_channels": 12, "latent_channels": 4, "out_channels": 4,
+          "text_dim": 16, "freq_dim": 16, "ffn_dim": 16, "num_layers": 1, "image_dim": 16, "motion_encoder_size": 16,
+          "motion_style_dim": 8, "motion_dim": 4, "motion_encoder_dim": 8, "face_encoder_hidden_dim": 8,
+          "face_encoder_num_heads": 2, "inject_face_latents_blocks": 1,
+          "motion_encoder_channel_sizes": {"4": 8, "8": 8, "16": 8, "32": 8, "64": 8, "128": 8, "256": 8, "512": 8}},
+         r"^Wan Animate .* face adapters group the video tokens by frame .*one process per sample \(dp only\)$"),
+        ("AnyFlowFARTransformer3DModel",
+         {"num_attention_heads": 2, "attention_head_dim": 8, "in_channels": 4, "out_channels": 4, "text_dim": 16,
+          "freq_dim": 16, "ffn_dim": 16, "num_layers": 1},
+         r"^AnyFlow FAR .* causally over frame chunks with a KV cache.*bidirectional AnyFlowTransformer3DModel$"),
+    ],
+)  # fmt: skip
+def test_models_that_cannot_be_split_exactly_are_refused_in_one_line(cls, config, refusal):
+    import diffusers
+
+    from dit_sp import ParallelConfig, init_parallel, parallelize
+
+    model = getattr(diffusers, cls)(**config)
+    with pytest.raises(NotImplementedError, match=refusal):
+        parallelize(model, init_parallel(ParallelConfig()))
+
+
+@pytest.mark.parametrize("model", ["tiny-skyreels-v2-df", "tiny-chronoedit", "tiny-anyflow"])
+def test_step_caches_without_block_metadata_are_refused_in_one_line(model):
+    """diffusers' cache hooks know no metadata for these blocks, and no TeaCache probe is registered."""
+    from dit_sp.cache import enable_cache
+    from dit_sp.errors import ConfigError
+    from dit_sp.zoo import build_tiny
+
+    pipe = build_tiny(model)
+    with pytest.raises(ConfigError, match=r"^step caching: diffusers has no block metadata for \w+Block$"):
+        enable_cache(pipe, "first_block:0.1")
+    with pytest.raises(ConfigError, match=r"^teacache: no probe for the \w+ family"):
+        enable_cache(pipe, "teacache:0.1")

@@ -1,0 +1,56 @@
+"""Transformer inputs of the tiny models of SkyReels-V2, Wan VACE, ChronoEdit, HunyuanVideo-1.5, Framepack, Wan
+Animate and AnyFlow (``model_checks.model_inputs`` asks here first): 18 video tokens (uneven over 4 ranks), text
+of a few tokens, and each family's conditioning (per-frame timesteps, control latents, history latents, ...)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def famb_inputs(model: str, batch: int = 2) -> dict | None:
+    """The inputs of ``model``'s tiny transformer, or None for a model of another group."""
+    g = torch.Generator().manual_seed(7)
+    rand = lambda *shape: torch.randn(*shape, generator=g)
+    if model == "tiny-skyreels-v2":
+        return {"hidden_states": rand(batch, 4, 3, 6, 4), "timestep": torch.tensor([500.0, 20.0][:batch]),
+                "encoder_hidden_states": rand(batch, 8, 16)}  # fmt: skip
+    if model == "tiny-skyreels-v2-df":
+        # diffusion forcing: a timestep per latent frame, and the fps embedding (which diffusers' model repeats
+        # per frame for one sample only, as its pipelines call it)
+        return {"hidden_states": rand(1, 4, 3, 6, 4), "timestep": torch.tensor([[900.0, 500.0, 20.0]]),
+                "encoder_hidden_states": rand(1, 8, 16), "enable_diffusion_forcing": True, "fps": [1]}  # fmt: skip
+    if model == "tiny-wan-vace":  # control latents: 2 x 4 latent channels and 8 x 8 mask channels, per token
+        return {"hidden_states": rand(batch, 4, 3, 6, 4), "timestep": torch.tensor([500.0, 20.0][:batch]),
+                "encoder_hidden_states": rand(batch, 8, 16), "control_hidden_states": rand(batch, 72, 3, 6, 4),
+                "control_hidden_states_scale": torch.tensor([1.0, 0.5])}  # fmt: skip
+    if model == "tiny-chronoedit":  # the image's latents and mask in channels, CLIP image tokens
+        return {"hidden_states": rand(batch, 12, 3, 6, 4), "timestep": torch.tensor([500.0, 20.0][:batch]),
+                "encoder_hidden_states": rand(batch, 8, 16),
+                "encoder_hidden_states_image": rand(batch, 5, 16)}  # fmt: skip
+    if model == "tiny-hunyuanvideo15":  # 18 tokens (patch 1); padded MLLM (5, 7) and ByT5 (3, 4) text, 2 image tokens
+        mask, mask_2 = torch.ones(batch, 7, dtype=torch.long), torch.ones(batch, 4, dtype=torch.long)
+        mask[0, 5:], mask_2[0, 3:] = 0, 0
+        return {"hidden_states": rand(batch, 9, 3, 3, 2), "timestep": torch.tensor([500.0, 20.0][:batch]),
+                "encoder_hidden_states": rand(batch, 7, 16), "encoder_attention_mask": mask,
+                "encoder_hidden_states_2": rand(batch, 4, 8), "encoder_attention_mask_2": mask_2,
+                "image_embeds": rand(batch, 2, 12)}  # fmt: skip
+    if model == "tiny-hunyuanvideo-framepack":
+        # 18 video tokens behind 6 clean, 2 history-2x and 1 history-4x tokens (27: uneven); padded text (5, 7);
+        # frame indices 1-D, as the pipeline passes them
+        mask = torch.ones(batch, 7, dtype=torch.long)
+        mask[0, 5:] = 0
+        return {"hidden_states": rand(batch, 4, 3, 6, 4), "timestep": torch.tensor([500.0, 20.0][:batch]),
+                "encoder_hidden_states": rand(batch, 7, 16), "encoder_attention_mask": mask,
+                "pooled_projections": rand(batch, 8), "image_embeds": rand(batch, 3, 12),
+                "indices_latents": torch.tensor([5, 6, 7]), "guidance": torch.tensor([6000.0] * batch),
+                "latents_clean": rand(batch, 4, 1, 6, 4), "indices_latents_clean": torch.tensor([0]),
+                "latents_history_2x": rand(batch, 4, 2, 6, 4),
+                "indices_latents_history_2x": torch.tensor([1, 2]),
+                "latents_history_4x": rand(batch, 4, 4, 6, 4),
+                "indices_latents_history_4x": torch.tensor([1, 2, 3, 4])}  # fmt: skip
+    if model == "tiny-anyflow":  # latents (B, F, C, H, W); the flow map's two timesteps, t and r, per latent frame
+        return {"hidden_states": rand(batch, 3, 4, 6, 4),
+                "timestep": torch.tensor([[900.0, 600.0, 300.0], [500.0, 500.0, 20.0]][:batch]),
+                "r_timestep": torch.tensor([[600.0, 300.0, 0.0], [20.0, 20.0, 0.0]][:batch]),
+                "encoder_hidden_states": rand(batch, 8, 16)}  # fmt: skip
+    return None
