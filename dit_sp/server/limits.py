@@ -7,10 +7,12 @@ bodies of ``max_request_bytes`` each, plus the one batch being scored as float32
 
 from __future__ import annotations
 
+import hmac
 import ipaddress
 import math
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from dit_sp.errors import ConfigError
 from dit_sp.rl.rewards.wire import API_KEY_ENV
@@ -80,3 +82,11 @@ def require_aiohttp() -> None:
     except ImportError as e:
         raise ConfigError(f"the reward server needs aiohttp ({e}): pip install aiohttp, or pip install "
                           "'dit-sp[server]'") from e  # fmt: skip
+
+
+def authorized(headers: Any, api_key: str | None) -> bool:
+    """Whether ``headers`` carry ``Authorization: Bearer API_KEY`` (compared in constant time); True without a key."""
+    if api_key is None:
+        return True
+    sent = headers.get("Authorization", "")
+    return hmac.compare_digest(sent.encode(), f"Bearer {api_key}".encode())
