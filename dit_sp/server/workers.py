@@ -58,8 +58,8 @@ def serve_worker(config: GenerateConfig, images: bool, jobs: list, events: Any, 
     A job is ``{"id", "seq", "group", "settings", "dir"}``: ``settings`` override ``config`` (checked by the
     server), ``dir`` is the job's directory. Events: ``("started", rank, pid)``, ``("ready", rank, pid)``, and
     from the sample leader ``("progress", seq, percent)``, ``("done", seq)``, ``("cancelled", seq)``,
-    ``("failed", seq, message)``. A collective that fails leaves the world broken: that raises, ending the
-    worker (the pool restarts)."""
+    ``("failed", seq, message)``. A ``RuntimeError`` on several processes (a failed collective among them) leaves
+    the world in doubt: it ends the worker, and the pool reports the failure that came first by cause."""
     import torch
     import torch.distributed as dist
 
@@ -88,7 +88,7 @@ def serve_worker(config: GenerateConfig, images: bool, jobs: list, events: Any, 
             if flag.item():
                 raise Cancelled()
             if leader:
-                events.put(("progress", seq, min(99, int(100 * done / max(total, 1)))))
+                events.put(("progress", seq, min(99, max(1, int(100 * done / max(total, 1))))))
 
         try:
             video_config = dataclasses.replace(config, **job["settings"])
@@ -103,10 +103,10 @@ def serve_worker(config: GenerateConfig, images: bool, jobs: list, events: Any, 
             if leader:
                 events.put(("cancelled", seq))
         except Exception as e:
+            if isinstance(e, RuntimeError) and parallel.world_size > 1:  # DistError is one
+                raise  # a collective may have failed (a peer died?): the pool's error names the cause, and restarts
             if leader:
                 events.put(("failed", seq, f"{type(e).__name__}: {e}"[:2000]))
-            if isinstance(e, (dist.DistError, RuntimeError)) and parallel.world_size > 1:
-                raise  # a collective may have failed: this world cannot be trusted again
 
 
 class WorkerPool:

@@ -1,0 +1,94 @@
+"""The video server's faults and restarts, on two short-lived servers sharing one job directory: a killed worker
+fails its job with an error naming it and the workers restart; SIGTERM cancels the running job within the grace
+time and leaves no process; a new server serves the finished jobs again; a server out of restarts exits 1."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+from serve_run import Server, alive, wait_until
+
+openai = pytest.importorskip("openai")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+SMALL = {"num_frames": 5, "num_inference_steps": 2}
+LONG = {"num_frames": 5, "num_inference_steps": 100_000}
+
+
+def _client(server: Server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+
+
+def _frames(data: bytes) -> np.ndarray:
+    import imageio.v3 as iio
+
+    return iio.imread(io.BytesIO(data), extension=".mp4")
+
+
+def _running(client, prompt: str):
+    video = client.videos.create(prompt=prompt, size="32x32", extra_body=LONG)
+    wait_until(lambda: client.videos.retrieve(video.id).progress > 0, 60, f"{prompt} to run")
+    return video
+
+
+def test_killed_worker_sigterm_and_restart(tmp_path):
+    from dit_sp import GenerateConfig, generate
+
+    jobs = str(tmp_path / "jobs")
+    first = Server(["--model", "tiny-wan", "--ulysses", "2", "--job-dir", jobs, "--shutdown-grace", "1",
+                    "--max-restarts", "1"], cwd=tmp_path)  # fmt: skip
+    try:
+        client = _client(first)
+        # a video on two Ulysses ranks equals generate's on one process
+        done = client.videos.create_and_poll(prompt="a red circle moving left", size="32x32", poll_interval_ms=50,
+                                             extra_body={**SMALL, "seed": 5})  # fmt: skip
+        assert done.status == "completed", done
+        video = client.videos.download_content(done.id).content
+        generate(GenerateConfig.load(overrides={"model": "tiny-wan", "prompt": "a red circle moving left", "seed": 5,
+                                                "frames": 5, "steps": 2, "height": 32, "width": 32,
+                                                "out": str(tmp_path / "ref.mp4")}))  # fmt: skip
+        np.testing.assert_allclose(_frames(video), _frames((tmp_path / "ref.mp4").read_bytes()), atol=1)
+
+        # a worker killed mid-job: the job fails naming it, the workers restart, the next job runs
+        killed = _running(client, "killed")
+        workers = first.workers()
+        assert len(workers) == 2, first.output
+        os.kill(workers[1], signal.SIGKILL)
+        failed = client.videos.poll(killed.id, poll_interval_ms=50)
+        assert failed.status == "failed" and failed.error.code == "worker_failed", failed
+        assert "was killed by SIGKILL" in failed.error.message and "rank" in failed.error.message
+        after = client.videos.create_and_poll(prompt="after the restart", size="32x32", poll_interval_ms=100,
+                                              extra_body=SMALL, timeout=120)  # fmt: skip
+        assert after.status == "completed", after
+        assert set(first.workers()).isdisjoint(workers)
+
+        # SIGTERM while a job runs: it is cancelled within the grace time, and no process is left
+        cancelled = _running(client, "cancelled by SIGTERM")
+        processes = [first.proc.pid, *first.workers()]
+        start = time.monotonic()
+        assert first.terminate(30) == 0, first.output
+        assert time.monotonic() - start < 20, "SIGTERM took longer than the grace time and the workers' stop"
+        wait_until(lambda: not any(alive(p) for p in processes), 10, "every worker to exit")
+    finally:
+        first.kill()
+
+    second = Server(["--model", "tiny-wan", "--job-dir", jobs, "--max-restarts", "0"], cwd=tmp_path)
+    try:
+        client = _client(second)
+        listed = {v.id: v for v in client.videos.list(limit=100, order="asc")}
+        assert [listed[i].status for i in (done.id, killed.id, after.id, cancelled.id)] == [
+            "completed", "failed", "completed", "failed"]  # fmt: skip
+        assert "shut down" in listed[cancelled.id].error.message
+        assert client.videos.download_content(done.id).content == video
+        # out of restarts: a dead worker ends the server with status 1 and says why
+        _running(client, "last")
+        os.kill(second.workers()[0], signal.SIGKILL)
+        assert second.proc.wait(60) == 1, second.output
+        assert "error: the workers failed (rank 0 was killed by SIGKILL" in second.output
+        assert "gave up after 0 restarts" in second.output
+    finally:
+        second.kill()
