@@ -49,7 +49,12 @@ def _parser() -> argparse.ArgumentParser:
         help="a served default, as generate's setting (e.g. steps=30, frames=81; repeatable)")  # fmt: skip
     add("--ulysses", type=int, default=None, help="Ulysses degree of a sample (default: 1)")
     add("--ring", type=int, default=None, help="ring-attention degree of a sample (default: 1)")
-    add("--cfg-parallel", action="store_true", default=None, help="the two guidance branches on two halves")
+    add(
+        "--cfg-parallel",
+        action="store_true",
+        default=None,
+        help="the two guidance branches on two halves (default: off)",
+    )
     add("--dp", type=int, default=None, help="data-parallel groups, each running one job at a time (default: 1)")
     add("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     add("--port", type=int, default=8000, help="TCP port (0: any free one, printed)")

@@ -100,6 +100,9 @@ def read_request(fields: dict[str, Any], image_path: str | None, base: GenerateC
     uploaded first frame, already saved (and checked by ``check_image``). ``BadRequest`` for anything wrong."""
     from dit_sp.zoo import check_shape_from_files, pipeline_class_name
 
+    if "lora" in fields:
+        raise BadRequest("lora: adapters per request are not supported by this server yet; serve a model with the "
+                         "LoRA merged (train_grpo's export) instead", "lora")  # fmt: skip
     unknown = sorted(set(fields) - set(FIELDS))
     if unknown:
         raise BadRequest(f"unknown field {unknown[0]!r}: this server takes {', '.join(FIELDS)}", unknown[0])
