@@ -27,6 +27,7 @@ import asyncio
 import os
 import signal
 import sys
+from pathlib import Path
 
 from dit_sp.errors import ConfigError
 from dit_sp.inference.config import GenerateConfig
@@ -60,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     add("--port", type=int, default=8000, help="TCP port (0: any free one, printed)")
     add("--api-key", default=None, metavar="KEY",
         help=f"require 'Authorization: Bearer KEY' (401 otherwise); default: ${API_KEY_ENV}")  # fmt: skip
+    add("--lora-dir", default=None, metavar="DIR",
+        help="LoRA adapters a request may name (lora: NAME): the directories of DIR that hold diffusers' "
+             "pytorch_lora_weights.safetensors (default: none)")  # fmt: skip
     add("--job-dir", default="outputs/serve", help="where jobs and their videos persist (one server per directory)")
     add("--max-queued", type=int, default=64, help="jobs waiting at once; more are answered 429")
     add("--max-request-mb", type=finite_float, default=64.0, metavar="MB", help="largest request body (413 beyond)")
@@ -104,6 +108,12 @@ def main(argv: list[str] | None = None) -> None:
                           api_key=api_key)  # fmt: skip
     schedule = ScheduleLimits(job_timeout=args.job_timeout, start_timeout=args.start_timeout,
                               shutdown_grace=args.shutdown_grace, max_restarts=args.max_restarts)  # fmt: skip
+    if args.lora_dir is not None:
+        if not Path(args.lora_dir).is_dir():
+            raise ConfigError(f"--lora-dir {args.lora_dir}: no such directory")
+        if config.shard_weights or config.compile:
+            raise ConfigError("--lora-dir switches adapters between jobs, which --shard-weights and --compile do not "
+                              "allow: drop one")  # fmt: skip
     require_aiohttp()
     from dit_sp.inference.checks import check_before_loading
 
@@ -124,7 +134,8 @@ async def _serve(config: GenerateConfig, limits: ServerLimits, schedule: Schedul
     served = os.path.basename(os.path.normpath(config.model))
     images = pipeline_class_name(config.model) != pipeline_class_name(config.model, image=True)
     store = JobStore(args.job_dir, args.max_queued)
-    scheduler = Scheduler(store, config, images, schedule)
+    lora_dir = str(Path(args.lora_dir).resolve()) if args.lora_dir else None
+    scheduler = Scheduler(store, config, images, schedule, lora_dir=lora_dir)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -136,7 +147,7 @@ async def _serve(config: GenerateConfig, limits: ServerLimits, schedule: Schedul
         await scheduler.shutdown()
         return None
     starting.result()
-    server = VideoServer(store, scheduler, config, served, limits)
+    server = VideoServer(store, scheduler, config, served, limits, Path(lora_dir) if lora_dir else None)
     try:
         bound = await server.start(args.host, args.port)
     except ConfigError:

@@ -53,8 +53,9 @@ class Scheduler:
     """Jobs of ``store`` run on a ``WorkerPool`` of ``config``'s layout, within ``limits``."""
 
     def __init__(self, store: JobStore, config: GenerateConfig, images: bool, limits: ScheduleLimits,
-                 pool_factory: Callable[..., WorkerPool] = WorkerPool):  # fmt: skip
+                 pool_factory: Callable[..., WorkerPool] = WorkerPool, lora_dir: str | None = None):  # fmt: skip
         self.store, self.config, self.images, self.limits = store, config, images, limits
+        self.lora_dir = lora_dir
         self.pool_factory = pool_factory
         self.groups = config.dp or 1
         self.running: dict[int, _Running] = {}
@@ -82,6 +83,7 @@ class Scheduler:
             self.images,
             on_event=lambda event: loop.call_soon_threadsafe(self._on_event, pool, event),
             on_exit=lambda error: loop.call_soon_threadsafe(self._on_exit, pool, error),
+            lora_dir=self.lora_dir,
         )
         self._starting = True
         try:

@@ -5,7 +5,8 @@ OpenAI's fields: ``prompt`` (required), ``model`` (the served one's name, or abs
 ``seconds`` (mapped to frames at the model's fps when ``num_frames`` is absent) and ``input_reference`` (an
 uploaded first frame, for an image-to-video model). Beyond them, the names diffusers pipelines use:
 ``seed``, ``num_frames``, ``num_inference_steps``, ``guidance_scale``, ``guidance_scale_2`` and
-``negative_prompt``. A multipart form's values are text and a JSON body's are typed; both are read alike.
+``negative_prompt``; and ``lora``, an adapter of the server's ``--lora-dir`` by name. A multipart form's
+values are text and a JSON body's are typed; both are read alike.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import re
+from pathlib import Path
 from typing import Any
 
 from dit_sp.errors import ConfigError, MissingFileError
@@ -23,7 +25,9 @@ EXTRA = {"seed": ("seed", int), "num_frames": ("frames", int), "num_inference_st
          "guidance_scale": ("guidance", float), "guidance_scale_2": ("guidance_2", float),
          "negative_prompt": ("negative_prompt", str)}  # fmt: skip
 """Request field -> (``GenerateConfig`` field, type)."""
-FIELDS = ("prompt", "model", "size", "seconds", "input_reference", *EXTRA)
+FIELDS = ("prompt", "model", "size", "seconds", "input_reference", "lora", *EXTRA)
+LORA_FILE = "pytorch_lora_weights.safetensors"
+"""An adapter is a directory of ``--lora-dir`` holding this file (diffusers' ``save_lora_weights``)."""
 FLAGS = {"--image PATH": "input_reference", "--image": "input_reference", "--last-image": "a last frame",
          "--frames": "num_frames", "--height": "size", "--width": "size", "--steps": "num_inference_steps",
          "--guidance-2": "guidance_scale_2", "--guidance": "guidance_scale",
@@ -93,16 +97,31 @@ def _frames_for(base: GenerateConfig, seconds: float) -> int:
     return wanted  # the full check below says why it does not fit
 
 
-def read_request(fields: dict[str, Any], image_path: str | None, base: GenerateConfig,
-                 served: str) -> tuple[GenerateConfig, dict[str, Any], str, str]:  # fmt: skip
+def adapters(lora_dir: Path | None) -> list[str]:
+    """The LoRA adapters of ``lora_dir``: its directories that hold ``LORA_FILE``, by name."""
+    if lora_dir is None or not lora_dir.is_dir():
+        return []
+    return sorted(p.name for p in lora_dir.iterdir() if (p / LORA_FILE).is_file() and not p.name.startswith("."))
+
+
+def _lora(name: Any, lora_dir: Path | None) -> str:
+    if lora_dir is None:
+        raise BadRequest("lora: this server was started without --lora-dir, so it has no adapters", "lora")
+    names = adapters(lora_dir)
+    if name not in names:  # only a listed entry's name is ever joined to the directory
+        raise BadRequest(f"lora {str(name)[:80]!r} is not one of this server's adapters: {', '.join(names) or 'none'}",
+                         "lora")  # fmt: skip
+    return name
+
+
+def read_request(fields: dict[str, Any], image_path: str | None, base: GenerateConfig, served: str,
+                 lora_dir: Path | None = None) -> tuple[GenerateConfig, dict[str, Any], str, str]:  # fmt: skip
     """``(config, settings, size, seconds)``: the request's generation settings over ``base`` (the served
-    defaults), the fields it changed, and its size and seconds as OpenAI reports them. ``image_path``: the
-    uploaded first frame, already saved (and checked by ``check_image``). ``BadRequest`` for anything wrong."""
+    defaults), the fields it changed (``lora``: an adapter of ``lora_dir`` by name), and its size and seconds
+    as OpenAI reports them. ``image_path``: the uploaded first frame, already saved (and checked by
+    ``check_image``). ``BadRequest`` for anything wrong."""
     from dit_sp.zoo import check_shape_from_files, pipeline_class_name
 
-    if "lora" in fields:
-        raise BadRequest("lora: adapters per request are not supported by this server yet; serve a model with the "
-                         "LoRA merged (train_grpo's export) instead", "lora")  # fmt: skip
     unknown = sorted(set(fields) - set(FIELDS))
     if unknown:
         raise BadRequest(f"unknown field {unknown[0]!r}: this server takes {', '.join(FIELDS)}", unknown[0])
@@ -115,6 +134,7 @@ def read_request(fields: dict[str, Any], image_path: str | None, base: GenerateC
     if model not in (None, "", served):
         raise BadRequest(f"model {str(model)[:80]!r} is not served here; this server serves {served!r}", "model")
     settings: dict[str, Any] = {"prompt": prompt}
+    lora = _lora(fields["lora"], lora_dir) if fields.get("lora") not in (None, "") else None
     for name, (key, kind) in EXTRA.items():
         if fields.get(name) not in (None, ""):
             settings[key] = _number(name, fields[name], kind)
@@ -137,5 +157,7 @@ def read_request(fields: dict[str, Any], image_path: str | None, base: GenerateC
     except (ConfigError, MissingFileError, ValueError) as e:
         raise BadRequest(_as_request(str(e))) from e
     settings.pop("image", None)  # the job keeps its own copy's path
+    if lora is not None:
+        settings["lora"] = lora
     size = f"{config.width}x{config.height}"
     return config, settings, size, f"{config.frames / config.fps:g}"

@@ -23,6 +23,7 @@ import logging
 import os
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from dit_sp.inference.config import GenerateConfig
@@ -30,7 +31,7 @@ from dit_sp.server.jobs import FILES, JobStore, QueueFull
 from dit_sp.server.limits import MiB, ServerLimits, authorized, require_aiohttp
 from dit_sp.server.page import PAGE
 from dit_sp.server.scheduler import Scheduler
-from dit_sp.server.video_request import BadRequest, check_image, read_request
+from dit_sp.server.video_request import BadRequest, adapters, check_image, read_request
 
 log = logging.getLogger(__name__)
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 408: "timeout_error",
@@ -56,11 +57,12 @@ class VideoServer:
     """The app (``app``) of one served model: ``base`` holds its generation defaults, ``served`` its name."""
 
     def __init__(self, store: JobStore, scheduler: Scheduler, base: GenerateConfig, served: str,
-                 limits: ServerLimits):  # fmt: skip
+                 limits: ServerLimits, lora_dir: Path | None = None):  # fmt: skip
         require_aiohttp()
         from aiohttp import web
 
         self.store, self.scheduler, self.base, self.served, self.limits = store, scheduler, base, served, limits
+        self.lora_dir = lora_dir
         self.created = int(time.time())
         guard = web.middleware(lambda request, handler: self._guard(request, handler))
         self.app = web.Application(middlewares=[guard], client_max_size=limits.max_request_bytes)
@@ -108,7 +110,8 @@ class VideoServer:
     async def _models(self, request: Any) -> Any:
         from aiohttp import web
 
-        model = {"id": self.served, "object": "model", "created": self.created, "owned_by": "dit-sp"}
+        model = {"id": self.served, "object": "model", "created": self.created, "owned_by": "dit-sp",
+                 "loras": adapters(self.lora_dir)}  # fmt: skip
         return web.json_response({"object": "list", "data": [model]})
 
     async def _fields(self, request: Any) -> tuple[dict[str, Any], bytes | None]:
@@ -162,7 +165,7 @@ class VideoServer:
                 upload = self.store.directory / f".upload-{uuid.uuid4().hex}.png"
                 upload.write_bytes(image)
             _, settings, size, seconds = await asyncio.to_thread(read_request, fields, str(upload) if upload else None,
-                                                                 self.base, self.served)  # fmt: skip
+                                                                 self.base, self.served, self.lora_dir)  # fmt: skip
             job = self.store.create(fields["prompt"], self.served, size, seconds, settings, image)
         except BadRequest as e:
             raise _Refused(400, str(e), e.param) from e

@@ -52,7 +52,32 @@ def write_previews(frames: np.ndarray, directory: Path) -> None:
         os.replace(tmp, directory / name)
 
 
-def serve_worker(config: GenerateConfig, images: bool, jobs: list, events: Any, cancels: list) -> dict:
+def switch_lora(pipe: Any, current: str | None, wanted: str | None, lora_dir: str | None) -> str | None:
+    """Unload the adapter ``current`` and load ``wanted`` (a directory of ``lora_dir``) into ``pipe``'s
+    transformer, the base weights untouched; returns the adapter now loaded. An adapter on a module where
+    sequence parallelism splits or gathers the sequence (Wan's ``proj_out``) is refused (``ValueError``)."""
+    if wanted == current:
+        return current
+    if current is not None:
+        pipe.unload_lora_weights()
+    if wanted is None:
+        return None
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    from dit_sp.families import family_of
+
+    pipe.load_lora_weights(str(Path(lora_dir) / wanted), adapter_name="served")
+    transformer = pipe.transformer
+    for name in family_of(transformer).plan(transformer):
+        if name and isinstance(transformer.get_submodule(name), BaseTunerLayer):
+            pipe.unload_lora_weights()
+            raise ValueError(f"lora {wanted} adapts {name}, where dit-sp splits or gathers the sequence; use an "
+                             "adapter of the attention and feed-forward layers")  # fmt: skip
+    return wanted
+
+
+def serve_worker(config: GenerateConfig, images: bool, jobs: list, events: Any, cancels: list,
+                 lora_dir: str | None = None) -> dict:  # fmt: skip
     """One rank of the server: load once (``setup``), then run the jobs its queue brings until ``None``.
 
     A job is ``{"id", "seq", "group", "settings", "dir"}``: ``settings`` override ``config`` (checked by the
@@ -72,6 +97,7 @@ def serve_worker(config: GenerateConfig, images: bool, jobs: list, events: Any, 
     parallel, pipe, _, _ = setup(config, images=images)
     group, leader = parallel.dp_rank, parallel.is_sample_leader
     events.put(("ready", rank, os.getpid()))
+    lora: str | None = None
     while True:
         try:
             job = jobs[rank].get(timeout=EVENT_POLL_S)
@@ -91,7 +117,13 @@ def serve_worker(config: GenerateConfig, images: bool, jobs: list, events: Any, 
                 events.put(("progress", seq, min(99, max(1, int(100 * done / max(total, 1))))))
 
         try:
-            video_config = dataclasses.replace(config, **job["settings"])
+            settings = dict(job["settings"])
+            try:
+                lora = switch_lora(pipe, lora, settings.pop("lora", None), lora_dir)
+            except Exception:
+                lora = None  # what was loaded is unloaded
+                raise
+            video_config = dataclasses.replace(config, **settings)
             video = sample(pipe, video_config, guidance_arguments(pipe, video_config), video_config.seed,
                            parallel.device, on_step=on_step)  # fmt: skip
             if leader:
@@ -116,8 +148,10 @@ class WorkerPool:
     workers end (``error``: the ``WorkerError`` naming the rank that failed, or None after ``stop``)."""
 
     def __init__(self, config: GenerateConfig, images: bool, on_event: Callable[[tuple], None],
-                 on_exit: Callable[[BaseException | None], None], threads: int | None = None):  # fmt: skip
+                 on_exit: Callable[[BaseException | None], None], threads: int | None = None,
+                 lora_dir: str | None = None):  # fmt: skip
         self.config, self.images, self.on_event, self.on_exit = config, images, on_event, on_exit
+        self.lora_dir = lora_dir
         self.world_size = config.world_size
         self.groups = config.dp or 1
         self.per_group = self.world_size // self.groups
@@ -137,8 +171,8 @@ class WorkerPool:
     def _run(self) -> None:
         error: BaseException | None = None
         try:
-            spawn(serve_worker, self.world_size, args=(self.config, self.images, self.jobs, self.events, self.cancels),
-                  timeout=None, threads=self.threads)  # fmt: skip
+            args = (self.config, self.images, self.jobs, self.events, self.cancels, self.lora_dir)
+            spawn(serve_worker, self.world_size, args=args, timeout=None, threads=self.threads)
         except BaseException as e:  # noqa: BLE001 - reported to the server, which decides
             error = e
         self._ended.set()

@@ -39,7 +39,7 @@ def test_fields_are_typed_and_named():
     }
     config, _, _, _ = read_request(fields, None, base, "tiny-wan")
     assert (config.steps, config.guidance, config.negative_prompt, config.frames) == (3, 2.5, "blur", 17)
-    for fields, message in [({"prompt": "p", "lora": "style"}, "not supported"),
+    for fields, message in [({"prompt": "p", "lora": "style"}, "without --lora-dir"),
                             ({"prompt": "p", "num_inference_steps": "2.5"}, "num_inference_steps must be an integer"),
                             ({"prompt": "p", "num_inference_steps": 0}, "steps must be >= 1"),
                             ({"prompt": "p", "guidance_scale": "nan"}, "guidance"),
@@ -49,3 +49,15 @@ def test_fields_are_typed_and_named():
             read_request(fields, None, base, "tiny-wan")
     with pytest.raises(BadRequest, match="not an image"):
         check_image(b"GIF89a not really")
+
+
+def test_lora_names_an_adapter_of_the_directory(tmp_path):
+    base = GenerateConfig.load(overrides={"model": "tiny-wan"})
+    (tmp_path / "style").mkdir()
+    (tmp_path / "style" / "pytorch_lora_weights.safetensors").write_bytes(b"")
+    (tmp_path / "empty").mkdir()  # no weights: not an adapter
+    _, settings, _, _ = read_request({"prompt": "p", "lora": "style"}, None, base, "tiny-wan", tmp_path)
+    assert settings["lora"] == "style"
+    for name in ("empty", "../style", "/etc", "missing"):
+        with pytest.raises(BadRequest, match="not one of this server's adapters: style$"):
+            read_request({"prompt": "p", "lora": name}, None, base, "tiny-wan", tmp_path)

@@ -35,12 +35,43 @@ def _running(client, prompt: str):
     return video
 
 
+def _adapter(directory) -> None:
+    """A random LoRA of the tiny Wan's attention, saved as diffusers saves one."""
+    import torch
+    from peft import LoraConfig
+    from peft.utils import get_peft_model_state_dict
+
+    from dit_sp.zoo import load_pipeline
+
+    torch.manual_seed(0)
+    pipe = load_pipeline("tiny-wan", torch.float32, "cpu")
+    pipe.transformer.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=["to_q", "to_k", "to_v", "to_out.0"],
+                                            init_lora_weights=False))  # fmt: skip
+    type(pipe).save_lora_weights(directory, transformer_lora_layers=get_peft_model_state_dict(pipe.transformer))
+
+
+def _with_lora(directory, config, out) -> None:
+    """``config``'s video from the stock pipeline with the adapter loaded, in this process."""
+    import torch
+
+    from dit_sp.inference import guidance_arguments
+    from dit_sp.inference.session import sample
+    from dit_sp.io.video import save_video
+    from dit_sp.zoo import load_pipeline
+
+    pipe = load_pipeline("tiny-wan", torch.float32, "cpu")
+    pipe.load_lora_weights(str(directory))
+    video = sample(pipe, config, guidance_arguments(pipe, config), config.seed, torch.device("cpu"))
+    save_video(video["frames"], out, fps=config.fps)
+
+
 def test_killed_worker_sigterm_and_restart(tmp_path):
     from dit_sp import GenerateConfig, generate
 
     jobs = str(tmp_path / "jobs")
+    _adapter(tmp_path / "loras" / "style")
     first = Server(["--model", "tiny-wan", "--ulysses", "2", "--job-dir", jobs, "--shutdown-grace", "1",
-                    "--max-restarts", "1"], cwd=tmp_path)  # fmt: skip
+                    "--max-restarts", "1", "--lora-dir", str(tmp_path / "loras")], cwd=tmp_path)  # fmt: skip
     try:
         client = _client(first)
         # a video on two Ulysses ranks equals generate's on one process
@@ -52,6 +83,19 @@ def test_killed_worker_sigterm_and_restart(tmp_path):
                                                 "frames": 5, "steps": 2, "height": 32, "width": 32,
                                                 "out": str(tmp_path / "ref.mp4")}))  # fmt: skip
         np.testing.assert_allclose(_frames(video), _frames((tmp_path / "ref.mp4").read_bytes()), atol=1)
+
+        # a LoRA per request, loaded into the parallelized pipeline between jobs and unloaded after
+        settings = {"prompt": "a red circle moving left", "size": "32x32", "poll_interval_ms": 50}
+        styled = client.videos.create_and_poll(**settings, extra_body={**SMALL, "seed": 5, "lora": "style"})
+        assert styled.status == "completed", styled
+        config = GenerateConfig.load(overrides={"model": "tiny-wan", "prompt": "a red circle moving left", "seed": 5,
+                                                "frames": 5, "steps": 2, "height": 32, "width": 32})  # fmt: skip
+        _with_lora(tmp_path / "loras" / "style", config, tmp_path / "lora.mp4")
+        styled_video = _frames(client.videos.download_content(styled.id).content)
+        np.testing.assert_allclose(styled_video, _frames((tmp_path / "lora.mp4").read_bytes()), atol=1)
+        assert np.abs(styled_video.astype(int) - _frames(video)).max() > 8  # the adapter changed the video
+        plain = client.videos.create_and_poll(**settings, extra_body={**SMALL, "seed": 5})
+        assert _frames(client.videos.download_content(plain.id).content).tolist() == _frames(video).tolist()
 
         # a worker killed mid-job: the job fails naming it, the workers restart, the next job runs
         killed = _running(client, "killed")
