@@ -27,7 +27,8 @@ CHROMIUM = "/usr/bin/chromium"
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve")
     server = Server(["--model", "tiny-wan", "--dp", "2", "--set", "steps=2", "--set", "frames=5", "--api-key", KEY,
-                     "--max-queued", "3", "--job-dir", str(tmp / "jobs")], cwd=tmp)  # fmt: skip
+                     "--max-queued", "3", "--max-request-mb", "1", "--job-dir", str(tmp / "jobs")],
+                    cwd=tmp)  # fmt: skip
     yield server
     assert server.terminate(60) == 0, server.output
 
@@ -131,6 +132,9 @@ def test_bad_requests_are_400_before_running(client):
     PIL.Image.new("RGB", (32, 32)).save(image, format="PNG")
     with pytest.raises(openai.BadRequestError, match="text-to-video"):
         client.videos.create(prompt="a red circle", input_reference=("first.png", image.getvalue(), "image/png"))
+    with pytest.raises(openai.APIStatusError, match="over the server's limit") as too_large:
+        client.videos.create(prompt="a red circle", input_reference=("big.png", b"x" * (2 << 20), "image/png"))
+    assert too_large.value.status_code == 413  # --max-request-mb 1
     assert len(client.videos.list(limit=100).data) == before  # nothing was queued
 
 
