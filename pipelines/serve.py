@@ -122,7 +122,10 @@ def main(argv: list[str] | None = None) -> None:
         fatal = asyncio.run(_serve(config, limits, schedule, args))
     if fatal:
         print(f"error: {fatal}", file=sys.stderr, flush=True)
-        sys.exit(1)
+    sys.stdout.flush()
+    # The workers, their threads and the listener are stopped and joined by now; what is left is the native
+    # teardown of torch's distributed objects at interpreter exit, which takes seconds and does nothing for us.
+    os._exit(1 if fatal else 0)
 
 
 async def _serve(config: GenerateConfig, limits: ServerLimits, schedule: ScheduleLimits, args) -> str | None:
