@@ -90,6 +90,9 @@ class Scheduler:
             await asyncio.to_thread(pool.start, self.limits.start_timeout)
         finally:
             self._starting = False
+        if not self.accepting:  # shut down while these workers loaded
+            await asyncio.to_thread(pool.stop, 10.0)
+            return
         self.pool = pool
         self._dispatch()
 

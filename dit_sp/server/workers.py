@@ -163,6 +163,7 @@ class WorkerPool:
         self.pids: dict[int, int] = {}
         self.ready: set[int] = set()
         self.stopping = False
+        self.error: BaseException | None = None  # why the workers ended, if they failed
         self._ready = threading.Event()
         self._ended = threading.Event()
         self._runner = threading.Thread(target=self._run, name="dit_sp-serve-workers", daemon=True)
@@ -175,6 +176,7 @@ class WorkerPool:
             spawn(serve_worker, self.world_size, args=args, timeout=None, threads=self.threads)
         except BaseException as e:  # noqa: BLE001 - reported to the server, which decides
             error = e
+        self.error = error
         self._ended.set()
         self._ready.set()  # wakes a start() still waiting
         self.on_exit(None if self.stopping else error)
@@ -198,14 +200,14 @@ class WorkerPool:
 
     def start(self, timeout: float) -> None:
         """Start the workers and wait until each has loaded the model; ``TimeoutError`` after ``timeout``
-        seconds (the workers are then stopped), ``RuntimeError`` if they failed while loading."""
+        seconds (the workers are then stopped); the workers' ``WorkerError`` if they failed while loading."""
         self._reader.start()
         self._runner.start()
         if not self._ready.wait(timeout):
             self.stop(5.0)
             raise TimeoutError(f"the workers did not load the model within {timeout:g} s (--start-timeout)")
         if self._ended.is_set():
-            raise RuntimeError("the workers ended while loading the model (see the error above)")
+            raise self.error or RuntimeError("the workers ended while loading the model")
 
     def ranks(self, group: int) -> range:
         """The global ranks of data-parallel group ``group`` (dp is the outermost mesh dimension)."""
