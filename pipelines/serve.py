@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import gc
 import os
 import signal
 import sys
@@ -115,13 +117,15 @@ def main(argv: list[str] | None = None) -> None:
             raise ConfigError("--lora-dir switches adapters between jobs, which --shard-weights and --compile do not "
                               "allow: drop one")  # fmt: skip
     require_aiohttp()
-    from dit_sp.inference.checks import check_before_loading
+    from dit_sp.zoo import check_checkpoint, check_shape_from_files
 
-    check_before_loading(config)  # the served defaults: sizes and the model's files, before workers start
+    check_checkpoint(config.model)  # the model's files and the served defaults' sizes, before workers start
+    check_shape_from_files(config.model, dataclasses.asdict(config))
     with run_lock(args.job_dir):
         fatal = asyncio.run(_serve(config, limits, schedule, args))
     if fatal:
         print(f"error: {fatal}", file=sys.stderr, flush=True)
+    gc.collect()  # the pools' queues: their semaphores are released by their finalizers, which os._exit skips
     sys.stdout.flush()
     # The workers, their threads and the listener are stopped and joined by now; what is left is the native
     # teardown of torch's distributed objects at interpreter exit, which takes seconds and does nothing for us.
