@@ -1,10 +1,12 @@
 """The video server's faults and restarts, on two short-lived servers sharing one job directory: a killed worker
 fails its job with an error naming it and the workers restart; SIGTERM cancels the running job within the grace
-time and leaves no process; a new server serves the finished jobs again; a server out of restarts exits 1."""
+time and leaves no process; a new server serves the finished jobs again; a job past --job-timeout fails, and a
+server out of restarts exits 1."""
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import time
@@ -122,7 +124,8 @@ def test_killed_worker_sigterm_and_restart(tmp_path):
     finally:
         first.kill()
 
-    second = Server(["--model", "tiny-wan", "--job-dir", jobs, "--max-restarts", "0"], cwd=tmp_path)
+    second = Server(["--model", "tiny-wan", "--job-dir", jobs, "--max-restarts", "0", "--job-timeout", "4"],
+                    cwd=tmp_path)  # fmt: skip
     try:
         client = _client(second)
         listed = {v.id: v for v in client.videos.list(limit=100, order="asc")}
@@ -130,11 +133,12 @@ def test_killed_worker_sigterm_and_restart(tmp_path):
             "completed", "failed", "completed", "failed"]  # fmt: skip
         assert "shut down" in listed[cancelled.id].error.message
         assert client.videos.download_content(done.id).content == video
-        # out of restarts: a dead worker ends the server with status 1 and says why
-        _running(client, "last")
-        os.kill(second.workers()[0], signal.SIGKILL)
+        # a job past --job-timeout fails and the workers restart; out of restarts, the server exits 1 saying why
+        last = client.videos.create(prompt="past the job timeout", size="32x32", extra_body=LONG)
         assert second.proc.wait(60) == 1, second.output
-        assert "error: the workers failed (rank 0 was killed by SIGKILL" in second.output
-        assert "gave up after 0 restarts" in second.output
+        assert "error: a job ran past --job-timeout; gave up after 0 restarts (--max-restarts)" in second.output
+        record = json.loads((tmp_path / "jobs" / last.id / "job.json").read_text())
+        assert record["status"] == "failed" and record["error"]["code"] == "timeout", record
+        wait_until(lambda: not descendants(second.proc.pid), 10, "every worker to exit")
     finally:
         second.kill()
