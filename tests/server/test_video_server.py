@@ -92,7 +92,7 @@ def test_concurrent_jobs_on_both_groups(client):
     def one(i: int) -> None:
         try:
             video = client.videos.create(prompt=f"a green triangle {i}", size="32x32",
-                                         extra_body={**SMALL, "num_inference_steps": 4, "seed": i})  # fmt: skip
+                                         extra_body={**SMALL, "num_inference_steps": 10, "seed": i})  # fmt: skip
             results[i] = client.videos.poll(video.id, poll_interval_ms=50)
         except openai.RateLimitError:  # the queue holds 3: a client retries as told
             time.sleep(0.5)
@@ -157,7 +157,7 @@ def test_404(client):
 def test_queue_full_progress_and_cancel(client):
     """A long job runs on each group, three wait, the next is 429; a queued job and a running one are cancelled
     (deleted: 404 after), and the group that ran it takes the next job at once."""
-    long = {**SMALL, "num_inference_steps": 200}
+    long = {**SMALL, "num_inference_steps": 100_000}  # runs until cancelled
     running = [client.videos.create(prompt=f"long {i}", size="32x32", extra_body=long) for i in range(2)]
     wait_until(lambda: all(client.videos.retrieve(v.id).status == "in_progress" for v in running), 30, "both running")
     queued = [client.videos.create(prompt=f"queued {i}", size="32x32", extra_body=SMALL) for i in range(3)]
