@@ -1,5 +1,6 @@
 """What one reward server will take from its clients (``ServerLimits``), with defaults that fit the largest
-batch a trainer is expected to send, and the checks that the server can run at all (``require_aiohttp``).
+batch a trainer is expected to send, and the checks that the server can run at all (``require_aiohttp``). The
+video server holds its clients to the same limits, and both check the API key with ``authorized``.
 
 Every request is held in memory whole, so the limits bound the server's memory: at most ``max_pending``
 bodies of ``max_request_bytes`` each, plus the one batch being scored as float32 (4x a uint8 body).
