@@ -16,6 +16,7 @@ should not wait for it."""
 COMMANDS = {
     "generate": ("pipelines.generate", "generate videos, sequence-parallel on any layout"),
     "train": ("pipelines.train_grpo", "GRPO fine-tuning of a video DiT, with exact resume"),
+    "serve": ("pipelines.serve", "serve a video model over HTTP (OpenAI's Videos API)"),
     "serve-reward": ("pipelines.reward_server", "serve a reward over HTTP for a trainer elsewhere"),
     "plan": ("pipelines.plan", "plan a GRPO run's memory per GPU before launching it"),
     "eval-toy": ("pipelines.eval_toy", "prompt faithfulness of a toy shape-world model"),

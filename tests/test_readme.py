@@ -133,6 +133,8 @@ def shell_cases(ckpt: Path, tmp: Path) -> dict[str, list[str]]:
             f"--max-steps 1 --set grpo.prompts_per_step=1 --set grpo.steps=2 --eval-every 0 --output-dir {tmp}/g3"
         ],
         "python -m pipelines.eval_toy": ["python -m pipelines.eval_toy --seeds 1 --steps 2"],
+        "python -m pipelines.serve --model tiny-wan --ulysses 2 --port 8000 --job-dir outputs/serve": [],  # a server:
+        # test_readme_serving_example starts it and runs the client block against it
         "python -m pipelines.generate --cache teacache:0.2 --ulysses 2": [
             f"python -m pipelines.generate --cache teacache:0.2 --ulysses 2 --steps 6 {out}"
         ],
@@ -203,10 +205,11 @@ USP = "out = usp_attention(q, k, v, parallel, seq_len=S)"
 TRAINER = "trainer = GRPOTrainer(config"
 SPLIT_VAE = "parallelize_vae(vae, parallel)  # decode and encode split over the processes of a sample"
 CACHED = 'handle = parallelize(pipe, parallel, cache="first_block:0.1", compile=True)'
+CLIENT = 'client = OpenAI(base_url="http://127.0.0.1:8000/v1"'
 
 
 def test_every_python_block_has_a_test():
-    markers = (ONE_LINE, USP, TRAINER, SPLIT_VAE, CACHED)
+    markers = (ONE_LINE, USP, TRAINER, SPLIT_VAE, CACHED, CLIENT)
     for block in blocks("python"):
         assert sum(marker in block for marker in markers) == 1, f"no test runs this README block:\n{block}"
 
@@ -280,6 +283,28 @@ def test_readme_trainer_example_steps_and_exports(tmp_path):
     assert result["row"]["step"] == 1
     assert (tmp_path / "outputs/notebook/final/model_index.json").is_file()
     assert len((tmp_path / "outputs/notebook/metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_readme_serving_example(tmp_path):
+    """The README's server command, started as written (on a free port), and its client block against it."""
+    from serve_run import Server
+
+    pytest.importorskip("openai")
+    command = next(c for b in blocks("bash") for c in commands(b) if c.startswith("python -m pipelines.serve "))
+    server = Server(shlex.split(command)[3:], cwd=tmp_path)  # its --port 8000 is overridden by --port 0
+    try:
+        code = substitute(python_block(CLIENT), [
+            ("http://127.0.0.1:8000", server.url),
+            ('"num_inference_steps": 20', '"num_inference_steps": 2'),
+        ])  # fmt: skip
+        run_snippet(code, str(tmp_path), ())
+        import imageio.v3 as iio
+
+        assert iio.imread(tmp_path / "circle.mp4").shape == (9, 32, 32, 3)  # 1 s at 8 fps, as 8 + 1 frames
+        assert len(list((tmp_path / "outputs" / "serve").glob("video_*/video.mp4"))) == 1
+        assert server.terminate(60) == 0, server.output
+    finally:
+        server.kill()
 
 
 # ---------------------------------------------------------------------------------------------------------

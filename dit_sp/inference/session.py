@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,16 +74,20 @@ def setup(config: GenerateConfig, images: bool) -> tuple[ParallelState, Any, dic
     return parallel, pipe, guidance, cache
 
 
-def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: int, device: torch.device) -> dict:
+def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: int, device: torch.device,
+           on_step: Callable[[int, int], None] | None = None) -> dict:  # fmt: skip
     """One video: ``{"frames": (F, H, W, 3) in [0, 1], "latents", "seconds", "seconds_per_step",
     "first_step_seconds", "later_seconds_per_step"}``: the first step apart from the others, since with
-    ``compile`` it holds the compilation (a two-expert model compiles its second expert later, in its first step)."""
+    ``compile`` it holds the compilation (a two-expert model compiles its second expert later, in its first step).
+    ``on_step(done, total)`` is called after each denoising step (the server's progress and cancel point)."""
     step_times: list[float] = []
     final: dict[str, torch.Tensor] = {}
 
     def on_step_end(pipeline, step, timestep, tensors):
         step_times.append(time.perf_counter())
         final["latents"] = tensors["latents"].detach().cpu()
+        if on_step is not None:
+            on_step(step + 1, config.steps)
         return tensors
 
     images = {key: read_image(path, "--" + key.replace("_", "-"))

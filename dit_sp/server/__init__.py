@@ -1,2 +1,3 @@
-"""HTTP servers over the library: the reward server (``rewards.RewardServer``) and the limits it holds its
-clients to (``limits.ServerLimits``)."""
+"""HTTP servers over the library, on aiohttp: the reward server (``rewards.RewardServer``), the video server
+(``videos.VideoServer``: OpenAI's Videos API over sequence-parallel workers, with ``jobs``, ``scheduler``,
+``workers``, ``video_request`` and ``page``), and the limits they hold their clients to (``limits``)."""

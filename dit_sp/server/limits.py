@@ -1,5 +1,6 @@
 """What one reward server will take from its clients (``ServerLimits``), with defaults that fit the largest
-batch a trainer is expected to send, and the checks that the server can run at all (``require_aiohttp``).
+batch a trainer is expected to send, and the checks that the server can run at all (``require_aiohttp``). The
+video server holds its clients to the same limits, and both check the API key with ``authorized``.
 
 Every request is held in memory whole, so the limits bound the server's memory: at most ``max_pending``
 bodies of ``max_request_bytes`` each, plus the one batch being scored as float32 (4x a uint8 body).
@@ -7,10 +8,12 @@ bodies of ``max_request_bytes`` each, plus the one batch being scored as float32
 
 from __future__ import annotations
 
+import hmac
 import ipaddress
 import math
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from dit_sp.errors import ConfigError
 from dit_sp.rl.rewards.wire import API_KEY_ENV
@@ -80,3 +83,11 @@ def require_aiohttp() -> None:
     except ImportError as e:
         raise ConfigError(f"the reward server needs aiohttp ({e}): pip install aiohttp, or pip install "
                           "'dit-sp[server]'") from e  # fmt: skip
+
+
+def authorized(headers: Any, api_key: str | None) -> bool:
+    """Whether ``headers`` carry ``Authorization: Bearer API_KEY`` (compared in constant time); True without a key."""
+    if api_key is None:
+        return True
+    sent = headers.get("Authorization", "")
+    return hmac.compare_digest(sent.encode(), f"Bearer {api_key}".encode())

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import hmac
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +20,7 @@ from typing import Any
 from dit_sp.errors import ConfigError
 from dit_sp.rl.rewards.registry import score
 from dit_sp.rl.rewards.wire import Batch, parse_batch
-from dit_sp.server.limits import MiB, ServerLimits, require_aiohttp
+from dit_sp.server.limits import MiB, ServerLimits, authorized, require_aiohttp
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +61,9 @@ class RewardServer:
     # -- checks on the headers alone ---------------------------------------------------------------------
     def _refusal(self, request: Any) -> Any:
         """The answer to a request its headers already refuse (wrong key, too large), else ``None``."""
-        key = self.limits.api_key
-        if key is not None:
-            sent = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(sent.encode(), f"Bearer {key}".encode()):
-                return _answer(401, "missing or wrong API key: send the header 'Authorization: Bearer KEY' with "
-                               "the server's --api-key", {"WWW-Authenticate": "Bearer"})  # fmt: skip
+        if not authorized(request.headers, self.limits.api_key):  # constant-time, as the video server's
+            return _answer(401, "missing or wrong API key: send the header 'Authorization: Bearer KEY' with "
+                           "the server's --api-key", {"WWW-Authenticate": "Bearer"})  # fmt: skip
         declared = request.content_length
         if declared is not None and declared > self.limits.max_request_bytes:
             return _answer(413, self._too_large(f"{declared} bytes"))

@@ -14,8 +14,8 @@ from cli_run import run_cli
 from dit_sp import GenerateConfig, TrainConfig
 
 pytestmark = pytest.mark.slow  # CLI processes (forked from a server with the imports done)
-CLIS = {"generate": "generate", "train_grpo": "train", "reward_server": "serve-reward", "plan": "plan",
-        "eval_toy": "eval-toy", "train_toy": "train-toy"}  # module: dit-sp command  # fmt: skip
+CLIS = {"generate": "generate", "train_grpo": "train", "serve": "serve", "reward_server": "serve-reward",
+        "plan": "plan", "eval_toy": "eval-toy", "train_toy": "train-toy"}  # module: dit-sp command  # fmt: skip
 
 
 def options(text: str) -> dict[str, str]:
