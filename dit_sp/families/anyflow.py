@@ -49,6 +49,7 @@ ANYFLOW = ModelFamily(
     cfg_mode="batched",  # one call on [unconditional, conditional]
     cfg_batched_args=("hidden_states", "timestep", "r_timestep", "encoder_hidden_states"),
     check=_check,
+    refused={"AnyFlowFARTransformer3DModel": FAR_REFUSAL},
     tiny_models=("tiny-anyflow",),
     checkpoint_defaults={"AnyFlowPipeline": generation_defaults(33, 480, 832, 4, 1.0, 512) | {"fps": 16}},
     vae_factors={"AnyFlowPipeline": wan_vae_factors},

@@ -78,6 +78,9 @@ class ModelFamily:
     modular_pipelines: tuple[str, ...] = ()
     """Modular Diffusers pipelines (``ModularPipeline`` blocks) whose transformer the family parallelizes; the
     classic pipeline classes are read from diffusers itself (``dit_sp.families.table``)."""
+    refused: dict[str, str] = field(default_factory=dict, hash=False)
+    """Transformer classes of the family that ``parallelize`` refuses, each with its one-line reason (``check``
+    raises it)."""
     cfg_parallel: bool = True
     """Whether the guidance branches can run on two halves of the devices (``ParallelConfig(cfg=2)``)."""
     step_cache: bool = True

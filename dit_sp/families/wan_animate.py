@@ -27,4 +27,5 @@ WAN_ANIMATE = ModelFamily(
     plan=lambda model: {},
     attention_modules=("blocks.*.attn1",),
     check=_refuse,
+    refused={"WanAnimateTransformer3DModel": REFUSAL},
 )

@@ -13,7 +13,7 @@ import inspect
 import json
 from functools import cache
 
-from dit_sp.families import FAMILIES
+from dit_sp.families import FAMILIES, supported_vaes
 from dit_sp.families.family import TRANSFORMERS, ModelFamily
 from dit_sp.io.bundled import asset_path
 from dit_sp.zoo import model_spec
@@ -24,14 +24,11 @@ COLUMNS = ("family", "transformer", "diffusers pipelines", "SP", "CFG parallel",
 
 
 @cache
-def diffusers_pipelines() -> dict[str, tuple[str, ...]]:
-    """Every diffusers pipeline class by the transformer class its ``__init__`` takes (as annotated), sorted.
-
-    Derived from the installed diffusers, so a pipeline that a new release adds for a supported transformer
-    shows up in the table without anyone listing it."""
+def _components() -> dict[str, dict[str, tuple[str, ...]]]:
+    """Every diffusers pipeline class with the classes its ``__init__`` annotates for its transformers and VAE."""
     import diffusers
 
-    found: dict[str, set[str]] = {}
+    found: dict[str, dict[str, tuple[str, ...]]] = {}
     for name in dir(diffusers):
         if not name.endswith("Pipeline") or name.startswith("Modular"):
             continue
@@ -39,25 +36,49 @@ def diffusers_pipelines() -> dict[str, tuple[str, ...]]:
             parameters = inspect.signature(getattr(diffusers, name).__init__).parameters
         except (ImportError, AttributeError, TypeError, ValueError):  # an optional backend is missing
             continue
-        for component in TRANSFORMERS:
+        for component in (*TRANSFORMERS, "vae"):
             if component in parameters:
                 annotation = parameters[component].annotation
-                for cls in getattr(annotation, "__args__", (annotation,)):  # ``X | None`` as well as ``X``
-                    found.setdefault(getattr(cls, "__name__", str(cls)), set()).add(name)
-    return {transformer: tuple(sorted(names)) for transformer, names in found.items()}
+                classes = getattr(annotation, "__args__", (annotation,))  # ``X | None`` as well as ``X``
+                found.setdefault(name, {})[component] = tuple(getattr(c, "__name__", str(c)) for c in classes)
+    return found
 
 
-def _pipeline_class(model: str) -> str:
-    """The diffusers pipeline class of a built-in model (a shipped one's from its ``model_index.json``)."""
+def diffusers_pipelines() -> dict[str, tuple[str, ...]]:
+    """Every diffusers pipeline class by the transformer class its ``__init__`` takes (as annotated), sorted.
+
+    Derived from the installed diffusers, so a pipeline that a new release adds for a supported transformer
+    shows up in the table without anyone listing it."""
+    by_transformer: dict[str, set[str]] = {}
+    for pipeline, components in _components().items():
+        for component in TRANSFORMERS:
+            for cls in components.get(component, ()):
+                by_transformer.setdefault(cls, set()).add(pipeline)
+    return {transformer: tuple(sorted(names)) for transformer, names in by_transformer.items()}
+
+
+def _vaes(family: ModelFamily) -> str:
+    """The VAEs of the family's pipelines: split over a sample's processes where a family has a plan for the
+    class (``dit_sp.families.vae_plan_of``), else decoded by one process of the sample."""
+    pipelines = {p for cls in family.class_names for p in diffusers_pipelines().get(cls, ())}
+    classes = sorted({v for p in pipelines for v in _components()[p].get("vae", ()) if v != "NoneType"})
+    split = set(supported_vaes())
+    shown = [f"`{v}` split" if v in split else f"`{v}` leader decode" for v in classes]
+    return ", ".join(shown) or "none"
+
+
+def _pipeline_class(model: str) -> str | None:
+    """The diffusers pipeline class of a built-in model (a shipped one's from its ``model_index.json``), or None
+    for a built-in transformer without a pipeline."""
     spec = model_spec(model)
-    if "pipeline" in spec:
-        return spec["pipeline"]
-    return json.loads((asset_path(spec["path"]) / "model_index.json").read_text())["_class_name"]
+    if "path" in spec:
+        return json.loads((asset_path(spec["path"]) / "model_index.json").read_text())["_class_name"]
+    return spec.get("pipeline")
 
 
 def _pipelines(family: ModelFamily) -> str:
     """The family's pipelines: those with a built-in model plainly, the others of its transformer in italics."""
-    tested = {_pipeline_class(name) for name in family.tiny_models}
+    tested = {_pipeline_class(name) for name in family.tiny_models} - {None}
     by_transformer = diffusers_pipelines()
     names = {p for cls in family.class_names for p in by_transformer.get(cls, ())} | tested
     names |= set(family.modular_pipelines)
@@ -67,17 +88,22 @@ def _pipelines(family: ModelFamily) -> str:
     return ", ".join(shown) or "(none in this diffusers)"
 
 
+def _sp(family: ModelFamily) -> str:
+    supported = [name for name in family.class_names if name not in family.refused]
+    refused = ", ".join(f"`{name}` refused" for name in family.refused)
+    return ", ".join(filter(None, ["ulysses x ring" if supported else "", refused]))
+
+
 def _row(family: ModelFamily) -> list[str]:
     cache = ["first-block"] + (["TeaCache"] if family.teacache_probe is not None else [])
-    vae = ", ".join(f"`{name}`" for name in family.vae.class_names) if family.vae is not None else "leader decode"
     grpo = ", ".join(f"`{name}`" for name in family.pipelines) if family.policy is not None else "no"
     return [
         family.name,
         ", ".join(f"`{name}`" for name in family.class_names),
         _pipelines(family),
-        "ulysses x ring",
+        _sp(family),
         f"yes ({family.cfg_mode})" if family.cfg_parallel else "no",
-        vae,
+        _vaes(family),
         ", ".join(cache) if family.step_cache else "refused",
         "regional" if family.step_cache else "refused",  # compile wraps the same blocks the cache finds
         grpo,
