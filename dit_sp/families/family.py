@@ -43,6 +43,9 @@ class ModelFamily:
     cfg_mode: Literal["sequential", "batched"] = "sequential"
     """How the family's stock pipeline runs guidance: two transformer calls per step (conditional
     first), or one call on a batch of ``[unconditional, conditional]``."""
+    channels_last: bool = False
+    """Whether the transformer takes and returns latents ``(B, F, H, W, C)`` (Kandinsky 5) rather than
+    ``(B, C, F, H, W)``."""
     cfg_batched_args: tuple[str, ...] = ()
     """Forward arguments that carry the guidance batch (``batched`` mode)."""
     guidance_arg: str = "guidance_scale"

@@ -1,0 +1,107 @@
+"""Kandinsky 5, Helios, Sana-Video, Motif-Video, Cosmos and the Modular-only families, parallelized, against one
+process: the transformers forward and backward on 1x2 (Ulysses) and 2x1 (ring) with uneven token counts, and the
+pipelines with built-in tiny models through ``generate`` on 1x2, 2x1 and CFG parallel, each with the attention's
+token count checked (the sequence really is split). All of it in one 2-process spawn."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from family_checks_famc import TINY, build, inputs, run_family_matrix
+
+from dit_sp import GenerateConfig, ParallelConfig, generate, init_parallel, parallelize, spawn
+from dit_sp.families import family_of
+
+TRANSFORMERS = list(TINY)
+LAYOUTS = [(1, 1, 2), (1, 2, 1)]
+PIPELINES = {"tiny-kandinsky5": 18}  # built-in model: video tokens of its default size
+VIDEO_LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}
+TOL = 1e-5
+BF16_TOL = 1e-2  # gradients a family rounds to bfloat16 in backward (``family_checks_famc.RELATIVE``)
+
+
+def _settings(tmp, model: str, name: str, **flags) -> GenerateConfig:
+    # guidance 2: three guided steps multiply a ring merge's 1e-7 reordering by less than the 4.0 default does
+    paths = {"out": str(tmp / f"{model}-{name}.mp4"), "save_latents": str(tmp / f"{model}-{name}.pt")}
+    return GenerateConfig.load(overrides={"model": model, "steps": 3, "guidance": 2.0, "verify_inputs": True,
+                                          **paths, **flags})  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("famc")
+    single = {model: generate(_settings(tmp, model, "single"), True) for model in PIPELINES}
+    jobs = [(model, layout) for model in PIPELINES for layout in VIDEO_LAYOUTS]
+    configs = [_settings(tmp, model, layout, **VIDEO_LAYOUTS[layout]) for model, layout in jobs]
+    by_rank = spawn(run_family_matrix, 2, args=(TRANSFORMERS, LAYOUTS, configs), timeout=300)
+    videos = {}
+    for i, key in enumerate(jobs):
+        leaders = [r["videos"][i] for r in by_rank if "out" in r["videos"][i]]
+        assert len(leaders) == 1, f"{key}: exactly one rank writes the output"
+        videos[key] = leaders[0]
+    return {"transformers": by_rank[0]["transformers"], "single": single, "videos": videos}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: "dp{}-r{}-u{}".format(*layout))
+@pytest.mark.parametrize("name", TRANSFORMERS)
+def test_transformer_matches_single_process(matrix, name, layout):
+    errors = matrix["transformers"][name]["dp{}-r{}-u{}".format(*layout)]
+    assert errors["ref_scale"] > 0.1  # real outputs
+    for key in ("out", "input_grads", "param_grads"):
+        worst = errors.get(key + "_worst", "")
+        assert errors[key] <= TOL, f"{name} {layout}: {key} error {errors[key]:.2e} above {TOL:.0e} ({worst})"
+    assert errors["bf16_grads"] <= BF16_TOL, f"{name}: {errors['bf16_grads_worst']}"
+    tokens = inputs(name)["hidden_states"]
+    assert errors["attention_tokens"] == [EXPECTED_TOKENS[name] // 2 + EXPECTED_TOKENS[name] % 2], (
+        f"{name}: the attention saw {errors['attention_tokens']} tokens, not half the sequence ({tokens.shape})"
+    )
+    assert errors["restored_bit_identical"] == 1.0
+
+
+EXPECTED_TOKENS = {"kandinsky5": 18}
+"""Video tokens of each tiny transformer's inputs (``family_checks_famc.inputs``)."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", list(VIDEO_LAYOUTS))
+@pytest.mark.parametrize("model", list(PIPELINES))
+def test_pipeline_matches_single_process(matrix, model, layout):
+    reference, report = matrix["single"][model], matrix["videos"][(model, layout)]
+    assert reference["frames"].std() > 0.01  # a real video
+    assert report["frames"].shape == reference["frames"].shape
+    assert np.abs(report["frames"] - reference["frames"]).max() <= 1e-4
+    assert (torch.load(report["latents"]) - torch.load(reference["latents"])).abs().max() <= 1e-4
+    split = 1 if layout == "cfg2" else 2  # cfg parallel: each branch on one process, the whole sequence
+    assert report["attention_tokens"] == -(-PIPELINES[model] // split)
+
+
+def test_refusals_are_one_line():
+    """Modes that cannot be split exactly are refused when parallelized, in one line saying why."""
+    import diffusers
+
+    name, config, _ = TINY["kandinsky5"][0], dict(TINY["kandinsky5"][1]), None
+    nabla = getattr(diffusers, name)(**config | {"attention_type": "nabla"})
+    with pytest.raises(NotImplementedError, match=r"NABLA sparse attention\) .* use attention_type 'regular'") as e:
+        parallelize(nabla, init_parallel(ParallelConfig()))
+    assert "\n" not in str(e.value)
+
+
+def test_single_process_parallelize_is_exact():
+    """sp=1: each family's parallelized transformer computes exactly what the stock one does."""
+    for name in TRANSFORMERS:
+        model, kwargs = build(name), inputs(name)
+        assert family_of(model).name in name
+        with torch.no_grad():
+            ref = model(**kwargs, return_dict=False)[0]
+            with parallelize(model, init_parallel(ParallelConfig())):
+                out = model(**kwargs, return_dict=False)[0]
+        torch.testing.assert_close(out, ref, atol=0, rtol=0)
+
+
+def test_settings_are_registered():
+    settings = dataclasses.asdict(GenerateConfig.load(overrides={"model": "tiny-kandinsky5"}))
+    assert (settings["frames"], settings["height"], settings["width"]) == (9, 48, 32)

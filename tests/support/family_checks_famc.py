@@ -1,0 +1,174 @@
+"""Tiny transformers of the Kandinsky 5, Helios, Sana-Video, Motif-Video, Cosmos and Wan-Animate-2 families, their
+inputs (uneven token counts: 18 video tokens, or 15 where the family's patching forces it), and worker-side checks
+of the parallelized models against one process, recording how many tokens each rank's attention really saw.
+
+The configs are our own tiny reconstructions (a few channels, two blocks) of the families' real layouts; zero-
+initialised modulation and gate weights are re-drawn so that every block's attention reaches the output (a check of
+an identity block could not fail)."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dit_sp import ParallelConfig, init_parallel, parallelize
+from dit_sp.families import family_of
+
+Inputs = Callable[[int], dict[str, Any]]
+
+
+def _rand(g: torch.Generator) -> Callable[..., torch.Tensor]:
+    return lambda *shape: torch.randn(*shape, generator=g)
+
+
+def _kandinsky5_inputs(batch: int) -> dict[str, Any]:
+    rand = _rand(torch.Generator().manual_seed(7))
+    # 3 latent frames x 6 x 4 latents, patch (1, 2, 2): 3 x 3 x 2 = 18 video tokens
+    return {"hidden_states": rand(batch, 3, 6, 4, 4), "encoder_hidden_states": rand(batch, 7, 16),
+            "timestep": torch.tensor([500.0, 20.0][:batch]), "pooled_projections": rand(batch, 8),
+            "visual_rope_pos": [torch.arange(3), torch.arange(3), torch.arange(2)],
+            "text_rope_pos": torch.arange(7), "scale_factor": (1.0, 2.0, 2.0)}  # fmt: skip
+
+
+TINY: dict[str, tuple[str, dict[str, Any], Inputs]] = {
+    "kandinsky5": ("Kandinsky5Transformer3DModel",
+                   {"in_visual_dim": 4, "in_text_dim": 16, "in_text_dim2": 8, "time_dim": 16, "out_visual_dim": 4,
+                    "patch_size": (1, 2, 2), "model_dim": 32, "ff_dim": 64, "num_text_blocks": 1,
+                    "num_visual_blocks": 2, "axes_dims": (4, 6, 6)},
+                   _kandinsky5_inputs),
+}  # fmt: skip
+"""name: (diffusers class, tiny config, inputs of a batch size)."""
+
+
+RELATIVE: dict[str, tuple[str, ...]] = {
+    # Kandinsky 5 rounds its rotated queries and keys to bfloat16 (``apply_rotary``), in backward too: the text
+    # blocks' gradients are each rank's partial gradient rounded to bfloat16, then summed, so they agree with one
+    # process to bfloat16 precision (relative to their scale), not to 1e-5
+    "kandinsky5": ("input.encoder_hidden_states", "param.text_*", "param.pooled_text_embeddings.*", "param.time_*"),
+}
+"""Gradients compared relative to their scale (``bf16_grads``), with the reason."""
+
+
+def redraw_zeros(model: torch.nn.Module, std: float = 0.1, seed: int = 11) -> torch.nn.Module:
+    """Re-draw parameters initialised to all zeros (adaLN modulation, gates, output layers), seeded."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, param in sorted(model.named_parameters()):
+            if param.numel() and not param.any():
+                param.copy_(torch.randn(param.shape, generator=g) * std)
+    return model
+
+
+def build(name: str) -> torch.nn.Module:
+    import diffusers
+
+    class_name, config, _ = TINY[name]
+    torch.manual_seed(0)
+    return redraw_zeros(getattr(diffusers, class_name)(**config)).float().eval()
+
+
+def inputs(name: str, batch: int = 2) -> dict[str, Any]:
+    return TINY[name][2](batch)
+
+
+def _output(result: Any) -> torch.Tensor:
+    return result if isinstance(result, torch.Tensor) else result[0]
+
+
+def _run(model: torch.nn.Module, kwargs: dict, grad_scale: float) -> tuple[torch.Tensor, dict]:
+    """Output and gradients of ``sum(out * w) * grad_scale`` w.r.t. the float inputs and the parameters."""
+    model.zero_grad(set_to_none=True)
+    leaves = {k: v.clone().requires_grad_() for k, v in kwargs.items()
+              if k in ("hidden_states", "encoder_hidden_states")}  # fmt: skip
+    out = _output(model(**(kwargs | leaves), return_dict=False))
+    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
+    ((out * weight).sum() * grad_scale).backward()
+    grads = {f"input.{k}": v.grad for k, v in leaves.items()}
+    grads |= {f"param.{n}": p.grad for n, p in model.named_parameters() if p.grad is not None}
+    return out.detach(), grads
+
+
+def _record_attention_lengths(model: torch.nn.Module, seen: list[int]) -> list:
+    """Hooks recording the token count of the hidden states each USP-routed attention module is called with."""
+    patterns = family_of(model).attention_modules
+    handles = []
+    for name, module in model.named_modules():
+        if any(fnmatch.fnmatchcase(name, p) for p in patterns):
+
+            def hook(mod, args, kwargs):
+                hidden = args[0] if args else kwargs["hidden_states"]
+                seen.append(hidden.shape[1])
+
+            handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+    return handles
+
+
+def check_families(names: list[str], layouts: list[tuple[int, int, int]]) -> dict[str, dict[str, dict]]:
+    """Per family and layout: max abs errors of the output, the input and the parameter gradients against one
+    process, the token counts the attention modules saw, and whether unparallelize restores the outputs."""
+    results: dict[str, dict[str, dict]] = {}
+    for name in names:
+        model = build(name)
+        kwargs = inputs(name)
+        ref_out, ref_grads = _run(model, kwargs, 1.0)
+        for dp, ring, ulysses in layouts:
+            parallel = init_parallel(ParallelConfig(dp=dp, ring=ring, ulysses=ulysses))
+            seen: list[int] = []
+            handles = _record_attention_lengths(model, seen)
+            with parallelize(model, parallel, verify_inputs=True):
+                out, grads = _run(model, kwargs, 1.0 / parallel.sp)
+            for h in handles:
+                h.remove()
+            errors: dict[str, Any] = {"out": (out - ref_out).abs().max().item(), "attention_tokens": sorted(set(seen))}
+            worst = {"input": (0.0, ""), "param": (0.0, ""), "relative": (0.0, "")}
+            for key, ref in ref_grads.items():
+                summed = grads[key].clone()
+                dist.all_reduce(summed, group=parallel.sp_group)
+                error = (summed - ref).abs().max().item()
+                kind = "relative" if any(fnmatch.fnmatchcase(key, p) for p in RELATIVE.get(name, ())) else None
+                if kind:  # against the gradient's own scale
+                    error /= max(ref.abs().max().item(), 1e-12)
+                kind = kind or key.split(".", 1)[0]
+                worst[kind] = max(worst[kind], (error, key))
+            errors["input_grads"], errors["input_grads_worst"] = worst["input"]
+            errors["param_grads"], errors["param_grads_worst"] = worst["param"]
+            errors["bf16_grads"], errors["bf16_grads_worst"] = worst["relative"]
+            restored, _ = _run(model, kwargs, 1.0)
+            errors["restored_bit_identical"] = float(torch.equal(restored, ref_out))
+            errors["ref_scale"] = ref_out.abs().max().item()
+            results.setdefault(name, {})[f"dp{dp}-r{ring}-u{ulysses}"] = errors
+    return results
+
+
+def _record_routed_lengths(seen: dict[str, int]) -> Any:
+    """A global forward hook (this worker only) recording the largest token count of the output of any attention
+    module with a sequence-parallel processor: what the pipelines' attention really computed."""
+
+    def hook(module, args, output):
+        processor = getattr(module, "processor", None)
+        if processor is not None and type(processor).__name__.startswith("SequenceParallel"):
+            hidden = output[0] if isinstance(output, (tuple, list)) else output
+            seen["tokens"] = max(seen.get("tokens", 0), hidden.shape[1])
+
+    return torch.nn.modules.module.register_module_forward_hook(hook)
+
+
+def run_family_matrix(names: list[str], layouts: list[tuple[int, int, int]], jobs: list[Any]) -> dict[str, Any]:
+    """One spawned world: the transformer checks (``check_families``), then ``generate`` for each job (a
+    ``GenerateConfig``), with the attention's largest token count of each."""
+    from dit_sp import generate
+
+    results: dict[str, Any] = {"transformers": check_families(names, layouts), "videos": []}
+    for settings in jobs:
+        seen: dict[str, int] = {}
+        handle = _record_routed_lengths(seen)
+        try:
+            report = generate(settings, True)
+        finally:
+            handle.remove()
+        results["videos"].append(report | {"attention_tokens": seen.get("tokens")})
+    return results
