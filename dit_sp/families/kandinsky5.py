@@ -1,8 +1,8 @@
 """Kandinsky 5 video (``Kandinsky5Transformer3DModel``; text-to-video, image-to-video).
 
 Latents are channels-last, ``(B, F, H, W, C)``. The text runs through its own encoder blocks first (text only,
-replicated on every rank, local). The visual decoder blocks attend over the video (``self_attention``, through USP) and cross-attend to the
-text (``cross_attention``: local queries against replicated keys, no communication). The video tokens and their
+replicated on every rank, local). The visual decoder blocks attend over the video (``self_attention``, through
+USP) and cross-attend to the text (``cross_attention``: local queries against replicated keys, no communication). The video tokens and their
 rotary table are flattened inside the model's forward, in front of the first visual block, so the plan splits the
 tokens where the first block takes them, the rotary table (``(B, S, 1, D/2, 2, 2)``, the same full table for
 every block) where each block's self-attention takes it, and gathers after the last block (the output layer
