@@ -1,15 +1,15 @@
 """Kandinsky 5 video (``Kandinsky5Transformer3DModel``; text-to-video, image-to-video).
 
 Latents are channels-last, ``(B, F, H, W, C)``. The text runs through its own encoder blocks first (text only,
-replicated on every rank, local). The visual decoder blocks attend over the video (``self_attention``, through
-USP) and cross-attend to the text (``cross_attention``: local queries against replicated keys, no communication). The video tokens and their
-rotary table are flattened inside the model's forward, in front of the first visual block, so the plan splits the
-tokens where the first block takes them, the rotary table (``(B, S, 1, D/2, 2, 2)``, the same full table for
-every block) where each block's self-attention takes it, and gathers after the last block (the output layer
-unflattens the whole video). The NABLA sparse attention (``attention_type: nabla``) builds a block mask over the
-whole sequence (flex attention) and is refused. diffusers ships no ``_cp_plan`` for this model. Its VAE is
-HunyuanVideo's (``AutoencoderKLHunyuanVideo``), split by the HunyuanVideo family's VAE plan. Guidance runs as
-two calls per step, conditional first (``guidance_scale``; the stock pipeline brings its own negative prompt).
+replicated on every rank, local). The visual decoder blocks attend over the video (``self_attention``, through USP)
+and cross-attend to the text (``cross_attention``: local queries against replicated keys, no communication). The
+video tokens and their rotary table are flattened inside the model's forward, in front of the first visual block, so
+the plan splits the tokens where the first block takes them, the rotary table (``(B, S, 1, D/2, 2, 2)``, the same
+full table for every block) where each block's self-attention takes it, and gathers after the last block (the output
+layer unflattens the whole video). The NABLA sparse attention (``attention_type: nabla``) builds a block mask over
+the whole sequence (flex attention) and is refused. diffusers ships no ``_cp_plan`` for this model. Its VAE is
+HunyuanVideo's (``AutoencoderKLHunyuanVideo``), split by the HunyuanVideo family's VAE plan. Guidance runs as two
+calls per step, conditional first (``guidance_scale``; the stock pipeline brings its own negative prompt).
 """
 
 from typing import Any
