@@ -62,7 +62,7 @@ def test_transformer_matches_single_process(matrix, name, layout):
     assert errors["restored_bit_identical"] == 1.0
 
 
-EXPECTED_TOKENS = {"kandinsky5": 18}
+EXPECTED_TOKENS = {"kandinsky5": 18, "motif_video": 18}
 """Video tokens of each tiny transformer's inputs (``family_checks_famc.inputs``)."""
 
 
@@ -79,15 +79,22 @@ def test_pipeline_matches_single_process(matrix, model, layout):
     assert report["attention_tokens"] == -(-PIPELINES[model] // split)
 
 
-def test_refusals_are_one_line():
-    """Modes that cannot be split exactly are refused when parallelized, in one line saying why."""
+REFUSED = [  # (tiny family, config changes, what the one-line error says)
+    ("kandinsky5", {"attention_type": "nabla"}, r"NABLA sparse attention\) .* use attention_type 'regular'"),
+    ("kandinsky5", {"num_visual_blocks": 1}, "one visual block.* use num_visual_blocks >= 2"),
+    ("motif_video", {"num_single_layers": 2, "num_decoder_layers": 1}, "decoder layers attend to the whole video"),
+]
+
+
+@pytest.mark.parametrize(("name", "changes", "message"), REFUSED, ids=lambda x: x if isinstance(x, str) else "")
+def test_modes_that_cannot_be_split_are_refused_in_one_line(name, changes, message):
     import diffusers
 
-    name, config, _ = TINY["kandinsky5"][0], dict(TINY["kandinsky5"][1]), None
-    nabla = getattr(diffusers, name)(**config | {"attention_type": "nabla"})
-    with pytest.raises(NotImplementedError, match=r"NABLA sparse attention\) .* use attention_type 'regular'") as e:
-        parallelize(nabla, init_parallel(ParallelConfig()))
-    assert "\n" not in str(e.value)
+    class_name, config, _ = TINY[name]
+    model = getattr(diffusers, class_name)(**config | changes)
+    with pytest.raises(NotImplementedError, match=message) as error:
+        parallelize(model, init_parallel(ParallelConfig()))
+    assert "\n" not in str(error.value)
 
 
 def test_single_process_parallelize_is_exact():

@@ -34,12 +34,27 @@ def _kandinsky5_inputs(batch: int) -> dict[str, Any]:
             "text_rope_pos": torch.arange(7), "scale_factor": (1.0, 2.0, 2.0)}  # fmt: skip
 
 
+def _motif_video_inputs(batch: int) -> dict[str, Any]:
+    rand = _rand(torch.Generator().manual_seed(7))
+    mask = torch.ones(batch, 7, dtype=torch.long)
+    mask[0, 5:] = 0  # per-sample prompt padding: 5 and 7 real text tokens
+    # 3 latent frames x 6 x 4 latents, patch 2: 18 video tokens
+    return {"hidden_states": rand(batch, 4, 3, 6, 4), "timestep": torch.tensor([500.0, 20.0][:batch]),
+            "encoder_hidden_states": rand(batch, 7, 16), "encoder_attention_mask": mask}  # fmt: skip
+
+
 TINY: dict[str, tuple[str, dict[str, Any], Inputs]] = {
     "kandinsky5": ("Kandinsky5Transformer3DModel",
                    {"in_visual_dim": 4, "in_text_dim": 16, "in_text_dim2": 8, "time_dim": 16, "out_visual_dim": 4,
                     "patch_size": (1, 2, 2), "model_dim": 32, "ff_dim": 64, "num_text_blocks": 1,
                     "num_visual_blocks": 2, "axes_dims": (4, 6, 6)},
                    _kandinsky5_inputs),
+    "motif_video": ("MotifVideoTransformer3DModel",
+                    {"in_channels": 4, "out_channels": 4, "num_attention_heads": 2, "attention_head_dim": 8,
+                     "num_layers": 1, "num_single_layers": 1, "mlp_ratio": 2.0, "patch_size": 2, "patch_size_t": 1,
+                     "text_embed_dim": 16, "rope_axes_dim": (2, 2, 4), "enable_text_cross_attention_dual": True,
+                     "enable_text_cross_attention_single": True},
+                    _motif_video_inputs),
 }  # fmt: skip
 """name: (diffusers class, tiny config, inputs of a batch size)."""
 
