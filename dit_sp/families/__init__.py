@@ -8,6 +8,7 @@ import torch
 
 from dit_sp.errors import ConfigError
 from dit_sp.families.cogvideox import COGVIDEOX
+from dit_sp.families.cosmos import COSMOS
 from dit_sp.families.family import TRANSFORMERS, ModelFamily, VAEFactors
 from dit_sp.families.hunyuan_video import HUNYUAN_VIDEO
 from dit_sp.families.kandinsky5 import KANDINSKY5
@@ -17,7 +18,7 @@ from dit_sp.families.shape import check_latent_shape
 from dit_sp.families.wan import WAN
 from dit_sp.vae import VAEPlan
 
-FAMILIES: tuple[ModelFamily, ...] = (WAN, HUNYUAN_VIDEO, COGVIDEOX, KANDINSKY5, MOTIF_VIDEO)
+FAMILIES: tuple[ModelFamily, ...] = (WAN, HUNYUAN_VIDEO, COGVIDEOX, KANDINSKY5, MOTIF_VIDEO, COSMOS)
 
 
 def supported_classes() -> list[str]:

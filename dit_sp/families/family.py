@@ -46,6 +46,9 @@ class ModelFamily:
     channels_last: bool = False
     """Whether the transformer takes and returns latents ``(B, F, H, W, C)`` (Kandinsky 5) rather than
     ``(B, C, F, H, W)``."""
+    cfg_refused: str = ""
+    """Why CFG parallelism cannot run the family's pipelines (empty: it can); ``parallelize`` refuses ``cfg=2``
+    with this reason."""
     cfg_batched_args: tuple[str, ...] = ()
     """Forward arguments that carry the guidance batch (``batched`` mode)."""
     guidance_arg: str = "guidance_scale"

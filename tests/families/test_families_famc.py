@@ -62,7 +62,7 @@ def test_transformer_matches_single_process(matrix, name, layout):
     assert errors["restored_bit_identical"] == 1.0
 
 
-EXPECTED_TOKENS = {"kandinsky5": 18, "motif_video": 18}
+EXPECTED_TOKENS = {"kandinsky5": 18, "motif_video": 18, "cosmos": 18, "cosmos-frames": 18}
 """Video tokens of each tiny transformer's inputs (``family_checks_famc.inputs``)."""
 
 
@@ -95,6 +95,18 @@ def test_modes_that_cannot_be_split_are_refused_in_one_line(name, changes, messa
     with pytest.raises(NotImplementedError, match=message) as error:
         parallelize(model, init_parallel(ParallelConfig()))
     assert "\n" not in str(error.value)
+
+
+def test_cfg_parallel_is_refused_where_the_pipeline_reads_the_first_branch_early():
+    """The Cosmos pipelines compute with the conditional prediction before the unconditional call: cfg=2 is refused
+    in one line (only the layout's cfg degree is read before the refusal)."""
+    from types import SimpleNamespace
+
+    from dit_sp.errors import ConfigError
+
+    pipe = SimpleNamespace(transformer=build("cosmos"))
+    with pytest.raises(ConfigError, match=r"cfg parallelism \(cfg=2\) .* before they make the unconditional call"):
+        parallelize(pipe, SimpleNamespace(cfg=2))
 
 
 def test_single_process_parallelize_is_exact():

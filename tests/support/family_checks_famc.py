@@ -43,6 +43,22 @@ def _motif_video_inputs(batch: int) -> dict[str, Any]:
             "encoder_hidden_states": rand(batch, 7, 16), "encoder_attention_mask": mask}  # fmt: skip
 
 
+def _cosmos_inputs(batch: int, per_frame: bool = False) -> dict[str, Any]:
+    rand = _rand(torch.Generator().manual_seed(7))
+    timestep = torch.tensor([500.0, 20.0][:batch])
+    if per_frame:  # video-to-world: the first latent frame is a conditioning frame, at timestep 0
+        timestep = timestep.view(batch, 1, 1, 1, 1).repeat(1, 1, 3, 1, 1)
+        timestep[:, :, 0] = 0.0
+    # 3 latent frames x 6 x 4 latents, patch (1, 2, 2): 18 video tokens
+    return {"hidden_states": rand(batch, 4, 3, 6, 4), "timestep": timestep, "encoder_hidden_states": rand(batch, 7, 16),
+            "attention_mask": torch.tensor([[1] * 5 + [0] * 2, [1] * 7][:batch]).bool(), "fps": 16}  # fmt: skip
+
+
+_COSMOS = {"in_channels": 4, "out_channels": 4, "num_attention_heads": 2, "attention_head_dim": 12, "num_layers": 2,
+           "mlp_ratio": 2.0, "text_embed_dim": 16, "adaln_lora_dim": 8, "max_size": (8, 16, 16),
+           "patch_size": (1, 2, 2), "concat_padding_mask": False}  # fmt: skip
+
+
 TINY: dict[str, tuple[str, dict[str, Any], Inputs]] = {
     "kandinsky5": ("Kandinsky5Transformer3DModel",
                    {"in_visual_dim": 4, "in_text_dim": 16, "in_text_dim2": 8, "time_dim": 16, "out_visual_dim": 4,
@@ -55,6 +71,9 @@ TINY: dict[str, tuple[str, dict[str, Any], Inputs]] = {
                      "text_embed_dim": 16, "rope_axes_dim": (2, 2, 4), "enable_text_cross_attention_dual": True,
                      "enable_text_cross_attention_single": True},
                     _motif_video_inputs),
+    "cosmos": ("CosmosTransformer3DModel", _COSMOS, _cosmos_inputs),
+    "cosmos-frames": ("CosmosTransformer3DModel", _COSMOS | {"extra_pos_embed_type": None},
+                      lambda batch: _cosmos_inputs(batch, per_frame=True)),
 }  # fmt: skip
 """name: (diffusers class, tiny config, inputs of a batch size)."""
 
