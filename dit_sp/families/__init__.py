@@ -12,13 +12,18 @@ from dit_sp.families.cosmos import COSMOS
 from dit_sp.families.family import TRANSFORMERS, ModelFamily, VAEFactors
 from dit_sp.families.hunyuan_video import HUNYUAN_VIDEO
 from dit_sp.families.kandinsky5 import KANDINSKY5
+from dit_sp.families.minimax_h3 import MINIMAX_H3
 from dit_sp.families.motif_video import MOTIF_VIDEO
 from dit_sp.families.policy import DiffusersPolicy
+from dit_sp.families.refused import REFUSED
 from dit_sp.families.shape import check_latent_shape
 from dit_sp.families.wan import WAN
 from dit_sp.vae import VAEPlan
 
-FAMILIES: tuple[ModelFamily, ...] = (WAN, HUNYUAN_VIDEO, COGVIDEOX, KANDINSKY5, MOTIF_VIDEO, COSMOS)
+FAMILIES: tuple[ModelFamily, ...] = (
+    WAN, HUNYUAN_VIDEO, COGVIDEOX,
+    KANDINSKY5, MOTIF_VIDEO, COSMOS, MINIMAX_H3, *REFUSED,
+)  # fmt: skip
 
 
 def supported_classes() -> list[str]:

@@ -13,8 +13,9 @@ from dit_sp.vae import VAEPlan
 Plan = dict[str, Any]
 """Where a transformer's sequence is split and gathered: a diffusers ``_cp_plan`` (``dit_sp.sp.plan``)."""
 
-TRANSFORMERS = ("transformer", "transformer_2")
-"""The pipeline components that hold a DiT (Wan 2.2 A14B has two experts)."""
+TRANSFORMERS = ("transformer", "transformer_2", "transformer_ref")
+"""The pipeline components that hold a DiT (Wan 2.2 A14B has two experts; MiniMax-H3's modular pipeline a
+reference-to-video partition)."""
 
 SETTINGS = ("frames", "height", "width", "steps", "guidance", "max_sequence_length")
 """The generation settings of ``ModelFamily.checkpoint_defaults``, in the order ``generation_defaults`` takes them."""

@@ -62,7 +62,7 @@ def test_transformer_matches_single_process(matrix, name, layout):
     assert errors["restored_bit_identical"] == 1.0
 
 
-EXPECTED_TOKENS = {"kandinsky5": 18, "motif_video": 18, "cosmos": 18, "cosmos-frames": 18}
+EXPECTED_TOKENS = {"kandinsky5": 18, "motif_video": 18, "cosmos": 18, "cosmos-frames": 18, "minimax_h3": 19}
 """Video tokens of each tiny transformer's inputs (``family_checks_famc.inputs``)."""
 
 
@@ -95,6 +95,62 @@ def test_modes_that_cannot_be_split_are_refused_in_one_line(name, changes, messa
     with pytest.raises(NotImplementedError, match=message) as error:
         parallelize(model, init_parallel(ParallelConfig()))
     assert "\n" not in str(error.value)
+
+
+REFUSED_FAMILIES = {  # tiny configs of the families dit-sp refuses, with a word of each reason
+    "SanaVideoTransformer3DModel": ({"in_channels": 4, "out_channels": 4, "num_attention_heads": 2,
+                                     "attention_head_dim": 8, "num_layers": 1, "num_cross_attention_heads": 2,
+                                     "cross_attention_head_dim": 8, "cross_attention_dim": 16,
+                                     "caption_channels": 16}, "linear attention"),
+    "HeliosTransformer3DModel": ({"num_attention_heads": 2, "attention_head_dim": 12, "in_channels": 4,
+                                  "out_channels": 4, "text_dim": 16, "freq_dim": 16, "ffn_dim": 32, "num_layers": 1,
+                                  "rope_dim": (4, 4, 4)}, "history from current frames"),
+    "WanAnimate2Transformer3DModel": ({"in_dim": 4, "dim": 16, "ffn_dim": 32, "freq_dim": 16, "text_dim": 16,
+                                       "out_dim": 4, "num_heads": 2, "num_layers": 1}, "flex-attention block mask"),
+    "Cosmos3OmniTransformer": ({"head_dim": 8, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2,
+                                "num_hidden_layers": 1, "num_key_value_heads": 1, "latent_channel": 4,
+                                "patch_latent_dim": 16}, "causal pathway"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("class_name", list(REFUSED_FAMILIES))
+def test_families_that_cannot_be_split_are_refused_with_their_reason(class_name):
+    import diffusers
+
+    config, reason = REFUSED_FAMILIES[class_name]
+    model = getattr(diffusers, class_name)(**config)
+    message = f"{class_name} cannot run sequence-parallel exactly: .*{reason}"
+    with pytest.raises(NotImplementedError, match=message) as e:
+        parallelize(model, init_parallel(ParallelConfig()))
+    assert "\n" not in str(e.value)
+    assert not any(type(m).__name__.startswith("SequenceParallel") for m in model.modules())  # nothing left behind
+
+
+def test_a_modular_pipeline_is_parallelized_through_its_transformer():
+    """MiniMax-H3 ships only as a Modular Diffusers pipeline: ``parallelize`` finds its transformer component, routes
+    its attention, refuses CFG parallelism in one line, and undoes exactly."""
+    from types import SimpleNamespace
+
+    from diffusers.modular_pipelines import MiniMaxH3Blocks
+
+    from dit_sp import unparallelize
+    from dit_sp.errors import ConfigError
+
+    pipe = MiniMaxH3Blocks().init_pipeline()
+    pipe.update_components(transformer=build("minimax_h3"))
+    stock = type(pipe)
+    kwargs = inputs("minimax_h3")
+    with torch.no_grad():
+        ref = pipe.transformer(**kwargs, return_dict=False)[0]
+        parallelize(pipe, init_parallel(ParallelConfig()))
+        processors = {type(m.processor).__name__ for m in pipe.transformer.modules() if hasattr(m, "processor")}
+        assert "SequenceParallelMiniMaxH3AttnProcessor" in processors
+        assert type(pipe).__name__ == f"SequenceParallel{stock.__name__}"
+        torch.testing.assert_close(pipe.transformer(**kwargs, return_dict=False)[0], ref, atol=0, rtol=0)
+        unparallelize(pipe)
+    assert type(pipe) is stock
+    with pytest.raises(ConfigError, match=r"cfg parallelism \(cfg=2\) for MiniMaxH3ModularPipeline: .* guider"):
+        parallelize(pipe, SimpleNamespace(cfg=2))
 
 
 def test_cfg_parallel_is_refused_where_the_pipeline_reads_the_first_branch_early():

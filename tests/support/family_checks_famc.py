@@ -59,6 +59,22 @@ _COSMOS = {"in_channels": 4, "out_channels": 4, "num_attention_heads": 2, "atten
            "patch_size": (1, 2, 2), "concat_padding_mask": False}  # fmt: skip
 
 
+def _minimax_h3_inputs(batch: int) -> dict[str, Any]:
+    rand = _rand(torch.Generator().manual_seed(7))
+    # one packed sequence of 5 text rows, 12 video rows (3 frames x 2 x 2 patches: the first frame a conditioning
+    # frame at timestep 0) and 2 audio rows: 19 rows, uneven over 2 ranks
+    tags = torch.tensor([1] * 5 + [0] * 12 + [2] * 2)
+    timestep_indices = torch.tensor([1] * 5 + [0] * 4 + [1] * 8 + [1] * 2)
+    frame, row, col = torch.meshgrid(torch.arange(3), torch.arange(2), torch.arange(2), indexing="ij")
+    video_positions = torch.stack([frame + 1, row, col], -1).reshape(12, 3)
+    positions = torch.cat([torch.zeros(5, 3, dtype=torch.long), video_positions, torch.tensor([[1, 0, 0], [2, 0, 0]])])
+    return {"hidden_states": rand(batch, 12, 8), "audio_hidden_states": rand(batch, 2, 4),
+            "encoder_hidden_states": rand(batch, 5, 16), "timestep": torch.tensor([0.0, 0.7]),
+            "timestep_indices": timestep_indices, "token_tags": tags, "position_ids": positions,
+            "video_indices": torch.arange(5, 17), "audio_indices": torch.arange(17, 19),
+            "text_indices": torch.arange(5)}  # fmt: skip
+
+
 TINY: dict[str, tuple[str, dict[str, Any], Inputs]] = {
     "kandinsky5": ("Kandinsky5Transformer3DModel",
                    {"in_visual_dim": 4, "in_text_dim": 16, "in_text_dim2": 8, "time_dim": 16, "out_visual_dim": 4,
@@ -74,6 +90,12 @@ TINY: dict[str, tuple[str, dict[str, Any], Inputs]] = {
     "cosmos": ("CosmosTransformer3DModel", _COSMOS, _cosmos_inputs),
     "cosmos-frames": ("CosmosTransformer3DModel", _COSMOS | {"extra_pos_embed_type": None},
                       lambda batch: _cosmos_inputs(batch, per_frame=True)),
+    "minimax_h3": ("MiniMaxH3Transformer3DModel",
+                   {"num_attention_heads": 2, "attention_head_dim": 12, "hidden_size": 24, "num_layers": 2,
+                    "num_refiner_layers": 1, "ffn_dim": 32, "in_channels": 2, "audio_in_channels": 4,
+                    "patch_size": (1, 2, 2), "text_dim": 16, "freq_dim": 16, "time_embed_hidden_dim": 16,
+                    "time_embed_dim": 16, "rope_freq_dim": 2},
+                   _minimax_h3_inputs),
 }  # fmt: skip
 """name: (diffusers class, tiny config, inputs of a batch size)."""
 
@@ -110,7 +132,10 @@ def inputs(name: str, batch: int = 2) -> dict[str, Any]:
 
 
 def _output(result: Any) -> torch.Tensor:
-    return result if isinstance(result, torch.Tensor) else result[0]
+    """The model's outputs as one tensor ``(B, ...)`` (MiniMax-H3: its video and audio rows)."""
+    if isinstance(result, torch.Tensor):
+        return result
+    return torch.cat([out.flatten(1) for out in result], 1) if len(result) > 1 else result[0]
 
 
 def _run(model: torch.nn.Module, kwargs: dict, grad_scale: float) -> tuple[torch.Tensor, dict]:
