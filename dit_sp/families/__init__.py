@@ -9,7 +9,7 @@ import torch
 from dit_sp.errors import ConfigError
 from dit_sp.families.cogvideox import COGVIDEOX
 from dit_sp.families.cosmos import COSMOS
-from dit_sp.families.family import TRANSFORMERS, ModelFamily, VAEFactors
+from dit_sp.families.family import PARALLELIZED_TRANSFORMERS, TRANSFORMERS, ModelFamily, VAEFactors
 from dit_sp.families.hunyuan_video import HUNYUAN_VIDEO
 from dit_sp.families.kandinsky5 import KANDINSKY5
 from dit_sp.families.minimax_h3 import MINIMAX_H3
@@ -89,6 +89,7 @@ def check_shape(pipe: Any, settings: dict[str, Any], flags: bool = True) -> None
 
 __all__ = [
     "FAMILIES",
+    "PARALLELIZED_TRANSFORMERS",
     "TRANSFORMERS",
     "DiffusersPolicy",
     "ModelFamily",

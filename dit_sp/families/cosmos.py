@@ -42,6 +42,26 @@ def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
     return vae.get("scale_factor_temporal", 4), vae.get("scale_factor_spatial", 8)
 
 
+_T5_11B_ENCODER, _COSMOS_VAE = 4.76e9, 105.7e6  # AutoencoderKLCosmos (CV8x8x8): 105.65e6 counted on meta
+
+
+def _architecture(config: dict[str, Any]) -> dict[str, Any]:
+    return {"transformers": {"transformer": ("CosmosTransformer3DModel", config)}, "text_encoders": _T5_11B_ENCODER,
+            "vae": _COSMOS_VAE, "compression": (8, 8), "text_tokens": 512, "joint": False}  # fmt: skip
+
+
+_7B = {"in_channels": 16, "out_channels": 16, "num_attention_heads": 32, "attention_head_dim": 128, "num_layers": 28,
+       "mlp_ratio": 4.0, "text_embed_dim": 1024, "adaln_lora_dim": 256, "max_size": [128, 240, 240],
+       "patch_size": [1, 2, 2], "rope_scale": [2.0, 1.0, 1.0], "concat_padding_mask": True,
+       "extra_pos_embed_type": "learnable"}  # fmt: skip
+
+_ARCHITECTURES = {
+    # Cosmos-1.0-Diffusion-7B / 14B-Text2World (diffusers' defaults are the 7B; counted on meta: 7.24e9, 1.43e10)
+    "cosmos1-7b-text2world": _architecture(_7B),
+    "cosmos1-14b-text2world": _architecture(_7B | {"num_attention_heads": 40, "num_layers": 36}),
+}
+"""The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
+
 PIPELINES = ("CosmosTextToWorldPipeline", "CosmosVideoToWorldPipeline", "Cosmos2VideoToWorldPipeline",
              "Cosmos2_5_PredictBasePipeline")  # fmt: skip
 
@@ -57,4 +77,5 @@ COSMOS = ModelFamily(
     ),
     checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(93, 704, 1280, 35, 7.0, 512) | {"fps": 16}),
     vae_factors=dict.fromkeys(PIPELINES, _vae_factors),
+    architectures=_ARCHITECTURES,
 )

@@ -13,9 +13,12 @@ from dit_sp.vae import VAEPlan
 Plan = dict[str, Any]
 """Where a transformer's sequence is split and gathered: a diffusers ``_cp_plan`` (``dit_sp.sp.plan``)."""
 
-TRANSFORMERS = ("transformer", "transformer_2", "transformer_ref")
-"""The pipeline components that hold a DiT (Wan 2.2 A14B has two experts; MiniMax-H3's modular pipeline a
-reference-to-video partition)."""
+TRANSFORMERS = ("transformer", "transformer_2")
+"""The pipeline components that hold a DiT (Wan 2.2 A14B has two experts)."""
+
+PARALLELIZED_TRANSFORMERS = (*TRANSFORMERS, "transformer_ref")
+"""The components ``parallelize`` makes sequence-parallel: also MiniMax-H3's reference-to-video partition (its
+modular pipeline holds both)."""
 
 SETTINGS = ("frames", "height", "width", "steps", "guidance", "max_sequence_length")
 """The generation settings of ``ModelFamily.checkpoint_defaults``, in the order ``generation_defaults`` takes them."""

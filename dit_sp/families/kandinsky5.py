@@ -48,6 +48,27 @@ def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
     return vae.get("temporal_compression_ratio", 4), vae.get("spatial_compression_ratio", 8)
 
 
+_CONFIG = {"in_visual_dim": 16, "in_text_dim": 3584, "in_text_dim2": 768, "out_visual_dim": 16,
+           "patch_size": [1, 2, 2], "visual_cond": True}  # fmt: skip
+_QWEN25_VL_7B, _CLIP_L, _VAE = 8.29e9, 123e6, 246e6  # the text encoders, HunyuanVideo's VAE
+
+
+def _architecture(config: dict[str, Any]) -> dict[str, Any]:
+    return {"transformers": {"transformer": ("Kandinsky5Transformer3DModel", _CONFIG | config)},
+            "text_encoders": _QWEN25_VL_7B + _CLIP_L, "vae": _VAE, "compression": (4, 8), "text_tokens": 512,
+            "joint": False}  # fmt: skip
+
+
+_ARCHITECTURES = {
+    # Kandinsky 5.0 Video Lite (2B) and Pro (19B): their transformer configs (the meta-device counts are 2.01e9 and
+    # 1.93e10 parameters)
+    "kandinsky5-t2v-lite": _architecture({"time_dim": 512, "model_dim": 1792, "ff_dim": 7168, "num_text_blocks": 2,
+                                          "num_visual_blocks": 32, "axes_dims": [16, 24, 24]}),
+    "kandinsky5-t2v-pro": _architecture({"time_dim": 1024, "model_dim": 4096, "ff_dim": 16384, "num_text_blocks": 4,
+                                         "num_visual_blocks": 60, "axes_dims": [32, 48, 48]}),
+}  # fmt: skip
+"""The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
+
 PIPELINES = ("Kandinsky5T2VPipeline", "Kandinsky5I2VPipeline")
 
 KANDINSKY5 = ModelFamily(
@@ -61,4 +82,5 @@ KANDINSKY5 = ModelFamily(
     tiny_models=("tiny-kandinsky5",),
     checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(121, 512, 768, 50, 5.0, 512) | {"fps": 24}),
     vae_factors=dict.fromkeys(PIPELINES, _vae_factors),
+    architectures=_ARCHITECTURES,
 )

@@ -16,7 +16,7 @@ import torch
 
 from dit_sp.cache import CacheSpec, enable_cache
 from dit_sp.errors import ConfigError
-from dit_sp.families import TRANSFORMERS, ModelFamily, family_of, vae_plan_of
+from dit_sp.families import PARALLELIZED_TRANSFORMERS, ModelFamily, family_of, vae_plan_of
 from dit_sp.parallel.comm import GatherGrad
 from dit_sp.parallel.state import ParallelState
 from dit_sp.sp.guidance import GuidancePair
@@ -123,7 +123,7 @@ def parallelize(
             if shard_weights:
                 _shard_weights(obj, parallel, handle)
         else:
-            transformers = [getattr(obj, n, None) for n in TRANSFORMERS]
+            transformers = [getattr(obj, n, None) for n in PARALLELIZED_TRANSFORMERS]
             transformers = [t for t in transformers if t is not None]
             if not transformers:
                 raise TypeError(
@@ -146,7 +146,8 @@ def parallelize(
                 else:
                     decode_once_per_sample(vae, parallel, handle, send=frames_on == "every_rank")
             _swap_pipeline_class(obj, family, parallel, guidance, handle)
-        transformers = [obj] if isinstance(obj, torch.nn.Module) else [getattr(obj, n, None) for n in TRANSFORMERS]
+        components = PARALLELIZED_TRANSFORMERS
+        transformers = [obj] if isinstance(obj, torch.nn.Module) else [getattr(obj, n, None) for n in components]
         if compile:
             from dit_sp.sp.compile import compile_blocks
 

@@ -180,3 +180,16 @@ def test_single_process_parallelize_is_exact():
 def test_settings_are_registered():
     settings = dataclasses.asdict(GenerateConfig.load(overrides={"model": "tiny-kandinsky5"}))
     assert (settings["frames"], settings["height"], settings["width"]) == (9, 48, 32)
+
+
+@pytest.mark.parametrize(("name", "low", "high", "blocks"), [
+    ("kandinsky5-t2v-lite", 1.9e9, 2.1e9, 34), ("kandinsky5-t2v-pro", 18.5e9, 20e9, 64),
+    ("cosmos1-7b-text2world", 6.9e9, 7.5e9, 28), ("cosmos1-14b-text2world", 13.5e9, 15e9, 36)])  # fmt: skip
+def test_the_planner_knows_the_real_checkpoints_at_their_published_sizes(name, low, high, blocks):
+    """Kandinsky 5.0 Video Lite is published as 2B, Pro as 19B; Cosmos-1.0-Diffusion as 7B and 14B."""
+    from dit_sp.memory.planner import ARCHITECTURES, TransformerShape
+
+    class_name, config = ARCHITECTURES[name]["transformers"]["transformer"]
+    shape = TransformerShape.of(class_name, config)
+    assert low <= shape.params <= high, shape.params
+    assert shape.layers == blocks and shape.block_params < shape.params / 10
