@@ -193,3 +193,15 @@ def test_the_planner_knows_the_real_checkpoints_at_their_published_sizes(name, l
     shape = TransformerShape.of(class_name, config)
     assert low <= shape.params <= high, shape.params
     assert shape.layers == blocks and shape.block_params < shape.params / 10
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("kandinsky5", "Kandinsky5TransformerDecoderBlock takes no 'hidden_states' argument"),
+    ("cosmos", "diffusers has no block metadata for CosmosTransformerBlock"),
+    ("minimax_h3", "diffusers has no block metadata for MiniMaxH3TransformerBlock")])  # fmt: skip
+def test_step_caches_the_blocks_cannot_take_are_refused_in_one_line(name, message):
+    from dit_sp.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"step caching: {message}") as error:
+        parallelize(build(name), init_parallel(ParallelConfig()), cache="first_block")
+    assert "\n" not in str(error.value)
