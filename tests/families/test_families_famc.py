@@ -62,7 +62,7 @@ def test_transformer_matches_single_process(matrix, name, layout):
     assert errors["restored_bit_identical"] == 1.0
 
 
-EXPECTED_TOKENS = {"kandinsky5": 18, "motif_video": 18, "cosmos": 18, "cosmos-frames": 18, "minimax_h3": 19}
+EXPECTED_TOKENS = dict.fromkeys(TINY, 18) | {"minimax_h3": 19}
 """Video tokens of each tiny transformer's inputs (``family_checks_famc.inputs``)."""
 
 
