@@ -10,6 +10,7 @@ from dit_sp.errors import ConfigError
 from dit_sp.families.cogvideox import COGVIDEOX
 from dit_sp.families.cosmos import COSMOS
 from dit_sp.families.family import PARALLELIZED_TRANSFORMERS, TRANSFORMERS, ModelFamily, VAEFactors
+from dit_sp.families.helios import HELIOS
 from dit_sp.families.hunyuan_video import HUNYUAN_VIDEO
 from dit_sp.families.kandinsky5 import KANDINSKY5
 from dit_sp.families.minimax_h3 import MINIMAX_H3
@@ -22,7 +23,7 @@ from dit_sp.vae import VAEPlan
 
 FAMILIES: tuple[ModelFamily, ...] = (
     WAN, HUNYUAN_VIDEO, COGVIDEOX,
-    KANDINSKY5, MOTIF_VIDEO, COSMOS, MINIMAX_H3, *REFUSED,
+    KANDINSKY5, MOTIF_VIDEO, COSMOS, MINIMAX_H3, HELIOS, *REFUSED,
 )  # fmt: skip
 
 

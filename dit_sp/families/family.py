@@ -42,6 +42,10 @@ class ModelFamily:
     """Where the sequence is split and gathered (a diffusers ``_cp_plan``)."""
     attention_modules: tuple[str, ...]
     """``fnmatch`` patterns of the attention modules over the whole (split) video sequence."""
+    hooks: Callable[[torch.nn.Module, Any], list[Any]] | None = None
+    """Hooks beyond the plan, for what a ``_cp_plan`` cannot say (Helios: a global token count its blocks take, made
+    this rank's; a gather of a module's input), from the model and its ``dit_sp.sp.context.SequenceContext``;
+    returns their removable handles. Installed after the plan's hooks, so they run after them."""
     joint_position: Literal["front", "rear"] = "front"
     """Where the processors put text tokens when they attend jointly with the video."""
     cfg_mode: Literal["sequential", "batched"] = "sequential"

@@ -8,9 +8,6 @@ them by name and reason instead of calling them unsupported, or worse, splitting
   grouped-query attention over ragged packed sequences; dit-sp's USP is non-causal, without GQA.
 - Wan-Animate-2: it attends through a flex-attention block mask over a packed, 128-aligned buffer, with a key/value
   cache of reference frames carried from call to call.
-- Helios: its blocks split the sequence into history and current frames by a global count and its cross-attention
-  runs on the current frames only, so the diffusers plan splits and gathers around every attention and feed-forward
-  (two sequence lengths per forward), which dit-sp's one-length plan does not express yet.
 """
 
 from collections.abc import Callable
@@ -42,9 +39,5 @@ REFUSED = (
     _refused("wan_animate_2", "WanAnimate2Transformer3DModel",
              "it attends through a flex-attention block mask over a packed 128-aligned buffer with a key/value cache "
              "carried between calls; run it on one process per sample (dp)"),
-    _refused("helios", "HeliosTransformer3DModel",
-             "its blocks split history from current frames by a global token count and cross-attend from the "
-             "current frames only (two sequence lengths per forward, split and gathered around every attention); "
-             "run it on one process per sample (dp)"),
 )  # fmt: skip
 """The refused families, registered in ``FAMILIES`` so that they are named with their reason."""

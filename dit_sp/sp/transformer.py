@@ -53,6 +53,8 @@ def parallelize_transformer(
         raise ValueError("this model already uses diffusers' own context parallelism; do not enable both")
     ctx = SequenceContext(parallel, family.joint_position, gather_grad, kernel)
     handles = apply_plan(model, family.plan(model), ctx)
+    if family.hooks is not None:
+        handles += family.hooks(model, ctx)
     handle.add_undo(lambda: [h.remove() for h in handles])
     set_instance_attr(model, SEQUENCE_ATTR, ctx, handle)  # what a step cache reduces over
     if verify and parallel.sp > 1:
