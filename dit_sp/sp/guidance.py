@@ -43,7 +43,7 @@ class GuidancePair:
     def sequential(self, model: torch.nn.Module, forward, args: tuple, kwargs: dict) -> Any:
         if self.pending is None:
             hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-            if self.family.channels_last:
+            if getattr(self.family, "channels_last", False):  # (Kandinsky 5: latents (B, F, H, W, C))
                 channels = model.config.get("out_visual_dim") or hidden.shape[-1]
                 shape = (*hidden.shape[:-1], channels)
             else:
