@@ -51,6 +51,10 @@ MOTIF_VIDEO = ModelFamily(
     attention_modules=("transformer_blocks.*.attn", "single_transformer_blocks.*.attn"),
     joint_position="rear",
     cfg_mode="sequential",
+    cfg_refused=(
+        "the Motif-Video pipelines run guidance through their Modular Diffusers guider (no guidance_scale argument), "
+        "not as a pair of calls dit-sp can split; use cfg=1"
+    ),
     check=_check,
     checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(121, 736, 1280, 50, 5.0, 512) | {"fps": 24}),
     vae_factors=dict.fromkeys(PIPELINES, _vae_factors),
