@@ -62,6 +62,15 @@ def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
     return vae.get("scale_factor_temporal", 4), vae.get("scale_factor_spatial", 8)
 
 
+_ARCHITECTURES = {
+    # Helios-14B: diffusers' defaults are its transformer (1.43e10 parameters counted on meta); UMT5-XXL, Wan's VAE
+    "helios-14b": {"transformers": {"transformer": ("HeliosTransformer3DModel", {
+        "patch_size": [1, 2, 2], "num_attention_heads": 40, "attention_head_dim": 128, "in_channels": 16,
+        "out_channels": 16, "text_dim": 4096, "freq_dim": 256, "ffn_dim": 13824, "num_layers": 40})},
+        "text_encoders": 5.68e9, "vae": 127e6, "compression": (4, 8), "text_tokens": 512, "joint": False},
+}  # fmt: skip
+"""The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
+
 PIPELINES = ("HeliosPipeline", "HeliosPyramidPipeline")
 
 HELIOS = ModelFamily(
@@ -73,4 +82,5 @@ HELIOS = ModelFamily(
     cfg_mode="sequential",
     checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(129, 384, 640, 50, 5.0, 512) | {"fps": 24}),
     vae_factors=dict.fromkeys(PIPELINES, _vae_factors),
+    architectures=_ARCHITECTURES,
 )

@@ -181,9 +181,10 @@ def test_settings_are_registered():
 
 @pytest.mark.parametrize(("name", "low", "high", "blocks"), [
     ("kandinsky5-t2v-lite", 1.9e9, 2.1e9, 34), ("kandinsky5-t2v-pro", 18.5e9, 20e9, 64),
-    ("cosmos1-7b-text2world", 6.9e9, 7.5e9, 28), ("cosmos1-14b-text2world", 13.5e9, 15e9, 36)])  # fmt: skip
+    ("cosmos1-7b-text2world", 6.9e9, 7.5e9, 28), ("cosmos1-14b-text2world", 13.5e9, 15e9, 36),
+    ("helios-14b", 13.5e9, 15e9, 40)])  # fmt: skip
 def test_the_planner_knows_the_real_checkpoints_at_their_published_sizes(name, low, high, blocks):
-    """Kandinsky 5.0 Video Lite is published as 2B, Pro as 19B; Cosmos-1.0-Diffusion as 7B and 14B."""
+    """Kandinsky 5.0 Video Lite is published as 2B, Pro as 19B; Cosmos-1.0-Diffusion as 7B and 14B; Helios as 14B."""
     from dit_sp.memory.planner import ARCHITECTURES, TransformerShape
 
     class_name, config = ARCHITECTURES[name]["transformers"]["transformer"]
