@@ -28,7 +28,8 @@ FAMILIES: tuple[ModelFamily, ...] = (
 
 
 def supported_classes() -> list[str]:
-    return [name for family in FAMILIES for name in family.class_names]
+    """The transformer classes ``parallelize`` splits (not the ones it knows only to refuse, ``families.refused``)."""
+    return [name for family in FAMILIES if family not in REFUSED for name in family.class_names]
 
 
 def family_of(model: torch.nn.Module) -> ModelFamily:
