@@ -1,7 +1,8 @@
-"""Kandinsky 5, Helios, Sana-Video, Motif-Video, Cosmos and the Modular-only families, parallelized, against one
-process: the transformers forward and backward on 1x2 (Ulysses) and 2x1 (ring) with uneven token counts, and the
-pipelines with built-in tiny models through ``generate`` on 1x2, 2x1 and CFG parallel, each with the attention's
-token count checked (the sequence really is split). All of it in one 2-process spawn."""
+"""Kandinsky 5, Motif-Video, Cosmos, Helios and MiniMax-H3, parallelized, against one process: the transformers
+forward and backward on 1x2 (Ulysses) and 2x1 (ring) with uneven token counts; ``generate`` with the built-in
+``tiny-kandinsky5`` on 1x2, 2x1 and CFG parallel; a tiny ``MotifVideoPipeline`` on 1x2 and 2x1; each with the
+attention's token count checked (the sequence really is split). All of it in one 2-process spawn. And the one-line
+refusals: Sana-Video, Cosmos 3, Wan-Animate-2, and the modes of supported families that cannot be split."""
 
 from __future__ import annotations
 
@@ -42,7 +43,12 @@ def matrix(tmp_path_factory):
         leaders = [r["videos"][i] for r in by_rank if "out" in r["videos"][i]]
         assert len(leaders) == 1, f"{key}: exactly one rank writes the output"
         videos[key] = leaders[0]
-    return {"transformers": by_rank[0]["transformers"], "single": single, "videos": videos}
+    return {
+        "transformers": by_rank[0]["transformers"],
+        "single": single,
+        "videos": videos,
+        "motif_video": by_rank[0]["motif_video"],
+    }
 
 
 @pytest.mark.slow
@@ -77,6 +83,16 @@ def test_pipeline_matches_single_process(matrix, model, layout):
     assert (torch.load(report["latents"]) - torch.load(reference["latents"])).abs().max() <= 1e-4
     split = 1 if layout == "cfg2" else 2  # cfg parallel: each branch on one process, the whole sequence
     assert report["attention_tokens"] == -(-PIPELINES[model] // split)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: "dp{}-r{}-u{}".format(*layout))
+def test_motif_video_pipeline_matches_single_process(matrix, layout):
+    """``MotifVideoPipeline`` (from prompt embeddings, guided through its guider, Wan's VAE split) on 1x2 and 2x1."""
+    errors = matrix["motif_video"]["dp{}-r{}-u{}".format(*layout)]
+    assert errors["frames_std"] > 0.01  # a real video
+    assert errors["frames"] <= 1e-4 and errors["latents"] <= 1e-4, errors
+    assert errors["attention_tokens"] == 9  # 18 video tokens, half on each process
 
 
 REFUSED = [  # (tiny family, config changes, what the one-line error says)

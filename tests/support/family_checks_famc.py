@@ -246,7 +246,8 @@ def run_family_matrix(names: list[str], layouts: list[tuple[int, int, int]], job
     ``GenerateConfig``), with the attention's largest token count of each."""
     from dit_sp import generate
 
-    results: dict[str, Any] = {"transformers": check_families(names, layouts), "videos": []}
+    results: dict[str, Any] = {"transformers": check_families(names, layouts), "videos": [],
+                               "motif_video": check_motif_video_pipeline(layouts)}  # fmt: skip
     for settings in jobs:
         seen: dict[str, int] = {}
         handle = _record_routed_lengths(seen)
@@ -255,4 +256,61 @@ def run_family_matrix(names: list[str], layouts: list[tuple[int, int, int]], job
         finally:
             handle.remove()
         results["videos"].append(report | {"attention_tokens": seen.get("tokens")})
+    return results
+
+
+def _motif_video_pipeline() -> Any:
+    """A tiny ``MotifVideoPipeline`` (Wan's VAE, classifier-free guidance through its guider), run from prompt
+    embeddings (its T5Gemma2 text encoder is left out)."""
+    import diffusers
+    from diffusers.guiders import ClassifierFreeGuidance
+
+    from dit_sp.zoo import _component
+
+    class_name, config, _ = TINY["motif_video"]
+    torch.manual_seed(0)
+    transformer = redraw_zeros(getattr(diffusers, class_name)(**config | {"in_channels": 9})).eval()
+    vae = _component({"class": "AutoencoderKLWan", "config": {
+        "base_dim": 8, "z_dim": 4, "dim_mult": [1, 1, 1, 1], "num_res_blocks": 1,
+        "temperal_downsample": [False, True, True], "latents_mean": [0.0] * 4, "latents_std": [1.0] * 4}})  # fmt: skip
+    scheduler = diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0)
+    guider = ClassifierFreeGuidance(guidance_scale=3.0)
+    return diffusers.MotifVideoPipeline(scheduler=scheduler, vae=vae, text_encoder=None, tokenizer=None,
+                                        transformer=transformer, guider=guider)  # fmt: skip
+
+
+def _run_motif_video(pipe: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    rand = _rand(torch.Generator().manual_seed(5))
+    mask = torch.ones(1, 7, dtype=torch.long)
+    mask[0, 5:] = 0
+    final: dict[str, torch.Tensor] = {}
+
+    def keep(pipeline, step, timestep, tensors):
+        final["latents"] = tensors["latents"].detach().clone()
+        return tensors
+
+    frames = pipe(prompt_embeds=rand(1, 7, 16), prompt_attention_mask=mask, negative_prompt_embeds=rand(1, 7, 16),
+                  negative_prompt_attention_mask=torch.ones(1, 7, dtype=torch.long), height=48, width=32,
+                  num_frames=9, num_inference_steps=2, generator=torch.Generator().manual_seed(0), output_type="np",
+                  callback_on_step_end=keep).frames[0]  # fmt: skip
+    return torch.as_tensor(frames), final["latents"]
+
+
+def check_motif_video_pipeline(layouts: list[tuple[int, int, int]]) -> dict[str, dict[str, Any]]:
+    """The tiny Motif-Video pipeline parallelized on each layout against this process's unsplit run: max abs errors of
+    frames and latents, and the attention's largest token count."""
+    pipe = _motif_video_pipeline()
+    ref_frames, ref_latents = _run_motif_video(pipe)
+    results = {}
+    for dp, ring, ulysses in layouts:
+        seen: dict[str, int] = {}
+        handle = _record_routed_lengths(seen)
+        try:
+            with parallelize(pipe, init_parallel(ParallelConfig(dp=dp, ring=ring, ulysses=ulysses))):
+                frames, latents = _run_motif_video(pipe)
+        finally:
+            handle.remove()
+        results[f"dp{dp}-r{ring}-u{ulysses}"] = {
+            "frames": (frames - ref_frames).abs().max().item(), "latents": (latents - ref_latents).abs().max().item(),
+            "frames_std": ref_frames.std().item(), "attention_tokens": seen.get("tokens")}  # fmt: skip
     return results
