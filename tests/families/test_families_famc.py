@@ -179,8 +179,9 @@ def test_cfg_parallel_is_refused_where_the_pipeline_reads_the_first_branch_early
 
 
 def test_single_process_parallelize_is_exact():
-    """sp=1: each family's parallelized transformer computes exactly what the stock one does."""
-    for name in TRANSFORMERS:
+    """sp=1: the parallelized transformer computes exactly what the stock one does (channels-last latents, a
+    family's own hooks, a plan with wildcards)."""
+    for name in ("kandinsky5", "helios", "minimax_h3"):
         model, kwargs = build(name), inputs(name)
         assert family_of(model).name in name
         with torch.no_grad():
