@@ -220,3 +220,14 @@ def test_step_caches_the_blocks_cannot_take_are_refused_in_one_line(name, messag
     with pytest.raises(ConfigError, match=f"step caching: {message}") as error:
         parallelize(build(name), init_parallel(ParallelConfig()), cache="first_block")
     assert "\n" not in str(error.value)
+
+
+def test_generate_refuses_a_pipeline_that_takes_no_guidance_argument():
+    """Motif-Video's pipelines guide through their guider and take no ``guidance_scale``: one line, not a TypeError."""
+    from family_checks_famc import motif_video_pipeline
+
+    from dit_sp.errors import ConfigError
+    from dit_sp.inference import guidance_arguments
+
+    with pytest.raises(ConfigError, match="MotifVideoPipeline takes no guidance_scale .* generate cannot run it"):
+        guidance_arguments(motif_video_pipeline(), GenerateConfig.load(overrides={"model": "tiny-wan"}))

@@ -259,7 +259,7 @@ def run_family_matrix(names: list[str], layouts: list[tuple[int, int, int]], job
     return results
 
 
-def _motif_video_pipeline() -> Any:
+def motif_video_pipeline() -> Any:
     """A tiny ``MotifVideoPipeline`` (Wan's VAE, classifier-free guidance through its guider), run from prompt
     embeddings (its T5Gemma2 text encoder is left out)."""
     import diffusers
@@ -299,7 +299,7 @@ def _run_motif_video(pipe: Any) -> tuple[torch.Tensor, torch.Tensor]:
 def check_motif_video_pipeline(layouts: list[tuple[int, int, int]]) -> dict[str, dict[str, Any]]:
     """The tiny Motif-Video pipeline parallelized on each layout against this process's unsplit run: max abs errors of
     frames and latents, and the attention's largest token count."""
-    pipe = _motif_video_pipeline()
+    pipe = motif_video_pipeline()
     ref_frames, ref_latents = _run_motif_video(pipe)
     results = {}
     for dp, ring, ulysses in layouts:
