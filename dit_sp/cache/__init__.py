@@ -100,6 +100,9 @@ def enable_cache(obj: Any, cache: str | CacheSpec) -> StepCache:
             if getattr(model, _CACHE_ATTR, None) is not None or model_cache_config(model) is not None:
                 raise ConfigError(f"{type(model).__name__} already has a step cache; undo it (or disable_cache())")
             family = family_of(model)
+            if not family.step_cache:
+                raise ConfigError(f"step caching is not supported for {type(model).__name__} ({family.name} family): "
+                                  "no cache has been checked exact on its blocks; run without a cache")  # fmt: skip
             where = _decision_group(model, family)
             if spec.policy == "first_block":
                 handle._undo.append(first_block.apply(model, spec.threshold, spec.warmup, where, handle.stats))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from diffusers.hooks.hooks import CacheContext, HookRegistry, StateManager
 
@@ -9,9 +11,10 @@ from dit_sp import _compat
 from dit_sp.errors import ConfigError
 
 
-def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+def transformer_blocks(model: torch.nn.Module, *, cached: bool = True) -> list[torch.nn.Module]:
     """The model's blocks in the order they run (e.g. HunyuanVideo's double-stream, then single-stream
-    blocks), as diffusers' own caches find them."""
+    blocks), as diffusers' own caches find them. ``cached``: checked for what a step cache reads of them
+    (diffusers' block metadata, and a ``hidden_states`` argument); ``compile_blocks`` needs neither."""
     blocks = [
         block
         for name, child in model.named_children()
@@ -20,11 +23,14 @@ def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     ]
     if len(blocks) < 2:
         raise ConfigError(f"{type(model).__name__}: step caching needs 2+ blocks, it has {len(blocks)}")
-    for block in blocks:
+    for block in blocks if cached else ():
         try:
             _compat.block_metadata(type(block))
         except ValueError:
             raise ConfigError(f"step caching: diffusers has no block metadata for {type(block).__name__}") from None
+        if "hidden_states" not in inspect.signature(block.forward).parameters:  # diffusers' caches read it by name
+            raise ConfigError(f"step caching: {type(block).__name__} takes no 'hidden_states' argument, which "
+                              "diffusers' block caches read; run without a step cache")  # fmt: skip
     return blocks
 
 

@@ -10,11 +10,17 @@ from dit_sp.errors import ConfigError
 from dit_sp.families.anyflow import ANYFLOW
 from dit_sp.families.chronoedit import CHRONOEDIT
 from dit_sp.families.cogvideox import COGVIDEOX
-from dit_sp.families.family import TRANSFORMERS, ModelFamily, VAEFactors
+from dit_sp.families.cosmos import COSMOS
+from dit_sp.families.family import PARALLELIZED_TRANSFORMERS, TRANSFORMERS, ModelFamily, VAEFactors
+from dit_sp.families.helios import HELIOS
 from dit_sp.families.hunyuan_video import HUNYUAN_VIDEO
 from dit_sp.families.hunyuan_video15 import HUNYUAN_VIDEO15
 from dit_sp.families.hunyuan_video_framepack import HUNYUAN_VIDEO_FRAMEPACK
+from dit_sp.families.kandinsky5 import KANDINSKY5
+from dit_sp.families.minimax_h3 import MINIMAX_H3
+from dit_sp.families.motif_video import MOTIF_VIDEO
 from dit_sp.families.policy import DiffusersPolicy
+from dit_sp.families.refused import REFUSED
 from dit_sp.families.shape import check_latent_shape
 from dit_sp.families.skyreels_v2 import SKYREELS_V2
 from dit_sp.families.wan import WAN
@@ -23,21 +29,16 @@ from dit_sp.families.wan_vace import WAN_VACE
 from dit_sp.vae import VAEPlan
 
 FAMILIES: tuple[ModelFamily, ...] = (
-    WAN,
-    HUNYUAN_VIDEO,
-    COGVIDEOX,
-    SKYREELS_V2,
-    WAN_VACE,
-    CHRONOEDIT,
-    HUNYUAN_VIDEO15,
-    HUNYUAN_VIDEO_FRAMEPACK,
-    WAN_ANIMATE,
-    ANYFLOW,
-)
+    WAN, HUNYUAN_VIDEO, COGVIDEOX,
+    SKYREELS_V2, WAN_VACE, CHRONOEDIT, HUNYUAN_VIDEO15, HUNYUAN_VIDEO_FRAMEPACK, ANYFLOW,
+    KANDINSKY5, MOTIF_VIDEO, COSMOS, MINIMAX_H3, HELIOS,
+    WAN_ANIMATE, *REFUSED,
+)  # fmt: skip
 
 
 def supported_classes() -> list[str]:
-    return [name for family in FAMILIES for name in family.class_names]
+    """The transformer classes ``parallelize`` splits (not the ones it knows only to refuse, ``families.refused``)."""
+    return [name for family in FAMILIES if family not in REFUSED for name in family.class_names]
 
 
 def family_of(model: torch.nn.Module) -> ModelFamily:
@@ -100,6 +101,7 @@ def check_shape(pipe: Any, settings: dict[str, Any], flags: bool = True) -> None
 
 __all__ = [
     "FAMILIES",
+    "PARALLELIZED_TRANSFORMERS",
     "TRANSFORMERS",
     "DiffusersPolicy",
     "ModelFamily",

@@ -43,6 +43,7 @@ _ARCHITECTURES = {"anyflow-wan2.1-t2v-14b": wan_architecture({"transformer": _14
 
 ANYFLOW = ModelFamily(
     name="anyflow",
+    step_cache=False,
     class_names=("AnyFlowTransformer3DModel", "AnyFlowFARTransformer3DModel"),
     plan=_plan,
     attention_modules=("blocks.*.attn1",),

@@ -20,6 +20,7 @@ _ARCHITECTURES = {
 
 CHRONOEDIT = ModelFamily(
     name="chronoedit",
+    step_cache=False,
     class_names=("ChronoEditTransformer3DModel",),
     plan=model_cp_plan,
     attention_modules=("blocks.*.attn1",),

@@ -16,6 +16,10 @@ Plan = dict[str, Any]
 TRANSFORMERS = ("transformer", "transformer_2")
 """The pipeline components that hold a DiT (Wan 2.2 A14B has two experts)."""
 
+PARALLELIZED_TRANSFORMERS = (*TRANSFORMERS, "transformer_ref")
+"""The components ``parallelize`` makes sequence-parallel: also MiniMax-H3's reference-to-video partition (its
+modular pipeline holds both)."""
+
 SETTINGS = ("frames", "height", "width", "steps", "guidance", "max_sequence_length")
 """The generation settings of ``ModelFamily.checkpoint_defaults``, in the order ``generation_defaults`` takes them."""
 
@@ -38,11 +42,21 @@ class ModelFamily:
     """Where the sequence is split and gathered (a diffusers ``_cp_plan``)."""
     attention_modules: tuple[str, ...]
     """``fnmatch`` patterns of the attention modules over the whole (split) video sequence."""
+    hooks: Callable[[torch.nn.Module, Any], list[Any]] | None = None
+    """Hooks beyond the plan, for what a ``_cp_plan`` cannot say (Helios: a global token count its blocks take, made
+    this rank's; a gather of a module's input), from the model and its ``dit_sp.sp.context.SequenceContext``;
+    returns their removable handles. Installed after the plan's hooks, so they run after them."""
     joint_position: Literal["front", "rear"] = "front"
     """Where the processors put text tokens when they attend jointly with the video."""
     cfg_mode: Literal["sequential", "batched"] = "sequential"
     """How the family's stock pipeline runs guidance: two transformer calls per step (conditional
     first), or one call on a batch of ``[unconditional, conditional]``."""
+    channels_last: bool = False
+    """Whether the transformer takes and returns latents ``(B, F, H, W, C)`` (Kandinsky 5) rather than
+    ``(B, C, F, H, W)``."""
+    cfg_refused: str = ""
+    """Why CFG parallelism cannot run the family's pipelines (empty: it can); ``parallelize`` refuses ``cfg=2``
+    with this reason."""
     cfg_batched_args: tuple[str, ...] = ()
     """Forward arguments that carry the guidance batch (``batched`` mode)."""
     guidance_arg: str = "guidance_scale"
@@ -81,8 +95,6 @@ class ModelFamily:
     refused: dict[str, str] = field(default_factory=dict, hash=False)
     """Transformer classes of the family that ``parallelize`` refuses, each with its one-line reason (``check``
     raises it)."""
-    cfg_parallel: bool = True
-    """Whether the guidance branches can run on two halves of the devices (``ParallelConfig(cfg=2)``)."""
     step_cache: bool = True
     """Whether step caching and regional compile find the family's blocks (diffusers has block metadata for
     them); ``tests/families/test_family_table.py`` checks this against the tiny models."""

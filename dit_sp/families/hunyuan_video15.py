@@ -39,6 +39,7 @@ and Glyph-ByT5 text encoders, the 16x-spatial VAE."""
 
 HUNYUAN_VIDEO15 = ModelFamily(
     name="hunyuan_video15",
+    step_cache=False,
     class_names=("HunyuanVideo15Transformer3DModel",),
     plan=_plan,
     attention_modules=("transformer_blocks.*.attn",),

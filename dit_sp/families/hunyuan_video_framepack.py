@@ -46,6 +46,7 @@ encoders, the SigLIP image encoder, HunyuanVideo's VAE."""
 
 HUNYUAN_VIDEO_FRAMEPACK = ModelFamily(
     name="hunyuan_video_framepack",
+    step_cache=False,
     class_names=("HunyuanVideoFramepackTransformer3DModel",),
     plan=_plan,
     attention_modules=("transformer_blocks.*.attn", "single_transformer_blocks.*.attn"),

@@ -62,6 +62,7 @@ _ARCHITECTURES = {
 
 SKYREELS_V2 = ModelFamily(
     name="skyreels_v2",
+    step_cache=False,
     class_names=("SkyReelsV2Transformer3DModel",),
     plan=_plan,
     attention_modules=("blocks.*.attn1",),

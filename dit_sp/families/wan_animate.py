@@ -23,6 +23,7 @@ def _refuse(model: torch.nn.Module) -> None:
 
 WAN_ANIMATE = ModelFamily(
     name="wan_animate",
+    step_cache=False,
     class_names=("WanAnimateTransformer3DModel",),
     plan=lambda model: {},
     attention_modules=("blocks.*.attn1",),

@@ -4,6 +4,7 @@ model's pipeline), the image files it reads, and the guidance arguments a pipeli
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any
 
 from dit_sp.errors import ConfigError, MissingFileError
@@ -21,6 +22,11 @@ def guidance_arguments(pipe: Any, config: GenerateConfig) -> dict[str, float]:
         cfg_argument = family_of(pipe.transformer).guidance_arg
     except TypeError:  # a transformer dit-sp does not know: single process only, the usual argument
         cfg_argument = "guidance_scale"
+    parameters = inspect.signature(type(pipe).__call__).parameters if callable(pipe) else {}
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    if parameters and cfg_argument not in parameters and not takes_any:  # (Motif-Video: guidance in its guider)
+        raise ConfigError(f"{type(pipe).__name__} takes no {cfg_argument} (its guidance is set elsewhere, e.g. its "
+                          "guider), so generate cannot run it; call the pipeline from Python")  # fmt: skip
     arguments = {cfg_argument: config.guidance}
     if config.embedded_guidance is not None:
         if cfg_argument == "guidance_scale":

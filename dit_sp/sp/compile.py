@@ -25,7 +25,7 @@ def compile_blocks(transformer: torch.nn.Module, **options: Any) -> Callable[[],
     default: inductor, ``dynamic=False``). Call it before ``enable_cache``, so that the cache's hooks wrap
     the compiled blocks (their decisions are host-side). Inference: compiled sequence-parallel attention
     has no backward. Returns the undo."""
-    blocks = transformer_blocks(transformer)
+    blocks = transformer_blocks(transformer, cached=False)
     for block in blocks:
         registry = hook_registry(block)
         if registry is not None and registry.hooks:

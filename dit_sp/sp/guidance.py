@@ -43,8 +43,13 @@ class GuidancePair:
     def sequential(self, model: torch.nn.Module, forward, args: tuple, kwargs: dict) -> Any:
         if self.pending is None:
             hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-            channels = model.config.get("out_channels") or hidden.shape[1]
-            placeholder = hidden.new_full((hidden.shape[0], channels, *hidden.shape[2:]), float("nan"))
+            if getattr(self.family, "channels_last", False):  # (Kandinsky 5: latents (B, F, H, W, C))
+                channels = model.config.get("out_visual_dim") or hidden.shape[-1]
+                shape = (*hidden.shape[:-1], channels)
+            else:
+                channels = model.config.get("out_channels") or hidden.shape[1]
+                shape = (hidden.shape[0], channels, *hidden.shape[2:])
+            placeholder = hidden.new_full(shape, float("nan"))
             self.pending = (forward, args, kwargs, placeholder, cache_context_of(model))
             return (placeholder,) if not kwargs.get("return_dict", True) else Transformer2DModelOutput(placeholder)
         cond_forward, cond_args, cond_kwargs, placeholder, cond_context = self.pending

@@ -16,7 +16,7 @@ import torch
 
 from dit_sp.cache import CacheSpec, enable_cache
 from dit_sp.errors import ConfigError
-from dit_sp.families import TRANSFORMERS, ModelFamily, family_of, vae_plan_of
+from dit_sp.families import PARALLELIZED_TRANSFORMERS, ModelFamily, family_of, vae_plan_of
 from dit_sp.parallel.comm import GatherGrad
 from dit_sp.parallel.state import ParallelState
 from dit_sp.sp.guidance import GuidancePair
@@ -123,13 +123,15 @@ def parallelize(
             if shard_weights:
                 _shard_weights(obj, parallel, handle)
         else:
-            transformers = [getattr(obj, n, None) for n in TRANSFORMERS]
+            transformers = [getattr(obj, n, None) for n in PARALLELIZED_TRANSFORMERS]
             transformers = [t for t in transformers if t is not None]
             if not transformers:
                 raise TypeError(
                     f"{type(obj).__name__} is neither a diffusers transformer nor a pipeline with a `transformer`"
                 )
             family = family_of(transformers[0])
+            if parallel.cfg == 2 and family.cfg_refused:
+                raise ConfigError(f"cfg parallelism (cfg=2) for {type(obj).__name__}: {family.cfg_refused}")
             guidance = GuidancePair(parallel, family) if parallel.cfg == 2 else None
             for transformer in transformers:
                 parallelize_transformer(transformer, parallel, handle, guidance=guidance, **options)
@@ -144,7 +146,8 @@ def parallelize(
                 else:
                     decode_once_per_sample(vae, parallel, handle, send=frames_on == "every_rank")
             _swap_pipeline_class(obj, family, parallel, guidance, handle)
-        transformers = [obj] if isinstance(obj, torch.nn.Module) else [getattr(obj, n, None) for n in TRANSFORMERS]
+        components = PARALLELIZED_TRANSFORMERS
+        transformers = [obj] if isinstance(obj, torch.nn.Module) else [getattr(obj, n, None) for n in components]
         if compile:
             from dit_sp.sp.compile import compile_blocks
 

@@ -12,6 +12,7 @@ assumption.
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -96,14 +97,31 @@ def _output_hook(specs: dict | OutputSpec | list, ctx: SequenceContext, is_root:
     return hook
 
 
+def _expand(plan: Plan, modules: dict[str, torch.nn.Module], owner: str) -> Plan:
+    """The plan by module name: a ``*`` in a name stands for one path component (diffusers' ``"blocks.*"``, every
+    block), and the split entries several names give one module are merged."""
+    expanded: Plan = {}
+    missing = []
+    for key, spec in plan.items():
+        pattern = re.compile(re.escape(key).replace(r"\*", r"[^.]+"))
+        names = [name for name in modules if pattern.fullmatch(name)] if "*" in key else [key] * (key in modules)
+        if not names:
+            missing.append(key)
+        for name in names:
+            if name in expanded and not (isinstance(spec, dict) and isinstance(expanded[name], dict)):
+                raise ValueError(f"the sequence-parallel plan of {owner} both splits and gathers at {name!r}")
+            expanded[name] = expanded[name] | spec if name in expanded else spec
+    if missing:
+        raise ValueError(f"the sequence-parallel plan names modules that {owner} lacks: {missing}")
+    return expanded
+
+
 def apply_plan(model: torch.nn.Module, plan: Plan, ctx: SequenceContext) -> list[RemovableHandle]:
     """Install the plan's hooks on ``model``; returns handles that remove them again."""
     check_cp_plan(plan, type(model).__name__)
     handles = []
     modules = dict(model.named_modules())
-    missing = [name for name in plan if name not in modules]
-    if missing:
-        raise ValueError(f"the sequence-parallel plan names modules that {type(model).__name__} lacks: {missing}")
+    plan = _expand(plan, modules, type(model).__name__)
     root_spec = plan.get("", {})
     # The model itself always gets hooks: they open and close the forward (see SequenceContext).
     handles.append(model.register_forward_pre_hook(_input_hook(model, root_spec, ctx, True), with_kwargs=True))

@@ -21,7 +21,8 @@ from dit_sp._compat import flatten_mesh, flattened_submesh, group_options, is_vi
 from dit_sp.parallel.state import ParallelState
 from dit_sp.weights import local_tensor
 
-BLOCK_LISTS = ("blocks", "transformer_blocks", "single_transformer_blocks")
+BLOCK_LISTS = ("blocks", "transformer_blocks", "single_transformer_blocks", "text_transformer_blocks",
+               "visual_transformer_blocks")  # fmt: skip
 """Attributes of diffusers video transformers that hold their repeated blocks."""
 
 

@@ -81,8 +81,19 @@ def _component(spec: dict[str, Any]) -> Any:
         return cls(**config)
     if hasattr(cls, "from_config"):
         model = cls.from_config(config) if not issubclass(cls, torch.nn.Module) else cls(**config)
+        if "redraw_zeros" in spec:  # weights a family initialises to zero (adaLN modulation): re-drawn, seeded
+            _redraw_zeros(model, spec["redraw_zeros"])
         return model.eval() if isinstance(model, torch.nn.Module) else model
     return cls(**config)
+
+
+@torch.no_grad()
+def _redraw_zeros(model: torch.nn.Module, std: float) -> None:
+    """Draw the parameters a family initialises to all zeros (its blocks' gates: a tiny random model of it would be
+    the identity, and a check of its layouts could not fail) from N(0, std), from the global seed."""
+    for param in model.parameters():
+        if param.numel() and not param.any():
+            param.normal_(0.0, std)
 
 
 def build_tiny(name: str, component: str | None = None) -> Any:

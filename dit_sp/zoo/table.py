@@ -102,7 +102,9 @@ def _row(family: ModelFamily) -> list[str]:
         ", ".join(f"`{name}`" for name in family.class_names),
         _pipelines(family),
         _sp(family),
-        f"yes ({family.cfg_mode})" if family.cfg_parallel else "no",
+        "refused"
+        if family.cfg_refused or family.refused.keys() >= set(family.class_names)
+        else f"yes ({family.cfg_mode})",
         _vaes(family),
         ", ".join(cache) if family.step_cache else "refused",
         "regional" if family.step_cache else "refused",  # compile wraps the same blocks the cache finds

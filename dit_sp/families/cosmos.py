@@ -1,0 +1,82 @@
+"""Cosmos 1, 2 and 2.5 (``CosmosTransformer3DModel``; text-to-world, video-to-world, Cosmos 2.5's image context).
+
+Each block attends over the video (``attn1``, through USP) and cross-attends to the text (``attn2``; Cosmos 2.5
+also to image tokens): local queries against replicated keys, no communication. The model computes its rotary
+tables, its learnable positional embedding and, with per-frame timesteps (video-to-world's conditioning frames,
+``timestep`` of shape ``(B, 1, T, 1, 1)``), its per-token modulation for the whole video and hands them to every
+block: the plan splits the rotary tables and the positional embedding where their modules return them, the video
+tokens at the first block, the per-token modulation where each block and the output norm take it, and gathers at
+``proj_out``. diffusers ships no ``_cp_plan`` for this model.
+
+The stock Cosmos 2 / 2.5 pipelines compute with the conditional prediction before they make the unconditional call,
+so the two branches cannot run at once on two process groups: CFG parallelism is refused for them. (The Cosmos
+pipelines and the padding-mask channel, ``concat_padding_mask``, call torchvision.)
+"""
+
+from typing import Any
+
+import torch
+
+from dit_sp._compat import context_parallel_types
+from dit_sp.families.family import ModelFamily, generation_defaults
+
+
+def _plan(model: torch.nn.Module) -> dict:
+    cp_input, cp_output = context_parallel_types()
+    per_token = cp_input(split_dim=1, expected_dims=3)  # per-frame timesteps' modulation, (B, S, C); else (B, C)
+    modulation = {"embedded_timestep": per_token, "temb": per_token}
+    plan: dict[str, Any] = {f"transformer_blocks.{i}": dict(modulation) for i in range(len(model.transformer_blocks))}
+    plan["transformer_blocks.0"]["hidden_states"] = cp_input(split_dim=1, expected_dims=3)
+    plan["rope"] = {i: cp_input(split_dim=0, expected_dims=2, split_output=True) for i in (0, 1)}
+    if model.learnable_pos_embed is not None:
+        plan["learnable_pos_embed"] = {0: cp_input(split_dim=1, expected_dims=3, split_output=True)}
+    plan["norm_out"] = dict(modulation)
+    plan["proj_out"] = cp_output(gather_dim=1, expected_dims=3)
+    return plan
+
+
+def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
+    # Cosmos 1's AutoencoderKLCosmos; Cosmos 2 / 2.5 ship Wan's VAE
+    if "temporal_compression_ratio" in vae:
+        return vae["temporal_compression_ratio"], vae.get("spatial_compression_ratio", 8)
+    return vae.get("scale_factor_temporal", 4), vae.get("scale_factor_spatial", 8)
+
+
+_T5_11B_ENCODER, _COSMOS_VAE = 4.76e9, 105.7e6  # AutoencoderKLCosmos (CV8x8x8): 105.65e6 counted on meta
+
+
+def _architecture(config: dict[str, Any]) -> dict[str, Any]:
+    return {"transformers": {"transformer": ("CosmosTransformer3DModel", config)}, "text_encoders": _T5_11B_ENCODER,
+            "vae": _COSMOS_VAE, "compression": (8, 8), "text_tokens": 512, "joint": False}  # fmt: skip
+
+
+_7B = {"in_channels": 16, "out_channels": 16, "num_attention_heads": 32, "attention_head_dim": 128, "num_layers": 28,
+       "mlp_ratio": 4.0, "text_embed_dim": 1024, "adaln_lora_dim": 256, "max_size": [128, 240, 240],
+       "patch_size": [1, 2, 2], "rope_scale": [2.0, 1.0, 1.0], "concat_padding_mask": True,
+       "extra_pos_embed_type": "learnable"}  # fmt: skip
+
+_ARCHITECTURES = {
+    # Cosmos-1.0-Diffusion-7B / 14B-Text2World (diffusers' defaults are the 7B; counted on meta: 7.24e9, 1.43e10)
+    "cosmos1-7b-text2world": _architecture(_7B),
+    "cosmos1-14b-text2world": _architecture(_7B | {"num_attention_heads": 40, "num_layers": 36}),
+}
+"""The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
+
+PIPELINES = ("CosmosTextToWorldPipeline", "CosmosVideoToWorldPipeline", "Cosmos2VideoToWorldPipeline",
+             "Cosmos2_5_PredictBasePipeline")  # fmt: skip
+
+COSMOS = ModelFamily(
+    name="cosmos",
+    step_cache=False,
+    class_names=("CosmosTransformer3DModel",),
+    plan=_plan,
+    attention_modules=("transformer_blocks.*.attn1",),
+    cfg_mode="sequential",
+    cfg_refused=(
+        "the Cosmos pipelines compute with the conditional prediction before they make the unconditional call, so "
+        "the two guidance branches cannot run at once on two process groups; use cfg=1"
+    ),
+    checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(93, 704, 1280, 35, 7.0, 512) | {"fps": 16}),
+    vae_factors=dict.fromkeys(PIPELINES, _vae_factors),
+    architectures=_ARCHITECTURES,
+)

@@ -1,0 +1,87 @@
+"""Kandinsky 5 video (``Kandinsky5Transformer3DModel``; text-to-video, image-to-video).
+
+Latents are channels-last, ``(B, F, H, W, C)``. The text runs through its own encoder blocks first (text only,
+replicated on every rank, local). The visual decoder blocks attend over the video (``self_attention``, through USP)
+and cross-attend to the text (``cross_attention``: local queries against replicated keys, no communication). The
+video tokens and their rotary table are flattened inside the model's forward, in front of the first visual block, so
+the plan splits the tokens where the first block takes them, the rotary table (``(B, S, 1, D/2, 2, 2)``, the same
+full table for every block) where each block's self-attention takes it, and gathers after the last block (the output
+layer unflattens the whole video). The NABLA sparse attention (``attention_type: nabla``) builds a block mask over
+the whole sequence (flex attention) and is refused. diffusers ships no ``_cp_plan`` for this model. Its VAE is
+HunyuanVideo's (``AutoencoderKLHunyuanVideo``), split by the HunyuanVideo family's VAE plan. Guidance runs as two
+calls per step, conditional first (``guidance_scale``; the stock pipeline brings its own negative prompt).
+"""
+
+from typing import Any
+
+import torch
+
+from dit_sp._compat import context_parallel_types
+from dit_sp.families.family import ModelFamily, generation_defaults
+
+
+def _plan(model: torch.nn.Module) -> dict:
+    cp_input, cp_output = context_parallel_types()
+    blocks = len(model.visual_transformer_blocks)
+    # every block takes the same full rotary table: split it where each block's self-attention takes it
+    plan: dict[str, Any] = {f"visual_transformer_blocks.{i}.self_attention": {
+        "rotary_emb": cp_input(split_dim=1, expected_dims=6)} for i in range(blocks)}  # fmt: skip
+    plan["visual_transformer_blocks.0"] = {"visual_embed": cp_input(split_dim=1, expected_dims=3)}
+    plan[f"visual_transformer_blocks.{blocks - 1}"] = cp_output(gather_dim=1, expected_dims=3)
+    return plan
+
+
+def _check(model: torch.nn.Module) -> None:
+    if model.config.get("attention_type", "regular") != "regular":
+        raise NotImplementedError(
+            f"Kandinsky 5 with attention_type {model.config.attention_type!r} (NABLA sparse attention) builds a block "
+            "mask over the whole video sequence, which a sequence split cannot take; use attention_type 'regular'"
+        )
+    if len(model.visual_transformer_blocks) < 2:
+        raise NotImplementedError(
+            "Kandinsky 5 with one visual block: the split (at the first block) and the gather (after the last) "
+            "need two blocks; use num_visual_blocks >= 2"
+        )
+
+
+def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
+    return vae.get("temporal_compression_ratio", 4), vae.get("spatial_compression_ratio", 8)
+
+
+_CONFIG = {"in_visual_dim": 16, "in_text_dim": 3584, "in_text_dim2": 768, "out_visual_dim": 16,
+           "patch_size": [1, 2, 2], "visual_cond": True}  # fmt: skip
+_QWEN25_VL_7B, _CLIP_L, _VAE = 8.29e9, 123e6, 246e6  # the text encoders, HunyuanVideo's VAE
+
+
+def _architecture(config: dict[str, Any]) -> dict[str, Any]:
+    return {"transformers": {"transformer": ("Kandinsky5Transformer3DModel", _CONFIG | config)},
+            "text_encoders": _QWEN25_VL_7B + _CLIP_L, "vae": _VAE, "compression": (4, 8), "text_tokens": 512,
+            "joint": False}  # fmt: skip
+
+
+_ARCHITECTURES = {
+    # Kandinsky 5.0 Video Lite (2B) and Pro (19B): their transformer configs (the meta-device counts are 2.01e9 and
+    # 1.93e10 parameters)
+    "kandinsky5-t2v-lite": _architecture({"time_dim": 512, "model_dim": 1792, "ff_dim": 7168, "num_text_blocks": 2,
+                                          "num_visual_blocks": 32, "axes_dims": [16, 24, 24]}),
+    "kandinsky5-t2v-pro": _architecture({"time_dim": 1024, "model_dim": 4096, "ff_dim": 16384, "num_text_blocks": 4,
+                                         "num_visual_blocks": 60, "axes_dims": [32, 48, 48]}),
+}  # fmt: skip
+"""The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
+
+PIPELINES = ("Kandinsky5T2VPipeline", "Kandinsky5I2VPipeline")
+
+KANDINSKY5 = ModelFamily(
+    name="kandinsky5",
+    step_cache=False,
+    class_names=("Kandinsky5Transformer3DModel",),
+    plan=_plan,
+    attention_modules=("visual_transformer_blocks.*.self_attention",),
+    cfg_mode="sequential",
+    channels_last=True,
+    check=_check,
+    tiny_models=("tiny-kandinsky5",),
+    checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(121, 512, 768, 50, 5.0, 512) | {"fps": 24}),
+    vae_factors=dict.fromkeys(PIPELINES, _vae_factors),
+    architectures=_ARCHITECTURES,
+)

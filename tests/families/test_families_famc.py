@@ -1,0 +1,233 @@
+"""Kandinsky 5, Motif-Video, Cosmos, Helios and MiniMax-H3, parallelized, against one process: the transformers
+forward and backward on 1x2 (Ulysses) and 2x1 (ring) with uneven token counts; ``generate`` with the built-in
+``tiny-kandinsky5`` on 1x2, 2x1 and CFG parallel; a tiny ``MotifVideoPipeline`` on 1x2 and 2x1; each with the
+attention's token count checked (the sequence really is split). All of it in one 2-process spawn. And the one-line
+refusals: Sana-Video, Cosmos 3, Wan-Animate-2, and the modes of supported families that cannot be split."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from family_checks_famc import TINY, build, inputs, run_family_matrix
+
+from dit_sp import GenerateConfig, ParallelConfig, generate, init_parallel, parallelize, spawn
+from dit_sp.families import family_of
+
+TRANSFORMERS = list(TINY)
+LAYOUTS = [(1, 1, 2), (1, 2, 1)]
+PIPELINES = {"tiny-kandinsky5": 18}  # built-in model: video tokens of its default size
+VIDEO_LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}
+TOL = 1e-5  # max abs error; gradients over 1 relative to their scale
+BF16_TOL = 1e-2  # gradients a family rounds to bfloat16 in backward (``family_checks_famc.RELATIVE``)
+
+
+def _settings(tmp, model: str, name: str, **flags) -> GenerateConfig:
+    # guidance 2: three guided steps multiply a ring merge's 1e-7 reordering by less than the 4.0 default does
+    paths = {"out": str(tmp / f"{model}-{name}.mp4"), "save_latents": str(tmp / f"{model}-{name}.pt")}
+    return GenerateConfig.load(overrides={"model": model, "steps": 3, "guidance": 2.0, "verify_inputs": True,
+                                          **paths, **flags})  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("famc")
+    single = {model: generate(_settings(tmp, model, "single"), True) for model in PIPELINES}
+    jobs = [(model, layout) for model in PIPELINES for layout in VIDEO_LAYOUTS]
+    configs = [_settings(tmp, model, layout, **VIDEO_LAYOUTS[layout]) for model, layout in jobs]
+    by_rank = spawn(run_family_matrix, 2, args=(TRANSFORMERS, LAYOUTS, configs), timeout=300)
+    videos = {}
+    for i, key in enumerate(jobs):
+        leaders = [r["videos"][i] for r in by_rank if "out" in r["videos"][i]]
+        assert len(leaders) == 1, f"{key}: exactly one rank writes the output"
+        videos[key] = leaders[0]
+    return {
+        "transformers": by_rank[0]["transformers"],
+        "single": single,
+        "videos": videos,
+        "motif_video": by_rank[0]["motif_video"],
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: "dp{}-r{}-u{}".format(*layout))
+@pytest.mark.parametrize("name", TRANSFORMERS)
+def test_transformer_matches_single_process(matrix, name, layout):
+    errors = matrix["transformers"][name]["dp{}-r{}-u{}".format(*layout)]
+    assert errors["ref_scale"] > 0.1  # real outputs
+    for key in ("out", "input_grads", "param_grads"):
+        worst = errors.get(key + "_worst", "")
+        assert errors[key] <= TOL, f"{name} {layout}: {key} error {errors[key]:.2e} above {TOL:.0e} ({worst})"
+    assert errors["bf16_grads"] <= BF16_TOL, f"{name}: {errors['bf16_grads_worst']}"
+    tokens = inputs(name)["hidden_states"]
+    assert errors["attention_tokens"] == [EXPECTED_TOKENS[name] // 2 + EXPECTED_TOKENS[name] % 2], (
+        f"{name}: the attention saw {errors['attention_tokens']} tokens, not half the sequence ({tokens.shape})"
+    )
+    assert errors["restored_bit_identical"] == 1.0
+
+
+EXPECTED_TOKENS = dict.fromkeys(TINY, 18) | {"minimax_h3": 19, "helios": 27}
+"""Video tokens of each tiny transformer's inputs (``family_checks_famc.inputs``)."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", list(VIDEO_LAYOUTS))
+@pytest.mark.parametrize("model", list(PIPELINES))
+def test_pipeline_matches_single_process(matrix, model, layout):
+    reference, report = matrix["single"][model], matrix["videos"][(model, layout)]
+    assert reference["frames"].std() > 0.01  # a real video
+    assert report["frames"].shape == reference["frames"].shape
+    assert np.abs(report["frames"] - reference["frames"]).max() <= 1e-4
+    assert (torch.load(report["latents"]) - torch.load(reference["latents"])).abs().max() <= 1e-4
+    split = 1 if layout == "cfg2" else 2  # cfg parallel: each branch on one process, the whole sequence
+    assert report["attention_tokens"] == -(-PIPELINES[model] // split)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: "dp{}-r{}-u{}".format(*layout))
+def test_motif_video_pipeline_matches_single_process(matrix, layout):
+    """``MotifVideoPipeline`` (from prompt embeddings, guided through its guider, Wan's VAE split) on 1x2 and 2x1."""
+    errors = matrix["motif_video"]["dp{}-r{}-u{}".format(*layout)]
+    assert errors["frames_std"] > 0.01  # a real video
+    assert errors["frames"] <= 1e-4 and errors["latents"] <= 1e-4, errors
+    assert errors["attention_tokens"] == 9  # 18 video tokens, half on each process
+
+
+REFUSED = [  # (tiny family, config changes, what the one-line error says)
+    ("kandinsky5", {"attention_type": "nabla"}, r"NABLA sparse attention\) .* use attention_type 'regular'"),
+    ("kandinsky5", {"num_visual_blocks": 1}, "one visual block.* use num_visual_blocks >= 2"),
+    ("motif_video", {"num_single_layers": 2, "num_decoder_layers": 1}, "decoder layers attend to the whole video"),
+]
+
+
+@pytest.mark.parametrize(("name", "changes", "message"), REFUSED, ids=lambda x: x if isinstance(x, str) else "")
+def test_modes_that_cannot_be_split_are_refused_in_one_line(name, changes, message):
+    import diffusers
+
+    class_name, config, _ = TINY[name]
+    model = getattr(diffusers, class_name)(**config | changes)
+    with pytest.raises(NotImplementedError, match=message) as error:
+        parallelize(model, init_parallel(ParallelConfig()))
+    assert "\n" not in str(error.value)
+
+
+REFUSED_FAMILIES = {  # tiny configs of the families dit-sp refuses, with a word of each reason
+    "SanaVideoTransformer3DModel": ({"in_channels": 4, "out_channels": 4, "num_attention_heads": 2,
+                                     "attention_head_dim": 8, "num_layers": 1, "num_cross_attention_heads": 2,
+                                     "cross_attention_head_dim": 8, "cross_attention_dim": 16,
+                                     "caption_channels": 16}, "linear attention"),
+    "WanAnimate2Transformer3DModel": ({"in_dim": 4, "dim": 16, "ffn_dim": 32, "freq_dim": 16, "text_dim": 16,
+                                       "out_dim": 4, "num_heads": 2, "num_layers": 1}, "flex-attention block mask"),
+    "Cosmos3OmniTransformer": ({"head_dim": 8, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2,
+                                "num_hidden_layers": 1, "num_key_value_heads": 1, "latent_channel": 4,
+                                "patch_latent_dim": 16}, "causal pathway"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("class_name", list(REFUSED_FAMILIES))
+def test_families_that_cannot_be_split_are_refused_with_their_reason(class_name):
+    import diffusers
+
+    config, reason = REFUSED_FAMILIES[class_name]
+    model = getattr(diffusers, class_name)(**config)
+    message = f"{class_name} cannot run sequence-parallel exactly: .*{reason}"
+    with pytest.raises(NotImplementedError, match=message) as e:
+        parallelize(model, init_parallel(ParallelConfig()))
+    assert "\n" not in str(e.value)
+    assert not any(type(m).__name__.startswith("SequenceParallel") for m in model.modules())  # nothing left behind
+
+
+def test_a_modular_pipeline_is_parallelized_through_its_transformer():
+    """MiniMax-H3 ships only as a Modular Diffusers pipeline: ``parallelize`` finds its transformer component, routes
+    its attention, refuses CFG parallelism in one line, and undoes exactly."""
+    from types import SimpleNamespace
+
+    from diffusers.modular_pipelines import MiniMaxH3Blocks
+
+    from dit_sp import unparallelize
+    from dit_sp.errors import ConfigError
+
+    pipe = MiniMaxH3Blocks().init_pipeline()
+    pipe.update_components(transformer=build("minimax_h3"))
+    stock = type(pipe)
+    kwargs = inputs("minimax_h3")
+    with torch.no_grad():
+        ref = pipe.transformer(**kwargs, return_dict=False)[0]
+        parallelize(pipe, init_parallel(ParallelConfig()))
+        processors = {type(m.processor).__name__ for m in pipe.transformer.modules() if hasattr(m, "processor")}
+        assert "SequenceParallelMiniMaxH3AttnProcessor" in processors
+        assert type(pipe).__name__ == f"SequenceParallel{stock.__name__}"
+        torch.testing.assert_close(pipe.transformer(**kwargs, return_dict=False)[0], ref, atol=0, rtol=0)
+        unparallelize(pipe)
+    assert type(pipe) is stock
+    with pytest.raises(ConfigError, match=r"cfg parallelism \(cfg=2\) for MiniMaxH3ModularPipeline: .* guider"):
+        parallelize(pipe, SimpleNamespace(cfg=2))
+
+
+def test_cfg_parallel_is_refused_where_the_pipeline_reads_the_first_branch_early():
+    """The Cosmos pipelines compute with the conditional prediction before the unconditional call: cfg=2 is refused
+    in one line (only the layout's cfg degree is read before the refusal)."""
+    from types import SimpleNamespace
+
+    from dit_sp.errors import ConfigError
+
+    pipe = SimpleNamespace(transformer=build("cosmos"))
+    with pytest.raises(ConfigError, match=r"cfg parallelism \(cfg=2\) .* before they make the unconditional call"):
+        parallelize(pipe, SimpleNamespace(cfg=2))
+
+
+def test_single_process_parallelize_is_exact():
+    """sp=1: the parallelized transformer computes exactly what the stock one does (channels-last latents, a
+    family's own hooks, a plan with wildcards)."""
+    for name in ("kandinsky5", "helios", "minimax_h3"):
+        model, kwargs = build(name), inputs(name)
+        assert family_of(model).name in name
+        with torch.no_grad():
+            ref = model(**kwargs, return_dict=False)[0]
+            with parallelize(model, init_parallel(ParallelConfig())):
+                out = model(**kwargs, return_dict=False)[0]
+        torch.testing.assert_close(out, ref, atol=0, rtol=0)
+
+
+def test_settings_are_registered():
+    settings = dataclasses.asdict(GenerateConfig.load(overrides={"model": "tiny-kandinsky5"}))
+    assert (settings["frames"], settings["height"], settings["width"]) == (9, 48, 32)
+
+
+@pytest.mark.parametrize(("name", "low", "high", "blocks"), [
+    ("kandinsky5-t2v-lite", 1.9e9, 2.1e9, 34), ("kandinsky5-t2v-pro", 18.5e9, 20e9, 64),
+    ("cosmos1-7b-text2world", 6.9e9, 7.5e9, 28), ("cosmos1-14b-text2world", 13.5e9, 15e9, 36),
+    ("helios-14b", 13.5e9, 15e9, 40)])  # fmt: skip
+def test_the_planner_knows_the_real_checkpoints_at_their_published_sizes(name, low, high, blocks):
+    """Kandinsky 5.0 Video Lite is published as 2B, Pro as 19B; Cosmos-1.0-Diffusion as 7B and 14B; Helios as 14B."""
+    from dit_sp.memory.planner import ARCHITECTURES, TransformerShape
+
+    class_name, config = ARCHITECTURES[name]["transformers"]["transformer"]
+    shape = TransformerShape.of(class_name, config)
+    assert low <= shape.params <= high, shape.params
+    assert shape.layers == blocks and shape.block_params < shape.params / 10
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("kandinsky5", "Kandinsky5Transformer3DModel \\(kandinsky5 family\\)"),
+    ("cosmos", "CosmosTransformer3DModel \\(cosmos family\\)"),
+    ("minimax_h3", "MiniMaxH3Transformer3DModel \\(minimax_h3 family\\)")])  # fmt: skip
+def test_step_caches_the_blocks_cannot_take_are_refused_in_one_line(name, message):
+    from dit_sp.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"step caching is not supported for {message}") as error:
+        parallelize(build(name), init_parallel(ParallelConfig()), cache="first_block")
+    assert "\n" not in str(error.value)
+
+
+def test_generate_refuses_a_pipeline_that_takes_no_guidance_argument():
+    """Motif-Video's pipelines guide through their guider and take no ``guidance_scale``: one line, not a TypeError."""
+    from family_checks_famc import motif_video_pipeline
+
+    from dit_sp.errors import ConfigError
+    from dit_sp.inference import guidance_arguments
+
+    with pytest.raises(ConfigError, match="MotifVideoPipeline takes no guidance_scale .* generate cannot run it"):
+        guidance_arguments(motif_video_pipeline(), GenerateConfig.load(overrides={"model": "tiny-wan"}))
