@@ -2,7 +2,8 @@
 
 A plan maps module names to what is sharded at that module (diffusers' ``_cp_plan`` format, so the
 plans diffusers ships are used as they are): ``{"name": {"arg" or output index: ContextParallelInput}}``
-splits a forward argument (or, with ``split_output``, an output) along the sequence, and
+splits a forward argument (or, with ``split_output``, an output) along the sequence (a size-1 dimension,
+once a longer sequence was split in the forward, broadcasts over every token and is left whole), and
 ``{"name": ContextParallelOutput}`` gathers the module's output. The empty name is the model itself.
 We implement the hooks ourselves: padding of uneven lengths, our gradient semantics, no accelerator
 assumption.
@@ -38,6 +39,8 @@ def _split(x: Any, spec: InputSpec, ctx: SequenceContext) -> Any:
         return type(x)(_split(item, spec, ctx) for item in x)
     if not isinstance(x, torch.Tensor) or (spec.expected_dims is not None and x.dim() != spec.expected_dims):
         return x
+    if x.shape[spec.split_dim] == 1 and ctx.in_forward and ctx.seq_len not in (None, 1):
+        return x  # one value broadcast over every token (LTX's per-token timestep without conditioning: (B, 1))
     ctx.record_seq_len(x.shape[spec.split_dim])
     return shard_sequence(x, ctx.parallel, dim=spec.split_dim)
 

@@ -56,7 +56,8 @@ def parallelize_transformer(
     handle.add_undo(lambda: [h.remove() for h in handles])
     set_instance_attr(model, SEQUENCE_ATTR, ctx, handle)  # what a step cache reduces over
     if verify and parallel.sp > 1:
-        h = model.register_forward_pre_hook(_verify_identical_inputs(parallel, ctx), with_kwargs=True)
+        # before the plan's root hook: a family that splits at the root (LTX) must be checked on its whole input
+        h = model.register_forward_pre_hook(_verify_identical_inputs(parallel, ctx), with_kwargs=True, prepend=True)
         handle.add_undo(h.remove)
 
     matched = [

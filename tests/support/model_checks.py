@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from family_inputs_famA import famA_inputs
 
 from dit_sp import ParallelConfig, init_parallel, parallelize
 from dit_sp.zoo import build_tiny
@@ -28,6 +29,9 @@ def model_inputs(family: str, batch: int = 2) -> dict:
         rope = get_3d_rotary_pos_embed(16, ((0, 0), (3, 2)), grid_size=(3, 2), temporal_size=3)
         return {"hidden_states": rand(batch, 3, 4, 6, 4), "timestep": torch.tensor([500, 20][:batch]),
                 "encoder_hidden_states": rand(batch, 8, 16), "image_rotary_emb": rope}  # fmt: skip
+    inputs = famA_inputs(family, batch)  # LTX-Video, Mochi, LTX-2, ...: tests/support/family_inputs_famA.py
+    if inputs is not None:
+        return inputs
     raise ValueError(family)
 
 

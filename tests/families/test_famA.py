@@ -1,0 +1,100 @@
+"""LTX-Video, Mochi and LTX-2 (and the other families of this group) sequence-parallel and exact: each tiny
+transformer (forward and backward, an uneven token count) and each tiny pipeline through ``generate`` (frames
+and latents) on 1x2 (Ulysses) and 2x1 (ring), CFG parallel where the pipeline guides, against one process, with
+the sequence really split: the routed attention saw half the tokens.
+
+Everything distributed runs in ONE 2-process spawn (``family_inputs_famA.check_famA``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from family_inputs_famA import TRANSFORMER_MODELS, VIDEO_TOKENS, check_famA, famA_inputs, half
+
+from dit_sp import GenerateConfig, generate, spawn
+from dit_sp.families import family_of
+from dit_sp.memory.planner import ARCHITECTURES, TransformerShape
+from dit_sp.zoo import build_tiny
+
+IMAGE = str(Path(__file__).resolve().parents[2] / "assets" / "first_frame.png")
+PIPELINES = {  # built-in model: (its settings, video tokens of one sample)
+    "tiny-ltx": ({}, 3 * 8 * 8),
+    "tiny-ltx-i2v": ({"image": IMAGE}, 3 * 8 * 8),
+    "tiny-ltx-condition": ({"image": IMAGE}, 3 * 8 * 8),
+}
+LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}
+CFG_LAYOUT_MODELS = ("tiny-ltx",)
+"""The pipelines also run with their two guidance branches on the two ranks."""
+TOL = 1e-5
+
+
+def _settings(tmp: Path, model: str, name: str, **flags) -> GenerateConfig:
+    extra, _ = PIPELINES[model]
+    return GenerateConfig.load(overrides={"model": model, "out": str(tmp / f"{model}-{name}.mp4"),
+                                          "save_latents": str(tmp / f"{model}-{name}.pt"), "verify_inputs": True,
+                                          **extra, **flags})  # fmt: skip
+
+
+def _jobs() -> list[tuple[str, str]]:
+    return [(m, layout) for m in PIPELINES for layout in LAYOUTS if layout != "cfg2" or m in CFG_LAYOUT_MODELS]
+
+
+@pytest.fixture(scope="module")
+def famA(tmp_path_factory):
+    """The workers' results (rank 0's; the sample leader's report per generate job) and one process's videos."""
+    tmp = tmp_path_factory.mktemp("famA")
+    jobs = _jobs()
+    configs = [_settings(tmp, m, layout, **LAYOUTS[layout]) for m, layout in jobs]
+    by_rank = spawn(check_famA, 2, args=(TRANSFORMER_MODELS, configs), timeout=600)
+    results = by_rank[0]
+    for i, key in enumerate(jobs):
+        leaders = [r[f"job{i}"] for r in by_rank if "out" in r[f"job{i}"]]
+        assert len(leaders) == 1, f"{key}: exactly one rank writes the output"
+        results[key] = leaders[0] | {"local_tokens": by_rank[0][f"job{i}"]["local_tokens"]}
+    for model in PIPELINES:
+        results[(model, "single")] = generate(_settings(tmp, model, "single"), True)
+    return results
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", TRANSFORMER_MODELS)
+def test_transformer_matches_one_process_with_its_sequence_split(famA, model):
+    for layout in ("dp1-r1-u2", "dp1-r2-u1"):
+        errors = famA[model][layout]
+        assert errors["ref_scale"] > 0.1  # real outputs
+        for key in ("out", "input_grads", "param_grads"):
+            where = f" (worst: {errors[key + '_worst']})" if key + "_worst" in errors else ""
+            assert errors[key] <= TOL, f"{model} {layout}: {key} error {errors[key]:.2e}{where}"
+        assert errors["restored_bit_identical"] == 1.0
+    # the routed attention saw ceil(S / 2) of the uneven S video tokens (plus nothing else: no joint text here)
+    assert famA[model]["local_tokens"] == [half(VIDEO_TOKENS[model])]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model", "layout"), _jobs())
+def test_pipeline_matches_one_process_with_its_sequence_split(famA, model, layout):
+    reference, report = famA[(model, "single")], famA[(model, layout)]
+    assert reference["frames"].std() > 0.01 and report["frames"].shape == reference["frames"].shape
+    assert np.abs(report["frames"] - reference["frames"]).max() <= 1e-4
+    assert (torch.load(report["latents"]) - torch.load(reference["latents"])).abs().max() <= 1e-4
+    tokens = PIPELINES[model][1]
+    assert report["local_tokens"] == [tokens if layout == "cfg2" else half(tokens)]
+
+
+def test_video_tokens_of_the_inputs_are_uneven():
+    for model in TRANSFORMER_MODELS:
+        assert VIDEO_TOKENS[model] % 2 == 1
+        assert famA_inputs(model)["hidden_states"].shape[1] == VIDEO_TOKENS[model]
+        assert family_of(build_tiny(model, "transformer")).name in ("ltx",)
+
+
+@pytest.mark.parametrize(("name", "low", "high", "blocks"), [
+    ("ltx-video-2b", 1.8e9, 2.1e9, 28), ("ltx-video-13b", 12.5e9, 14e9, 48)])  # fmt: skip
+def test_real_architectures_have_their_published_sizes(name, low, high, blocks):
+    class_name, config = ARCHITECTURES[name]["transformers"]["transformer"]
+    shape = TransformerShape.of(class_name, config)
+    assert low <= shape.params <= high, shape.params
+    assert shape.layers == blocks
