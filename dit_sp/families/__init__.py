@@ -11,12 +11,13 @@ from dit_sp.families.cogvideox import COGVIDEOX
 from dit_sp.families.family import TRANSFORMERS, ModelFamily, VAEFactors
 from dit_sp.families.hunyuan_video import HUNYUAN_VIDEO
 from dit_sp.families.ltx import LTX
+from dit_sp.families.mochi import MOCHI
 from dit_sp.families.policy import DiffusersPolicy
 from dit_sp.families.shape import check_latent_shape
 from dit_sp.families.wan import WAN
 from dit_sp.vae import VAEPlan
 
-FAMILIES: tuple[ModelFamily, ...] = (WAN, HUNYUAN_VIDEO, COGVIDEOX, LTX)
+FAMILIES: tuple[ModelFamily, ...] = (WAN, HUNYUAN_VIDEO, COGVIDEOX, LTX, MOCHI)
 
 
 def supported_classes() -> list[str]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from family_inputs_famA import TRANSFORMER_MODELS, VIDEO_TOKENS, check_famA, famA_inputs, half
+from family_inputs_famA import TRANSFORMER_MODELS, VIDEO_TOKENS, check_famA, famA_inputs, half, record_local_tokens
 
 from dit_sp import GenerateConfig, generate, spawn
 from dit_sp.families import family_of
@@ -24,11 +24,13 @@ PIPELINES = {  # built-in model: (its settings, video tokens of one sample)
     "tiny-ltx": ({}, 3 * 8 * 8),
     "tiny-ltx-i2v": ({"image": IMAGE}, 3 * 8 * 8),
     "tiny-ltx-condition": ({"image": IMAGE}, 3 * 8 * 8),
+    "tiny-mochi": ({}, 3 * 3 * 1),
 }
 LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}
-CFG_LAYOUT_MODELS = ("tiny-ltx",)
+CFG_LAYOUT_MODELS = ("tiny-ltx", "tiny-mochi")
 """The pipelines also run with their two guidance branches on the two ranks."""
 TOL = 1e-5
+"""fp32: outputs absolute, gradients relative to their magnitude where it is above 1."""
 
 
 def _settings(tmp: Path, model: str, name: str, **flags) -> GenerateConfig:
@@ -85,14 +87,25 @@ def test_pipeline_matches_one_process_with_its_sequence_split(famA, model, layou
 
 
 def test_video_tokens_of_the_inputs_are_uneven():
+    """One process, parallelized: its routed attention sees every one of the (odd) video tokens."""
+    from dit_sp import ParallelConfig, init_parallel, parallelize
+
     for model in TRANSFORMER_MODELS:
-        assert VIDEO_TOKENS[model] % 2 == 1
-        assert famA_inputs(model)["hidden_states"].shape[1] == VIDEO_TOKENS[model]
-        assert family_of(build_tiny(model, "transformer")).name in ("ltx",)
+        transformer = build_tiny(model, "transformer")
+        assert VIDEO_TOKENS[model] % 2 == 1 and family_of(transformer).name in ("ltx", "mochi")
+        seen: list[int] = []
+        hook = record_local_tokens(seen)
+        try:
+            with torch.no_grad(), parallelize(transformer, init_parallel(ParallelConfig())):
+                transformer(**famA_inputs(model), return_dict=False)
+        finally:
+            hook.remove()
+        assert sorted(set(seen)) == [VIDEO_TOKENS[model]]
 
 
 @pytest.mark.parametrize(("name", "low", "high", "blocks"), [
-    ("ltx-video-2b", 1.8e9, 2.1e9, 28), ("ltx-video-13b", 12.5e9, 14e9, 48)])  # fmt: skip
+    ("ltx-video-2b", 1.8e9, 2.1e9, 28), ("ltx-video-13b", 12.5e9, 14e9, 48),
+    ("mochi-1-preview", 9.5e9, 10.5e9, 48)])  # fmt: skip
 def test_real_architectures_have_their_published_sizes(name, low, high, blocks):
     class_name, config = ARCHITECTURES[name]["transformers"]["transformer"]
     shape = TransformerShape.of(class_name, config)

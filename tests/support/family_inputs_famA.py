@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 
-TRANSFORMER_MODELS = ("tiny-ltx", "tiny-ltx-i2v", "tiny-ltx-condition")
+TRANSFORMER_MODELS = ("tiny-ltx", "tiny-ltx-i2v", "tiny-ltx-condition", "tiny-mochi")
 """The tiny transformers checked against one process (each name selects the inputs below)."""
 
-VIDEO_TOKENS = {"tiny-ltx": 27, "tiny-ltx-i2v": 27, "tiny-ltx-condition": 27}
+VIDEO_TOKENS = {"tiny-ltx": 27, "tiny-ltx-i2v": 27, "tiny-ltx-condition": 27, "tiny-mochi": 9}
 """Video tokens of ``famA_inputs``: what the attention sees whole in one process, and in halves on 2 ranks."""
 
 
@@ -41,10 +41,13 @@ def famA_inputs(model: str, batch: int = 2) -> dict[str, Any] | None:
         grid = torch.stack(torch.meshgrid(torch.arange(3.0), torch.arange(3.0), torch.arange(3.0), indexing="ij"))
         coords = (grid.flatten(1) * torch.tensor([[8 / 25], [32.0], [32.0]]))[None].repeat(batch, 1, 1)
         return inputs | {"timestep": steps[:, None], "video_coords": coords}
+    if model == "tiny-mochi":  # 3 latent frames of 6 x 2 latents: 3 x 1 patches of 2, 9 tokens; text padded
+        return {"hidden_states": rand(batch, 12, 3, 6, 2), "encoder_hidden_states": rand(batch, 7, 16),
+                "timestep": steps, "encoder_attention_mask": _text_mask(batch, 7)}  # fmt: skip
     raise ValueError(model)
 
 
-def _record_local_tokens(seen: list[int]):
+def record_local_tokens(seen: list[int]):
     """A global forward hook: the query length of every attention module whose processor dit-sp routed."""
 
     def hook(module, args, output):
@@ -67,10 +70,10 @@ def check_famA(models: tuple[str, ...], jobs: list[Any]) -> dict[str, Any]:
 
     results: dict[str, Any] = {}
     for model in models:
-        results[model] = check_transformer(model, [(1, 1, 2), (1, 2, 1)])
+        results[model] = check_transformer(model, [(1, 1, 2), (1, 2, 1)], relative=True)
         transformer = build_tiny(model, "transformer").float()
         seen: list[int] = []
-        handle = _record_local_tokens(seen)
+        handle = record_local_tokens(seen)
         try:
             with torch.no_grad(), parallelize(transformer, init_parallel(ParallelConfig(ulysses=2))):
                 transformer(**famA_inputs(model), return_dict=False)
@@ -81,7 +84,7 @@ def check_famA(models: tuple[str, ...], jobs: list[Any]) -> dict[str, Any]:
 
     for i, settings in enumerate(jobs):
         seen = []
-        handle = _record_local_tokens(seen)
+        handle = record_local_tokens(seen)
         try:
             report = generate(settings, True)
         finally:
