@@ -11,13 +11,14 @@ from dit_sp.families.cogvideox import COGVIDEOX
 from dit_sp.families.family import TRANSFORMERS, ModelFamily, VAEFactors
 from dit_sp.families.hunyuan_video import HUNYUAN_VIDEO
 from dit_sp.families.ltx import LTX
+from dit_sp.families.ltx2 import LTX2
 from dit_sp.families.mochi import MOCHI
 from dit_sp.families.policy import DiffusersPolicy
 from dit_sp.families.shape import check_latent_shape
 from dit_sp.families.wan import WAN
 from dit_sp.vae import VAEPlan
 
-FAMILIES: tuple[ModelFamily, ...] = (WAN, HUNYUAN_VIDEO, COGVIDEOX, LTX, MOCHI)
+FAMILIES: tuple[ModelFamily, ...] = (WAN, HUNYUAN_VIDEO, COGVIDEOX, LTX, MOCHI, LTX2)
 
 
 def supported_classes() -> list[str]:

@@ -38,6 +38,9 @@ class ModelFamily:
     """Where the sequence is split and gathered (a diffusers ``_cp_plan``)."""
     attention_modules: tuple[str, ...]
     """``fnmatch`` patterns of the attention modules over the whole (split) video sequence."""
+    gathered_key_modules: tuple[str, ...] = ()
+    """``fnmatch`` patterns of attention modules whose queries are whole on every rank and whose keys and values
+    are the split video (LTX-2's video-to-audio attention): the keys and values are gathered."""
     joint_position: Literal["front", "rear"] = "front"
     """Where the processors put text tokens when they attend jointly with the video."""
     cfg_mode: Literal["sequential", "batched"] = "sequential"

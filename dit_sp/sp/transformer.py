@@ -60,17 +60,18 @@ def parallelize_transformer(
         h = model.register_forward_pre_hook(_verify_identical_inputs(parallel, ctx), with_kwargs=True, prepend=True)
         handle.add_undo(h.remove)
 
-    matched = [
-        (name, module)
-        for name, module in model.named_modules()
-        if any(fnmatch.fnmatchcase(name, pattern) for pattern in family.attention_modules)
-    ]
-    if not matched:
-        raise ValueError(f"no attention modules of {type(model).__name__} match {family.attention_modules}")
-    for name, module in matched:
-        original = module.processor
-        module.processor = sequence_parallel_processor(original, ctx, name)
-        handle.add_undo(lambda module=module, original=original: setattr(module, "processor", original))
+    for patterns, gather_keys in ((family.attention_modules, False), (family.gathered_key_modules, True)):
+        matched = [
+            (name, module)
+            for name, module in model.named_modules()
+            if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+        ]
+        if patterns and not matched:
+            raise ValueError(f"no attention modules of {type(model).__name__} match {patterns}")
+        for name, module in matched:
+            original = module.processor
+            module.processor = sequence_parallel_processor(original, ctx, name, gather_keys)
+            handle.add_undo(lambda module=module, original=original: setattr(module, "processor", original))
 
     if guidance is not None:
         forward = model.forward  # the class's bound forward

@@ -12,7 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from family_inputs_famA import TRANSFORMER_MODELS, VIDEO_TOKENS, check_famA, famA_inputs, half, record_local_tokens
+from family_inputs_famA import (
+    MULTI_OUTPUT,
+    TRANSFORMER_MODELS,
+    VIDEO_TOKENS,
+    check_famA,
+    famA_inputs,
+    half,
+    record_attention_tokens,
+)
 
 from dit_sp import GenerateConfig, generate, spawn
 from dit_sp.families import family_of
@@ -73,6 +81,12 @@ def test_transformer_matches_one_process_with_its_sequence_split(famA, model):
         assert errors["restored_bit_identical"] == 1.0
     # the routed attention saw ceil(S / 2) of the uneven S video tokens (plus nothing else: no joint text here)
     assert famA[model]["local_tokens"] == [half(VIDEO_TOKENS[model])]
+    if model in MULTI_OUTPUT:  # LTX-2's audio output (whole on every rank) and the gradients through it too
+        every = famA[model]["every_output"]
+        assert every["ref_scale"] > 0.1
+        for layout in ("dp1-r1-u2", "dp1-r2-u1"):
+            assert every[layout + ".outputs"] <= TOL and every[layout + ".grads"] <= TOL, every
+        assert every["cfg2"] <= TOL, every  # the guidance halves of both outputs exchanged
 
 
 @pytest.mark.slow
@@ -92,13 +106,13 @@ def test_video_tokens_of_the_inputs_are_uneven():
 
     for model in TRANSFORMER_MODELS:
         transformer = build_tiny(model, "transformer")
-        assert VIDEO_TOKENS[model] % 2 == 1 and family_of(transformer).name in ("ltx", "mochi")
+        assert VIDEO_TOKENS[model] % 2 == 1 and family_of(transformer).name in ("ltx", "mochi", "ltx2")
         seen: list[int] = []
-        hook = record_local_tokens(seen)
-        try:
-            with torch.no_grad(), parallelize(transformer, init_parallel(ParallelConfig())):
-                transformer(**famA_inputs(model), return_dict=False)
-        finally:
+        hooks = record_attention_tokens(transformer, seen)
+        with torch.no_grad(), parallelize(transformer, init_parallel(ParallelConfig())):
+            transformer(**famA_inputs(model), return_dict=False)
+        assert len(hooks) == transformer.config.num_layers
+        for hook in hooks:
             hook.remove()
         assert sorted(set(seen)) == [VIDEO_TOKENS[model]]
 

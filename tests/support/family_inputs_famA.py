@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 
-TRANSFORMER_MODELS = ("tiny-ltx", "tiny-ltx-i2v", "tiny-ltx-condition", "tiny-mochi")
+TRANSFORMER_MODELS = ("tiny-ltx", "tiny-ltx-i2v", "tiny-ltx-condition", "tiny-mochi", "tiny-ltx2")
 """The tiny transformers checked against one process (each name selects the inputs below)."""
 
-VIDEO_TOKENS = {"tiny-ltx": 27, "tiny-ltx-i2v": 27, "tiny-ltx-condition": 27, "tiny-mochi": 9}
+VIDEO_TOKENS = {"tiny-ltx": 27, "tiny-ltx-i2v": 27, "tiny-ltx-condition": 27, "tiny-mochi": 9, "tiny-ltx2": 27}
 """Video tokens of ``famA_inputs``: what the attention sees whole in one process, and in halves on 2 ranks."""
 
 
@@ -28,7 +28,7 @@ def famA_inputs(model: str, batch: int = 2) -> dict[str, Any] | None:
     g = torch.Generator().manual_seed(7)
     rand = lambda *shape: torch.randn(*shape, generator=g)
     steps = torch.tensor([500.0, 20.0][:batch])
-    if model.startswith("tiny-ltx"):  # 3 latent frames x 3 x 3 tokens, packed (B, S, C)
+    if model in ("tiny-ltx", "tiny-ltx-i2v", "tiny-ltx-condition"):  # 3 latent frames x 3 x 3 tokens, packed (B, S, C)
         inputs = {"hidden_states": rand(batch, 27, 8), "encoder_hidden_states": rand(batch, 7, 16),
                   "timestep": steps, "encoder_attention_mask": _text_mask(batch, 7)}  # fmt: skip
         if model == "tiny-ltx":
@@ -44,11 +44,93 @@ def famA_inputs(model: str, batch: int = 2) -> dict[str, Any] | None:
     if model == "tiny-mochi":  # 3 latent frames of 6 x 2 latents: 3 x 1 patches of 2, 9 tokens; text padded
         return {"hidden_states": rand(batch, 12, 3, 6, 2), "encoder_hidden_states": rand(batch, 7, 16),
                 "timestep": steps, "encoder_attention_mask": _text_mask(batch, 7)}  # fmt: skip
+    if model == "tiny-ltx2":  # 27 video tokens (split), 5 audio tokens (whole on every rank), text padded
+        return {"hidden_states": rand(batch, 27, 4), "audio_hidden_states": rand(batch, 5, 4),
+                "encoder_hidden_states": rand(batch, 7, 16), "audio_encoder_hidden_states": rand(batch, 7, 16),
+                "timestep": steps, "encoder_attention_mask": _text_mask(batch, 7),
+                "audio_encoder_attention_mask": _text_mask(batch, 7), "num_frames": 3, "height": 3, "width": 3,
+                "audio_num_frames": 5}  # fmt: skip
     raise ValueError(model)
 
 
+MULTI_OUTPUT = {"tiny-ltx2": ("audio_hidden_states", "audio_encoder_hidden_states")}
+"""Models with more outputs than the video (LTX-2: the audio), checked by ``check_every_output``, with their further
+float inputs whose gradients are compared too."""
+
+
+def _run_all(model, inputs: dict, leaves_of: tuple[str, ...], grad_scale: float):
+    """Every output and the gradients of ``sum(out_i * w_i) * grad_scale`` over all outputs."""
+    model.zero_grad(set_to_none=True)
+    leaves = {k: v.clone().requires_grad_() for k, v in inputs.items() if k in leaves_of}
+    outs = model(**(inputs | leaves), return_dict=False)
+    g = torch.Generator().manual_seed(3)
+    loss = sum((out * torch.randn(out.shape, generator=g)).sum() for out in outs)
+    (loss * grad_scale).backward()
+    grads = {f"input.{k}": v.grad for k, v in leaves.items()}
+    grads |= {f"param.{n}": p.grad for n, p in model.named_parameters() if p.grad is not None}
+    return [out.detach() for out in outs], grads
+
+
+def check_every_output(model_name: str) -> dict[str, float]:
+    """Per layout 1x2 / 2x1: the worst error over every output (video gathered, audio whole) and over input and
+    parameter gradients (relative above 1) of a loss on all outputs, against one process."""
+    import torch.distributed as dist
+
+    from dit_sp import ParallelConfig, init_parallel, parallelize
+    from dit_sp.zoo import build_tiny
+
+    model = build_tiny(model_name, "transformer").float()
+    inputs = famA_inputs(model_name)
+    names = ("hidden_states", "encoder_hidden_states", *MULTI_OUTPUT[model_name])
+    ref_outs, ref_grads = _run_all(model, inputs, names, 1.0)
+    errors = {"ref_scale": min(out.abs().max().item() for out in ref_outs)}
+    for layout in ((1, 1, 2), (1, 2, 1)):
+        parallel = init_parallel(ParallelConfig(*layout))
+        with parallelize(model, parallel):
+            outs, grads = _run_all(model, inputs, names, 1.0 / parallel.sp)
+        key = "dp{}-r{}-u{}".format(*layout)
+        errors[key + ".outputs"] = max((o - r).abs().max().item() for o, r in zip(outs, ref_outs, strict=True))
+        worst = 0.0
+        for name, ref in ref_grads.items():
+            summed = grads[name].clone()
+            dist.all_reduce(summed, group=parallel.sp_group)
+            worst = max(worst, (summed - ref).abs().max().item() / max(1.0, ref.abs().max().item()))
+        errors[key + ".grads"] = worst
+    return errors
+
+
+def check_cfg_every_output(model_name: str) -> float:
+    """The guidance batch ``[unconditional, conditional]`` split over cfg=2 (each rank its half, as a pipeline's
+    transformer runs under ``parallelize(pipe)``): the worst error over every output (LTX-2: video and audio)."""
+    from dit_sp import ParallelConfig, init_parallel
+    from dit_sp.families import family_of
+    from dit_sp.sp.guidance import GuidancePair
+    from dit_sp.sp.handle import Parallelized
+    from dit_sp.sp.transformer import parallelize_transformer
+    from dit_sp.zoo import build_tiny
+
+    model = build_tiny(model_name, "transformer").float()
+    inputs = famA_inputs(model_name)
+    with torch.no_grad():
+        ref = model(**inputs, return_dict=False)
+        parallel = init_parallel(ParallelConfig(cfg=2))
+        handle = Parallelized(model)
+        parallelize_transformer(model, parallel, handle, gather_grad="sum", kernel=None, verify=False,
+                                guidance=GuidancePair(parallel, family_of(model)))  # fmt: skip
+        batches: list[int] = []
+        hook = model.proj_in.register_forward_hook(lambda module, args, out: batches.append(out.shape[0]))
+        try:
+            outs = model(**inputs, return_dict=False)
+        finally:
+            handle.undo()
+            hook.remove()
+    assert len(outs) == len(ref) > 1 and batches == [1], batches  # this rank ran one branch of the two
+    return max((o - r).abs().max().item() for o, r in zip(outs, ref, strict=True))
+
+
 def record_local_tokens(seen: list[int]):
-    """A global forward hook: the query length of every attention module whose processor dit-sp routed."""
+    """A global forward hook: the query length of every attention module whose processor dit-sp routed (for a
+    pipeline built inside ``generate``; its families have no gathered-key modules)."""
 
     def hook(module, args, output):
         processor = getattr(module, "processor", None)
@@ -57,6 +139,21 @@ def record_local_tokens(seen: list[int]):
             seen.append(out.shape[1])
 
     return torch.nn.modules.module.register_module_forward_hook(hook)
+
+
+def record_attention_tokens(model: torch.nn.Module, seen: list[int]) -> list:
+    """Forward hooks on the family's split attention modules (``attention_modules``, not LTX-2's gathered-key
+    ones, whose queries are the whole audio): their query lengths. Returns the hook handles."""
+    import fnmatch
+
+    from dit_sp.families import family_of
+
+    def hook(module, args, output):
+        seen.append((output[0] if isinstance(output, tuple) else output).shape[1])
+
+    patterns = family_of(model).attention_modules
+    return [module.register_forward_hook(hook) for name, module in model.named_modules()
+            if any(fnmatch.fnmatchcase(name, p) for p in patterns)]  # fmt: skip
 
 
 def check_famA(models: tuple[str, ...], jobs: list[Any]) -> dict[str, Any]:
@@ -73,13 +170,15 @@ def check_famA(models: tuple[str, ...], jobs: list[Any]) -> dict[str, Any]:
         results[model] = check_transformer(model, [(1, 1, 2), (1, 2, 1)], relative=True)
         transformer = build_tiny(model, "transformer").float()
         seen: list[int] = []
-        handle = record_local_tokens(seen)
-        try:
-            with torch.no_grad(), parallelize(transformer, init_parallel(ParallelConfig(ulysses=2))):
-                transformer(**famA_inputs(model), return_dict=False)
-        finally:
-            handle.remove()
+        hooks = record_attention_tokens(transformer, seen)
+        with torch.no_grad(), parallelize(transformer, init_parallel(ParallelConfig(ulysses=2))):
+            transformer(**famA_inputs(model), return_dict=False)
+        for hook in hooks:
+            hook.remove()
         results[model]["local_tokens"] = sorted(set(seen))
+        if model in MULTI_OUTPUT:
+            results[model]["every_output"] = check_every_output(model)
+            results[model]["every_output"]["cfg2"] = check_cfg_every_output(model)
     from dit_sp import generate
 
     for i, settings in enumerate(jobs):
