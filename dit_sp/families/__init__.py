@@ -8,6 +8,7 @@ import torch
 
 from dit_sp.errors import ConfigError
 from dit_sp.families.cogvideox import COGVIDEOX
+from dit_sp.families.easyanimate import EASYANIMATE
 from dit_sp.families.family import TRANSFORMERS, ModelFamily, VAEFactors
 from dit_sp.families.hunyuan_video import HUNYUAN_VIDEO
 from dit_sp.families.ltx import LTX
@@ -18,7 +19,7 @@ from dit_sp.families.shape import check_latent_shape
 from dit_sp.families.wan import WAN
 from dit_sp.vae import VAEPlan
 
-FAMILIES: tuple[ModelFamily, ...] = (WAN, HUNYUAN_VIDEO, COGVIDEOX, LTX, MOCHI, LTX2)
+FAMILIES: tuple[ModelFamily, ...] = (WAN, HUNYUAN_VIDEO, COGVIDEOX, LTX, MOCHI, LTX2, EASYANIMATE)
 
 
 def supported_classes() -> list[str]:

@@ -49,7 +49,11 @@ def _plan(model: torch.nn.Module) -> dict:
 
 
 _ARCHITECTURES = {
-    "ltx-2-19b": {"transformers": {"transformer": ("LTX2VideoTransformer3DModel", {})},  # diffusers' defaults
+    "ltx-2-19b": {"transformers": {"transformer": ("LTX2VideoTransformer3DModel", {
+        "in_channels": 128, "out_channels": 128, "patch_size": 1, "patch_size_t": 1, "num_attention_heads": 32,
+        "attention_head_dim": 128, "cross_attention_dim": 4096, "audio_in_channels": 128,
+        "audio_num_attention_heads": 32, "audio_attention_head_dim": 64, "audio_cross_attention_dim": 2048,
+        "num_layers": 48, "caption_channels": 3840})},
                   "text_encoders": 12.2e9, "vae": 1.28e9, "compression": (8, 32), "text_tokens": 1024,
                   "joint": False},
 }  # fmt: skip

@@ -8,10 +8,17 @@ from typing import Any
 
 import torch
 
-TRANSFORMER_MODELS = ("tiny-ltx", "tiny-ltx-i2v", "tiny-ltx-condition", "tiny-mochi", "tiny-ltx2")
+TRANSFORMER_MODELS = ("tiny-ltx", "tiny-ltx-i2v", "tiny-ltx-condition", "tiny-mochi", "tiny-ltx2", "tiny-easyanimate")
 """The tiny transformers checked against one process (each name selects the inputs below)."""
 
-VIDEO_TOKENS = {"tiny-ltx": 27, "tiny-ltx-i2v": 27, "tiny-ltx-condition": 27, "tiny-mochi": 9, "tiny-ltx2": 27}
+VIDEO_TOKENS = {
+    "tiny-ltx": 27,
+    "tiny-ltx-i2v": 27,
+    "tiny-ltx-condition": 27,
+    "tiny-mochi": 9,
+    "tiny-ltx2": 27,
+    "tiny-easyanimate": 9,
+}
 """Video tokens of ``famA_inputs``: what the attention sees whole in one process, and in halves on 2 ranks."""
 
 
@@ -50,6 +57,12 @@ def famA_inputs(model: str, batch: int = 2) -> dict[str, Any] | None:
                 "timestep": steps, "encoder_attention_mask": _text_mask(batch, 7),
                 "audio_encoder_attention_mask": _text_mask(batch, 7), "num_frames": 3, "height": 3, "width": 3,
                 "audio_num_frames": 5}  # fmt: skip
+    if model == "tiny-easyanimate":  # 3 frames of 6 x 2 latents: 3 x 1 patches of 2, 9 tokens; text in front
+        return {
+            "hidden_states": rand(batch, 4, 3, 6, 2),
+            "timestep": steps,
+            "encoder_hidden_states": rand(batch, 7, 16),
+        }
     raise ValueError(model)
 
 
