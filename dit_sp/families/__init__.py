@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from dit_sp.errors import ConfigError
+from dit_sp.families.allegro import ALLEGRO
 from dit_sp.families.cogvideox import COGVIDEOX
 from dit_sp.families.easyanimate import EASYANIMATE
 from dit_sp.families.family import TRANSFORMERS, ModelFamily, VAEFactors
@@ -19,7 +20,7 @@ from dit_sp.families.shape import check_latent_shape
 from dit_sp.families.wan import WAN
 from dit_sp.vae import VAEPlan
 
-FAMILIES: tuple[ModelFamily, ...] = (WAN, HUNYUAN_VIDEO, COGVIDEOX, LTX, MOCHI, LTX2, EASYANIMATE)
+FAMILIES: tuple[ModelFamily, ...] = (WAN, HUNYUAN_VIDEO, COGVIDEOX, LTX, MOCHI, LTX2, EASYANIMATE, ALLEGRO)
 
 
 def supported_classes() -> list[str]:

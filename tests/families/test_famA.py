@@ -106,7 +106,13 @@ def test_video_tokens_of_the_inputs_are_uneven():
 
     for model in TRANSFORMER_MODELS:
         transformer = build_tiny(model, "transformer")
-        assert VIDEO_TOKENS[model] % 2 == 1 and family_of(transformer).name in ("ltx", "mochi", "ltx2", "easyanimate")
+        assert VIDEO_TOKENS[model] % 2 == 1 and family_of(transformer).name in (
+            "ltx",
+            "mochi",
+            "ltx2",
+            "easyanimate",
+            "allegro",
+        )
         seen: list[int] = []
         hooks = record_attention_tokens(transformer, seen)
         with torch.no_grad(), parallelize(transformer, init_parallel(ParallelConfig())):
@@ -120,7 +126,7 @@ def test_video_tokens_of_the_inputs_are_uneven():
 @pytest.mark.parametrize(("name", "low", "high", "blocks"), [
     ("ltx-video-2b", 1.8e9, 2.1e9, 28), ("ltx-video-13b", 12.5e9, 14e9, 48),
     ("mochi-1-preview", 9.5e9, 10.5e9, 48), ("ltx-2-19b", 18e9, 20e9, 48),
-    ("easyanimate-v5.1-12b", 11e9, 12.5e9, 48)])  # fmt: skip
+    ("easyanimate-v5.1-12b", 11e9, 12.5e9, 48), ("allegro", 2.7e9, 2.9e9, 32)])  # fmt: skip
 def test_real_architectures_have_their_published_sizes(name, low, high, blocks):
     class_name, config = ARCHITECTURES[name]["transformers"]["transformer"]
     shape = TransformerShape.of(class_name, config)

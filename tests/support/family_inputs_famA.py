@@ -8,7 +8,15 @@ from typing import Any
 
 import torch
 
-TRANSFORMER_MODELS = ("tiny-ltx", "tiny-ltx-i2v", "tiny-ltx-condition", "tiny-mochi", "tiny-ltx2", "tiny-easyanimate")
+TRANSFORMER_MODELS = (
+    "tiny-ltx",
+    "tiny-ltx-i2v",
+    "tiny-ltx-condition",
+    "tiny-mochi",
+    "tiny-ltx2",
+    "tiny-easyanimate",
+    "tiny-allegro",
+)
 """The tiny transformers checked against one process (each name selects the inputs below)."""
 
 VIDEO_TOKENS = {
@@ -18,6 +26,7 @@ VIDEO_TOKENS = {
     "tiny-mochi": 9,
     "tiny-ltx2": 27,
     "tiny-easyanimate": 9,
+    "tiny-allegro": 9,
 }
 """Video tokens of ``famA_inputs``: what the attention sees whole in one process, and in halves on 2 ranks."""
 
@@ -63,6 +72,14 @@ def famA_inputs(model: str, batch: int = 2) -> dict[str, Any] | None:
             "timestep": steps,
             "encoder_hidden_states": rand(batch, 7, 16),
         }
+    if model == "tiny-allegro":  # 3 frames of 6 x 2 latents: 3 x 1 patches of 2, 9 tokens; rotary tables + positions
+        from diffusers.models.embeddings import get_3d_rotary_pos_embed_allegro
+
+        *tables, t, h, w = get_3d_rotary_pos_embed_allegro(12, ((0, 0), (3, 1)), (3, 1), 3)
+        positions = torch.cartesian_prod(t.long(), h.long(), w.long()).T.reshape(3, 1, -1)
+        return {"hidden_states": rand(batch, 4, 3, 6, 2), "encoder_hidden_states": rand(batch, 7, 16),
+                "timestep": steps, "encoder_attention_mask": _text_mask(batch, 7),
+                "image_rotary_emb": (tuple(tables), tuple(positions))}  # fmt: skip
     raise ValueError(model)
 
 
