@@ -37,6 +37,8 @@ PIPELINES = {  # built-in model: (its settings, video tokens of one sample)
 LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}
 CFG_LAYOUT_MODELS = ("tiny-ltx", "tiny-mochi")
 """The pipelines also run with their two guidance branches on the two ranks."""
+CACHED = {"tiny-ltx": "teacache:0.5", "tiny-mochi": "first_block:0.5"}
+"""Pipelines also run with a step cache on 1x2 (3 steps), against one process with the same cache."""
 TOL = 1e-5
 """fp32: outputs absolute, gradients relative to their magnitude where it is above 1."""
 
@@ -49,7 +51,13 @@ def _settings(tmp: Path, model: str, name: str, **flags) -> GenerateConfig:
 
 
 def _jobs() -> list[tuple[str, str]]:
-    return [(m, layout) for m in PIPELINES for layout in LAYOUTS if layout != "cfg2" or m in CFG_LAYOUT_MODELS]
+    jobs = [(m, layout) for m in PIPELINES for layout in LAYOUTS if layout != "cfg2" or m in CFG_LAYOUT_MODELS]
+    return jobs + [(m, "1x2+cache") for m in CACHED]
+
+
+def _flags(model: str, layout: str) -> dict:
+    cached = {"cache": CACHED[model], "steps": 3} if layout.endswith("cache") else {}
+    return LAYOUTS.get(layout.removesuffix("+cache"), {}) | cached
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +65,7 @@ def famA(tmp_path_factory):
     """The workers' results (rank 0's; the sample leader's report per generate job) and one process's videos."""
     tmp = tmp_path_factory.mktemp("famA")
     jobs = _jobs()
-    configs = [_settings(tmp, m, layout, **LAYOUTS[layout]) for m, layout in jobs]
+    configs = [_settings(tmp, m, layout, **_flags(m, layout)) for m, layout in jobs]
     by_rank = spawn(check_famA, 2, args=(TRANSFORMER_MODELS, configs), timeout=600)
     results = by_rank[0]
     for i, key in enumerate(jobs):
@@ -66,6 +74,10 @@ def famA(tmp_path_factory):
         results[key] = leaders[0] | {"local_tokens": by_rank[0][f"job{i}"]["local_tokens"]}
     for model in PIPELINES:
         results[(model, "single")] = generate(_settings(tmp, model, "single"), True)
+    for model in CACHED:
+        results[(model, "single+cache")] = generate(
+            _settings(tmp, model, "single+cache", **_flags(model, "+cache")), True
+        )
     return results
 
 
@@ -92,7 +104,11 @@ def test_transformer_matches_one_process_with_its_sequence_split(famA, model):
 @pytest.mark.slow
 @pytest.mark.parametrize(("model", "layout"), _jobs())
 def test_pipeline_matches_one_process_with_its_sequence_split(famA, model, layout):
-    reference, report = famA[(model, "single")], famA[(model, layout)]
+    reference = famA[(model, "single+cache" if layout.endswith("cache") else "single")]
+    report = famA[(model, layout)]
+    if layout.endswith("cache"):  # the same steps skipped as in one process (some, not all)
+        assert report["cache"]["computed"] == reference["cache"]["computed"]
+        assert 0 < report["cache"]["saved_fraction"] < 1, report["cache"]
     assert reference["frames"].std() > 0.01 and report["frames"].shape == reference["frames"].shape
     assert np.abs(report["frames"] - reference["frames"]).max() <= 1e-4
     assert (torch.load(report["latents"]) - torch.load(reference["latents"])).abs().max() <= 1e-4
