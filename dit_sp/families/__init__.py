@@ -12,6 +12,7 @@ from dit_sp.families.cogvideox import COGVIDEOX
 from dit_sp.families.easyanimate import EASYANIMATE
 from dit_sp.families.family import TRANSFORMERS, ModelFamily, VAEFactors
 from dit_sp.families.hunyuan_video import HUNYUAN_VIDEO
+from dit_sp.families.latte import LATTE
 from dit_sp.families.ltx import LTX
 from dit_sp.families.ltx2 import LTX2
 from dit_sp.families.mochi import MOCHI
@@ -20,7 +21,9 @@ from dit_sp.families.shape import check_latent_shape
 from dit_sp.families.wan import WAN
 from dit_sp.vae import VAEPlan
 
-FAMILIES: tuple[ModelFamily, ...] = (WAN, HUNYUAN_VIDEO, COGVIDEOX, LTX, MOCHI, LTX2, EASYANIMATE, ALLEGRO)
+FAMILIES: tuple[ModelFamily, ...] = (
+    WAN, HUNYUAN_VIDEO, COGVIDEOX, LTX, MOCHI, LTX2, EASYANIMATE, ALLEGRO, LATTE
+)  # fmt: skip
 
 
 def supported_classes() -> list[str]:
