@@ -61,7 +61,7 @@ def famA_inputs(model: str, batch: int = 2) -> dict[str, Any] | None:
         return {"hidden_states": rand(batch, 12, 3, 6, 2), "encoder_hidden_states": rand(batch, 7, 16),
                 "timestep": steps, "encoder_attention_mask": _text_mask(batch, 7)}  # fmt: skip
     if model == "tiny-ltx2":  # 27 video tokens (split), 5 audio tokens (whole on every rank), text padded
-        return {"hidden_states": rand(batch, 27, 4), "audio_hidden_states": rand(batch, 5, 4),
+        return {"hidden_states": rand(batch, 27, 4), "audio_hidden_states": rand(batch, 5, 8),
                 "encoder_hidden_states": rand(batch, 7, 16), "audio_encoder_hidden_states": rand(batch, 7, 16),
                 "timestep": steps, "encoder_attention_mask": _text_mask(batch, 7),
                 "audio_encoder_attention_mask": _text_mask(batch, 7), "num_frames": 3, "height": 3, "width": 3,
