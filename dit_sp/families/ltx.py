@@ -53,10 +53,12 @@ def _teacache_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict
     return block.norm1(hidden) * (1 + scale) + shift, True
 
 
-def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
-    scaling = sum(vae.get("spatio_temporal_scaling", (True, True, True, False)))
-    temporal = vae.get("temporal_compression_ratio") or vae.get("patch_size_t", 1) * 2**scaling
-    spatial = vae.get("spatial_compression_ratio") or vae.get("patch_size", 4) * 2**scaling
+def ltx_vae_factors(vae: dict[str, Any], scaling: tuple[bool, ...] = (True, True, True, False)) -> tuple[int, int]:
+    """``(temporal, spatial)`` compression of an LTX (or LTX-2, other default ``scaling``) video VAE config, as the
+    VAE class computes it."""
+    scalings = sum(vae.get("spatio_temporal_scaling", scaling))
+    temporal = vae.get("temporal_compression_ratio") or vae.get("patch_size_t", 1) * 2**scalings
+    spatial = vae.get("spatial_compression_ratio") or vae.get("patch_size", 4) * 2**scalings
     return temporal, spatial
 
 
@@ -85,6 +87,6 @@ LTX = ModelFamily(
     teacache_probe=_teacache_probe,
     tiny_models=("tiny-ltx", "tiny-ltx-i2v", "tiny-ltx-condition"),
     checkpoint_defaults=dict.fromkeys(_PIPELINES, generation_defaults(161, 512, 704, 50, 3.0, 128) | {"fps": 24}),
-    vae_factors=dict.fromkeys(_PIPELINES, _vae_factors),
+    vae_factors=dict.fromkeys(_PIPELINES, ltx_vae_factors),
     architectures=_ARCHITECTURES,
 )

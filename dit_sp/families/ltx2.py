@@ -29,6 +29,7 @@ import torch
 
 from dit_sp._compat import context_parallel_types
 from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.families.ltx import ltx_vae_factors
 
 
 def _plan(model: torch.nn.Module) -> dict:
@@ -62,7 +63,7 @@ _ARCHITECTURES = {
 
 
 def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
-    return vae.get("temporal_compression_ratio") or 8, vae.get("spatial_compression_ratio") or 32
+    return ltx_vae_factors(vae, scaling=(True, True, True, True))  # AutoencoderKLLTX2Video's default scaling
 
 
 _PIPELINES = ("LTX2Pipeline", "LTX2ImageToVideoPipeline", "LTX2ConditionPipeline")

@@ -173,3 +173,18 @@ def test_latte_is_refused_in_one_line_saying_why():
         parallelize(model, init_parallel(ParallelConfig()))
     assert "\n" not in str(e.value)
     assert processors == {name: m.processor for name, m in model.named_modules() if hasattr(m, "processor")}
+
+
+def test_sizes_are_checked_from_the_model_files_before_loading():
+    """Each pipeline class reads its VAE's compression from the VAE config (``vae_factors``): frames that the VAE
+    cannot take are refused in one line before anything loads."""
+    from dit_sp.errors import ConfigError
+    from dit_sp.zoo import check_shape_from_files, shape_info
+
+    for model, factors in {"tiny-ltx": (4, 4), "tiny-ltx2": (4, 4), "tiny-mochi": (6, 8)}.items():
+        info = shape_info(model)
+        assert (info.vae_scale_factor_temporal, info.vae_scale_factor_spatial) == factors, model
+    settings = {"frames": 12, "height": 48, "width": 16, "max_sequence_length": 32}
+    with pytest.raises(ConfigError, match=r"^--frames 12: the VAE needs 6\*k\+1 frames, e.g. \[7, 13, 19, 25\]$"):
+        check_shape_from_files("tiny-mochi", settings)
+    check_shape_from_files("tiny-mochi", settings | {"frames": 13})
