@@ -49,6 +49,12 @@ def parallelize_transformer(
 ) -> None:
     family = family_of(model)
     family.check(model)
+    if family.gathered_key_modules and gather_grad == "slice":
+        raise NotImplementedError(
+            f"gather_grad='slice' keeps each rank's share of the split output's gradient, but {type(model).__name__} "
+            "also computes a stream whole on every rank (LTX-2's audio), whose gradient would count once per rank: "
+            "use gather_grad='sum'"
+        )
     if model_parallel_config(model) is not None:
         raise ValueError("this model already uses diffusers' own context parallelism; do not enable both")
     ctx = SequenceContext(parallel, family.joint_position, gather_grad, kernel)

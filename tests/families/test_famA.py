@@ -188,3 +188,13 @@ def test_sizes_are_checked_from_the_model_files_before_loading():
     with pytest.raises(ConfigError, match=r"^--frames 12: the VAE needs 6\*k\+1 frames, e.g. \[7, 13, 19, 25\]$"):
         check_shape_from_files("tiny-mochi", settings)
     check_shape_from_files("tiny-mochi", settings | {"frames": 13})
+
+
+def test_ltx2_refuses_the_slice_gradient_mode_in_one_line():
+    from dit_sp import ParallelConfig, init_parallel, parallelize
+
+    model = build_tiny("tiny-ltx2", "transformer")
+    with pytest.raises(NotImplementedError, match=r"^gather_grad='slice' .*\(LTX-2's audio\).*use gather_grad='sum'$"):
+        parallelize(model, init_parallel(ParallelConfig()), gather_grad="slice")
+    assert not any(type(m.processor).__name__.startswith("SequenceParallel") for m in model.modules()
+                   if hasattr(m, "processor"))  # fmt: skip
