@@ -17,6 +17,7 @@ from family_inputs_famA import (
     TRANSFORMER_MODELS,
     VIDEO_TOKENS,
     check_famA,
+    condition_pipeline_frames,
     famA_inputs,
     half,
     record_attention_tokens,
@@ -72,12 +73,13 @@ def famA(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("famA")
     jobs = _jobs()
     configs = [_settings(tmp, m, layout, **_flags(m, layout)) for m, layout in jobs]
-    by_rank = spawn(check_famA, 2, args=(TRANSFORMER_MODELS, configs), timeout=600)
+    by_rank = spawn(check_famA, 2, args=(TRANSFORMER_MODELS, configs, IMAGE), timeout=600)
     results = by_rank[0]
     for i, key in enumerate(jobs):
         leaders = [r[f"job{i}"] for r in by_rank if "out" in r[f"job{i}"]]
         assert len(leaders) == 1, f"{key}: exactly one rank writes the output"
         results[key] = leaders[0] | {"local_tokens": by_rank[0][f"job{i}"]["local_tokens"]}
+    results["condition_frames_single"] = condition_pipeline_frames(IMAGE)
     for model in PIPELINES:
         results[(model, "single")] = generate(_settings(tmp, model, "single"), True)
     for model in CACHED:
@@ -198,3 +200,13 @@ def test_ltx2_refuses_the_slice_gradient_mode_in_one_line():
         parallelize(model, init_parallel(ParallelConfig()), gather_grad="slice")
     assert not any(type(m.processor).__name__.startswith("SequenceParallel") for m in model.modules()
                    if hasattr(m, "processor"))  # fmt: skip
+
+
+@pytest.mark.slow
+def test_condition_pipeline_with_extra_conditioning_tokens_matches_one_process(famA):
+    """LTX's condition pipeline with a last-frame image: its latents join the sequence as 64 extra tokens (192 + 64),
+    with timestep 0, split like every other token."""
+    reference, report = famA["condition_frames_single"], famA["condition_frames"]
+    assert reference["local_tokens"] == [256] and report["local_tokens"] == [128]
+    assert reference["frames"].std() > 0.01
+    assert np.abs(report["frames"] - reference["frames"]).max() <= 1e-4

@@ -186,7 +186,31 @@ def record_attention_tokens(model: torch.nn.Module, seen: list[int]) -> list:
             if any(fnmatch.fnmatchcase(name, p) for p in patterns)]  # fmt: skip
 
 
-def check_famA(models: tuple[str, ...], jobs: list[Any]) -> dict[str, Any]:
+def condition_pipeline_frames(image: str, ulysses: int = 1) -> dict[str, Any]:
+    """``tiny-ltx-condition`` with an image at frame 0 (its latents replace the first latent frame) and at frame 8
+    (extra conditioning tokens appended to the sequence: 192 + 64 tokens), one process or parallelized on
+    ``ulysses`` ranks: ``{"frames", "local_tokens"}``."""
+    from PIL import Image
+
+    from dit_sp import ParallelConfig, init_parallel, parallelize
+    from dit_sp.zoo import build_tiny
+
+    pipe = build_tiny("tiny-ltx-condition")
+    if ulysses > 1:
+        parallelize(pipe, init_parallel(ParallelConfig(ulysses=ulysses)), verify_inputs=True)
+    with Image.open(image) as file:
+        picture = file.convert("RGB")
+    seen: list[int] = []
+    hooks = record_attention_tokens(pipe.transformer, seen)
+    out = pipe(image=[picture, picture], video=[None, None], frame_index=[0, 8], prompt="a red circle moving left",
+               height=32, width=32, num_frames=9, num_inference_steps=2, guidance_scale=3.0, max_sequence_length=32,
+               generator=torch.Generator().manual_seed(0), output_type="np")  # fmt: skip
+    for hook in hooks:
+        hook.remove()
+    return {"frames": out.frames[0], "local_tokens": sorted(set(seen))}
+
+
+def check_famA(models: tuple[str, ...], jobs: list[Any], image: str | None = None) -> dict[str, Any]:
     """In each of 2 workers: every tiny transformer on 1x2 and 2x1 against one process (``check_transformer``),
     with the query lengths its sequence-parallel attention saw, then each ``generate`` job (a ``GenerateConfig``)
     with the lengths of its run."""
@@ -209,6 +233,8 @@ def check_famA(models: tuple[str, ...], jobs: list[Any]) -> dict[str, Any]:
         if model in MULTI_OUTPUT:
             results[model]["every_output"] = check_every_output(model)
             results[model]["every_output"]["cfg2"] = check_cfg_every_output(model)
+    if image is not None:
+        results["condition_frames"] = condition_pipeline_frames(image, ulysses=2)
     from dit_sp import generate
 
     for i, settings in enumerate(jobs):
