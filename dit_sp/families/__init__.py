@@ -7,17 +7,23 @@ from typing import Any
 import torch
 
 from dit_sp.errors import ConfigError
+from dit_sp.families.allegro import ALLEGRO
 from dit_sp.families.anyflow import ANYFLOW
 from dit_sp.families.chronoedit import CHRONOEDIT
 from dit_sp.families.cogvideox import COGVIDEOX
 from dit_sp.families.cosmos import COSMOS
+from dit_sp.families.easyanimate import EASYANIMATE
 from dit_sp.families.family import PARALLELIZED_TRANSFORMERS, TRANSFORMERS, ModelFamily, VAEFactors
 from dit_sp.families.helios import HELIOS
 from dit_sp.families.hunyuan_video import HUNYUAN_VIDEO
 from dit_sp.families.hunyuan_video15 import HUNYUAN_VIDEO15
 from dit_sp.families.hunyuan_video_framepack import HUNYUAN_VIDEO_FRAMEPACK
 from dit_sp.families.kandinsky5 import KANDINSKY5
+from dit_sp.families.latte import LATTE
+from dit_sp.families.ltx import LTX
+from dit_sp.families.ltx2 import LTX2
 from dit_sp.families.minimax_h3 import MINIMAX_H3
+from dit_sp.families.mochi import MOCHI
 from dit_sp.families.motif_video import MOTIF_VIDEO
 from dit_sp.families.policy import DiffusersPolicy
 from dit_sp.families.refused import REFUSED
@@ -30,15 +36,16 @@ from dit_sp.vae import VAEPlan
 
 FAMILIES: tuple[ModelFamily, ...] = (
     WAN, HUNYUAN_VIDEO, COGVIDEOX,
+    LTX, MOCHI, LTX2, EASYANIMATE, ALLEGRO,
     SKYREELS_V2, WAN_VACE, CHRONOEDIT, HUNYUAN_VIDEO15, HUNYUAN_VIDEO_FRAMEPACK, ANYFLOW,
     KANDINSKY5, MOTIF_VIDEO, COSMOS, MINIMAX_H3, HELIOS,
-    WAN_ANIMATE, *REFUSED,
+    LATTE, WAN_ANIMATE, *REFUSED,
 )  # fmt: skip
 
 
 def supported_classes() -> list[str]:
     """The transformer classes ``parallelize`` splits (not the ones it knows only to refuse, ``families.refused``)."""
-    return [name for family in FAMILIES if family not in REFUSED for name in family.class_names]
+    return [name for family in FAMILIES for name in family.class_names if name not in family.refused]
 
 
 def family_of(model: torch.nn.Module) -> ModelFamily:

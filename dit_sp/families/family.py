@@ -46,6 +46,9 @@ class ModelFamily:
     """Hooks beyond the plan, for what a ``_cp_plan`` cannot say (Helios: a global token count its blocks take, made
     this rank's; a gather of a module's input), from the model and its ``dit_sp.sp.context.SequenceContext``;
     returns their removable handles. Installed after the plan's hooks, so they run after them."""
+    gathered_key_modules: tuple[str, ...] = ()
+    """``fnmatch`` patterns of attention modules whose queries are whole on every rank and whose keys and values
+    are the split video (LTX-2's video-to-audio attention): the keys and values are gathered."""
     joint_position: Literal["front", "rear"] = "front"
     """Where the processors put text tokens when they attend jointly with the video."""
     cfg_mode: Literal["sequential", "batched"] = "sequential"

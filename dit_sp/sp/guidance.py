@@ -23,7 +23,8 @@ class GuidancePair:
     filled with NaN (a pipeline that reads it early computes NaN, never stale numbers); the second call
     runs the branch of this rank (cfg rank 0: the recorded conditional call, cfg rank 1: the
     unconditional one), the two results are exchanged, and the placeholder is filled in place.
-    ``batched`` pipelines call once on ``[unconditional, conditional]``: each rank runs its half.
+    ``batched`` pipelines call once on ``[unconditional, conditional]``: each rank runs its half (of every
+    output: LTX-2 gives video and audio).
     The recorded call runs in the step-cache context it was made in (``cond``), so each branch's cache
     keeps its own state, as in one process.
     """
@@ -78,4 +79,8 @@ class GuidancePair:
                     raise ValueError(f"cfg parallelism needs an even guidance batch; {name} has {value.shape[0]}")
                 bound.arguments[name] = value.chunk(2)[self.parallel.cfg_rank]
         out = forward(*bound.args, **bound.kwargs)
+        if isinstance(out, (tuple, list)) and len(out) > 1:  # every output's halves (LTX-2: video and audio)
+            return type(out)(torch.cat(self._exchange(o), 0) if isinstance(o, torch.Tensor) else o for o in out)
+        if not isinstance(out, (tuple, list)) and len(out) > 1:  # a BaseOutput of several fields
+            return type(out)(**{k: torch.cat(self._exchange(v), 0) for k, v in out.items()})
         return output_like(out, torch.cat(self._exchange(first_output(out)), 0))

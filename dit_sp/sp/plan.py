@@ -2,7 +2,9 @@
 
 A plan maps module names to what is sharded at that module (diffusers' ``_cp_plan`` format, so the
 plans diffusers ships are used as they are): ``{"name": {"arg" or output index: ContextParallelInput}}``
-splits a forward argument (or, with ``split_output``, an output) along the sequence, and
+splits a forward argument (or, with ``split_output``, an output) along the sequence (a size-1 dimension,
+once a longer sequence was split in the forward, broadcasts over every token and is left whole; an argument
+``"name.i"`` is element ``i`` of a tuple argument), and
 ``{"name": ContextParallelOutput}`` gathers the module's output (of a module returning a tuple, a list of one
 ``ContextParallelOutput`` or None per output). The empty name is the model itself.
 We implement the hooks ourselves: padding of uneven lengths, our gradient semantics, no accelerator
@@ -42,6 +44,8 @@ def _split(x: Any, spec: InputSpec, ctx: SequenceContext) -> Any:
         return {key: _split(item, spec, ctx) for key, item in x.items()}
     if not isinstance(x, torch.Tensor) or (spec.expected_dims is not None and x.dim() != spec.expected_dims):
         return x
+    if x.shape[spec.split_dim] == 1 and ctx.in_forward and ctx.seq_len not in (None, 1):
+        return x  # one value broadcast over every token (LTX's per-token timestep without conditioning: (B, 1))
     ctx.record_seq_len(x.shape[spec.split_dim])
     return shard_sequence(x, ctx.parallel, dim=spec.split_dim)
 
@@ -52,6 +56,15 @@ def _gather(x: Any, spec: OutputSpec, ctx: SequenceContext) -> Any:
     return gather_sequence(x, ctx.parallel, dim=spec.gather_dim, seq_len=ctx.seq_len, grad=ctx.gather_grad)
 
 
+def _at(value: Any, path: list[int], spec: InputSpec, ctx: SequenceContext) -> Any:
+    """``value`` with its element at ``path`` (indices into nested tuples) split."""
+    if not path or value is None:
+        return _split(value, spec, ctx) if value is not None else value
+    items = list(value)
+    items[path[0]] = _at(items[path[0]], path[1:], spec, ctx)
+    return type(value)(items)
+
+
 def _input_hook(module: torch.nn.Module, specs: dict, ctx: SequenceContext, is_root: bool) -> Callable:
     names = list(inspect.signature(module.forward).parameters)
 
@@ -60,11 +73,14 @@ def _input_hook(module: torch.nn.Module, specs: dict, ctx: SequenceContext, is_r
             ctx.begin()
         args = list(args)
         for key, spec in specs.items():
+            # "name.1": element 1 of a tuple argument (Allegro's rotary positions, beside their whole tables)
+            name, *path = str(key).split(".")
             for item in _as_list(spec):
-                if key in kwargs:
-                    kwargs[key] = _split(kwargs[key], item, ctx)
-                elif key in names and names.index(key) < len(args):
-                    args[names.index(key)] = _split(args[names.index(key)], item, ctx)
+                if name in kwargs:
+                    kwargs[name] = _at(kwargs[name], [int(i) for i in path], item, ctx)
+                elif name in names and names.index(name) < len(args):
+                    index = names.index(name)
+                    args[index] = _at(args[index], [int(i) for i in path], item, ctx)
         return tuple(args), kwargs
 
     return hook

@@ -10,6 +10,10 @@ tokens the processor concatenated in front or behind.
 Under ``torch.compile`` the routed call is one custom op, ``dit_sp::usp_attention``, opaque to the
 compiler: a compiled block has no graph break inside attention, and its collectives run as they do eagerly.
 
+Attention whose queries are whole on every rank while its keys and values are this rank's shard of the split
+sequence (LTX-2's audio queries over the video, ``ModelFamily.gathered_key_modules``) gathers the keys and values
+instead (``_attend_gathered_keys``).
+
 A processor call that routed no attention raises: its stock processor reached attention some other way
 (a non-native diffusers attention backend, a custom kernel, a hand-written softmax), which would have
 attended over this rank's shard of the sequence only.
@@ -27,6 +31,7 @@ from torch.overrides import TorchFunctionMode
 
 from dit_sp._compat import is_python_tensor_method, use_native_attention
 from dit_sp.attention import usp_attention
+from dit_sp.parallel.comm import gather_sequence
 from dit_sp.sp.context import SequenceContext
 
 Tensor = torch.Tensor
@@ -106,6 +111,24 @@ def _attend(ctx: SequenceContext, query: Tensor, key: Tensor, value: Tensor, att
     return out.transpose(1, 2)
 
 
+def _attend_gathered_keys(ctx: SequenceContext, query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None,
+                          scale: float | None) -> Tensor:  # fmt: skip
+    """Whole queries ``(B, H, Lq, D)`` (the same on every rank) over this rank's shard of the split keys and values
+    ``(B, H, S_local, D)``: the shards are gathered (padding dropped) and attended as in one process. The gather's
+    backward is the output gather's (``ctx.gather_grad``), so the key and value gradients of every rank's copy of
+    the queries reach the shard that holds them."""
+    if attn_mask is not None:
+        raise NotImplementedError("attention over gathered keys takes no mask: its keys are the split video tokens")
+    if torch.compiler.is_compiling():
+        raise NotImplementedError(
+            "attention of whole queries over the split sequence (LTX-2's video-to-audio attention) gathers its keys "
+            "eagerly only: run this model without compile"
+        )
+    key, value = (gather_sequence(x.contiguous(), ctx.parallel, dim=2, seq_len=ctx.seq_len, grad=ctx.gather_grad)
+                  for x in (key, value))  # fmt: skip
+    return F.scaled_dot_product_attention(query, key, value, scale=scale)
+
+
 _CONTEXTS: weakref.WeakValueDictionary[int, SequenceContext] = weakref.WeakValueDictionary()
 """The compiled op's handle to its model's context (a custom op takes no Python objects): ``id(ctx)``,
 registered by ``sequence_parallel_processor``; an entry goes when its model does."""
@@ -126,9 +149,10 @@ class RouteAttention(TorchFunctionMode):
     """Sends ``F.scaled_dot_product_attention`` calls to ``usp_attention`` (counting them in ``routed``);
     all else runs unchanged."""
 
-    def __init__(self, ctx: SequenceContext):
+    def __init__(self, ctx: SequenceContext, gather_keys: bool = False):
         super().__init__()
         self.ctx = ctx
+        self.gather_keys = gather_keys
         self.routed = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -158,6 +182,8 @@ class RouteAttention(TorchFunctionMode):
         """``(B, H, S, D)`` in and out, as ``scaled_dot_product_attention``."""
         if is_causal or dropout_p or enable_gqa:
             raise NotImplementedError("sequence-parallel attention is non-causal, without dropout or GQA")
+        if self.gather_keys:
+            return _attend_gathered_keys(self.ctx, query, key, value, attn_mask, scale)
         if not torch.compiler.is_compiling():
             return _attend(self.ctx, query, key, value, attn_mask, scale)
         if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value)):
@@ -176,7 +202,7 @@ def _sequence_parallel_class(stock: type) -> type:
     class SequenceParallelProcessor(stock):
         @functools.wraps(stock.__call__)
         def __call__(self, attn, *args, **kwargs):
-            route = RouteAttention(self._dit_sp_context)
+            route = RouteAttention(self._dit_sp_context, self._dit_sp_gather_keys)
             with route:
                 out = super().__call__(attn, *args, **kwargs)
             if not route.routed:
@@ -194,13 +220,17 @@ def _sequence_parallel_class(stock: type) -> type:
     return SequenceParallelProcessor
 
 
-def sequence_parallel_processor(stock: object, ctx: SequenceContext, name: str = "") -> object:
-    """A copy of ``stock`` (left untouched) that computes its attention with USP; ``name`` (the attention
-    module's) is for error messages."""
+def sequence_parallel_processor(
+    stock: object, ctx: SequenceContext, name: str = "", gather_keys: bool = False
+) -> object:
+    """A copy of ``stock`` (left untouched) that computes its attention with USP (``gather_keys``: whole queries
+    over the gathered split keys, ``_attend_gathered_keys``); ``name`` (the attention module's) is for error
+    messages."""
     processor = copy.copy(stock)
     processor.__class__ = _sequence_parallel_class(type(stock))
     processor._dit_sp_context = ctx
     _CONTEXTS[id(ctx)] = ctx
     processor._dit_sp_name = name
+    processor._dit_sp_gather_keys = gather_keys
     use_native_attention(processor)  # the stock call must reach torch SDPA
     return processor

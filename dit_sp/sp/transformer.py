@@ -49,6 +49,12 @@ def parallelize_transformer(
 ) -> None:
     family = family_of(model)
     family.check(model)
+    if family.gathered_key_modules and gather_grad == "slice":
+        raise NotImplementedError(
+            f"gather_grad='slice' keeps each rank's share of the split output's gradient, but {type(model).__name__} "
+            "also computes a stream whole on every rank (LTX-2's audio), whose gradient would count once per rank: "
+            "use gather_grad='sum'"
+        )
     if model_parallel_config(model) is not None:
         raise ValueError("this model already uses diffusers' own context parallelism; do not enable both")
     ctx = SequenceContext(parallel, family.joint_position, gather_grad, kernel)
@@ -60,20 +66,22 @@ def parallelize_transformer(
     handle.add_undo(lambda: [h.remove() for h in handles])
     set_instance_attr(model, SEQUENCE_ATTR, ctx, handle)  # what a step cache reduces over
     if verify and parallel.sp > 1:
-        h = model.register_forward_pre_hook(_verify_identical_inputs(parallel, ctx), with_kwargs=True)
+        # before the plan's root hook: a family that splits at the root (LTX) must be checked on its whole input
+        h = model.register_forward_pre_hook(_verify_identical_inputs(parallel, ctx), with_kwargs=True, prepend=True)
         handle.add_undo(h.remove)
 
-    matched = [
-        (name, module)
-        for name, module in model.named_modules()
-        if any(fnmatch.fnmatchcase(name, pattern) for pattern in family.attention_modules)
-    ]
-    if not matched:
-        raise ValueError(f"no attention modules of {type(model).__name__} match {family.attention_modules}")
-    for name, module in matched:
-        original = module.processor
-        module.processor = sequence_parallel_processor(original, ctx, name)
-        handle.add_undo(lambda module=module, original=original: setattr(module, "processor", original))
+    for patterns, gather_keys in ((family.attention_modules, False), (family.gathered_key_modules, True)):
+        matched = [
+            (name, module)
+            for name, module in model.named_modules()
+            if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+        ]
+        if patterns and not matched:
+            raise ValueError(f"no attention modules of {type(model).__name__} match {patterns}")
+        for name, module in matched:
+            original = module.processor
+            module.processor = sequence_parallel_processor(original, ctx, name, gather_keys)
+            handle.add_undo(lambda module=module, original=original: setattr(module, "processor", original))
 
     if guidance is not None:
         forward = model.forward  # the class's bound forward

@@ -69,7 +69,14 @@ def _component(spec: dict[str, Any]) -> Any:
     import transformers
 
     cls_name = spec["class"]
-    cls = getattr(diffusers, cls_name, None) or getattr(transformers, cls_name)
+    if "module" in spec:  # a pipeline's own model class (LTX-2's connectors, vocoder): diffusers.pipelines.<name>
+        import importlib
+
+        if not str(spec["module"]).startswith("diffusers.pipelines."):
+            raise ConfigError(f"component module {spec['module']!r}: only diffusers.pipelines.* modules are built")
+        cls = getattr(importlib.import_module(spec["module"]), cls_name)
+    else:
+        cls = getattr(diffusers, cls_name, None) or getattr(transformers, cls_name)
     config = dict(spec.get("config", {}))
     if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel):
         return cls(cls.config_class(**config)).eval()

@@ -95,21 +95,24 @@ def _sp(family: ModelFamily) -> str:
 
 
 def _row(family: ModelFamily) -> list[str]:
+    if family.refused.keys() >= set(family.class_names):  # nothing of it runs split: every other column is moot
+        return [family.name, _names(family.class_names), _pipelines(family), _sp(family), *["-"] * 5]
     cache = ["first-block"] + (["TeaCache"] if family.teacache_probe is not None else [])
-    grpo = ", ".join(f"`{name}`" for name in family.pipelines) if family.policy is not None else "no"
     return [
         family.name,
-        ", ".join(f"`{name}`" for name in family.class_names),
+        _names(family.class_names),
         _pipelines(family),
         _sp(family),
-        "refused"
-        if family.cfg_refused or family.refused.keys() >= set(family.class_names)
-        else f"yes ({family.cfg_mode})",
+        "refused" if family.cfg_refused else f"yes ({family.cfg_mode})",
         _vaes(family),
         ", ".join(cache) if family.step_cache else "refused",
-        "regional" if family.step_cache else "refused",  # compile wraps the same blocks the cache finds
-        grpo,
+        "regional",  # every splittable family's blocks: tests/families/test_compile_families.py
+        _names(family.pipelines) if family.policy is not None else "no",
     ]
+
+
+def _names(names: tuple[str, ...]) -> str:
+    return ", ".join(f"`{name}`" for name in names)
 
 
 def family_table() -> str:

@@ -1,0 +1,69 @@
+"""EasyAnimate V5 / V5.1 (``EasyAnimateTransformer3DModel``; ``EasyAnimatePipeline``, ``EasyAnimateInpaintPipeline``,
+``EasyAnimateControlPipeline``).
+
+Every block attends over ``[text, video]`` jointly, text in front, without a mask. The patch embedding runs on the
+full sequence (inpaint and control latents join the noise in channels before it); the video tokens are split where
+the blocks start, with the rotary table (``rope_embedding`` outputs, ``(S, D)``), and gathered at ``proj_out``. The
+pipelines run guidance as one call on a batch of ``[unconditional, conditional]``. diffusers ships no ``_cp_plan``.
+
+VAE: ``AutoencoderKLMagvit`` decodes on the sample's leader (the others receive the frames): no row-split plan in
+``dit_sp.vae`` for its causal convolutions and spatial group norms yet.
+"""
+
+from typing import Any
+
+import torch
+
+from dit_sp._compat import context_parallel_types
+from dit_sp.families.family import ModelFamily, generation_defaults
+
+
+def _plan(model: torch.nn.Module) -> dict:
+    cp_input, cp_output = context_parallel_types()
+    return {
+        "rope_embedding": {
+            0: cp_input(split_dim=0, expected_dims=2, split_output=True),
+            1: cp_input(split_dim=0, expected_dims=2, split_output=True),
+        },
+        "transformer_blocks.0": {"hidden_states": cp_input(split_dim=1, expected_dims=3)},
+        "proj_out": cp_output(gather_dim=1, expected_dims=3),
+    }
+
+
+_ARCHITECTURES = {
+    "easyanimate-v5.1-12b": {"transformers": {"transformer": ("EasyAnimateTransformer3DModel", {
+        "num_attention_heads": 48, "attention_head_dim": 64, "in_channels": 16, "out_channels": 16, "patch_size": 2,
+        "num_layers": 48, "mmdit_layers": 48, "time_embed_dim": 512, "text_embed_dim": 3584,
+        "add_norm_text_encoder": True, "after_norm": True})},
+        "text_encoders": 8.3e9, "vae": 244e6, "compression": (4, 8), "text_tokens": 256, "joint": True},
+}  # fmt: skip
+"""The real checkpoints, for the memory planner (``ModelFamily.architectures``): V5.1 12B with its Qwen2-VL-7B."""
+
+
+def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
+    return vae.get("temporal_compression_ratio", 4), vae.get("spatial_compression_ratio", 8)
+
+
+_PIPELINES = ("EasyAnimatePipeline", "EasyAnimateInpaintPipeline", "EasyAnimateControlPipeline")
+
+EASYANIMATE = ModelFamily(
+    name="easyanimate",
+    step_cache=False,
+    class_names=("EasyAnimateTransformer3DModel",),
+    plan=_plan,
+    attention_modules=("transformer_blocks.*.attn1",),
+    joint_position="front",
+    cfg_mode="batched",
+    cfg_batched_args=(
+        "hidden_states",
+        "timestep",
+        "encoder_hidden_states",
+        "encoder_hidden_states_t5",
+        "inpaint_latents",
+        "control_latents",
+    ),  # fmt: skip
+    tiny_models=("tiny-easyanimate",),
+    checkpoint_defaults=dict.fromkeys(_PIPELINES, generation_defaults(49, 512, 512, 50, 5.0, 256) | {"fps": 8}),
+    vae_factors=dict.fromkeys(_PIPELINES, _vae_factors),
+    architectures=_ARCHITECTURES,
+)

@@ -1,0 +1,92 @@
+"""LTX-Video (``LTXVideoTransformer3DModel``): ``LTXPipeline``, ``LTXImageToVideoPipeline``, ``LTXConditionPipeline``.
+
+The pipelines hand the transformer packed latents ``(B, S, C)``; self-attention (``attn1``) runs over the video
+tokens through USP, cross-attention to the (masked) text (``attn2``) keeps the stock processor: local queries
+against the replicated text need no communication. The rotary table is computed for the whole sequence (from
+the frame/row/column counts, or the condition pipeline's ``video_coords``) and split with the tokens.
+
+Conditioning frames: image-to-video and the condition pipeline give each token its own timestep ``(B, S)``
+(clean conditioning tokens have timestep 0), split with the tokens; the condition pipeline appends its extra
+conditioning latents to the token sequence, so they are split like any other token. Without conditioning the
+condition pipeline passes ``(B, 1)``, one timestep broadcast over every token (``dit_sp.sp.plan``).
+
+diffusers' ``_cp_plan`` for LTX also splits the text (``encoder_hidden_states`` and its mask), since its ring
+attention gathers keys for cross-attention too; dit-sp keeps the text whole on every rank, so it uses its own plan.
+
+VAE: ``AutoencoderKLLTXVideo`` decodes on the sample's leader (the others receive the frames): its decoder
+normalises with ``PerChannelRMSNorm`` and upsamples by pixel shuffle, which a row split could take, but its
+causal convolutions pad rows by replication inside ``LTXVideoCausalConv3d`` and the decoder's timestep
+conditioning and noise injection have no split plan in ``dit_sp.vae`` yet.
+"""
+
+from typing import Any
+
+import torch
+
+from dit_sp._compat import block_argument, context_parallel_types
+from dit_sp.families.family import ModelFamily, generation_defaults
+
+
+def _plan(model: torch.nn.Module) -> dict:
+    cp_input, cp_output = context_parallel_types()
+    return {
+        # hidden_states first: it records the sequence length a (B, 1) timestep is then told from
+        "": {
+            "hidden_states": cp_input(split_dim=1, expected_dims=3),
+            "timestep": cp_input(split_dim=1, expected_dims=2),  # per-token timesteps (B, S) of conditioning
+        },
+        "rope": {
+            0: cp_input(split_dim=1, expected_dims=3, split_output=True),
+            1: cp_input(split_dim=1, expected_dims=3, split_output=True),
+        },
+        "proj_out": cp_output(gather_dim=1, expected_dims=3),
+    }
+
+
+def _teacache_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict) -> tuple[torch.Tensor, bool]:
+    """The first block's modulated video input (``norm1`` with the shift and scale of ``temb``), ``(B, S_local,
+    C)``; ``temb`` is ``(B, 1 or S_local, 6 C)``."""
+    hidden = block_argument(meta, "hidden_states", args, kwargs)
+    temb = block_argument(meta, "temb", args, kwargs)
+    ada = block.scale_shift_table[None, None] + temb.reshape(hidden.shape[0], temb.shape[1], 6, -1)
+    shift, scale = ada[:, :, 0], ada[:, :, 1]
+    return block.norm1(hidden) * (1 + scale) + shift, True
+
+
+def ltx_vae_factors(vae: dict[str, Any], scaling: tuple[bool, ...] = (True, True, True, False)) -> tuple[int, int]:
+    """``(temporal, spatial)`` compression of an LTX (or LTX-2, other default ``scaling``) video VAE config, as the
+    VAE class computes it."""
+    scalings = sum(vae.get("spatio_temporal_scaling", scaling))
+    temporal = vae.get("temporal_compression_ratio") or vae.get("patch_size_t", 1) * 2**scalings
+    spatial = vae.get("spatial_compression_ratio") or vae.get("patch_size", 4) * 2**scalings
+    return temporal, spatial
+
+
+_T5_XXL = 4.76e9
+_ARCHITECTURES = {
+    "ltx-video-2b": {"transformers": {"transformer": ("LTXVideoTransformer3DModel", {
+        "in_channels": 128, "out_channels": 128, "patch_size": 1, "patch_size_t": 1, "num_attention_heads": 32,
+        "attention_head_dim": 64, "cross_attention_dim": 2048, "num_layers": 28, "caption_channels": 4096})},
+        "text_encoders": _T5_XXL, "vae": 419e6, "compression": (8, 32), "text_tokens": 128, "joint": False},
+    "ltx-video-13b": {"transformers": {"transformer": ("LTXVideoTransformer3DModel", {
+        "in_channels": 128, "out_channels": 128, "patch_size": 1, "patch_size_t": 1, "num_attention_heads": 32,
+        "attention_head_dim": 128, "cross_attention_dim": 4096, "num_layers": 48, "caption_channels": 4096})},
+        "text_encoders": _T5_XXL, "vae": 419e6, "compression": (8, 32), "text_tokens": 128, "joint": False},
+}  # fmt: skip
+"""The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
+
+_PIPELINES = ("LTXPipeline", "LTXImageToVideoPipeline", "LTXConditionPipeline")
+
+LTX = ModelFamily(
+    name="ltx",
+    class_names=("LTXVideoTransformer3DModel",),
+    plan=_plan,
+    attention_modules=("transformer_blocks.*.attn1",),
+    cfg_mode="batched",
+    cfg_batched_args=("hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask", "video_coords"),
+    teacache_probe=_teacache_probe,
+    tiny_models=("tiny-ltx", "tiny-ltx-i2v", "tiny-ltx-condition"),
+    checkpoint_defaults=dict.fromkeys(_PIPELINES, generation_defaults(161, 512, 704, 50, 3.0, 128) | {"fps": 24}),
+    vae_factors=dict.fromkeys(_PIPELINES, ltx_vae_factors),
+    architectures=_ARCHITECTURES,
+)

@@ -1,0 +1,88 @@
+"""LTX-2 (``LTX2VideoTransformer3DModel``): joint audio and video generation.
+
+Each block has two token streams: video (``hidden_states``, packed ``(B, S, C)``) and audio. The video tokens are
+split over the sequence-parallel ranks, with their per-token timesteps, keyframe markers and the two video rotary
+tables (``rope`` and ``cross_attn_rope`` outputs: ``(B, S, D)`` interleaved or ``(B, H, S, D / 2)`` split). The
+audio stream is NOT split: it is short (about 25 latent frames a second) and every audio token attends to every
+video token, so each rank keeps the whole audio sequence and runs the audio path as one process does.
+
+- ``attn1`` (video self-attention) runs through USP;
+- ``attn2`` / ``audio_attn2`` (text cross-attention), ``audio_attn1`` (audio self-attention) and
+  ``audio_to_video_attn`` (local video queries over the whole audio) stay local: no communication;
+- ``video_to_audio_attn`` (the whole audio's queries over the split video) gathers the video keys and values
+  (``ModelFamily.gathered_key_modules``), so its result is the one-process result on every rank.
+
+The video output is gathered at ``proj_out``; the audio output is whole on every rank. The pipelines' guidance
+batch ``[unconditional, conditional]`` is one call (CFG parallel exchanges both outputs). Refused: a video
+self-attention mask (``video_self_attention_mask``, IC-LoRA) is not a key-padding mask, so USP refuses it.
+
+diffusers' ``_cp_plan`` for LTX-2 splits the text too (its ring attention gathers keys for cross-attention) and
+not the audio; dit-sp keeps the text whole, so it uses its own plan.
+
+VAE: ``AutoencoderKLLTX2Video`` and the audio VAE / vocoder decode on the sample's leader (the others receive the
+frames); no row-split plan in ``dit_sp.vae`` yet.
+"""
+
+from typing import Any
+
+import torch
+
+from dit_sp._compat import context_parallel_types
+from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.families.ltx import ltx_vae_factors
+
+
+def _plan(model: torch.nn.Module) -> dict:
+    cp_input, cp_output = context_parallel_types()
+    split = model.config.get("rope_type") == "split"  # (B, H, S, D/2); interleaved: (B, S, D)
+    rope = cp_input(split_dim=2 if split else 1, expected_dims=4 if split else 3, split_output=True)
+    return {
+        # hidden_states first: it records the sequence length a (B, 1) timestep is then told from
+        "": {
+            "hidden_states": cp_input(split_dim=1, expected_dims=3),
+            "timestep": cp_input(split_dim=1, expected_dims=2),  # per-token timesteps (B, S) of conditioning
+            "video_keyframes_mask": cp_input(split_dim=1, expected_dims=3),
+        },
+        "rope": {0: rope, 1: rope},
+        "cross_attn_rope": {0: rope, 1: rope},
+        "proj_out": cp_output(gather_dim=1, expected_dims=3),
+    }
+
+
+_ARCHITECTURES = {
+    "ltx-2-19b": {"transformers": {"transformer": ("LTX2VideoTransformer3DModel", {
+        "in_channels": 128, "out_channels": 128, "patch_size": 1, "patch_size_t": 1, "num_attention_heads": 32,
+        "attention_head_dim": 128, "cross_attention_dim": 4096, "audio_in_channels": 128,
+        "audio_num_attention_heads": 32, "audio_attention_head_dim": 64, "audio_cross_attention_dim": 2048,
+        "num_layers": 48, "caption_channels": 3840})},
+                  "text_encoders": 12.2e9, "vae": 1.28e9, "compression": (8, 32), "text_tokens": 1024,
+                  "joint": False},
+}  # fmt: skip
+"""The real checkpoints, for the memory planner (``ModelFamily.architectures``). The audio stream adds about
+25 tokens a second, whole on every rank: negligible beside the video."""
+
+
+def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
+    return ltx_vae_factors(vae, scaling=(True, True, True, True))  # AutoencoderKLLTX2Video's default scaling
+
+
+_PIPELINES = ("LTX2Pipeline", "LTX2ImageToVideoPipeline", "LTX2ConditionPipeline")
+
+LTX2 = ModelFamily(
+    name="ltx2",
+    step_cache=False,
+    class_names=("LTX2VideoTransformer3DModel",),
+    plan=_plan,
+    attention_modules=("transformer_blocks.*.attn1",),
+    gathered_key_modules=("transformer_blocks.*.video_to_audio_attn",),
+    cfg_mode="batched",
+    cfg_batched_args=(
+        *("hidden_states", "audio_hidden_states", "encoder_hidden_states", "audio_encoder_hidden_states"),
+        *("timestep", "audio_timestep", "sigma", "audio_sigma", "encoder_attention_mask"),
+        *("audio_encoder_attention_mask", "video_coords", "audio_coords", "video_keyframes_mask"),
+    ),
+    tiny_models=("tiny-ltx2",),
+    checkpoint_defaults=dict.fromkeys(_PIPELINES, generation_defaults(121, 512, 768, 30, 3.0, 1024) | {"fps": 24}),
+    vae_factors=dict.fromkeys(_PIPELINES, _vae_factors),
+    architectures=_ARCHITECTURES,
+)
