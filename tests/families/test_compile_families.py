@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from family_checks_famc import TINY, build, inputs
+from kandinsky_cosmos_checks import TINY, build, inputs
 from model_checks import model_inputs
 
 from dit_sp.families import FAMILIES

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from family_inputs_famA import famA_inputs
+from ltx_mochi_inputs import ltx_mochi_inputs_of
 
 from dit_sp import ParallelConfig, init_parallel, parallelize
 from dit_sp.zoo import build_tiny
@@ -12,9 +12,9 @@ from dit_sp.zoo import build_tiny
 
 def model_inputs(family: str, batch: int = 2) -> dict:
     """Inputs of the tiny transformers; 18 video tokens (uneven over 4 ranks) and padded text."""
-    from family_inputs_famB import famb_inputs
+    from variant_inputs import variant_inputs_of
 
-    if (inputs := famb_inputs(family, batch)) is not None:
+    if (inputs := variant_inputs_of(family, batch)) is not None:
         return inputs
     g = torch.Generator().manual_seed(7)
     rand = lambda *shape: torch.randn(*shape, generator=g)
@@ -33,7 +33,7 @@ def model_inputs(family: str, batch: int = 2) -> dict:
         rope = get_3d_rotary_pos_embed(16, ((0, 0), (3, 2)), grid_size=(3, 2), temporal_size=3)
         return {"hidden_states": rand(batch, 3, 4, 6, 4), "timestep": torch.tensor([500, 20][:batch]),
                 "encoder_hidden_states": rand(batch, 8, 16), "image_rotary_emb": rope}  # fmt: skip
-    inputs = famA_inputs(family, batch)  # LTX-Video, Mochi, LTX-2, ...: tests/support/family_inputs_famA.py
+    inputs = ltx_mochi_inputs_of(family, batch)  # LTX-Video, Mochi, LTX-2, ...: tests/support/ltx_mochi_inputs.py
     if inputs is not None:
         return inputs
     raise ValueError(family)

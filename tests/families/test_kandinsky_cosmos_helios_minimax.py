@@ -11,7 +11,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from family_checks_famc import TINY, build, inputs, run_family_matrix
+from kandinsky_cosmos_checks import TINY, build, inputs, run_family_matrix
 
 from dit_sp import GenerateConfig, ParallelConfig, generate, init_parallel, parallelize, spawn
 from dit_sp.families import family_of
@@ -21,7 +21,7 @@ LAYOUTS = [(1, 1, 2), (1, 2, 1)]
 PIPELINES = {"tiny-kandinsky5": 18}  # built-in model: video tokens of its default size
 VIDEO_LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}
 TOL = 1e-5  # max abs error; gradients over 1 relative to their scale
-BF16_TOL = 1e-2  # gradients a family rounds to bfloat16 in backward (``family_checks_famc.RELATIVE``)
+BF16_TOL = 1e-2  # gradients a family rounds to bfloat16 in backward (``kandinsky_cosmos_checks.RELATIVE``)
 
 
 def _settings(tmp, model: str, name: str, **flags) -> GenerateConfig:
@@ -33,7 +33,7 @@ def _settings(tmp, model: str, name: str, **flags) -> GenerateConfig:
 
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("famc")
+    tmp = tmp_path_factory.mktemp("kandinsky_cosmos")
     single = {model: generate(_settings(tmp, model, "single"), True) for model in PIPELINES}
     jobs = [(model, layout) for model in PIPELINES for layout in VIDEO_LAYOUTS]
     configs = [_settings(tmp, model, layout, **VIDEO_LAYOUTS[layout]) for model, layout in jobs]
@@ -69,7 +69,7 @@ def test_transformer_matches_single_process(matrix, name, layout):
 
 
 EXPECTED_TOKENS = dict.fromkeys(TINY, 18) | {"minimax_h3": 19, "helios": 27}
-"""Video tokens of each tiny transformer's inputs (``family_checks_famc.inputs``)."""
+"""Video tokens of each tiny transformer's inputs (``kandinsky_cosmos_checks.inputs``)."""
 
 
 @pytest.mark.slow
@@ -224,7 +224,7 @@ def test_step_caches_the_blocks_cannot_take_are_refused_in_one_line(name, messag
 
 def test_generate_refuses_a_pipeline_that_takes_no_guidance_argument():
     """Motif-Video's pipelines guide through their guider and take no ``guidance_scale``: one line, not a TypeError."""
-    from family_checks_famc import motif_video_pipeline
+    from kandinsky_cosmos_checks import motif_video_pipeline
 
     from dit_sp.errors import ConfigError
     from dit_sp.inference import guidance_arguments

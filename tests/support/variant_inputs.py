@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 
-def famb_inputs(model: str, batch: int = 2) -> dict | None:
+def variant_inputs_of(model: str, batch: int = 2) -> dict | None:
     """The inputs of ``model``'s tiny transformer, or None for a model of another group."""
     g = torch.Generator().manual_seed(7)
     rand = lambda *shape: torch.randn(*shape, generator=g)

@@ -3,7 +3,7 @@ transformer (forward and backward, an uneven token count) and each tiny pipeline
 and latents) on 1x2 (Ulysses) and 2x1 (ring), CFG parallel where the pipeline guides, against one process, with
 the sequence really split: the routed attention saw half the tokens.
 
-Everything distributed runs in ONE 2-process spawn (``family_inputs_famA.check_famA``)."""
+Everything distributed runs in ONE 2-process spawn (``ltx_mochi_inputs.check_ltx_mochi``)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from family_inputs_famA import (
+from ltx_mochi_inputs import (
     MULTI_OUTPUT,
     TRANSFORMER_MODELS,
     VIDEO_TOKENS,
-    check_famA,
+    check_ltx_mochi,
     condition_pipeline_frames,
-    famA_inputs,
     half,
+    ltx_mochi_inputs_of,
     record_attention_tokens,
 )
 
@@ -68,12 +68,12 @@ def _flags(model: str, layout: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def famA(tmp_path_factory):
+def ltx_mochi(tmp_path_factory):
     """The workers' results (rank 0's; the sample leader's report per generate job) and one process's videos."""
-    tmp = tmp_path_factory.mktemp("famA")
+    tmp = tmp_path_factory.mktemp("ltx_mochi")
     jobs = _jobs()
     configs = [_settings(tmp, m, layout, **_flags(m, layout)) for m, layout in jobs]
-    by_rank = spawn(check_famA, 2, args=(TRANSFORMER_MODELS, configs, IMAGE), timeout=600)
+    by_rank = spawn(check_ltx_mochi, 2, args=(TRANSFORMER_MODELS, configs, IMAGE), timeout=600)
     results = by_rank[0]
     for i, key in enumerate(jobs):
         leaders = [r[f"job{i}"] for r in by_rank if "out" in r[f"job{i}"]]
@@ -91,18 +91,18 @@ def famA(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", TRANSFORMER_MODELS)
-def test_transformer_matches_one_process_with_its_sequence_split(famA, model):
+def test_transformer_matches_one_process_with_its_sequence_split(ltx_mochi, model):
     for layout in ("dp1-r1-u2", "dp1-r2-u1"):
-        errors = famA[model][layout]
+        errors = ltx_mochi[model][layout]
         assert errors["ref_scale"] > 0.1  # real outputs
         for key in ("out", "input_grads", "param_grads"):
             where = f" (worst: {errors[key + '_worst']})" if key + "_worst" in errors else ""
             assert errors[key] <= TOL, f"{model} {layout}: {key} error {errors[key]:.2e}{where}"
         assert errors["restored_bit_identical"] == 1.0
     # the routed attention saw ceil(S / 2) of the uneven S video tokens (plus nothing else: no joint text here)
-    assert famA[model]["local_tokens"] == [half(VIDEO_TOKENS[model])]
+    assert ltx_mochi[model]["local_tokens"] == [half(VIDEO_TOKENS[model])]
     if model in MULTI_OUTPUT:  # LTX-2's audio output (whole on every rank) and the gradients through it too
-        every = famA[model]["every_output"]
+        every = ltx_mochi[model]["every_output"]
         assert every["ref_scale"] > 0.1
         for layout in ("dp1-r1-u2", "dp1-r2-u1"):
             assert every[layout + ".outputs"] <= TOL and every[layout + ".grads"] <= TOL, every
@@ -111,9 +111,9 @@ def test_transformer_matches_one_process_with_its_sequence_split(famA, model):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("model", "layout"), _jobs())
-def test_pipeline_matches_one_process_with_its_sequence_split(famA, model, layout):
-    reference = famA[(model, "single+cache" if layout.endswith("cache") else "single")]
-    report = famA[(model, layout)]
+def test_pipeline_matches_one_process_with_its_sequence_split(ltx_mochi, model, layout):
+    reference = ltx_mochi[(model, "single+cache" if layout.endswith("cache") else "single")]
+    report = ltx_mochi[(model, layout)]
     if layout.endswith("cache"):  # the same steps skipped as in one process (some, not all)
         assert report["cache"]["computed"] == reference["cache"]["computed"]
         assert 0 < report["cache"]["saved_fraction"] < 1, report["cache"]
@@ -144,7 +144,7 @@ def test_video_tokens_of_the_inputs_are_uneven():
         seen: list[int] = []
         hooks = record_attention_tokens(transformer, seen)
         with torch.no_grad(), parallelize(transformer, init_parallel(ParallelConfig())):
-            transformer(**famA_inputs(model), return_dict=False)
+            transformer(**ltx_mochi_inputs_of(model), return_dict=False)
         assert len(hooks) == transformer.config.num_layers
         for hook in hooks:
             hook.remove()
@@ -203,10 +203,10 @@ def test_ltx2_refuses_the_slice_gradient_mode_in_one_line():
 
 
 @pytest.mark.slow
-def test_condition_pipeline_with_extra_conditioning_tokens_matches_one_process(famA):
+def test_condition_pipeline_with_extra_conditioning_tokens_matches_one_process(ltx_mochi):
     """LTX's condition pipeline with a last-frame image: its latents join the sequence as 64 extra tokens (192 + 64),
     with timestep 0, split like every other token."""
-    reference, report = famA["condition_frames_single"], famA["condition_frames"]
+    reference, report = ltx_mochi["condition_frames_single"], ltx_mochi["condition_frames"]
     assert reference["local_tokens"] == [256] and report["local_tokens"] == [128]
     assert reference["frames"].std() > 0.01
     assert np.abs(report["frames"] - reference["frames"]).max() <= 1e-4

@@ -29,7 +29,7 @@ VIDEO_TOKENS = {
     "tiny-easyanimate": 9,
     "tiny-allegro": 9,
 }
-"""Video tokens of ``famA_inputs``: what the attention sees whole in one process, and in halves on 2 ranks."""
+"""Video tokens of ``ltx_mochi_inputs_of``: what the attention sees whole in one process, and in halves on 2 ranks."""
 
 
 def _text_mask(batch: int, length: int) -> torch.Tensor:
@@ -38,7 +38,7 @@ def _text_mask(batch: int, length: int) -> torch.Tensor:
     return mask
 
 
-def famA_inputs(model: str, batch: int = 2) -> dict[str, Any] | None:
+def ltx_mochi_inputs_of(model: str, batch: int = 2) -> dict[str, Any] | None:
     """Forward arguments of the tiny transformer of ``model`` (``None`` for another group's model)."""
     if model not in VIDEO_TOKENS:
         return None
@@ -111,7 +111,7 @@ def check_every_output(model_name: str) -> dict[str, float]:
     from dit_sp.zoo import build_tiny
 
     model = build_tiny(model_name, "transformer").float()
-    inputs = famA_inputs(model_name)
+    inputs = ltx_mochi_inputs_of(model_name)
     names = ("hidden_states", "encoder_hidden_states", *MULTI_OUTPUT[model_name])
     ref_outs, ref_grads = _run_all(model, inputs, names, 1.0)
     errors = {"ref_scale": min(out.abs().max().item() for out in ref_outs)}
@@ -141,7 +141,7 @@ def check_cfg_every_output(model_name: str) -> float:
     from dit_sp.zoo import build_tiny
 
     model = build_tiny(model_name, "transformer").float()
-    inputs = famA_inputs(model_name)
+    inputs = ltx_mochi_inputs_of(model_name)
     with torch.no_grad():
         ref = model(**inputs, return_dict=False)
         parallel = init_parallel(ParallelConfig(cfg=2))
@@ -211,7 +211,7 @@ def condition_pipeline_frames(image: str, ulysses: int = 1) -> dict[str, Any]:
     return {"frames": out.frames[0], "local_tokens": sorted(set(seen))}
 
 
-def check_famA(models: tuple[str, ...], jobs: list[Any], image: str | None = None) -> dict[str, Any]:
+def check_ltx_mochi(models: tuple[str, ...], jobs: list[Any], image: str | None = None) -> dict[str, Any]:
     """In each of 2 workers: every tiny transformer on 1x2 and 2x1 against one process (``check_transformer``),
     with the query lengths its sequence-parallel attention saw, then each ``generate`` job (a ``GenerateConfig``)
     with the lengths of its run."""
@@ -227,7 +227,7 @@ def check_famA(models: tuple[str, ...], jobs: list[Any], image: str | None = Non
         seen: list[int] = []
         hooks = record_attention_tokens(transformer, seen)
         with torch.no_grad(), parallelize(transformer, init_parallel(ParallelConfig(ulysses=2))):
-            transformer(**famA_inputs(model), return_dict=False)
+            transformer(**ltx_mochi_inputs_of(model), return_dict=False)
         for hook in hooks:
             hook.remove()
         results[model]["local_tokens"] = sorted(set(seen))

@@ -38,9 +38,9 @@ def _settings(tmp, model: str, name: str, **flags) -> GenerateConfig:
 @pytest.fixture(scope="module")
 def videos(tmp_path_factory):
     """{(model, layout): the sample leader's report}, "single" being one process."""
-    from generate_checks_famB import generate_recording
+    from variant_generate_checks import generate_recording
 
-    tmp = tmp_path_factory.mktemp("famB")
+    tmp = tmp_path_factory.mktemp("variants")
     pixels = np.random.RandomState(0).rand(40, 30, 3)
     Image.fromarray((pixels * 255).astype("uint8")).save(tmp / "image.png")
     reports = {(model, "single"): generate(_settings(tmp, model, "single"), True) for model in MODELS}

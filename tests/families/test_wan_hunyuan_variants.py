@@ -22,7 +22,7 @@ TOL = 1e-5
 
 @pytest.fixture(scope="module")
 def results():
-    from family_checks_famB import check_models
+    from variant_checks import check_models
 
     return spawn(check_models, 2, args=(list(MODELS), LAYOUTS, MODELS), timeout=300)[0]
 
@@ -43,7 +43,7 @@ def test_transformer_matches_single_process(results, model, layout):
 
 def test_skyreels_block_causal_attention_is_refused_in_one_line():
     """causal_block_size > 1 is a mask over frames: refused at parallelize, and at a call after the pipeline set it."""
-    from family_inputs_famB import famb_inputs
+    from variant_inputs import variant_inputs_of
 
     from dit_sp import ParallelConfig, init_parallel, parallelize
     from dit_sp.zoo import build_tiny
@@ -56,7 +56,7 @@ def test_skyreels_block_causal_attention_is_refused_in_one_line():
             r"^SkyReels-V2 with causal_block_size .* 3 > 1 .*use causal_block_size 1 \(synchronous diffusion forcing\)$"
         )
         with pytest.raises(NotImplementedError, match=refusal):
-            model(**famb_inputs("tiny-skyreels-v2-df"))
+            model(**variant_inputs_of("tiny-skyreels-v2-df"))
     with pytest.raises(NotImplementedError, match="block-causally over frames"):
         parallelize(model, parallel)
 
