@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from dit_sp.errors import ConfigError
 from dit_sp.families.cogvideox import COGVIDEOX
@@ -14,6 +12,9 @@ from dit_sp.families.policy import DiffusersPolicy
 from dit_sp.families.shape import check_latent_shape
 from dit_sp.families.wan import WAN
 from dit_sp.vae import VAEPlan
+
+if TYPE_CHECKING:
+    import torch
 
 FAMILIES: tuple[ModelFamily, ...] = (WAN, HUNYUAN_VIDEO, COGVIDEOX)
 

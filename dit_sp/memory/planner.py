@@ -18,12 +18,13 @@ import math
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from dit_sp.families import TRANSFORMERS, architectures
 from dit_sp.memory.advice import advise_plan
+
+if TYPE_CHECKING:
+    pass
 
 GiB = 2**30
 
@@ -59,6 +60,7 @@ class TransformerShape:
     @classmethod
     def _count(cls, class_name: str, config: dict[str, Any]) -> TransformerShape:
         import diffusers
+        import torch
 
         from dit_sp.train.fsdp import BLOCK_LISTS
         from dit_sp.weights import parameters_on_meta

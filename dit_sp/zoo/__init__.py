@@ -7,9 +7,8 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 import yaml
 
 from dit_sp import families
@@ -19,6 +18,9 @@ from dit_sp.io.bundled import ASSET_DIR, asset_path
 from dit_sp.zoo.hub import cached_snapshot, is_hub_id
 from dit_sp.zoo.sample import read_sample_settings
 from dit_sp.zoo.tokenizers import clip_byte_vocab, llama3_byte_tokenizer
+
+if TYPE_CHECKING:
+    import torch
 
 SPEC_DIR = Path(__file__).resolve().parent / "specs"
 
@@ -66,6 +68,7 @@ def model_spec(name: str) -> dict[str, Any]:
 
 def _component(spec: dict[str, Any]) -> Any:
     import diffusers
+    import torch
     import transformers
 
     cls_name = spec["class"]
@@ -87,6 +90,8 @@ def _component(spec: dict[str, Any]) -> Any:
 
 def build_tiny(name: str, component: str | None = None) -> Any:
     """A built-in tiny pipeline (or one of its components), with weights seeded from its config."""
+    import torch
+
     spec = model_spec(name)
     components = {}
     for key, comp_spec in spec["components"].items():
@@ -252,6 +257,8 @@ def load_pipeline(
     ``dit_sp.weights.load_shards(model, model.weights_dir, device)``. ``without``: components of a checkpoint
     directory not to load (left ``None``; those it lacks are ignored). Tiny built-in models load whole.
     """
+    import torch
+
     path = checkpoint_dir(model)
     if path is None:
         spec = model_spec(str(model))
