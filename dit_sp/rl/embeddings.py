@@ -86,12 +86,15 @@ class PromptEmbeddings:
                         self.directory, ", ".join(damaged[:3]), " ..." if len(damaged) > 3 else "")  # fmt: skip
         return todo
 
-    def compute(self, prompts: Sequence[str], encode: Callable[[list[str]], Conditioning], batch: int = 8) -> None:
+    def compute(self, prompts: Sequence[str], encode: Callable[[list[str]], Conditioning], batch: int = 8,
+                write: bool = True) -> None:  # fmt: skip
         """Encode ``prompts`` in batches and write one file per prompt (atomically: a killed run leaves no
         half-written file, a failed write no temporary one). A directory that takes no file (read-only, full)
-        is a ``ConfigError`` naming it."""
+        is a ``ConfigError`` naming it. ``write=False``: encode only (a process of a sharded encoder whose
+        group's first process writes)."""
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            if write:
+                self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise ConfigError(f"embedding_cache {self.directory}: cannot be created ({e.strerror or e}); choose "
                               "another embedding_cache or output_dir") from e  # fmt: skip
@@ -100,7 +103,7 @@ class PromptEmbeddings:
             chunk = prompts[start : start + batch]
             with torch.no_grad():
                 cond = encode(chunk)
-            for i, prompt in enumerate(chunk):
+            for i, prompt in enumerate(chunk if write else ()):
                 self._write(prompt, select(cond, slice(i, i + 1)))
 
     def _write(self, prompt: str, cond: Conditioning) -> None:
@@ -137,6 +140,21 @@ class PromptEmbeddings:
                                   "next run (or --resume) encodes it again") from e  # fmt: skip
             items.append(entry["cond"])
         return concat(items)
+
+
+def load_text_encoders(pipe: Any, checkpoint: Path, device: torch.device, dtype: torch.dtype) -> list[str]:
+    """The text encoders of the pipeline directory ``checkpoint`` into ``pipe``, each sharded over the whole
+    world (``dit_sp.weights.encoder``: every process reads and holds about ``1/N`` of them) in ``dtype`` (the
+    compute dtype under mixed precision): the names loaded. Every process must then encode the same prompts."""
+    import torch.distributed as dist
+
+    from dit_sp.weights.encoder import load_sharded_text_encoder
+
+    names = [name for name in TEXT_ENCODERS if (checkpoint / name / "config.json").is_file()]
+    for name in names:
+        encoder = load_sharded_text_encoder(checkpoint / name, dist.group.WORLD, device, dtype)
+        pipe.register_modules(**{name: encoder})
+    return names
 
 
 def _damage(path: Path) -> str | None:
