@@ -27,11 +27,10 @@ import torch
 
 from dit_sp.errors import ConfigError
 from dit_sp.rl.batch import select
+from dit_sp.zoo import TEXT_ENCODERS
 
 log = logging.getLogger(__name__)
 
-TEXT_ENCODERS = ("text_encoder", "text_encoder_2")
-"""Pipeline components that only encode prompts (HunyuanVideo has two)."""
 
 Conditioning = tuple[Any, Any | None]
 """A policy's ``(positive, negative)`` conditioning of a batch of prompts (tensors or tuples of them)."""
@@ -140,21 +139,6 @@ class PromptEmbeddings:
                                   "next run (or --resume) encodes it again") from e  # fmt: skip
             items.append(entry["cond"])
         return concat(items)
-
-
-def load_text_encoders(pipe: Any, checkpoint: Path, device: torch.device, dtype: torch.dtype) -> list[str]:
-    """The text encoders of the pipeline directory ``checkpoint`` into ``pipe``, each sharded over the whole
-    world (``dit_sp.weights.encoder``: every process reads and holds about ``1/N`` of them) in ``dtype`` (the
-    compute dtype under mixed precision): the names loaded. Every process must then encode the same prompts."""
-    import torch.distributed as dist
-
-    from dit_sp.weights.encoder import load_sharded_text_encoder
-
-    names = [name for name in TEXT_ENCODERS if (checkpoint / name / "config.json").is_file()]
-    for name in names:
-        encoder = load_sharded_text_encoder(checkpoint / name, dist.group.WORLD, device, dtype)
-        pipe.register_modules(**{name: encoder})
-    return names
 
 
 def _damage(path: Path) -> str | None:

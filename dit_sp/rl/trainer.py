@@ -39,7 +39,7 @@ from dit_sp.rl.advantages import PromptStats
 from dit_sp.rl.batch import make_batch, sde_window_at, trained_steps
 from dit_sp.rl.collect import Rollout, collect
 from dit_sp.rl.config import TrainConfig
-from dit_sp.rl.embeddings import TEXT_ENCODERS, PromptEmbeddings, load_text_encoders, model_identity
+from dit_sp.rl.embeddings import TEXT_ENCODERS, PromptEmbeddings, model_identity
 from dit_sp.rl.metrics import MetricsLog
 from dit_sp.rl.rewards import RewardFn, WeightedReward, build_reward
 from dit_sp.rl.rundir import check_output_dir, clear_run, write_config
@@ -134,7 +134,7 @@ class GRPOTrainer:
         config = self.config
         source = checkpoint_dir(config.model) if pipeline is None else None
         self._loaded_checkpoint = source is not None
-        self._sharded_encoders: list[str] = []
+        self._sharded_encoders = False
         self.embeddings = PromptEmbeddings(
             config.embedding_cache or self.output_dir / "embeddings",
             {"model": model_identity(config.model) if pipeline is None else type(pipeline).__name__,
@@ -150,12 +150,12 @@ class GRPOTrainer:
             # ranks with the parallel VAE), and the transformer empty (filled after sharding); every rank
             # encodes the images of image-to-video
             decodes = self.parallel.sp_rank == 0 or self._split_decode is not None or self.images is not None
-            without = TEXT_ENCODERS + (() if decodes else ("vae",))
+            without = (() if missing else TEXT_ENCODERS) + (() if decodes else ("vae",))
+            encoders = (dist.group.WORLD, getattr(torch, config.mixed_precision or "float32")) if missing else None
             pipeline = load_pipeline(config.model, torch.float32, self.parallel.device, empty_transformers=True,
-                                     without=without if source is not None else ())  # fmt: skip
-            if self._source is not None and missing:
-                dtype = getattr(torch, config.mixed_precision or "float32")
-                self._sharded_encoders = load_text_encoders(pipeline, self._source, self.parallel.device, dtype)
+                                     without=without if source is not None else (),
+                                     sharded_text_encoders=encoders)  # fmt: skip
+            self._sharded_encoders = source is not None and bool(missing)
         torch.manual_seed(config.seed)  # identical LoRA initialisation on every rank, however the model loaded
         self._export_class = type(pipeline)
         if self.images is not None:

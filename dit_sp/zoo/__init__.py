@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 SPEC_DIR = Path(__file__).resolve().parent / "specs"
 
+TEXT_ENCODERS = ("text_encoder", "text_encoder_2")
+"""Pipeline components that only encode prompts (HunyuanVideo has two)."""
+
 
 def builtin_models() -> list[str]:
     """The families' built-in models (each family lists its own; their specs are ``specs/<name>.yaml``): the
@@ -249,13 +252,17 @@ def load_pipeline(
     *,
     empty_transformers: bool = False,
     without: tuple[str, ...] = (),
+    sharded_text_encoders: tuple[Any, torch.dtype] | None = None,
 ) -> Any:
     """A built-in tiny pipeline, or a ``save_pretrained`` directory loaded offline, in ``dtype`` on ``device``.
 
     ``empty_transformers``: the transformer(s) of a checkpoint directory are built with their parameters on
     the meta device (no memory) instead of loaded; shard them, then fill them with
     ``dit_sp.weights.load_shards(model, model.weights_dir, device)``. ``without``: components of a checkpoint
-    directory not to load (left ``None``; those it lacks are ignored). Tiny built-in models load whole.
+    directory not to load (left ``None``; those it lacks are ignored). ``sharded_text_encoders=(group, dtype)``:
+    the text encoders of a checkpoint directory are built empty and each process of ``group`` reads and holds
+    about ``1/N`` of them, in ``dtype`` (``dit_sp.weights.encoder``; every process of ``group`` must then encode
+    the same prompts). Tiny built-in models load whole.
     """
     import torch
 
@@ -273,7 +280,8 @@ def load_pipeline(
 
     present = [name for name, value in index.items() if isinstance(value, list) and value[0] is not None]
     empty = [name for name in TRANSFORMERS if empty_transformers and name in present]
-    skipped = [name for name in without if name in present]
+    encoders = [name for name in TEXT_ENCODERS if sharded_text_encoders is not None and name in present]
+    skipped = [name for name in (*without, *encoders) if name in present]
     try:
         pipe = diffusers.DiffusionPipeline.from_pretrained(
             path, dtype=dtype, local_files_only=True, **dict.fromkeys(empty + skipped)
@@ -294,6 +302,13 @@ def load_pipeline(
             transformer = empty_model(path / name, dtype)
             transformer.weights_dir = path / name
             pipe.register_modules(**{name: transformer})
+    if encoders:
+        from dit_sp.weights.encoder import load_sharded_text_encoder
+
+        group, encoder_dtype = sharded_text_encoders
+        for name in (n for n in encoders if n not in without):
+            encoder = load_sharded_text_encoder(path / name, group, device or "cpu", encoder_dtype)
+            pipe.register_modules(**{name: encoder})
     return pipe
 
 
