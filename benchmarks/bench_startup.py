@@ -89,6 +89,8 @@ def main() -> None:
                         help="the checkout whose CLIs are timed (default: this one)")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=2, help="runs of each command; the median is shown")
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--commands", nargs="+", choices=list(COMMANDS), default=list(COMMANDS))
+    parser.add_argument("--no-help", dest="help", action="store_false", help="skip the --help and import rows")
     args = parser.parse_args()
     repo = args.repo.resolve()
     with tempfile.TemporaryDirectory(prefix="bench_startup_hook_") as hook_dir:
@@ -103,11 +105,11 @@ def main() -> None:
         print(f"checkout: {repo}; median of {args.repeats} runs; seconds\n")
         label = 'python -c "import torch"'
         print(f"{label:<44}{median(['-c', 'import torch'])[1]:>8.2f}")
-        for name in HELP:
+        for name in HELP if args.help else ():
             label = f"python -m pipelines.{name} --help"
             print(f"{label:<44}{median(['-m', f'pipelines.{name}', '--help'])[1]:>8.2f}", flush=True)
         print(f"\n{'command':<24}{'processes':>10}{'to first step':>15}{'whole command':>15}")
-        for name, argv in COMMANDS.items():
+        for name, argv in ((n, COMMANDS[n]) for n in args.commands):
             for n in args.processes:
                 first, total = median(argv + (["--ulysses", str(n)] if n > 1 else []))
                 shown = f"{first:>15.2f}" if first is not None else f"{'-':>15}"

@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> None:
         from dit_sp.parallel.launch import prestart
 
         prestart("dit_sp.inference.run")  # the workers' imports overlap this process's checks
-    from dit_sp.inference import batch_layout, check_before_loading, generate, read_batch
+    from dit_sp.inference.batch import batch_layout, read_batch
+    from dit_sp.inference.checks import check_before_loading
 
     note = random_weights_note(config.model)
     if note and os.environ.get("RANK", "0") == "0":  # once: under torchrun every rank runs this
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             for video in read_batch(config):
                 check_before_loading(video)
-        reports = launch(generate, config.world_size, args=(config,))
+        reports = launch("dit_sp.inference.run:generate", config.world_size, args=(config,))
     caches = [r["cache"] for r in reports if "cache" in r]
     if caches:  # every rank of a branch decides alike; the branches may differ
         run, total = sum(c["blocks_run"] for c in caches), sum(c["blocks"] for c in caches)

@@ -75,11 +75,10 @@ def main(argv: list[str] | None = None) -> None:
 
         prestart("dit_sp.rl.trainer")  # the workers' imports overlap this process's checks
     from dit_sp.rl.preflight import check_before_loading
-    from dit_sp.rl.trainer import train
 
     with run_lock(config.output_dir, enabled=os.environ.get("RANK", "0") == "0"):  # one run per directory
         check_before_loading(config, int(os.environ.get("WORLD_SIZE", config.world_size)))
-        results = launch(train, config.world_size, args=(config,))
+        results = launch("dit_sp.rl.trainer:train", config.world_size, args=(config,))
     rows = results[0]["rows"]
     if rows:
         first, last = rows[0], rows[-1]

@@ -305,6 +305,22 @@ def _load_result(path: Path) -> Any:
     return torch.load(path, weights_only=False)
 
 
+class by_name:  # noqa: N801 - used like a function
+    """The worker function ``"module:function"``, imported where it runs: a launcher that passes it to
+    ``spawn`` never imports the function's module (nor torch), and its fork server imports it once."""
+
+    def __init__(self, target: str):
+        module, _, name = target.partition(":")
+        if not module or not name:
+            raise ValueError(f"expected 'module:function', got {target!r}")
+        self.__module__, self.__qualname__ = module, name
+
+    def __call__(self, *args: Any) -> Any:
+        import importlib
+
+        return getattr(importlib.import_module(self.__module__), self.__qualname__)(*args)
+
+
 PRELOAD = ("torch", "torch.distributed", "diffusers", "transformers")
 """What the fork server imports once per launcher, before the module of the worker's function."""
 
