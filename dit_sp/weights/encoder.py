@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dit_sp._compat import keep_in_fp32_modules
 from dit_sp.errors import MissingFileError
 from dit_sp.weights.loading import SafetensorsCheckpoint, parameters_on_meta
 from dit_sp.weights.sharded import ShardedWeights
@@ -114,7 +115,7 @@ def load_sharded_text_encoder(directory: str | Path, group: Any, device: torch.d
     config = cls.config_class.from_pretrained(directory)
     with parameters_on_meta(), torch.random.fork_rng(devices=[]):
         encoder = cls(config)
-    fp32 = set(getattr(encoder, "_keep_in_fp32_modules", None) or ()) if dtype == torch.float16 else set()
+    fp32 = keep_in_fp32_modules(encoder) if dtype == torch.float16 else set()  # as from_pretrained does (T5's wo)
     for name, param in encoder.named_parameters():
         if param.is_floating_point() and not fp32 & set(name.split(".")):
             param.data = param.data.to(dtype)
