@@ -61,3 +61,13 @@ def sharded_encoders(directories: dict[str, str]) -> dict:
         except IndexError as e:
             result[name]["bad_id"] = str(e)
     return result
+
+
+def trainer_embeddings(config) -> dict:
+    """A GRPO trainer's set-up from a checkpoint: the dtype of the prompt embeddings its sharded text encoders
+    wrote, and whether the encoders are still held."""
+    from dit_sp import GRPOTrainer
+
+    trainer = GRPOTrainer(config)
+    entry = torch.load(sorted(trainer.embeddings.directory.glob("*.pt"))[0], weights_only=True)
+    return {"dtype": str(entry["cond"][0].dtype), "text_encoder": trainer.pipe.text_encoder is not None}

@@ -35,3 +35,16 @@ def test_sharded_encoders_are_exact_and_hold_half(tmp_path):
         error = (results[0][name]["bf16"] - reference[name]).abs().max() / reference[name].abs().max()
         print(f"{name}: bf16 vs fp32 embeddings, max |difference| / max |value| = {error:.2e}")
         assert error < 5e-2, name
+
+
+@pytest.mark.slow  # 2 workers
+def test_grpo_set_up_encodes_in_the_compute_dtype_and_frees_the_encoders(tmp_path):
+    from encoder_checks import trainer_embeddings
+    from grpo_checks import tiny_config
+
+    from dit_sp.zoo import build_tiny
+
+    build_tiny("tiny-wan").save_pretrained(tmp_path / "tiny-wan")  # fp32 set-ups: tests/weights/test_scale.py
+    config = tiny_config(model=str(tmp_path / "tiny-wan"), ulysses=2, mixed_precision="bfloat16")
+    results = spawn(trainer_embeddings, 2, args=(config,), timeout=300)
+    assert all(r == {"dtype": "torch.bfloat16", "text_encoder": False} for r in results), results
