@@ -3,6 +3,7 @@ processes, side by side in one run, with each column's ratio to one process.
 
     python benchmarks/bench_memory.py                 # a 390 M-parameter Wan-width model (8 blocks), ~10 min
     python benchmarks/bench_memory.py --layers 4 --worlds 1 2
+    python benchmarks/bench_memory.py --layers 6 --worlds 1 2 --layouts ulysses dp --no-generate
 
 The model is saved with ``save_pretrained`` to a temporary directory first (Wan 2.1 1.3B's width: 12 heads
 of 128, ffn 8960; tiny VAE and text encoder), so set-up measures the real path: built on the meta device,
@@ -60,6 +61,10 @@ def save_model(path: Path, layers: int) -> int:
 def main() -> None:
     parser = benchmark_parser(__doc__, layers=8)
     parser.add_argument("--worlds", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--layouts", nargs="+", choices=["ulysses", "dp"], default=["ulysses"],
+                        help="how several processes split the work: sequence parallelism, or data parallelism "
+                        "(--dp N: each process its own samples; sampling stays weight-sharded Ulysses)")  # fmt: skip
+    parser.add_argument("--no-generate", dest="generate", action="store_false", help="GRPO phases only")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench_memory_") as tmp:
         params = save_model(Path(tmp) / "model", args.layers)
@@ -69,22 +74,25 @@ def main() -> None:
                  "grpo": {"steps": 2, "group_size": 2, "prompts_per_step": 1, "train_fraction": 1.0}}  # fmt: skip
         sample = GenerateConfig(model=str(Path(tmp) / "model"), steps=2, frames=5, height=32, width=32,
                                 max_sequence_length=16, out=str(Path(tmp) / "v.mp4"))  # fmt: skip
-        rows: dict[int, dict[str, float]] = {}
-        for world in args.worlds:
-            config = TrainConfig.from_dict(train | {"ulysses": world, "output_dir": str(Path(tmp) / f"run{world}")})
+        rows: dict[str, dict[str, float]] = {}
+        runs = [(world, kind) for world in args.worlds for kind in (args.layouts if world > 1 else ["ulysses"])]
+        for world, kind in runs:
+            label = str(world) if world == 1 else f"{world} ({kind})"
+            config = TrainConfig.from_dict(train | {kind: world, "output_dir": str(Path(tmp) / f"run{world}{kind}")})
             peaks = spawn(train_worker, world, args=(config,), timeout=3600)
             layout = {"ulysses": world, "shard_weights": world > 1}
-            peaks = [p | g for p, g in zip(peaks, spawn(generate_worker, world,
-                                                        args=(dataclasses.replace(sample, **layout),),
-                                                        timeout=3600))]  # fmt: skip
-            rows[world] = {key: max(p[key] for p in peaks) for key in peaks[0]}
+            if args.generate:
+                peaks = [p | g for p, g in zip(peaks, spawn(generate_worker, world,
+                                                            args=(dataclasses.replace(sample, **layout),),
+                                                            timeout=3600))]  # fmt: skip
+            rows[label] = {key: max(p[key] for p in peaks) for key in peaks[0]}
     phases = list(next(iter(rows.values())))
     print("\nper-process peak RSS, MiB (the largest over the ranks); in brackets: the ratio to 1 process")
-    print(f"{'processes':>10}" + "".join(f"{phase:>20}" for phase in phases))
-    base = rows.get(1)
-    for world, row in rows.items():
+    print(f"{'processes':>12}" + "".join(f"{phase:>20}" for phase in phases))
+    base = rows.get("1")
+    for label, row in rows.items():
         cells = [f"{row[p]:>9.0f}" + (f" ({row[p] / base[p]:.2f}x)" if base else "") for p in phases]
-        print(f"{world:>10}" + "".join(f"{c:>20}" for c in cells))
+        print(f"{label:>12}" + "".join(f"{c:>20}" for c in cells))
     print("setup: load + shard + embeddings; rollout: sampling + rewards; step: one full GRPO iteration (update "
           "included); generate: one video, --shard-weights on several processes")  # fmt: skip
 

@@ -9,24 +9,71 @@ The public API::
 
 Step caching and regional compile: ``dit_sp.cache.enable_cache``, ``dit_sp.sp.compile.compile_blocks`` (or
 ``parallelize(..., cache=..., compile=True)``).
+
+The names load on first use (PEP 562): ``import dit_sp`` alone imports neither torch nor diffusers, so a CLI's
+``--help`` answers at once.
 """
 
-from dit_sp.attention import usp_attention
-from dit_sp.inference import GenerateConfig, generate
-from dit_sp.parallel import (
-    ParallelConfig,
-    ParallelState,
-    gather_sequence,
-    init_parallel,
-    shard_sequence,
-    spawn,
-)
-from dit_sp.rl.config import LoRAConfig, OptimConfig, SampleConfig, TrainConfig
-from dit_sp.rl.grpo_config import GRPOConfig
-from dit_sp.rl.sde import SDEConfig
-from dit_sp.rl.trainer import GRPOTrainer
-from dit_sp.sp import Parallelized, parallelize, parallelize_vae, unparallelize
-from dit_sp.zoo import load_pipeline
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dit_sp.attention import usp_attention
+    from dit_sp.inference import GenerateConfig, generate
+    from dit_sp.parallel import (
+        ParallelConfig,
+        ParallelState,
+        gather_sequence,
+        init_parallel,
+        shard_sequence,
+        spawn,
+    )
+    from dit_sp.rl.config import LoRAConfig, OptimConfig, SampleConfig, TrainConfig
+    from dit_sp.rl.grpo_config import GRPOConfig
+    from dit_sp.rl.sde import SDEConfig
+    from dit_sp.rl.trainer import GRPOTrainer
+    from dit_sp.sp import Parallelized, parallelize, parallelize_vae, unparallelize
+    from dit_sp.zoo import load_pipeline
+
+_WHERE = {
+    "GRPOConfig": "dit_sp.rl.grpo_config",
+    "GRPOTrainer": "dit_sp.rl.trainer",
+    "GenerateConfig": "dit_sp.inference",
+    "LoRAConfig": "dit_sp.rl.config",
+    "OptimConfig": "dit_sp.rl.config",
+    "ParallelConfig": "dit_sp.parallel",
+    "ParallelState": "dit_sp.parallel",
+    "Parallelized": "dit_sp.sp",
+    "SDEConfig": "dit_sp.rl.sde",
+    "SampleConfig": "dit_sp.rl.config",
+    "TrainConfig": "dit_sp.rl.config",
+    "gather_sequence": "dit_sp.parallel",
+    "generate": "dit_sp.inference",
+    "init_parallel": "dit_sp.parallel",
+    "load_pipeline": "dit_sp.zoo",
+    "parallelize": "dit_sp.sp",
+    "parallelize_vae": "dit_sp.sp",
+    "shard_sequence": "dit_sp.parallel",
+    "spawn": "dit_sp.parallel",
+    "unparallelize": "dit_sp.sp",
+    "usp_attention": "dit_sp.attention",
+}
+"""Each public name and the module that defines it, imported when the name is first read."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name]), name)
+        globals()[name] = value  # read once: later lookups are plain attribute reads
+        return value
+    raise AttributeError(f"module 'dit_sp' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])
+
 
 __all__ = [
     "GRPOConfig",

@@ -22,7 +22,6 @@ from dit_sp.io.cli import ArgumentParser, finite_float, run_main
 from dit_sp.io.prompts import read_prompt_file
 from dit_sp.io.usage import HelpFormatter, prog
 from dit_sp.toy import world as toyworld
-from dit_sp.toy.model import cached_sample_scores, paired_gain, sample_scores, summarize
 from dit_sp.zoo import model_defaults
 
 
@@ -54,6 +53,8 @@ def main(argv: list[str] | None = None) -> None:
             toyworld.Attributes.parse(prompt)
     except ValueError as e:
         parser.error(f"{args.prompts}: {e}")
+    from dit_sp.toy.model import cached_sample_scores, paired_gain, sample_scores, summarize
+
     saved = None
     if args.cache:
         # a bad name or threshold: one line, before anything loads; no threshold: the one measured for the model

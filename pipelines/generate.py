@@ -22,7 +22,7 @@ import os
 import sys
 import typing
 
-from dit_sp.inference import GenerateConfig, batch_layout, check_before_loading, generate, read_batch
+from dit_sp.inference.config import GenerateConfig
 from dit_sp.io.cli import ArgumentParser, launch, run_main
 from dit_sp.io.runlock import run_lock
 from dit_sp.io.schema import ConfigError, help_of, to_yaml
@@ -78,6 +78,13 @@ def main(argv: list[str] | None = None) -> None:
     if print_config:
         print(to_yaml(config), end="")
         return
+    if "RANK" not in os.environ and config.world_size > 1:
+        from dit_sp.parallel.launch import prestart
+
+        prestart("dit_sp.inference.run")  # the workers' imports overlap this process's checks
+    from dit_sp.inference.batch import batch_layout, read_batch
+    from dit_sp.inference.checks import check_before_loading
+
     note = random_weights_note(config.model)
     if note and os.environ.get("RANK", "0") == "0":  # once: under torchrun every rank runs this
         print(note, file=sys.stderr, flush=True)
@@ -88,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             for video in read_batch(config):
                 check_before_loading(video)
-        reports = launch(generate, config.world_size, args=(config,))
+        reports = launch("dit_sp.inference.run:generate", config.world_size, args=(config,))
     caches = [r["cache"] for r in reports if "cache" in r]
     if caches:  # every rank of a branch decides alike; the branches may differ
         run, total = sum(c["blocks_run"] for c in caches), sum(c["blocks"] for c in caches)

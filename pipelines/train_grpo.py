@@ -14,14 +14,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from dit_sp import TrainConfig
 from dit_sp.io.cli import ArgumentParser, launch, parse_key_values, run_main
 from dit_sp.io.runlock import run_lock
 from dit_sp.io.schema import ConfigError, help_of, to_yaml
 from dit_sp.io.usage import HelpFormatter, prog, with_default
 from dit_sp.parallel.state import collective_timeout
-from dit_sp.rl.preflight import check_before_loading
-from dit_sp.rl.trainer import train
+from dit_sp.rl.config import TrainConfig
 
 FLAGS = {  # flag: type; each sets the TrainConfig key of the same name (help: the field's ``setting``)
     "model": str, "output_dir": str, "max_steps": int, "checkpoint_every": int, "eval_every": int, "ulysses": int,
@@ -72,9 +70,15 @@ def main(argv: list[str] | None = None) -> None:
     if print_config:
         print(to_yaml(config), end="")
         return
+    if "RANK" not in os.environ and config.world_size > 1:
+        from dit_sp.parallel.launch import prestart
+
+        prestart("dit_sp.rl.trainer")  # the workers' imports overlap this process's checks
+    from dit_sp.rl.preflight import check_before_loading
+
     with run_lock(config.output_dir, enabled=os.environ.get("RANK", "0") == "0"):  # one run per directory
         check_before_loading(config, int(os.environ.get("WORLD_SIZE", config.world_size)))
-        results = launch(train, config.world_size, args=(config,))
+        results = launch("dit_sp.rl.trainer:train", config.world_size, args=(config,))
     rows = results[0]["rows"]
     if rows:
         first, last = rows[0], rows[-1]

@@ -10,12 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from dit_sp.io.bundled import ASSET_DIR
 from dit_sp.io.cli import ArgumentParser, run_main
 from dit_sp.io.usage import HelpFormatter, prog
-from dit_sp.toy.model import train_toy_model
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -35,6 +32,10 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("vae_steps", "transformer_steps", "seeds_per_caption", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    import torch
+
+    from dit_sp.toy.model import train_toy_model
+
     torch.set_num_threads(args.threads)
     seconds = train_toy_model(args.out, work_dir=args.work_dir, stage=args.stage, vae_steps=args.vae_steps,
                               transformer_steps=args.transformer_steps, seeds_per_caption=args.seeds_per_caption,

@@ -21,8 +21,6 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-import torch.distributed as dist
-
 from dit_sp._compat.base import TESTED, CompatibilityError, _error, _version
 from dit_sp._compat.diffusers_api import (
     _check_hooks,
@@ -112,6 +110,8 @@ __all__ = [
 
 # --- the report -----------------------------------------------------------------------------------
 def _checks() -> dict[str, Callable[[], Any]]:
+    import torch.distributed as dist
+
     def processor_attributes() -> None:
         from diffusers.models.transformers.transformer_wan import WanAttnProcessor
 

@@ -7,11 +7,12 @@ import dataclasses
 import importlib
 import importlib.metadata
 from collections.abc import Callable
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat.base import _error
+
+if TYPE_CHECKING:
+    import torch
 
 # --- diffusers ------------------------------------------------------------------------------------
 _PLAN_FIELDS = {
@@ -186,6 +187,7 @@ def wan_conv_padding(module: torch.nn.Module) -> tuple[int, ...]:
 
 
 def _check_hooks() -> None:
+    import torch
     from diffusers.hooks import first_block_cache, hooks
 
     transformer_block_identifiers()

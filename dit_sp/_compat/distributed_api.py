@@ -6,18 +6,20 @@ import functools
 import warnings
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
-
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat.base import _accepts, _error
+
+if TYPE_CHECKING:
+    import torch
 
 
 # --- torch.distributed ----------------------------------------------------------------------------
 def group_options(backend: str, timeout: timedelta) -> tuple[str, Any]:
     """``(backend, options)`` whose options carry ``timeout`` (DeviceMesh sub-groups otherwise wait 30
     minutes): ``ProcessGroupNCCL.Options`` or the private ``ProcessGroupGloo._Options``, with ``_timeout``."""
+    import torch.distributed as dist
+
     name = "ProcessGroupNCCL.Options" if backend == "nccl" else "ProcessGroupGloo._Options"
     owner, attr = name.split(".")
     cls = getattr(getattr(dist, owner, None), attr, None)
@@ -81,6 +83,8 @@ def local_region(tensor: torch.Tensor) -> tuple[slice, ...]:
 
 
 def _all_gather_fn() -> Callable:
+    import torch.distributed as dist
+
     fn = getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None)
     if fn is None:
         raise _error("torch", "torch.distributed.all_gather_single (or all_gather_into_tensor)")
@@ -95,11 +99,15 @@ def all_gather_single(output: torch.Tensor, input: torch.Tensor, group: Any) -> 
 
 @functools.cache
 def _p2p_takes_group_peer() -> bool:
+    import torch.distributed as dist
+
     return _accepts(dist.P2POp.__init__, "group_peer")
 
 
 def p2p_op(op: Callable, tensor: torch.Tensor, group: Any, group_peer: int, tag: int = 0) -> Any:
     """A ``dist.P2POp`` to rank ``group_peer`` of ``group`` (older torch takes only a global ``peer``)."""
+    import torch.distributed as dist
+
     if _p2p_takes_group_peer():
         return dist.P2POp(op, tensor, group=group, tag=tag, group_peer=group_peer)
     return dist.P2POp(op, tensor, dist.get_global_rank(group, group_peer), group=group, tag=tag)

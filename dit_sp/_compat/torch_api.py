@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat.base import CompatibilityError, _accepts, _error
+
+if TYPE_CHECKING:
+    import torch
 
 
 # --- torch internals ------------------------------------------------------------------------------
 def conv_forward_attr() -> str:
     """The private method of ``torch.nn.Conv2d`` / ``Conv3d`` that runs the convolution on an input already
     padded by the module (``_conv_forward(input, weight, bias)``): the attribute a split VAE patches."""
+    import torch
+
     for cls in (torch.nn.Conv2d, torch.nn.Conv3d):
         if not _accepts(getattr(cls, "_conv_forward", None), "weight"):
             raise _error("torch", f"torch.nn.{cls.__name__}._conv_forward(input, weight, bias)")
@@ -26,6 +29,8 @@ def is_view(tensor: torch.Tensor) -> bool:
 
 
 def _check_is_view() -> None:
+    import torch
+
     base = torch.zeros(2)
     if not (hasattr(base, "_base") and is_view(base[:1]) and not is_view(base)):
         raise _error("torch", "Tensor._base (the tensor a view is of)")
@@ -42,6 +47,8 @@ def is_python_tensor_method(func: Any) -> bool:
 
 
 def _check_tensor_methods() -> None:
+    import torch
+
     if not is_python_tensor_method(torch.Tensor.unflatten):
         raise _error("torch", "Tensor methods written in Python in torch._tensor (Tensor.unflatten)")
 
@@ -60,6 +67,8 @@ ATEN_ATTENTION_OPS = (
 
 def aten_op(name: str) -> Any:
     """``torch.ops.aten.<name>``, one of ``ATEN_ATTENTION_OPS``."""
+    import torch
+
     try:
         return getattr(torch.ops.aten, name)
     except (AttributeError, RuntimeError) as e:
@@ -78,6 +87,8 @@ def aten_missing(*names: str) -> str | None:
 
 def _check_cpu_flash() -> None:
     """The CPU flash kernel still returns ``(out, lse)``, ``lse`` the natural-log sum of exp, ``(B, H, S)``."""
+    import torch
+
     q, k, v = torch.randn(3, 1, 2, 5, 4, generator=torch.Generator().manual_seed(0))
     out, lse = aten_op("_scaled_dot_product_flash_attention_for_cpu")(q, k, v, 0.0, False, scale=0.5)
     scores = q @ k.transpose(-1, -2) * 0.5
@@ -104,6 +115,7 @@ def dcp_metadata_globals() -> dict[tuple[str, str], Any]:
     import collections
     import pathlib
 
+    import torch
     import torch.serialization
     from torch.distributed.checkpoint import filesystem, metadata
 

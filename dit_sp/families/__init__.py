@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from dit_sp.errors import ConfigError
 from dit_sp.families.allegro import ALLEGRO
@@ -33,6 +31,9 @@ from dit_sp.families.wan import WAN
 from dit_sp.families.wan_animate import WAN_ANIMATE
 from dit_sp.families.wan_vace import WAN_VACE
 from dit_sp.vae import VAEPlan
+
+if TYPE_CHECKING:
+    import torch
 
 FAMILIES: tuple[ModelFamily, ...] = (
     WAN, HUNYUAN_VIDEO, COGVIDEOX,

@@ -12,12 +12,15 @@ VAE: ``AutoencoderKLAllegro`` decodes on the sample's leader (the others receive
 overlapping tiles (its untiled decode is not implemented), which ``dit_sp.vae`` has no plan for yet.
 """
 
-from typing import Any
+from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
 from dit_sp.families.family import ModelFamily, generation_defaults
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _plan(model: torch.nn.Module) -> dict:

@@ -10,11 +10,16 @@ and scale. Its VAE is Wan's. diffusers ships no ``_cp_plan`` for this model.
 AnyFlow FAR (``AnyFlowFARTransformer3DModel``) attends causally over frame chunks with a KV cache: refused.
 """
 
-import torch
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from dit_sp._compat import context_parallel_types
 from dit_sp.families.family import ModelFamily, generation_defaults
 from dit_sp.families.wan import wan_architecture, wan_vae_factors
+
+if TYPE_CHECKING:
+    import torch
 
 FAR_REFUSAL = (
     "AnyFlow FAR (AnyFlowFARTransformer3DModel) attends causally over frame chunks with a KV cache, which "

@@ -6,10 +6,10 @@ The pipeline runs guidance as one call on a batch of ``[unconditional, condition
 diffusers ships no ``_cp_plan`` for this model.
 """
 
-from collections.abc import Callable
-from typing import Any
+from __future__ import annotations
 
-import torch
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import block_argument, context_parallel_types
 from dit_sp.errors import ConfigError
@@ -17,6 +17,9 @@ from dit_sp.families.family import ModelFamily, generation_defaults
 from dit_sp.families.shape import check_largest
 from dit_sp.vae import Padding, VAEPlan
 from dit_sp.vae.tiles import TileProtocol
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _plan(model: torch.nn.Module) -> dict:

@@ -13,12 +13,15 @@ so the two branches cannot run at once on two process groups: CFG parallelism is
 pipelines and the padding-mask channel, ``concat_padding_mask``, call torchvision.)
 """
 
-from typing import Any
+from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
 from dit_sp.families.family import ModelFamily, generation_defaults
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _plan(model: torch.nn.Module) -> dict:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
-
-import torch
+from typing import TYPE_CHECKING, Any, Literal
 
 from dit_sp.vae import VAEPlan
+
+if TYPE_CHECKING:
+    import torch
 
 Plan = dict[str, Any]
 """Where a transformer's sequence is split and gathered: a diffusers ``_cp_plan`` (``dit_sp.sp.plan``)."""
@@ -27,6 +29,20 @@ SETTINGS = ("frames", "height", "width", "steps", "guidance", "max_sequence_leng
 def generation_defaults(*values: Any) -> dict[str, Any]:
     """``{frames, height, width, steps, guidance, max_sequence_length}`` of the values in that order."""
     return dict(zip(SETTINGS, values, strict=True))
+
+
+def no_grad(fn: Callable) -> Callable:
+    """``torch.no_grad()`` as a decorator that imports torch only when ``fn`` runs (the registry is read
+    without it: ``--help``, the memory planner)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        with torch.no_grad():
+            return fn(*args, **kwargs)
+
+    return wrapper
 
 
 VAEFactors = Callable[[dict[str, Any]], tuple[int, int]]

@@ -12,14 +12,16 @@ tokens of the whole sequence). diffusers' own ``_cp_plan`` splits and gathers ar
 instead; this one communicates only in attention.
 """
 
-import inspect
-from typing import Any
+from __future__ import annotations
 
-import torch
+import inspect
+from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
 from dit_sp.families.family import ModelFamily, generation_defaults
-from dit_sp.parallel.comm import gather_sequence, shard_len
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _plan(model: torch.nn.Module) -> dict:
@@ -30,6 +32,8 @@ def _plan(model: torch.nn.Module) -> dict:
 
 def _local_current(ctx: Any, current: int) -> int:
     """This rank's count of current-frame tokens: its shard ``[start, start + L)`` of the sequence, history first."""
+    from dit_sp.parallel.comm import shard_len  # torch: not at import (the registry is read by --help)
+
     length = shard_len(ctx.seq_len, ctx.parallel)
     start = ctx.parallel.sp_rank * length
     history = min(max(ctx.seq_len - current - start, 0), length)
@@ -37,6 +41,8 @@ def _local_current(ctx: Any, current: int) -> int:
 
 
 def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
+    from dit_sp.parallel.comm import gather_sequence
+
     position = list(inspect.signature(type(model.blocks[0]).forward).parameters).index("original_context_length") - 1
 
     def local_count(block, args, kwargs):

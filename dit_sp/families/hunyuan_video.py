@@ -5,18 +5,21 @@ tokens (replicated on every rank, padded per prompt and masked) sit behind the v
 refiner attends over text only and stays local. diffusers ships no ``_cp_plan`` for this model.
 """
 
-from typing import Any
+from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import block_argument, context_parallel_types
 from dit_sp.errors import ConfigError
-from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.families.family import ModelFamily, generation_defaults, no_grad
 from dit_sp.families.policy import DiffusersPolicy
 from dit_sp.vae import Padding, VAEPlan
 from dit_sp.vae.tiles import TileProtocol
 
-Tensor = torch.Tensor
+if TYPE_CHECKING:
+    import torch
+
+    Tensor = torch.Tensor
 
 
 class HunyuanVideoPolicy(DiffusersPolicy):
@@ -37,7 +40,7 @@ class HunyuanVideoPolicy(DiffusersPolicy):
         self.embedded_guidance = embedded_guidance
         """The distilled guidance the transformer takes as an input; None if it takes none."""
 
-    @torch.no_grad()
+    @no_grad
     def _encode(self, prompts: list[str]) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...] | None]:
         def encode(texts: list[str]) -> tuple[Tensor, ...]:
             embeds, pooled, mask = self.pipe.encode_prompt(prompt=texts, device=self.device,
@@ -48,6 +51,8 @@ class HunyuanVideoPolicy(DiffusersPolicy):
         return positive, encode([self.negative_prompt] * len(prompts)) if self.guided else None
 
     def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: tuple[Tensor, ...]) -> Tensor:
+        import torch
+
         embeds, pooled, mask = cond
         guidance = None
         if self.embedded_guidance is not None:

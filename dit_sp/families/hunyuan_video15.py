@@ -11,10 +11,15 @@ VAE: ``AutoencoderKLHunyuanVideo15`` has no parallel plan here (its causal convo
 those of ``families/hunyuan_video.py``): the sample's leader decodes, and ``parallel_vae`` refuses it.
 """
 
-import torch
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from dit_sp._compat import context_parallel_types
 from dit_sp.families.family import ModelFamily
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _plan(model: torch.nn.Module) -> dict:

@@ -12,11 +12,16 @@ model keeps only its video part. The prompt mask is built before the split, over
 VAE: HunyuanVideo's (``AutoencoderKLHunyuanVideo``: the parallel VAE of ``families/hunyuan_video.py``).
 """
 
-import torch
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from dit_sp._compat import context_parallel_types
 from dit_sp.families.family import ModelFamily, generation_defaults
 from dit_sp.families.hunyuan_video import hunyuan_video_vae_factors
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _plan(model: torch.nn.Module) -> dict:

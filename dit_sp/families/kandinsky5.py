@@ -12,12 +12,15 @@ HunyuanVideo's (``AutoencoderKLHunyuanVideo``), split by the HunyuanVideo family
 calls per step, conditional first (``guidance_scale``; the stock pipeline brings its own negative prompt).
 """
 
-from typing import Any
+from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
 from dit_sp.families.family import ModelFamily, generation_defaults
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _plan(model: torch.nn.Module) -> dict:

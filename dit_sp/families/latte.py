@@ -8,9 +8,14 @@ forward (``timestep_temp``, ``B x H x W`` rows) and its output unpatchify takes 
 boundary to split or gather them at; so dit-sp refuses it rather than run it wrong.
 """
 
-import torch
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from dit_sp.families.family import ModelFamily
+
+if TYPE_CHECKING:
+    import torch
 
 REFUSAL = (
     "LatteTransformer3DModel cannot be split exactly: its temporal blocks take timestep rows for every patch "

@@ -19,12 +19,15 @@ causal convolutions pad rows by replication inside ``LTXVideoCausalConv3d`` and 
 conditioning and noise injection have no split plan in ``dit_sp.vae`` yet.
 """
 
-from typing import Any
+from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import block_argument, context_parallel_types
 from dit_sp.families.family import ModelFamily, generation_defaults
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _plan(model: torch.nn.Module) -> dict:

@@ -23,13 +23,16 @@ VAE: ``AutoencoderKLLTX2Video`` and the audio VAE / vocoder decode on the sample
 frames); no row-split plan in ``dit_sp.vae`` yet.
 """
 
-from typing import Any
+from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
 from dit_sp.families.family import ModelFamily, generation_defaults
 from dit_sp.families.ltx import ltx_vae_factors
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _plan(model: torch.nn.Module) -> dict:

@@ -12,12 +12,15 @@ normalises with ``MochiChunkedGroupNorm3D`` and pads its causal convolutions ins
 modules of its own, for which ``dit_sp.vae`` has no split plan yet.
 """
 
-from typing import Any
+from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import block_argument, context_parallel_types
 from dit_sp.families.family import ModelFamily, generation_defaults
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _plan(model: torch.nn.Module) -> dict:

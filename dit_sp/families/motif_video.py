@@ -10,12 +10,15 @@ video as their context, which a split cannot keep whole, and are refused. Its VA
 split by the Wan family's VAE plan. diffusers ships no ``_cp_plan`` for this model.
 """
 
-from typing import Any
+from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
 from dit_sp.families.family import ModelFamily, generation_defaults
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _plan(model: torch.nn.Module) -> dict:

@@ -8,14 +8,16 @@ same batch in rollout and training, so their numerics agree), the choice of expe
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from dit_sp.errors import ConfigError
+from dit_sp.families.family import no_grad
 from dit_sp.families.shape import check_latent_shape
 
-Tensor = torch.Tensor
+if TYPE_CHECKING:
+    import torch
+
+    Tensor = torch.Tensor
 
 
 class DiffusersPolicy:
@@ -33,6 +35,8 @@ class DiffusersPolicy:
                  transformer_2: torch.nn.Module | None = None, guidance_2: float | None = None,
                  device: torch.device | None = None):  # fmt: skip
         # the families with a policy add no limit of their own (the trainer checks every rule before loading)
+        import torch
+
         check_latent_shape(pipe, {"frames": frames, "height": height, "width": width,
                            "max_sequence_length": max_sequence_length}, flags=False)  # fmt: skip
         if embedded_guidance is not None:
@@ -113,7 +117,9 @@ class DiffusersPolicy:
 
     def _concat(self, negative: Any, positive: Any) -> Any:
         """The two branches' conditioning as one batch (negative first)."""
-        if isinstance(positive, Tensor):
+        import torch
+
+        if isinstance(positive, torch.Tensor):
             return torch.cat([negative, positive])
         return type(positive)(self._concat(n, p) for n, p in zip(negative, positive))
 
@@ -130,6 +136,8 @@ class DiffusersPolicy:
     def velocity(self, x: Tensor, s: float, cond: tuple[Any, Any | None], *, reference: bool = False) -> Tensor:
         """Guided velocity ``(B, C, F, H, W)`` fp32 at noise level ``s`` (timestep ``1000 s``), of the expert
         that runs at ``s`` (or its reference model)."""
+        import torch
+
         low_noise = self.expert_at(s) == "transformer_2"
         model, ref = (self.transformer_2, self.reference_2) if low_noise else (self.transformer, self.reference)
         model = ref if reference and ref is not None else model
@@ -149,7 +157,7 @@ class DiffusersPolicy:
     def _unscale(self, latents: Tensor) -> Tensor:
         raise NotImplementedError
 
-    @torch.no_grad()
+    @no_grad
     def decode(self, latents: Tensor, cond: tuple[Any, Any | None] | None = None) -> Tensor:
         """``(B, F, C, H, W)`` in [0, 1] of sampled latents ``(B, C, F, H, W)`` (``cond``: their conditioning,
         which an image-to-video model's latents may take their first frame from)."""

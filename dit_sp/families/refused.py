@@ -10,11 +10,15 @@ them by name and reason instead of calling them unsupported, or worse, splitting
   cache of reference frames carried from call to call.
 """
 
-from collections.abc import Callable
+from __future__ import annotations
 
-import torch
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from dit_sp.families.family import ModelFamily
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _refuse(why: str) -> Callable[[torch.nn.Module], None]:

@@ -12,13 +12,16 @@ sequence is gathered after ``norm_out``, before the final per-token shift and sc
 refused. diffusers ships no ``_cp_plan`` for this model.
 """
 
-from typing import Any
+from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
 from dit_sp.families.family import ModelFamily, generation_defaults
 from dit_sp.families.wan import wan_architecture, wan_vae_factors
+
+if TYPE_CHECKING:
+    import torch
 
 PIPELINES = (
     "SkyReelsV2Pipeline",

@@ -5,22 +5,25 @@ Self-attention (``attn1``) runs through USP. Cross-attention to text and the I2V
 The split/gather plan is the ``_cp_plan`` diffusers ships with the model.
 """
 
+from __future__ import annotations
+
 import inspect
 import math
 from collections.abc import Callable
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import block_argument, model_cp_plan, wan_conv_padding
 from dit_sp.errors import ConfigError
-from dit_sp.families.family import TRANSFORMERS, ModelFamily, generation_defaults
+from dit_sp.families.family import TRANSFORMERS, ModelFamily, generation_defaults, no_grad
 from dit_sp.families.policy import DiffusersPolicy
 from dit_sp.families.shape import check_largest, check_multiple
 from dit_sp.vae import Padding, VAEPlan
 from dit_sp.vae.tiles import TileProtocol
 
-Tensor = torch.Tensor
+if TYPE_CHECKING:
+    import torch
+
+    Tensor = torch.Tensor
 
 
 class WanPolicy(DiffusersPolicy):
@@ -48,10 +51,12 @@ class WanPolicy(DiffusersPolicy):
     def per_token_timesteps(self) -> bool:
         return bool(self.pipe.config.get("expand_timesteps"))
 
-    @torch.no_grad()
+    @no_grad
     def _image_condition(self, path: str) -> tuple[Tensor, ...]:
         """``(clip_tokens, condition)`` (Wan 2.1 I2V) or ``(condition,)`` of one image, batch 1, cached on the
         CPU (a run may see thousands of images)."""
+        import torch
+
         cache = self.__dict__.setdefault("_image_cache", {})
         if path not in cache:
             from PIL import Image
@@ -76,6 +81,8 @@ class WanPolicy(DiffusersPolicy):
         return cache[path]
 
     def _with_images(self, text: tuple[Tensor, Tensor | None], images: list[str]) -> tuple[Any, Any | None]:
+        import torch
+
         unique = {path: self._image_condition(path) for path in dict.fromkeys(images)}
         per_sample = tuple(torch.cat([unique[path][i] for path in images]).to(self.device)
                            for i in range(len(unique[images[0]])))  # fmt: skip
@@ -88,7 +95,7 @@ class WanPolicy(DiffusersPolicy):
         mask = self.first_frame_mask.to(latents)
         return (1 - mask) * cond[0][-1].to(latents) + mask * latents
 
-    @torch.no_grad()
+    @no_grad
     def _encode(self, prompts: list[str]) -> tuple[Tensor, Tensor | None]:
         positive, negative = self.pipe.encode_prompt(
             prompt=prompts,
@@ -100,7 +107,9 @@ class WanPolicy(DiffusersPolicy):
         return positive, negative
 
     def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: Tensor | tuple[Tensor, ...]) -> Tensor:
-        if isinstance(cond, Tensor):
+        import torch
+
+        if isinstance(cond, torch.Tensor):
             return model(hidden_states=hidden, timestep=timestep, encoder_hidden_states=cond.to(hidden.dtype),
                          return_dict=False)[0]  # fmt: skip
         text, *clip_tokens, condition = cond
@@ -119,6 +128,8 @@ class WanPolicy(DiffusersPolicy):
         return out if mask is None else out * mask
 
     def _unscale(self, latents: Tensor) -> Tensor:
+        import torch
+
         config = self.pipe.vae.config
         mean = torch.tensor(config.latents_mean).view(1, config.z_dim, 1, 1, 1).to(latents)
         std = torch.tensor(config.latents_std).view(1, config.z_dim, 1, 1, 1).to(latents)

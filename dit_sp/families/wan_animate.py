@@ -6,9 +6,14 @@ into ``(frames, tokens per frame)``; on a rank's shard of the sequence that resh
 gathered sequence, ``parallelize`` refuses the model in one line.
 """
 
-import torch
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from dit_sp.families.family import ModelFamily
+
+if TYPE_CHECKING:
+    import torch
 
 REFUSAL = (
     "Wan Animate (WanAnimateTransformer3DModel) is not supported sequence-parallel: its face adapters group the "

@@ -9,11 +9,16 @@ before the split, and reference images are extra latent frames, so the rotary ta
 Wan's. diffusers ships no ``_cp_plan`` for this model.
 """
 
-import torch
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from dit_sp._compat import context_parallel_types
 from dit_sp.families.family import ModelFamily, generation_defaults
 from dit_sp.families.wan import wan_architecture, wan_vae_factors
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _plan(model: torch.nn.Module) -> dict:

@@ -10,11 +10,44 @@ Modules: ``config`` (``GenerateConfig``), ``checks`` (before loading; image inpu
 ``run`` (setup, sampling, ``generate``), ``batch`` (prompt files, the manifest, ``generate_batch``).
 """
 
-from dit_sp.inference.batch import PER_PROMPT, batch_layout, generate_batch, read_batch
-from dit_sp.inference.checks import check_before_loading, check_image_inputs, guidance_arguments
-from dit_sp.inference.config import GenerateConfig
-from dit_sp.inference.run import generate
-from dit_sp.inference.session import cache_report
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dit_sp.inference.batch import PER_PROMPT, batch_layout, generate_batch, read_batch
+    from dit_sp.inference.checks import check_before_loading, check_image_inputs, guidance_arguments
+    from dit_sp.inference.config import GenerateConfig
+    from dit_sp.inference.run import generate
+    from dit_sp.inference.session import cache_report
+
+_WHERE = {
+    "GenerateConfig": "dit_sp.inference.config",
+    "PER_PROMPT": "dit_sp.inference.batch",
+    "batch_layout": "dit_sp.inference.batch",
+    "cache_report": "dit_sp.inference.session",
+    "check_before_loading": "dit_sp.inference.checks",
+    "check_image_inputs": "dit_sp.inference.checks",
+    "generate": "dit_sp.inference.run",
+    "generate_batch": "dit_sp.inference.batch",
+    "guidance_arguments": "dit_sp.inference.checks",
+    "read_batch": "dit_sp.inference.batch",
+}
+"""Each name and its module, imported on first use (PEP 562): importing the package alone imports no torch."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])
+
 
 __all__ = ["PER_PROMPT", "GenerateConfig", "batch_layout", "cache_report", "check_before_loading",
            "check_image_inputs", "generate", "generate_batch", "guidance_arguments", "read_batch"]  # fmt: skip

@@ -9,13 +9,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
-from tqdm import tqdm
-
 from dit_sp.errors import ConfigError
 from dit_sp.inference.checks import check_before_loading, guidance_arguments
 from dit_sp.inference.config import GenerateConfig
-from dit_sp.inference.session import cache_report, sample, setup
 from dit_sp.io.prompts import prompt_entries
 from dit_sp.io.schema import from_mapping
 from dit_sp.io.video import check_output, save_video
@@ -93,6 +89,11 @@ def generate_batch(config: GenerateConfig, return_frames: bool = False) -> dict[
     prompt's seed is its own (not shifted per dp rank): every layout gives the same video for it.
     Returns ``{"layout", "seconds", "videos"}`` and, on sample leaders, ``"written"`` (paths) and, with
     ``return_frames``, ``"frames"`` by index."""
+    import torch.distributed as dist
+    from tqdm import tqdm
+
+    from dit_sp.inference.session import cache_report, sample, setup
+
     videos = read_batch(config)
     directory, suffix = batch_layout(config)
     check_output(directory / f"00000{suffix}")

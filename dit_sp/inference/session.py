@@ -47,7 +47,11 @@ def setup(config: GenerateConfig, images: bool) -> tuple[ParallelState, Any, dic
     quiet_followers(leader=parallel.rank == 0)  # one set of bars and warnings: the first sample leader's
     check_ranks_agree(parallel, dataclasses.asdict(config), "settings")
     dtype = getattr(torch, config.dtype)
-    pipe = load_pipeline(config.model, dtype, parallel.device, empty_transformers=config.shard_weights)
+    # with shard_weights the text encoders shard over a sample's processes too (they all encode its prompt)
+    sample_size = parallel.world_size // parallel.dp
+    encoders = (parallel.sample_group, dtype) if config.shard_weights and sample_size > 1 else None
+    pipe = load_pipeline(config.model, dtype, parallel.device, empty_transformers=config.shard_weights,
+                         sharded_text_encoders=encoders)  # fmt: skip
     if images:
         pipe = as_image_to_video(pipe)
     check_shape(pipe, dataclasses.asdict(config))

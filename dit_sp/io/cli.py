@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 import yaml
 
 from dit_sp.errors import ConfigError
-from dit_sp.parallel.launch import LauncherStopped, WorkerError, spawn
+from dit_sp.parallel.launch import LauncherStopped, WorkerError, by_name, spawn
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -43,9 +43,13 @@ def finite_float(text: str) -> float:
     return value
 
 
-def launch(fn: Callable[..., Any], world_size: int, args: tuple = ()) -> list[Any]:
+def launch(fn: Callable[..., Any] | str, world_size: int, args: tuple = ()) -> list[Any]:
     """``fn(*args)`` in this process when it is one rank of torchrun's (``RANK`` set) or ``world_size`` is 1,
-    else on ``world_size`` local worker processes (``spawn``, no timeout): the results, one per process run."""
+    else on ``world_size`` local worker processes (``spawn``, no timeout): the results, one per process run.
+    ``fn`` may be named ``"module:function"``: then only the process that runs it imports its module (a
+    launcher of local workers never imports torch)."""
+    if isinstance(fn, str):
+        fn = by_name(fn)
     if "RANK" in os.environ or world_size == 1:
         return [fn(*args)]
     return spawn(fn, world_size, args=args, timeout=None)

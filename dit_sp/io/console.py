@@ -21,8 +21,11 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from typing import TYPE_CHECKING
 
-import torch.distributed as dist
+if TYPE_CHECKING:
+    pass
+
 
 LIBRARIES = ("diffusers", "transformers", "huggingface_hub")
 """The libraries whose loggers and progress bars the followers silence."""
@@ -74,6 +77,8 @@ def _once_per_text(show: Callable[..., None]) -> Callable[..., None]:
 def plain_tracebacks() -> Iterator[None]:
     """Around the call that creates the process group: afterwards, in a world of one process, uncaught
     tracebacks print as Python prints them (no ``[rank0]:`` on every line); several ranks keep torch's prefix."""
+    import torch.distributed as dist
+
     hook = sys.excepthook
     try:
         yield

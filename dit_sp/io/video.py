@@ -12,10 +12,12 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from dit_sp.errors import ConfigError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 VIDEO_SUFFIXES = (".mp4", ".gif")
 
@@ -93,6 +95,8 @@ def save_video(frames: np.ndarray, out: str | Path, suffix: str = "", fps: float
     an existing output of the same name is replaced as a whole (a PNG directory only if it holds nothing
     but frames). Raises ``OSError`` if the video cannot be written or read back.
     """
+    import numpy as np
+
     target = check_output(output_path(out, suffix))
     target.parent.mkdir(parents=True, exist_ok=True)
     images = (np.clip(frames, 0, 1) * 255).round().astype(np.uint8)
@@ -136,6 +140,7 @@ def captioned_side_by_side(videos: list[np.ndarray], captions: list[str], min_wi
     prompt) burnt in, so that a video file says what each sample was asked to show. Tiles narrower than
     ``min_width`` are enlarged by a whole factor (nearest pixel: a 32-pixel sample stays sharp and the
     text stays readable). Returns ``(F, strip + H * k, sum of widths, 3)`` in [0, 1]."""
+    import numpy as np
     from PIL import Image, ImageDraw, ImageFont
 
     if len(videos) != len(captions) or not videos:

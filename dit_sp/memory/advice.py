@@ -1,11 +1,11 @@
 """What to change when a plan does not fit: advice for the component that makes the peak, in the phase where
 it happens, each option with the peak it would give (the plan made again with the change).
 
-Advice that does not touch the peak misleads: Wan 2.1 1.3B on 24 GiB peaks at set-up on the fp32 UMT5-XXL
-text encoder (21 GiB), and neither micro-batches nor activation checkpointing change that number. So the
-text encoder gets text-encoder options (prompt embeddings computed beforehand; a bf16 or sharded encoder,
-not yet available, said so), activations get micro-batches, checkpointing and sequence parallelism, and
-weights and optimizer state get LoRA and more GPUs.
+Advice that does not touch the peak misleads: Wan 2.1 1.3B in fp32 on one 20 GiB GPU peaks at set-up on the
+fp32 UMT5-XXL text encoder (21 GiB), and neither micro-batches nor activation checkpointing change that number.
+So the text encoder gets text-encoder options (prompt embeddings computed beforehand; bf16, which mixed
+precision gives it; more GPUs, over which it shards), activations get micro-batches, checkpointing and sequence
+parallelism, and weights and optimizer state get LoRA and more GPUs.
 """
 
 from __future__ import annotations
@@ -39,18 +39,20 @@ def _tried(text: str, replan: Callable[[], Any]) -> tuple[str, Any] | None:
         return None
 
 
-def _text_encoder(plan: Any, config: Any, name: str, replan: Callable[..., Any]) -> list:
-    size = plan.setup[name]
-    return [
+def _text_encoder(plan: Any, config: Any, gpus: int, replan: Callable[..., Any]) -> list:
+    options = [
         _tried("every prompt's embedding computed beforehand: the trainer already encodes each prompt once and "
                "frees the encoder, but loads it to do so; with every embedding already in `embedding_cache: DIR` "
                "(an earlier run's, same model, prompts and text settings) it never loads (plan: --embeddings-cached)",
                lambda: replan(config, embeddings_cached=True)),
-        f"the text encoder in bf16 ({size / 2 / GiB:.1f} GiB instead of {size / GiB:.1f} GiB): not yet available "
-        "(the trainer loads it in fp32; mixed_precision is the transformer's compute dtype)",
-        "the text encoder sharded over the GPUs: not yet available",
-        "(grpo.micro_batch, activation_checkpointing, more GPUs or more ring/ulysses do not change the set-up peak)",
     ]  # fmt: skip
+    if config.mixed_precision is None:
+        half = "mixed_precision: bfloat16 (the text encoders load in the compute dtype: half the bytes)"
+        options.append(_tried(half, lambda: replan(with_setting(config, "mixed_precision", "bfloat16"))))
+    options.append(_tried(f"{2 * gpus} GPUs (the text encoders shard over every GPU of the run)",
+                          lambda: replan(config, gpus=2 * gpus)))  # fmt: skip
+    options.append("(grpo.micro_batch, activation_checkpointing or more ring/ulysses do not change the set-up peak)")
+    return options
 
 
 def _activations(plan: Any, config: Any, gpus: int, replan: Callable[..., Any], fixed_layout: bool) -> list:
@@ -91,12 +93,12 @@ def advise_plan(plan: Any, config: Any, text_encoder: str, gpus: int, replan: Ca
                 fixed_layout: bool) -> list[str]:  # fmt: skip
     """Options that lower ``plan``'s peak (a ``Plan`` that does not fit), for its phase and component.
 
-    ``text_encoder``: the set-up component name of the text encoders; ``replan(config, **changes)``: the
+    ``text_encoder``: how the set-up component name of the text encoders starts; ``replan(config, **changes)``: the
     plan again for a changed config (or ``gpus=``, ``ring=``, ``ulysses=``, ``embeddings_cached=``)."""
     component = plan.peak_component
     if plan.peak_phase == "set-up":
-        if component == text_encoder:
-            options = _text_encoder(plan, config, component, replan)
+        if component.startswith(text_encoder):
+            options = _text_encoder(plan, config, gpus, replan)
         else:
             options = [f"{component}: nothing in the config lowers it; GPUs with more memory"]
     elif component.startswith("activations"):

@@ -18,12 +18,13 @@ import math
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from dit_sp.families import TRANSFORMERS, architectures
 from dit_sp.memory.advice import advise_plan
+
+if TYPE_CHECKING:
+    pass
 
 GiB = 2**30
 
@@ -59,6 +60,7 @@ class TransformerShape:
     @classmethod
     def _count(cls, class_name: str, config: dict[str, Any]) -> TransformerShape:
         import diffusers
+        import torch
 
         from dit_sp.train.fsdp import BLOCK_LISTS
         from dit_sp.weights import parameters_on_meta
@@ -201,8 +203,16 @@ def _layouts(gpus: int, heads: int, ring: int | None, ulysses: int | None) -> li
     return out
 
 
-TEXT_ENCODER = "text encoder(s) (fp32, freed after encoding)"
-"""The set-up component of the text encoders (``embedding_cache``: loaded only for prompts without an embedding)."""
+TEXT_ENCODER = "text encoder(s)"
+"""How the set-up component of the text encoders starts (``embedding_cache``: loaded only for prompts without an
+embedding); ``text_encoder_part`` gives its whole name and size."""
+
+
+def text_encoder_part(params: float, mixed_precision: str | None, gpus: int) -> tuple[str, int]:
+    """The text encoders at GRPO set-up: loaded in the compute dtype (fp32 without mixed precision), sharded
+    over every GPU of the run (``dit_sp.weights.encoder``), freed once the prompts are encoded."""
+    dtype, size = ("bf16", 2) if mixed_precision else ("fp32", 4)
+    return f"{TEXT_ENCODER} ({dtype}, 1/{gpus}, freed after encoding)", int(params * size) // gpus
 
 
 def plan_training(config: Any, gpus: int, gpu_memory_gb: float = 80, *, arch: str | None = None,
@@ -228,7 +238,7 @@ def plan_training(config: Any, gpus: int, gpu_memory_gb: float = 80, *, arch: st
     compute = 2 if config.mixed_precision else 4
     setup = {"VAE (fp32)": int(spec["vae"] * 4)}
     if not embeddings_cached:
-        setup = {TEXT_ENCODER: int(spec["text_encoders"] * 4)} | setup
+        setup = dict([text_encoder_part(spec["text_encoders"], config.mixed_precision, gpus)]) | setup
     plan = None
     layouts = _layouts(gpus, shape.heads, ring, ulysses)
     layouts = [(r, u) for r, u in layouts if samples % (gpus // (r * u)) == 0] or layouts  # dp splits the step

@@ -1,10 +1,49 @@
 """Device mesh and process groups, communication with autograd, local worker launch."""
 
-from dit_sp.parallel.comm import all_gather, all_to_all, gather_sequence, shard_len, shard_sequence
-from dit_sp.parallel.config import ParallelConfig
-from dit_sp.parallel.device import default_backend, default_device
-from dit_sp.parallel.launch import WorkerError, free_port, spawn
-from dit_sp.parallel.state import ParallelState, check_ranks_agree, init_layout, init_parallel, single_process_state
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dit_sp.parallel.comm import all_gather, all_to_all, gather_sequence, shard_len, shard_sequence
+    from dit_sp.parallel.config import ParallelConfig
+    from dit_sp.parallel.device import default_backend, default_device
+    from dit_sp.parallel.launch import WorkerError, free_port, spawn
+    from dit_sp.parallel.state import ParallelState, check_ranks_agree, init_layout, init_parallel, single_process_state
+
+_WHERE = {
+    "ParallelConfig": "dit_sp.parallel.config",
+    "ParallelState": "dit_sp.parallel.state",
+    "WorkerError": "dit_sp.parallel.launch",
+    "all_gather": "dit_sp.parallel.comm",
+    "all_to_all": "dit_sp.parallel.comm",
+    "check_ranks_agree": "dit_sp.parallel.state",
+    "default_backend": "dit_sp.parallel.device",
+    "default_device": "dit_sp.parallel.device",
+    "free_port": "dit_sp.parallel.launch",
+    "gather_sequence": "dit_sp.parallel.comm",
+    "init_layout": "dit_sp.parallel.state",
+    "init_parallel": "dit_sp.parallel.state",
+    "shard_len": "dit_sp.parallel.comm",
+    "shard_sequence": "dit_sp.parallel.comm",
+    "single_process_state": "dit_sp.parallel.state",
+    "spawn": "dit_sp.parallel.launch",
+}
+"""Each name and its module, imported on first use (PEP 562): importing the package alone imports no torch."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])
+
 
 __all__ = [
     "ParallelConfig",

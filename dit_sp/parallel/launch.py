@@ -26,8 +26,6 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-import torch
-
 
 class WorkerError(RuntimeError):
     """A spawned worker raised, died or ran past its time limit.
@@ -139,6 +137,8 @@ def _worker(
         LOCAL_RANK=str(rank),
         LOCAL_WORLD_SIZE=str(world_size),
     )
+    import torch
+
     if threads is not None:
         torch.set_num_threads(threads)
     try:
@@ -149,7 +149,7 @@ def _worker(
             # no rank tears its connections down while a peer still reads the last collective's data from them
             # (a socket closed with data unread resets the connection: "Connection reset by peer" on the peer)
             dist.barrier()
-        torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+        _save_result(result, Path(out_dir) / f"rank{rank}.pt")
     except BaseException as error:
         failure = {"time": time.time(), "traceback": traceback.format_exc(), "error": None}
         with suppress(Exception):  # the exception is carried over if it survives pickling; else the text
@@ -283,16 +283,68 @@ def _failure(out_dir: str, exited: dict[int, int], world_size: int, fn: Callable
     return WorkerError(message, rank, error, text)
 
 
-def _context(fn: Callable) -> mp.context.BaseContext:
-    """Workers fork from a fork server that imported torch, diffusers and dit_sp once per launcher, so
-    each start costs milliseconds instead of seconds of imports. The server never touches CUDA, which
-    keeps this as safe as ``spawn`` on GPUs."""
+def _save_result(result: Any, path: Path) -> None:
+    """A worker's result for the launcher: plain pickle (read without importing torch), unless it holds
+    something only ``torch.save`` writes."""
+    try:
+        data = pickle.dumps(result)
+    except Exception:  # noqa: BLE001 - anything pickle refuses goes through torch.save
+        import torch
+
+        torch.save(result, path)
+        return
+    path.write_bytes(b"PKL0" + data)
+
+
+def _load_result(path: Path) -> Any:
+    data = path.read_bytes()
+    if data[:4] == b"PKL0":
+        return pickle.loads(data[4:])
+    import torch
+
+    return torch.load(path, weights_only=False)
+
+
+class by_name:  # noqa: N801 - used like a function
+    """The worker function ``"module:function"``, imported where it runs: a launcher that passes it to
+    ``spawn`` never imports the function's module (nor torch), and its fork server imports it once."""
+
+    def __init__(self, target: str):
+        module, _, name = target.partition(":")
+        if not module or not name:
+            raise ValueError(f"expected 'module:function', got {target!r}")
+        self.__module__, self.__qualname__ = module, name
+
+    def __call__(self, *args: Any) -> Any:
+        import importlib
+
+        return getattr(importlib.import_module(self.__module__), self.__qualname__)(*args)
+
+
+PRELOAD = ("torch", "torch.distributed", "diffusers", "transformers")
+"""What the fork server imports once per launcher, before the module of the worker's function."""
+
+
+def _context(module: str | None) -> mp.context.BaseContext:
+    """Workers fork from a fork server that imported torch, diffusers and the worker's module once per
+    launcher, so each start costs milliseconds instead of seconds of imports. The server never touches CUDA,
+    which keeps this as safe as ``spawn`` on GPUs."""
     ctx = mp.get_context("forkserver")
-    preload = ["torch", "torch.distributed", "dit_sp"]
-    if fn.__module__ != "__main__":
-        preload.append(fn.__module__)
+    preload = [*PRELOAD, "dit_sp"]
+    if module is not None and module != "__main__":
+        preload.append(module)
     ctx.set_forkserver_preload(preload)  # used when this launcher starts its fork server, ignored later
     return ctx
+
+
+def prestart(fn: Callable[..., Any] | str) -> None:
+    """Start the fork server of later ``spawn`` calls now, importing torch, diffusers and ``fn``'s module
+    (a function or a module name) while this process goes on with other work (parsing flags, checking
+    files): a CLI calls it as soon as it knows it will launch workers, so their imports overlap its own."""
+    from multiprocessing import forkserver
+
+    _context(fn if isinstance(fn, str) else fn.__module__)
+    forkserver.ensure_running()
 
 
 def spawn(
@@ -324,7 +376,7 @@ def spawn(
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if threads is None:
         threads = max(1, (os.cpu_count() or 1) // world_size)
-    ctx = _context(fn)
+    ctx = _context(fn.__module__)
     worker_env = {**os.environ, **loopback_env(), **(env or {})}
     with (
         tempfile.TemporaryDirectory(prefix="dit_sp_spawn_") as out_dir,
@@ -356,4 +408,4 @@ def spawn(
         error = _failure(out_dir, exited, world_size, fn)
         if error is not None:
             raise error
-        return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+        return [_load_result(Path(out_dir) / f"rank{r}.pt") for r in range(world_size)]

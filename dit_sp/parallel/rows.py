@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
+from typing import TYPE_CHECKING
 
 from dit_sp._compat import all_gather_single, p2p_op
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,8 @@ def post_rows(x: torch.Tensor, split: RowSplit, scale: int, group: dist.ProcessG
     """Start sending each peer the part of this rank's rows ``x`` that ``need(peer)`` asks for, and receiving
     the rows of ``need(rank)`` that the peers hold; returns ``wait() -> [(first global row, rows), ...]`` (in
     row order), so that work can run while the rows travel."""
+    import torch.distributed as dist
+
     rank, parts = dist.get_rank(group), len(split.sizes)
     start, stop = split.bounds(rank, scale)
     lo, hi = need(rank)
@@ -98,6 +101,10 @@ def exchange_rows(x: torch.Tensor, split: RowSplit, scale: int, group: dist.Proc
     """The rows ``need(rank)`` of the split tensor whose local part is ``x``, as one tensor: this rank's own
     rows plus those received from its peers, and rows outside the image padded with ``pad_mode``
     (``"constant"``: zeros, ``"replicate"``: the edge row)."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
     rank = dist.get_rank(group)
     height = split.height * scale
     start, stop = split.bounds(rank, scale)
@@ -120,6 +127,10 @@ def gather_rows(x: torch.Tensor, split: RowSplit, scale: int, group: dist.Proces
                 dst: int | None = None) -> torch.Tensor:  # fmt: skip
     """The whole tensor from each rank's rows ``x``: on every rank, or (``dst``, a group rank) only there,
     the other ranks getting their own ``x`` back."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
     rank, parts = dist.get_rank(group), len(split.sizes)
     most = max(split.sizes) * scale
     padded = F.pad(x, (0, 0, 0, most - x.shape[-2])).contiguous()

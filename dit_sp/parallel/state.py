@@ -8,17 +8,18 @@ import json
 import os
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
-
-import torch
-import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh
+from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import device_mesh, flatten_mesh, group_options
 from dit_sp.errors import ConfigError
 from dit_sp.parallel.config import ParallelConfig
 from dit_sp.parallel.device import default_backend, default_device
 from dit_sp.parallel.launch import loopback_env
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
 
 MESH_DIM_NAMES = ("dp", "cfg", "ring", "ulysses")
 DEFAULT_TIMEOUT = timedelta(minutes=10)
@@ -87,6 +88,8 @@ class ParallelState:
 
     def ring_peer(self, offset: int) -> int:
         """Global rank of the ring peer ``offset`` steps ahead (negative: behind)."""
+        import torch.distributed as dist
+
         assert self.ring_group is not None
         return dist.get_global_rank(self.ring_group, (self.ring_rank + offset) % self.ring)
 
@@ -142,6 +145,8 @@ def _destroy_process_group() -> None:
     """At exit, tear down the process group that ``init_parallel`` started, unless the caller did: left to
     interpreter finalization, gloo's worker threads can abort the process (SIGABRT, "terminate called without
     an active exception") after all the work succeeded."""
+    import torch.distributed as dist
+
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -162,6 +167,9 @@ def init_parallel(
     not done so. Every group created here uses ``timeout`` (seconds or a ``timedelta``), so a lost peer
     raises instead of hanging.
     """
+    import torch
+    import torch.distributed as dist
+
     timeout = collective_timeout(timeout)
     device = torch.device(device) if device is not None else default_device()
     backend = backend or default_backend(device)
@@ -218,6 +226,8 @@ def init_layout(*, ring: int = 1, ulysses: int = 1, cfg: int = 1, dp: int | None
     """The layout on the running world (torchrun's, ``spawn``'s, or one process): what ring, Ulysses and CFG
     do not take becomes data parallelism; ``dp``, when given, must be what is left. ``timeout``: the
     collectives' (``collective_timeout``)."""
+    import torch.distributed as dist
+
     timeout = collective_timeout(timeout)
     world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
     parallel = init_parallel(ParallelConfig.for_world(world, ring=ring, ulysses=ulysses, cfg=cfg), timeout=timeout)
@@ -230,6 +240,8 @@ def init_layout(*, ring: int = 1, ulysses: int = 1, cfg: int = 1, dp: int | None
 def check_ranks_agree(parallel: ParallelState, value: Any, what: str) -> None:
     """Every rank must hold the same ``value`` (e.g. settings and prompts: under torchrun each rank parses
     its own flags and files). Compared by a hash over all ranks; a ``ConfigError`` names those that differ."""
+    import torch.distributed as dist
+
     if parallel.world_size == 1 or not dist.is_initialized():
         return
     digest = hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from dit_sp.errors import ConfigError
 from dit_sp.parallel.state import ParallelState
 from dit_sp.rl.grpo_config import GRPOConfig
 from dit_sp.rl.schedule import shifted_sigmas, shifted_sigmas_between
 
-Tensor = torch.Tensor
+if TYPE_CHECKING:
+    import torch
+
+    Tensor = torch.Tensor
 
 
 def sde_window_at(config: GRPOConfig, step: int) -> tuple[int, int] | None:
@@ -77,6 +78,8 @@ def make_batch(prompts: list[str], step: int, seed: int, config: GRPOConfig, par
                images: list[str | None] | None = None) -> Batch:  # fmt: skip
     """This dp rank's share of the iteration's ``prompts_per_step * group_size`` samples (``images``: each
     prompt's conditioning image, for an image-to-video model)."""
+    import torch
+
     check_split(config, parallel.dp)
     prompts_per_step = config.prompts_per_step
     total = prompts_per_step * config.group_size
@@ -114,7 +117,9 @@ def trained_steps(config: GRPOConfig, step_seed: int, eligible: list[int] | None
 
 def select(cond: Any, index: slice) -> Any:
     """The samples ``index`` of a batch's conditioning (tensors, nested tuples of them, or None)."""
-    if isinstance(cond, Tensor):
+    import torch
+
+    if isinstance(cond, torch.Tensor):
         return cond[index]
     if isinstance(cond, (tuple, list)):
         return type(cond)(select(part, index) for part in cond)

@@ -27,11 +27,10 @@ import torch
 
 from dit_sp.errors import ConfigError
 from dit_sp.rl.batch import select
+from dit_sp.zoo import TEXT_ENCODERS
 
 log = logging.getLogger(__name__)
 
-TEXT_ENCODERS = ("text_encoder", "text_encoder_2")
-"""Pipeline components that only encode prompts (HunyuanVideo has two)."""
 
 Conditioning = tuple[Any, Any | None]
 """A policy's ``(positive, negative)`` conditioning of a batch of prompts (tensors or tuples of them)."""
@@ -86,12 +85,15 @@ class PromptEmbeddings:
                         self.directory, ", ".join(damaged[:3]), " ..." if len(damaged) > 3 else "")  # fmt: skip
         return todo
 
-    def compute(self, prompts: Sequence[str], encode: Callable[[list[str]], Conditioning], batch: int = 8) -> None:
+    def compute(self, prompts: Sequence[str], encode: Callable[[list[str]], Conditioning], batch: int = 8,
+                write: bool = True) -> None:  # fmt: skip
         """Encode ``prompts`` in batches and write one file per prompt (atomically: a killed run leaves no
         half-written file, a failed write no temporary one). A directory that takes no file (read-only, full)
-        is a ``ConfigError`` naming it."""
+        is a ``ConfigError`` naming it. ``write=False``: encode only (a process of a sharded encoder whose
+        group's first process writes)."""
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            if write:
+                self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise ConfigError(f"embedding_cache {self.directory}: cannot be created ({e.strerror or e}); choose "
                               "another embedding_cache or output_dir") from e  # fmt: skip
@@ -100,7 +102,7 @@ class PromptEmbeddings:
             chunk = prompts[start : start + batch]
             with torch.no_grad():
                 cond = encode(chunk)
-            for i, prompt in enumerate(chunk):
+            for i, prompt in enumerate(chunk if write else ()):
                 self._write(prompt, select(cond, slice(i, i + 1)))
 
     def _write(self, prompt: str, cond: Conditioning) -> None:

@@ -7,7 +7,7 @@ from typing import Literal
 
 from dit_sp.errors import ConfigError
 from dit_sp.io.schema import allow_inf, check_ranges
-from dit_sp.rl.sde import SDEConfig
+from dit_sp.rl.sde_config import SDEConfig
 
 
 @dataclass(frozen=True)

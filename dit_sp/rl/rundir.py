@@ -21,7 +21,6 @@ from typing import Any
 from dit_sp.errors import ConfigError
 from dit_sp.io.schema import set_dotted
 from dit_sp.rl.config import TrainConfig
-from dit_sp.train import checkpoint
 
 RUN_FILES = ("metrics.jsonl", "checkpoints", "config.yaml", "config_changes.jsonl", "final", "tensorboard",
              "reward_curve.png", "wandb", "wandb_run_id")  # fmt: skip
@@ -53,6 +52,8 @@ def check_output_dir(config: TrainConfig) -> None:
         raise ConfigError(f"output_dir {out} is a file, not a directory")
     existing = [name for name in RUN_FILES if (out / name).exists()]
     if config.resume:
+        from dit_sp.train import checkpoint  # torch: imported only when a run resumes
+
         if checkpoint.latest(out / "checkpoints") is None:
             raise ConfigError(f"--resume: {out / 'checkpoints'} holds no complete checkpoint to continue from; "
                               "start a new run without --resume")  # fmt: skip

@@ -134,22 +134,28 @@ class GRPOTrainer:
         config = self.config
         source = checkpoint_dir(config.model) if pipeline is None else None
         self._loaded_checkpoint = source is not None
+        self._sharded_encoders = False
         self.embeddings = PromptEmbeddings(
             config.embedding_cache or self.output_dir / "embeddings",
             {"model": model_identity(config.model) if pipeline is None else type(pipeline).__name__,
              "max_sequence_length": config.sample.max_sequence_length,
-             "negative_prompt": config.sample.negative_prompt if config.sample.guidance > 1 else None},
+             "negative_prompt": config.sample.negative_prompt if config.sample.guidance > 1 else None}
+            | ({"text_encoder_dtype": config.mixed_precision} if config.mixed_precision else {}),
         )  # fmt: skip
         missing = self._agreed(self.embeddings.missing(self.prompts))
         self._source = source if source is not None and source.is_dir() else None
         if pipeline is None:
-            # a checkpoint's text encoders load only if some prompt lacks its embedding, the VAE only where
-            # videos are decoded (a sample's first rank, or all its ranks with the parallel VAE), and the
-            # transformer empty (filled after sharding); every rank encodes the images of image-to-video
+            # a checkpoint's text encoders load only if some prompt lacks its embedding, sharded over the world
+            # in the compute dtype; the VAE only where videos are decoded (a sample's first rank, or all its
+            # ranks with the parallel VAE), and the transformer empty (filled after sharding); every rank
+            # encodes the images of image-to-video
             decodes = self.parallel.sp_rank == 0 or self._split_decode is not None or self.images is not None
             without = (() if missing else TEXT_ENCODERS) + (() if decodes else ("vae",))
+            encoders = (dist.group.WORLD, getattr(torch, config.mixed_precision or "float32")) if missing else None
             pipeline = load_pipeline(config.model, torch.float32, self.parallel.device, empty_transformers=True,
-                                     without=without if source is not None else ())  # fmt: skip
+                                     without=without if source is not None else (),
+                                     sharded_text_encoders=encoders)  # fmt: skip
+            self._sharded_encoders = source is not None and bool(missing)
         torch.manual_seed(config.seed)  # identical LoRA initialisation on every rank, however the model loaded
         self._export_class = type(pipeline)
         if self.images is not None:
@@ -237,7 +243,10 @@ class GRPOTrainer:
         then the text encoders of a loaded checkpoint are dropped."""
         if missing:
             parallel = self.parallel
-            self.embeddings.compute(missing[parallel.rank :: parallel.world_size], self.policy._encode)
+            if self._sharded_encoders:  # collective: every rank encodes every prompt, rank 0 writes the files
+                self.embeddings.compute(missing, self.policy._encode, write=self.is_leader)
+            else:  # whole encoders: the ranks share the prompts
+                self.embeddings.compute(missing[parallel.rank :: parallel.world_size], self.policy._encode)
             if parallel.world_size > 1:
                 dist.barrier()
         self.policy.embeddings = self.embeddings

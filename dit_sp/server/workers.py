@@ -23,12 +23,13 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from dit_sp.inference.config import GenerateConfig
 from dit_sp.parallel.launch import spawn
+
+if TYPE_CHECKING:
+    import numpy as np
 
 EVENT_POLL_S = 0.2
 """How often the launcher's event reader and an idle worker wake to look for the end."""
@@ -41,6 +42,7 @@ class Cancelled(Exception):
 def write_previews(frames: np.ndarray, directory: Path) -> None:
     """``thumbnail.webp`` (the first frame) and ``spritesheet.jpg`` (up to 8 frames in a row) of ``frames``
     ``(F, H, W, 3)`` in [0, 1], each written under a temporary name and renamed."""
+    import numpy as np  # not at import: the CLI's --help loads this module
     from PIL import Image
 
     images = (np.clip(frames, 0, 1) * 255).round().astype(np.uint8)

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-Tensor = torch.Tensor
+    Tensor = torch.Tensor
+
 
 COLORS: dict[str, tuple[float, float, float]] = {
     "red": (0.9, 0.15, 0.15),
@@ -55,6 +58,8 @@ def all_attributes() -> list[Attributes]:
 
 def _mask(shape: str, cx: float, cy: float, size: float, h: int, w: int) -> Tensor:
     """Anti-aliased coverage in [0, 1] of a shape of half-size ``size`` centred at (cx, cy)."""
+    import torch
+
     ys, xs = torch.meshgrid(torch.arange(h) + 0.5, torch.arange(w) + 0.5, indexing="ij")
     dx, dy = xs - cx, ys - cy
     if shape == "circle":
@@ -70,6 +75,8 @@ def _mask(shape: str, cx: float, cy: float, size: float, h: int, w: int) -> Tens
 
 def render(what: str | Attributes, seed: int, frames: int = 9, size: int = 32) -> Tensor:
     """A clip ``(frames, 3, size, size)``; position, speed and shape size vary with ``seed``."""
+    import torch
+
     attrs = Attributes.parse(what) if isinstance(what, str) else what
     rng = random.Random(seed)
     radius = size * rng.uniform(0.17, 0.22)
@@ -103,6 +110,8 @@ class _Features:
 
 
 def _features(clip: Tensor) -> _Features | None:
+    import torch
+
     clip = clip.float().clamp(0, 1)
     frames, _, h, w = clip.shape
     contrast = (clip - BACKGROUND).abs().amax(1)  # (F, H, W)
@@ -134,6 +143,8 @@ def _features(clip: Tensor) -> _Features | None:
 
 def _color_distances(mean_color: Tensor) -> Tensor:
     """Squared RGB distance of a colour to each of ``COLORS`` (in their order), ``(len(COLORS),)``."""
+    import torch
+
     return ((torch.tensor(list(COLORS.values())) - mean_color) ** 2).sum(1)
 
 
@@ -166,6 +177,8 @@ def agreement(clip: Tensor, want: Attributes) -> tuple[float, float, float]:
     and a near miss from a clear failure. Each score is near 1 where ``evaluate`` clearly reads the wanted
     attribute and near 0 where it clearly reads another; direction is above 0.5 exactly when it reads it.
     """
+    import torch
+
     seen = _features(clip)
     if seen is None:
         return 0.0, 0.0, 0.0
@@ -198,12 +211,16 @@ def matches(clip: Tensor, want: Attributes) -> tuple[bool, bool, bool]:
 def faithfulness(videos: Tensor, prompts: list[str]) -> Tensor:
     """Reward: fraction of the prompt's attributes (colour, shape, direction) the video shows, ``(B,)``.
     ``videos``: ``(B, F, C, H, W)`` in [0, 1]."""
+    import torch
+
     return torch.tensor([sum(matches(video, Attributes.parse(prompt))) / 3 for video, prompt in zip(videos, prompts)])
 
 
 def dense_faithfulness(videos: Tensor, prompts: list[str]) -> Tensor:
     """Reward: the mean dense ``agreement`` of each video with its prompt, ``(B,)`` in [0, 1]; follows
     ``faithfulness`` but also rewards progress towards it (a denser signal for RL)."""
+    import torch
+
     return torch.tensor([sum(agreement(video, Attributes.parse(prompt))) / 3 for video, prompt in zip(videos, prompts)])
 
 

@@ -20,16 +20,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
-
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import conv_forward_attr
 from dit_sp.parallel.rows import RowSplit, exchange_rows, gather_rows, post_rows, receive_rows
 from dit_sp.vae.tiles import TileProtocol, check_inference
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+    from torch import nn
 
 Padding = tuple[int, int, str]
 """Rows a module adds above and below a convolution's input before it runs, and how (``F.pad`` mode)."""
@@ -62,6 +62,8 @@ class _Run:
     module, which runs on gathered frames)."""
 
     def __init__(self, split: RowSplit, group: dist.ProcessGroup):
+        import torch.distributed as dist
+
         self.split, self.group, self.rank = split, group, dist.get_rank(group)
         self.bypass = 0
 
@@ -69,7 +71,7 @@ class _Run:
         return self.split.scale_of(rows, self.rank)
 
 
-Adapter = Callable[[_Run], tuple[nn.Module, str, Callable]]
+Adapter = Callable[[_Run], tuple["nn.Module", str, Callable]]
 
 
 def _conv(conv: nn.Module, padded: Padding | None) -> Adapter:
@@ -82,6 +84,9 @@ def _conv(conv: nn.Module, padded: Padding | None) -> Adapter:
     edges come out of the module's padding, wrong), then recomputes those edge rows from a small slab (halo
     plus ``k-1`` own rows); a strided one overwrites its module's padding rows at inner edges with the halo
     in place (the padded input is the module's own temporary) before it runs."""
+    import torch
+    import torch.nn.functional as F
+
     pre_top, pre_bottom, mode = padded or (0, 0, "constant")
     kernel, stride, own = conv.kernel_size[-2], conv.stride[-2], conv.padding[-2]
     if conv.padding_mode != "zeros" or conv.dilation[-2] != 1 or isinstance(conv.padding, str):
@@ -146,6 +151,9 @@ def _conv(conv: nn.Module, padded: Padding | None) -> Adapter:
 
 def _group_norm(norm: nn.GroupNorm) -> Adapter:
     """Group normalisation with the mean and variance of the whole frame (two all-reduces)."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
 
     def adapter(run: _Run):
         original = norm.forward
@@ -199,11 +207,15 @@ def _whole_frame(module: nn.Module) -> Adapter:
 
 
 def _unchunked(conv: nn.Module) -> Adapter:
+    from torch import nn
+
     base = next(cls for cls in type(conv).__mro__ if cls in (nn.Conv2d, nn.Conv3d))
     return lambda run: (conv, "forward", lambda x: base.forward(conv, x))
 
 
 def _adapters(part: nn.Module, plan: VAEPlan) -> list[Adapter]:
+    from torch import nn
+
     padded = plan.padded_inputs(part)
     adapters = []
     for module in part.modules():
@@ -239,6 +251,8 @@ def _adapted(adapters: list[Adapter], run: _Run) -> Iterator[None]:
 
 def _downsampling(part: nn.Module) -> int:
     """How many times finer the part's input rows are than its output rows (its strides in height)."""
+    from torch import nn
+
     factor = 1
     for module in part.modules():
         if isinstance(module, (nn.Conv2d, nn.Conv3d)):
@@ -251,6 +265,9 @@ def split_forward(part: nn.Module, plan: VAEPlan, group: dist.ProcessGroup, gath
     split one: each rank runs its rows, and the output is assembled on every rank (or only on the group
     rank ``gather_to``; the others get their own rows). An input too small to give every rank a row at the
     output's height runs whole on every rank. Returns the undo."""
+    import torch
+    import torch.distributed as dist
+
     if "forward" in part.__dict__:
         raise ValueError(f"the VAE's {type(part).__name__} is already split (or its forward replaced); undo that first")
     adapters = _adapters(part, plan)

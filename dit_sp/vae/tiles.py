@@ -18,13 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-import torch
-import torch.distributed as dist
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import p2p_op
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+    from torch import nn
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ class TileProtocol:
 
 def check_inference(x: torch.Tensor) -> None:
     """The parallel VAE has no backward (its exchanges are not autograd ops): refuse an input that wants one."""
+    import torch
+
     if x.requires_grad and torch.is_grad_enabled():
         raise RuntimeError("the parallel VAE is inference-only: run it under torch.no_grad(), or turn it off "
                            "(parallelize(..., parallel_vae=False))")  # fmt: skip
@@ -52,6 +55,8 @@ class _BlendReached(Exception):
 
 
 def _out_channels(part: nn.Module) -> int:
+    from torch import nn
+
     convs = [m for m in part.conv_out.modules() if isinstance(m, (nn.Conv2d, nn.Conv3d))]
     return convs[-1].out_channels
 
@@ -60,6 +65,7 @@ class _Record:
     """The record pass: which rank runs each call, and this rank's outputs."""
 
     def __init__(self, part: nn.Module, protocol: TileProtocol, rank: int, ranks: int):
+
         self.part, self.protocol, self.rank, self.ranks = part, protocol, rank, ranks
         self.tile = -1
         self.owners: list[int] = []
@@ -86,6 +92,9 @@ class _Record:
 def _exchange(record: _Record, group: dist.ProcessGroup, gather_to: int | None) -> list[torch.Tensor]:
     """Every call's output, from its owner: on every rank, or (``gather_to``) only there, the other ranks
     getting zeros for the calls they did not run."""
+    import torch
+    import torch.distributed as dist
+
     tables: list[Any] = [None] * record.ranks
     dist.all_gather_object(tables, {call: (tuple(t.shape), t.dtype) for call, t in record.outputs.items()},
                            group=group)  # fmt: skip
@@ -110,6 +119,9 @@ def _exchange(record: _Record, group: dist.ProcessGroup, gather_to: int | None) 
 
 def _share(vae: nn.Module, part: nn.Module, method: str, protocol: TileProtocol, group: dist.ProcessGroup,
            gather_to: int | None) -> Callable[[], None]:  # fmt: skip
+    import torch
+    import torch.distributed as dist
+
     original = getattr(vae, method)
     rank, ranks = dist.get_rank(group), dist.get_world_size(group)
 

@@ -1,6 +1,7 @@
 """Models at scale: built empty on the meta device and filled shard by shard from safetensors files
-(``loading``), and weight-sharded inference (``sharded``)."""
+(``loading``), weight-sharded inference (``sharded``) and sharded text encoders (``encoder``)."""
 
+from dit_sp.weights.encoder import ShardedEncoder, load_sharded_text_encoder, shard_text_encoder
 from dit_sp.weights.loading import (
     SafetensorsCheckpoint,
     checkpoint_key,
@@ -12,5 +13,6 @@ from dit_sp.weights.loading import (
 )
 from dit_sp.weights.sharded import ShardedWeights
 
-__all__ = ["SafetensorsCheckpoint", "ShardedWeights", "checkpoint_key", "empty_model", "has_meta_parameters",
-           "load_shards", "local_tensor", "parameters_on_meta"]  # fmt: skip
+__all__ = ["SafetensorsCheckpoint", "ShardedEncoder", "ShardedWeights", "checkpoint_key", "empty_model",
+           "has_meta_parameters", "load_shards", "load_sharded_text_encoder", "local_tensor", "parameters_on_meta",
+           "shard_text_encoder"]  # fmt: skip

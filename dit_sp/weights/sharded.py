@@ -18,11 +18,13 @@ class ShardedWeights:
     unsharded at a time; gathering per module straight into the parameter's storage holds only the weights
     of the module running, which is what matters when a model barely fits. The processes of a sample run
     the same modules in the same order (sequence and CFG parallelism ensure it), so the collectives match.
-    Parameters below ``min_numel`` elements (norms, biases) stay whole. Inference only (no autograd).
+    Parameters below ``min_numel`` elements (norms, biases) and those of the modules in ``whole`` (code may read
+    their shapes before they run: position tables) stay whole. Inference only (no autograd).
     """
 
     def __init__(self, model: torch.nn.Module, group: Any, device: torch.device,
-                 checkpoint: SafetensorsCheckpoint | None = None, min_numel: int = 1024):  # fmt: skip
+                 checkpoint: SafetensorsCheckpoint | None = None, min_numel: int = 1024,
+                 whole: Any = ()):  # fmt: skip
         import torch.distributed as dist
 
         self.group, self.device = group, torch.device(device)
@@ -39,7 +41,7 @@ class ShardedWeights:
                     continue
                 used.add(key)
                 numel, size = param.numel(), -(-param.numel() // self.world)
-                if numel < min_numel:  # whole: read it, or keep it
+                if numel < min_numel or module in whole:  # whole: read it, or keep it
                     if param.is_meta:
                         value = checkpoint.read_flat(key, 0, numel).view(param.shape).to(self.device, param.dtype)
                         setattr(module, name, torch.nn.Parameter(value, requires_grad=False))

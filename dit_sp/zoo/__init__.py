@@ -7,20 +7,26 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 import yaml
 
 from dit_sp import families
 from dit_sp.errors import ConfigError, MissingFileError
 from dit_sp.families import TRANSFORMERS  # re-exported: dit_sp.rl and dit_sp.inference import it from here
+from dit_sp.families.family import no_grad
 from dit_sp.io.bundled import ASSET_DIR, asset_path
 from dit_sp.zoo.hub import cached_snapshot, is_hub_id
 from dit_sp.zoo.sample import read_sample_settings
 from dit_sp.zoo.tokenizers import clip_byte_vocab, llama3_byte_tokenizer
 
+if TYPE_CHECKING:
+    import torch
+
 SPEC_DIR = Path(__file__).resolve().parent / "specs"
+
+TEXT_ENCODERS = ("text_encoder", "text_encoder_2")
+"""Pipeline components that only encode prompts (HunyuanVideo has two)."""
 
 
 def builtin_models() -> list[str]:
@@ -66,6 +72,7 @@ def model_spec(name: str) -> dict[str, Any]:
 
 def _component(spec: dict[str, Any]) -> Any:
     import diffusers
+    import torch
     import transformers
 
     cls_name = spec["class"]
@@ -94,7 +101,7 @@ def _component(spec: dict[str, Any]) -> Any:
     return cls(**config)
 
 
-@torch.no_grad()
+@no_grad
 def _redraw_zeros(model: torch.nn.Module, std: float) -> None:
     """Draw the parameters a family initialises to all zeros (its blocks' gates: a tiny random model of it would be
     the identity, and a check of its layouts could not fail) from N(0, std), from the global seed."""
@@ -105,6 +112,8 @@ def _redraw_zeros(model: torch.nn.Module, std: float) -> None:
 
 def build_tiny(name: str, component: str | None = None) -> Any:
     """A built-in tiny pipeline (or one of its components), with weights seeded from its config."""
+    import torch
+
     spec = model_spec(name)
     components = {}
     for key, comp_spec in spec["components"].items():
@@ -262,14 +271,20 @@ def load_pipeline(
     *,
     empty_transformers: bool = False,
     without: tuple[str, ...] = (),
+    sharded_text_encoders: tuple[Any, torch.dtype] | None = None,
 ) -> Any:
     """A built-in tiny pipeline, or a ``save_pretrained`` directory loaded offline, in ``dtype`` on ``device``.
 
     ``empty_transformers``: the transformer(s) of a checkpoint directory are built with their parameters on
     the meta device (no memory) instead of loaded; shard them, then fill them with
     ``dit_sp.weights.load_shards(model, model.weights_dir, device)``. ``without``: components of a checkpoint
-    directory not to load (left ``None``; those it lacks are ignored). Tiny built-in models load whole.
+    directory not to load (left ``None``; those it lacks are ignored). ``sharded_text_encoders=(group, dtype)``:
+    the text encoders of a checkpoint directory are built empty and each process of ``group`` reads and holds
+    about ``1/N`` of them, in ``dtype`` (``dit_sp.weights.encoder``; every process of ``group`` must then encode
+    the same prompts). Tiny built-in models load whole.
     """
+    import torch
+
     path = checkpoint_dir(model)
     if path is None:
         spec = model_spec(str(model))
@@ -284,7 +299,8 @@ def load_pipeline(
 
     present = [name for name, value in index.items() if isinstance(value, list) and value[0] is not None]
     empty = [name for name in TRANSFORMERS if empty_transformers and name in present]
-    skipped = [name for name in without if name in present]
+    encoders = [name for name in TEXT_ENCODERS if sharded_text_encoders is not None and name in present]
+    skipped = [name for name in (*without, *encoders) if name in present]
     try:
         pipe = diffusers.DiffusionPipeline.from_pretrained(
             path, dtype=dtype, local_files_only=True, **dict.fromkeys(empty + skipped)
@@ -305,6 +321,13 @@ def load_pipeline(
             transformer = empty_model(path / name, dtype)
             transformer.weights_dir = path / name
             pipe.register_modules(**{name: transformer})
+    if encoders:
+        from dit_sp.weights.encoder import load_sharded_text_encoder
+
+        group, encoder_dtype = sharded_text_encoders
+        for name in (n for n in encoders if n not in without):
+            encoder = load_sharded_text_encoder(path / name, group, device or "cpu", encoder_dtype)
+            pipe.register_modules(**{name: encoder})
     return pipe
 
 

@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-Tensor = torch.Tensor
+if TYPE_CHECKING:
+    import torch
+
+    Tensor = torch.Tensor
 
 
 def brightness(videos: Tensor, prompts: list[str]) -> Tensor:
@@ -21,6 +24,8 @@ def saturation(videos: Tensor, prompts: list[str]) -> Tensor:
 
 def temporal_smoothness(videos: Tensor, prompts: list[str]) -> Tensor:
     """Minus the mean absolute change between consecutive frames."""
+    import torch
+
     if videos.shape[1] < 2:
         return torch.zeros(videos.shape[0], device=videos.device)
     return -(videos[:, 1:] - videos[:, :-1]).abs().flatten(1).mean(1)

@@ -19,15 +19,17 @@ import inspect
 import logging
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from dit_sp.errors import ConfigError
 from dit_sp.rl.rewards.remote import RewardUnavailable
 
-Tensor = torch.Tensor
-RewardFn = Callable[[Tensor, list[str]], Tensor]
+if TYPE_CHECKING:
+    import torch
+
+    Tensor = torch.Tensor
+
+RewardFn = Callable[["Tensor", list[str]], "Tensor"]
 log = logging.getLogger(__name__)
 
 BUILTIN: dict[str, RewardFn | type | str] = {
@@ -137,6 +139,8 @@ def score(fn: RewardFn, videos: Tensor, prompts: list[str], images: list[str] | 
     """``fn`` on the batch, falling back to one sample at a time if it raises; NaN marks samples
     whose reward failed or is not finite (they are reported, not trained on). A reward with an ``images``
     argument also gets each video's conditioning image (a path; image-to-video)."""
+    import torch
+
     extra = (lambda part: {"images": images[part]}) if images is not None and _takes_images(fn) else (lambda _: {})
     try:
         rewards = torch.as_tensor(fn(videos, prompts, **extra(slice(None))), dtype=torch.float32).reshape(-1).cpu()

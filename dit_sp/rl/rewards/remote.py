@@ -17,14 +17,16 @@ import socket
 import threading
 import time
 import urllib.parse
-from typing import Literal
-
-import torch
+from typing import TYPE_CHECKING, Literal
 
 from dit_sp.errors import ConfigError
 from dit_sp.rl.rewards.wire import API_KEY_ENV, encode_batch
 
-Tensor = torch.Tensor
+if TYPE_CHECKING:
+    import torch
+
+    Tensor = torch.Tensor
+
 log = logging.getLogger(__name__)
 
 _HINTS = {
@@ -89,6 +91,8 @@ class RemoteReward:
         return f"RemoteReward({self.url})"
 
     def __call__(self, videos: Tensor, prompts: list[str], images: list[str] | None = None) -> Tensor:
+        import torch
+
         size = self.batch_size or videos.shape[0]
         parts = []
         for start in range(0, videos.shape[0], size):

@@ -16,12 +16,13 @@ import math
 import struct
 import warnings
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
-from safetensors.torch import save as save_tensors
+if TYPE_CHECKING:
+    import torch
 
-Tensor = torch.Tensor
+    Tensor = torch.Tensor
+
 
 API_KEY_ENV = "DIT_SP_REWARD_API_KEY"
 """The environment variable holding the shared key, read by the server and by the ``remote`` reward."""
@@ -29,12 +30,16 @@ API_KEY_ENV = "DIT_SP_REWARD_API_KEY"
 MAX_HEADER_BYTES = 16 << 20
 """A request's JSON header (the prompts and image paths of a batch) may hold up to this many bytes."""
 
-_DTYPES = {"U8": torch.uint8, "F32": torch.float32}
+_DTYPES = {"U8": "uint8", "F32": "float32"}
+"""The wire's safetensors dtypes and their torch names (read with ``getattr(torch, name)``)."""
 
 
 def encode_batch(videos: Tensor, prompts: list[str], images: list[str] | None = None,
                  dtype: Literal["uint8", "float32"] = "uint8") -> bytes:  # fmt: skip
     """The request body for ``videos`` in [0, 1]."""
+    import torch
+    from safetensors.torch import save as save_tensors
+
     videos = videos.detach().float().cpu().clamp(0, 1)
     videos = (videos * 255).round().to(torch.uint8) if dtype == "uint8" else videos
     metadata = {"prompts": json.dumps(list(prompts)), "images": json.dumps(images)}
@@ -52,6 +57,8 @@ class Batch:
     def videos(self) -> Tensor:
         """The videos as float32 in [0, 1] (uint8 ones divided by 255: the one copy a request costs);
         ``ValueError`` for float32 values outside [0, 1] or not finite."""
+        import torch
+
         if self.raw.dtype == torch.uint8:
             return self.raw.to(torch.float32).div_(255)
         low, high = (float(v) for v in self.raw.aminmax())
@@ -87,6 +94,8 @@ def _strings(metadata: dict, key: str, count: int, optional: bool) -> list | Non
 
 def _videos_entry(header: dict[str, Any], room: int) -> tuple[torch.dtype, list[int]]:
     """The dtype and shape of the header's one tensor, whose declared size must be exactly ``room`` bytes."""
+    import torch
+
     if set(header) != {"videos"}:
         raise _fail(f"expected one tensor named 'videos', got {sorted(header)[:5]}")
     entry = header["videos"]
@@ -97,16 +106,18 @@ def _videos_entry(header: dict[str, Any], room: int) -> tuple[torch.dtype, list[
         raise _fail(f"videos must be U8 or F32, got dtype {str(dtype)[:20]}")
     if not (isinstance(shape, list) and len(shape) == 5 and all(type(d) is int and d >= 1 for d in shape)):
         raise _fail(f"videos must have a shape of 5 positive sizes (B, F, C, H, W), got {str(shape)[:80]}")
-    size = math.prod(shape) * _DTYPES[dtype].itemsize
+    size = math.prod(shape) * getattr(torch, _DTYPES[dtype]).itemsize
     if offsets != [0, size] or size != room:
         raise _fail(f"videos {shape} of {dtype} need {size} bytes, the body has {room} after its header "
                     f"(data_offsets {str(offsets)[:40]})")  # fmt: skip
-    return _DTYPES[dtype], shape
+    return getattr(torch, _DTYPES[dtype]), shape
 
 
 def parse_batch(body: bytes | bytearray) -> Batch:
     """The checked request of ``body`` (``ValueError`` saying what is wrong if it is none); nothing is
     allocated beyond the header's JSON before the declared sizes are found to match the body's length."""
+    import torch
+
     if len(body) < 8:
         raise _fail(f"{len(body)} bytes, not even the 8-byte header length")
     (size,) = struct.unpack_from("<Q", body, 0)

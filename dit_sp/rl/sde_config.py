@@ -1,0 +1,25 @@
+"""``SDEConfig``: which noise a GRPO rollout's sampling steps add (``dit_sp.rl.sde`` says what each kind is),
+apart from the steps themselves so that a config is read without importing torch."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+NoiseKind = Literal["dance", "flow", "ode"]
+
+
+@dataclass(frozen=True)
+class SDEConfig:
+    kind: NoiseKind = "flow"
+    eta: float = 0.3
+    """DanceGRPO's constant noise level (0.3; 0.25 for HunyuanVideo)."""
+    a: float = 0.7
+    """Flow-GRPO's noise level."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("dance", "flow", "ode"):
+            raise ValueError(f"SDE kind must be 'dance', 'flow' or 'ode', got {self.kind!r}")
+        if not (0 <= self.eta < math.inf and 0 <= self.a < math.inf):  # NaN fails too
+            raise ValueError(f"noise levels must be finite and >= 0, got eta={self.eta}, a={self.a}")
