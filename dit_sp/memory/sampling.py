@@ -145,7 +145,9 @@ class SamplingPlan:
         return "\n".join(lines)
 
 
-def plan_sampling(settings: SamplingSettings, gpus: int, gpu_memory_gb: float = 80, *, advise: bool = True) -> SamplingPlan:
+def plan_sampling(
+    settings: SamplingSettings, gpus: int, gpu_memory_gb: float = 80, *, advise: bool = True
+) -> SamplingPlan:
     """The per-GPU memory of ``generate`` with ``settings`` on ``gpus`` GPUs (a multiple of a sample's processes;
     the rest is data parallelism, which changes nothing per GPU). ``advise``: when it does not fit,
     ``SamplingPlan.advice`` lists the changes that lower the peak's component, each planned again."""
