@@ -16,8 +16,8 @@ phase's working set:
   (``SAVED_PER_TOKEN``, measured for training) bound its no-grad working set from above; one sequence per
   forward with ``--cfg-parallel`` or no guidance, two without it (an upper bound for pipelines that run the
   two guidance branches one after the other, exact for those that batch them);
-- **VAE decode activations** (see ``vae_decode_bytes``): not measured; an estimate from the decoder's
-  full-resolution width and the decoded size.
+- **VAE decode activations** (``vae_decode_bytes``): an estimate from the decoder's full-resolution width and
+  the decoded size, rows split over a sample's processes with the parallel VAE.
 
     plan = plan_sampling(SamplingSettings("wan2.1-t2v-14b", frames=81, height=720, width=1280, ulysses=8), 8, 80)
     print(plan.report())
@@ -41,9 +41,17 @@ VAE_TOP_CHANNELS = 128
 """Channels of a video VAE decoder's last, full-resolution stage (HunyuanVideo, CogVideoX, LTX: 128; Wan: 96,
 so Wan is over-counted by a third)."""
 
-VAE_LIVE_TENSORS = 4
-"""Full-resolution tensors of ``VAE_TOP_CHANNELS`` channels alive at once in the decoder's last stage (a
-ResNet block's input, its normalised and convolved values, and the upsampled input beside them)."""
+VAE_LIVE_TENSORS = 12
+"""Full-resolution tensors of ``VAE_TOP_CHANNELS`` channels alive at once while the decoder's last stages run:
+fitted to the live tensor bytes of real decodes (``tests/memory/test_sampling_plan.py``: HunyuanVideo's
+decoder holds about 10 such tensors per decoded pixel, CogVideoX's about 13.5: the upsampler's input, padded
+copies for the causal convolutions and outputs at twice the width, the ResNet blocks' normalised and convolved
+values)."""
+
+CAUSAL_CHUNK_VAES = ("wan", "skyreels", "chronoedit", "anyflow", "helios")
+"""Architectures (by name prefix) whose VAE is Wan's causal ``AutoencoderKLWan``: it decodes one latent frame
+at a time (``temporal`` frames), keeping the last two frames of each causal convolution's input as a cache, so
+``temporal + 2`` frames are at full resolution at once however long the video."""
 
 TEXT_ENCODERS = "text encoder(s)"
 DENOISING, DECODING = "denoising", "VAE decode"
@@ -82,19 +90,24 @@ class SamplingSettings:
         return self.ring * self.ulysses * (2 if self.cfg_parallel else 1)
 
 
-def vae_decode_bytes(frames: int, height: int, width: int, element_bytes: int, row_split: int) -> int:
+def vae_decode_bytes(frames: int, height: int, width: int, element_bytes: int, row_split: int,
+                     frames_at_once: int | None = None) -> int:  # fmt: skip
     """Peak working memory of decoding one video on one process, in bytes:
 
-        VAE_LIVE_TENSORS * VAE_TOP_CHANNELS * frames * ceil(height / row_split) * width * element_bytes
+        VAE_LIVE_TENSORS * VAE_TOP_CHANNELS * frames_at_once * ceil(height / row_split) * width * element_bytes
         + frames * height * width * 3 * 4          (the decoded video, float32, whole on the leader)
 
     ``row_split``: the processes each frame's rows are split over (a sample's, with the parallel VAE; else 1).
-    An estimate, not a measurement: the decoder's last stage, at full resolution and its narrowest width,
-    dominates (its lower stages have 2-4x the channels on 4-16x fewer pixels); every frame counts at once,
-    which is exact for decoders that take the whole video and an upper bound for Wan's causal VAE, which
-    decodes one latent frame (4 frames) at a time. Tiling (``vae.enable_tiling()``, not a ``generate`` flag)
-    is not modelled."""
-    work = VAE_LIVE_TENSORS * VAE_TOP_CHANNELS * frames * math.ceil(height / row_split) * width * element_bytes
+    ``frames_at_once``: the frames the decoder works on together (default all; Wan's causal VAE:
+    ``CAUSAL_CHUNK_VAES``).
+    An estimate: the decoder's last stages, at full resolution, dominate (its lower stages have 2-4x the
+    channels on 4-16x fewer pixels). Fitted to, and checked against, the peak of live tensor bytes of real
+    decodes on CPU (HunyuanVideo's VAE within 25%; kernel workspaces such as cuDNN's are not tensors and not
+    counted). All frames at once is right for decoders that take the whole video (HunyuanVideo, LTX) and an
+    upper bound for those that decode a few latent frames at a time (CogVideoX: two). Tiling
+    (``vae.enable_tiling()``, not a ``generate`` flag) is not modelled."""
+    at_once = min(frames, frames_at_once or frames)
+    work = VAE_LIVE_TENSORS * VAE_TOP_CHANNELS * at_once * math.ceil(height / row_split) * width * element_bytes
     return work + frames * height * width * 3 * 4
 
 
@@ -183,10 +196,12 @@ def plan_sampling(
     sequences = 2 if s.guidance and not s.cfg_parallel else 1
     block = (SAVED_PER_TOKEN["dim"] * shape.dim + SAVED_PER_TOKEN["ffn"] * shape.ffn) * size * per_rank * sequences
     split = n if s.parallel_vae else 1
-    decode = vae_decode_bytes(s.frames, s.height, s.width, size, split)
+    chunk = spec["compression"][0] + 2 if s.arch.startswith(CAUSAL_CHUNK_VAES) else None
+    decode = vae_decode_bytes(s.frames, s.height, s.width, size, split, chunk)
+    at_once = "all frames" if chunk is None or chunk >= s.frames else f"{chunk} frames"
     phases = {
         DENOISING: resident | {f"activations (one block, {sequences} seq x {per_rank} tokens)": block},
-        DECODING: resident | {f"VAE decode activations (rows 1/{split})": decode},
+        DECODING: resident | {f"VAE decode activations ({at_once} at once, rows 1/{split})": decode},
     }
     plan = SamplingPlan(f"Sampling ({s.arch})", s, phases, int(gpu_memory_gb * GiB))
     if advise and not plan.fits:
@@ -215,6 +230,8 @@ def _advise(plan: SamplingPlan, gpus: int, gpu_memory_gb: float) -> list[str]:
                             {"parallel_vae": True}, gpus))  # fmt: skip
         if s.parallel_vae:
             options.append((f"{more_text}: fewer rows each to decode", more, gpus))
+            options.append((f"--ring {s.ring * 2} (more processes per sample): fewer rows each to decode",
+                            {"ring": s.ring * 2}, gpus))  # fmt: skip
         if s.dtype == "float32":
             options.append(("--dtype bfloat16 (half the bytes)", {"dtype": "bfloat16"}, gpus))
     elif component.startswith("activations"):
