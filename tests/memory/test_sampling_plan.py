@@ -99,6 +99,23 @@ def test_a_text_encoder_peak_gets_shard_weights_and_bf16():
     assert bf16.startswith("--dtype bfloat16") and _peak_in(bf16) < plan.peak / GiB
 
 
+def test_an_activation_peak_gets_more_sequence_parallelism():
+    settings = SamplingSettings("wan2.1-t2v-14b")  # 75600 tokens x 2 guidance branches on one 80 GiB GPU
+    plan = plan_sampling(settings, 1, 80)
+    assert not plan.fits and (plan.peak_phase, plan.peak_component) == (
+        DENOISING,
+        "activations (one block, 2 seq x 75600 tokens)",
+    )
+    ulysses, ring = plan.advice
+    assert ulysses.startswith("--ulysses 2") and ring.startswith("--ring 2") and "on 2 GPUs" in ring
+    halved = plan_sampling(dataclasses.replace(settings, ulysses=2), 2, 80)
+    assert _peak_in(ulysses) == round(halved.peak / GiB, 1) < plan.peak / GiB
+    assert (
+        halved.phases[DENOISING]["activations (one block, 2 seq x 37800 tokens)"] * 2
+        == (plan.phases[DENOISING]["activations (one block, 2 seq x 75600 tokens)"])
+    )
+
+
 @pytest.mark.slow
 def test_the_vae_decode_estimate_is_within_25_percent_of_a_real_decode():
     import torch
