@@ -10,7 +10,8 @@ phase's working set:
   processes, ``ring x ulysses x cfg``) plus the one block gathered while it runs;
 - **text encoders**: in the compute dtype, whole, or ``1/N`` with ``--shard-weights`` on ``N > 1`` processes
   (``load_pipeline(sharded_text_encoders=...)``), resident throughout;
-- **VAE weights**: in the compute dtype;
+- **VAE weights**: in the compute dtype (the prompt encoding's own activations, a few hundred tokens, are
+  left out: they are gone before denoising starts);
 - **denoising activations**: inference saves nothing for backward, so the working set is one block's at
   ``tokens / (ring x ulysses)`` tokens per rank. Approximation: the values one block would save for backward
   (``SAVED_PER_TOKEN``, measured for training) bound its no-grad working set from above; one sequence per
