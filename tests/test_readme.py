@@ -117,6 +117,9 @@ def shell_cases(ckpt: Path, tmp: Path) -> dict[str, list[str]]:
         "python -m pipelines.plan --config grpo_hunyuanvideo --gpus 32 --gpu-memory 80": [
             "python -m pipelines.plan --config grpo_hunyuanvideo --gpus 32 --gpu-memory 80"
         ],
+        "python -m pipelines.plan --generate --config wan2.1-t2v-14b --gpus 8 --gpu-memory 40": [
+            "python -m pipelines.plan --generate --config wan2.1-t2v-14b --gpus 8 --gpu-memory 40"
+        ],
         "python -m pipelines.train_grpo --config grpo_tiny_wan": [
             f"python -m pipelines.train_grpo --config grpo_tiny_wan --max-steps 1 {SMALL_GRPO} --output-dir {tmp}/g1"
         ],

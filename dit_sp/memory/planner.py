@@ -164,13 +164,19 @@ def architecture(model: str, name: str | None = None) -> dict[str, Any]:
         path = Path(model)
         if (path / "model_index.json").is_file():
             return _from_directory(path)
-        lowered = path.name.lower().replace("-diffusers", "")
-        name = next((key for key in ARCHITECTURES if key in lowered or key.replace("-t2v", "") in lowered), None)
+        name = architecture_name(model)
         if name is None:
             from dit_sp.errors import ConfigError
 
             raise ConfigError(f"cannot tell the architecture of {model!r}: pass --arch, one of {list(ARCHITECTURES)}")
     return ARCHITECTURES[name]
+
+
+def architecture_name(model: str) -> str | None:
+    """The ``ARCHITECTURES`` key found in the name of ``model`` (a path or name, e.g. ``Wan2.1-T2V-14B-Diffusers``),
+    or None."""
+    lowered = Path(model).name.lower().replace("-diffusers", "")
+    return next((key for key in ARCHITECTURES if key in lowered or key.replace("-t2v", "") in lowered), None)
 
 
 def _from_directory(path: Path) -> dict[str, Any]:

@@ -1,0 +1,259 @@
+"""Memory planning for sampling (``generate``): what each GPU holds, per component and phase, and what would
+lower the peak.
+
+``generate`` loads the whole pipeline onto every process and keeps it there (``dit_sp.inference.session.setup``):
+the transformer(s), the text encoders and the VAE stay resident from the prompt encoding to the last frame
+(the text encoders are not freed before denoising). So each phase's memory is the resident weights plus that
+phase's working set:
+
+- **transformer weights**: whole in the compute dtype, or ``1/N`` with ``--shard-weights`` (``N`` = a sample's
+  processes, ``ring x ulysses x cfg``) plus the one block gathered while it runs;
+- **text encoders**: in the compute dtype, whole, or ``1/N`` with ``--shard-weights`` on ``N > 1`` processes
+  (``load_pipeline(sharded_text_encoders=...)``), resident throughout;
+- **VAE weights**: in the compute dtype (the prompt encoding's own activations, a few hundred tokens, are
+  left out: they are gone before denoising starts);
+- **denoising activations**: inference saves nothing for backward, so the working set is one block's at
+  ``tokens / (ring x ulysses)`` tokens per rank. Approximation: the values one block would save for backward
+  (``SAVED_PER_TOKEN``, measured for training) bound its no-grad working set from above; one sequence per
+  forward with ``--cfg-parallel`` or no guidance, two without it (an upper bound for pipelines that run the
+  two guidance branches one after the other, exact for those that batch them);
+- **VAE decode activations** (``vae_decode_bytes``): an estimate from the decoder's full-resolution width and
+  the decoded size, rows split over a sample's processes with the parallel VAE.
+
+    plan = plan_sampling(SamplingSettings("wan2.1-t2v-14b", frames=81, height=720, width=1280, ulysses=8), 8, 80)
+    print(plan.report())
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import textwrap
+from dataclasses import dataclass, field
+from typing import Any
+
+from dit_sp.memory.planner import ARCHITECTURES, SAVED_PER_TOKEN, TransformerShape, tokens
+
+GiB = 2**30
+
+ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+VAE_TOP_CHANNELS = 128
+"""Channels of a video VAE decoder's last, full-resolution stage (HunyuanVideo, CogVideoX, LTX: 128; Wan: 96,
+so Wan is over-counted by a third)."""
+
+VAE_LIVE_TENSORS = 12
+"""Full-resolution tensors of ``VAE_TOP_CHANNELS`` channels alive at once while the decoder's last stages run:
+fitted to the live tensor bytes of real decodes (``tests/memory/test_sampling_plan.py``: HunyuanVideo's
+decoder holds about 10 such tensors per decoded pixel, CogVideoX's about 13.5: the upsampler's input, padded
+copies for the causal convolutions and outputs at twice the width, the ResNet blocks' normalised and convolved
+values)."""
+
+CAUSAL_CHUNK_VAES = ("wan", "skyreels", "chronoedit", "anyflow", "helios")
+"""Architectures (by name prefix) whose VAE is Wan's causal ``AutoencoderKLWan``: it decodes one latent frame
+at a time (``temporal`` frames), keeping the last two frames of each causal convolution's input as a cache, so
+``temporal + 2`` frames are at full resolution at once however long the video."""
+
+TEXT_ENCODERS = "text encoder(s)"
+DENOISING, DECODING = "denoising", "VAE decode"
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """``generate``'s settings that decide memory: the architecture (an ``ARCHITECTURES`` key), the video's
+    size, the compute dtype and the layout of one sample (``ring x ulysses``, x 2 with ``cfg_parallel``)."""
+
+    arch: str
+    frames: int = 81
+    height: int = 720
+    width: int = 1280
+    dtype: str = "bfloat16"
+    ring: int = 1
+    ulysses: int = 1
+    cfg_parallel: bool = False
+    guidance: bool = True
+    shard_weights: bool = False
+    parallel_vae: bool = True
+
+    def __post_init__(self) -> None:
+        from dit_sp.errors import ConfigError
+
+        if self.arch not in ARCHITECTURES:
+            raise ConfigError(f"unknown architecture {self.arch!r}: pass one of {sorted(ARCHITECTURES)}")
+        if self.dtype not in ELEMENT_BYTES:
+            raise ConfigError(f"dtype {self.dtype!r}: use one of {sorted(ELEMENT_BYTES)}")
+        for name in ("frames", "height", "width", "ring", "ulysses"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def sample_processes(self) -> int:
+        return self.ring * self.ulysses * (2 if self.cfg_parallel else 1)
+
+
+def vae_decode_bytes(frames: int, height: int, width: int, element_bytes: int, row_split: int,
+                     frames_at_once: int | None = None) -> int:  # fmt: skip
+    """Peak working memory of decoding one video on one process, in bytes:
+
+        VAE_LIVE_TENSORS * VAE_TOP_CHANNELS * frames_at_once * ceil(height / row_split) * width * element_bytes
+        + frames * height * width * 3 * 4          (the decoded video, float32, whole on the leader)
+
+    ``row_split``: the processes each frame's rows are split over (a sample's, with the parallel VAE; else 1).
+    ``frames_at_once``: the frames the decoder works on together (default all; Wan's causal VAE:
+    ``CAUSAL_CHUNK_VAES``).
+    An estimate: the decoder's last stages, at full resolution, dominate (its lower stages have 2-4x the
+    channels on 4-16x fewer pixels). Fitted to, and checked against, the peak of live tensor bytes of real
+    decodes on CPU (HunyuanVideo's VAE within 25%; kernel workspaces such as cuDNN's are not tensors and not
+    counted). All frames at once is right for decoders that take the whole video (HunyuanVideo, LTX) and an
+    upper bound for those that decode a few latent frames at a time (CogVideoX: two). Tiling
+    (``vae.enable_tiling()``, not a ``generate`` flag) is not modelled."""
+    at_once = min(frames, frames_at_once or frames)
+    work = VAE_LIVE_TENSORS * VAE_TOP_CHANNELS * at_once * math.ceil(height / row_split) * width * element_bytes
+    return work + frames * height * width * 3 * 4
+
+
+@dataclass
+class SamplingPlan:
+    """Bytes per GPU by phase (``denoising``, ``VAE decode``) and component, for one sample's layout."""
+
+    what: str
+    settings: SamplingSettings
+    phases: dict[str, dict[str, int]] = field(default_factory=dict)
+    gpu_bytes: int = 80 * GiB
+    advice: list[str] = field(default_factory=list)
+    """What lowers the peak's component, each with the peak it gives (the plan made again); empty when it fits."""
+
+    @property
+    def peak(self) -> int:
+        return max(sum(parts.values()) for parts in self.phases.values())
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= 0.9 * self.gpu_bytes  # 10% for the allocator's fragmentation and CUDA context
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=lambda phase: sum(self.phases[phase].values()))
+
+    @property
+    def peak_component(self) -> str:
+        parts = self.phases[self.peak_phase]
+        return max(parts, key=parts.__getitem__)
+
+    def report(self) -> str:
+        s = self.settings
+        layout = f"ring {s.ring} x ulysses {s.ulysses}" + (" x cfg 2" if s.cfg_parallel else "")
+        lines = [f"{self.what}: {s.frames} x {s.height} x {s.width}, {s.dtype}, {layout} per sample: per GPU"]
+        for phase, parts in self.phases.items():
+            lines.append(f"  while {phase}: {sum(parts.values()) / GiB:.1f} GiB")
+            lines += [f"    {name:<56}{value / GiB:8.2f} GiB" for name, value in parts.items()]
+        short = self.peak_component.split(" (")[0]
+        verdict = "fits" if self.fits else "does NOT fit"
+        lines.append(f"  peak {self.peak / GiB:.1f} GiB at {self.peak_phase}, mostly the {short} "
+                     f"({self.phases[self.peak_phase][self.peak_component] / GiB:.1f} GiB), of "
+                     f"{self.gpu_bytes / GiB:.0f} GiB (90% usable): {verdict}")  # fmt: skip
+        if self.advice:
+            lines.append(f"  to lower the {self.peak_phase} peak ({short}):")
+            lines += [textwrap.fill(line, 112, initial_indent="    - ", subsequent_indent="      ")
+                      for line in self.advice]  # fmt: skip
+        return "\n".join(lines)
+
+
+def plan_sampling(
+    settings: SamplingSettings, gpus: int, gpu_memory_gb: float = 80, *, advise: bool = True
+) -> SamplingPlan:
+    """The per-GPU memory of ``generate`` with ``settings`` on ``gpus`` GPUs (a multiple of a sample's processes;
+    the rest is data parallelism, which changes nothing per GPU). ``advise``: when it does not fit,
+    ``SamplingPlan.advice`` lists the changes that lower the peak's component, each planned again."""
+    from dit_sp.errors import ConfigError
+
+    s = settings
+    n = s.sample_processes
+    if gpus % n:
+        raise ConfigError(f"{gpus} GPUs do not hold whole samples of {n} processes (ring x ulysses x cfg): "
+                          f"use a multiple of {n}")  # fmt: skip
+    spec = ARCHITECTURES[s.arch]
+    experts = list(spec["transformers"])
+    class_name, config = spec["transformers"][experts[0]]
+    shape = TransformerShape.of(class_name, config)
+    if shape.heads % s.ulysses:
+        raise ConfigError(f"ulysses {s.ulysses} does not divide {s.arch}'s {shape.heads} heads")
+    size = ELEMENT_BYTES[s.dtype]
+    sharded = s.shard_weights and n > 1
+    resident = {}
+    if sharded:
+        resident[f"{' + '.join(experts)} weights ({s.dtype}, 1/{n})"] = len(experts) * shape.params * size // n
+        resident["gathered block (one at a time)"] = shape.block_params * size
+    else:
+        resident[f"{' + '.join(experts)} weights ({s.dtype}, whole)"] = len(experts) * shape.params * size
+    share = f"1/{n}" if sharded else "whole"
+    resident[f"{TEXT_ENCODERS} ({s.dtype}, {share}, kept through sampling)"] = int(spec["text_encoders"] * size) // (
+        n if sharded else 1
+    )
+    resident[f"VAE weights ({s.dtype})"] = int(spec["vae"] * size)
+    video = tokens(shape, s.frames, s.height, s.width, spec["compression"])
+    total = video + (spec["text_tokens"] if spec["joint"] else 0)
+    per_rank = math.ceil(total / (s.ring * s.ulysses))
+    sequences = 2 if s.guidance and not s.cfg_parallel else 1
+    block = (SAVED_PER_TOKEN["dim"] * shape.dim + SAVED_PER_TOKEN["ffn"] * shape.ffn) * size * per_rank * sequences
+    split = n if s.parallel_vae else 1
+    chunk = spec["compression"][0] + 2 if s.arch.startswith(CAUSAL_CHUNK_VAES) else None
+    decode = vae_decode_bytes(s.frames, s.height, s.width, size, split, chunk)
+    at_once = "all frames" if chunk is None or chunk >= s.frames else f"{chunk} frames"
+    phases = {
+        DENOISING: resident | {f"activations (one block, {sequences} seq x {per_rank} tokens)": block},
+        DECODING: resident | {f"VAE decode activations ({at_once} at once, rows 1/{split})": decode},
+    }
+    plan = SamplingPlan(f"Sampling ({s.arch})", s, phases, int(gpu_memory_gb * GiB))
+    if advise and not plan.fits:
+        plan.advice = _advise(plan, gpus, gpu_memory_gb)
+    return plan
+
+
+def _advise(plan: SamplingPlan, gpus: int, gpu_memory_gb: float) -> list[str]:
+    """Changes to ``generate``'s flags that address the peak's component, kept when the plan made again with the
+    change has a lower peak."""
+    s, component = plan.settings, plan.peak_component
+    options: list[tuple[str, dict[str, Any], int]] = []  # (text, changed settings, GPUs)
+    more = {"ulysses": s.ulysses * 2}
+    more_text = f"--ulysses {s.ulysses * 2} (more processes per sample)"
+    if component.startswith(TEXT_ENCODERS) or "weights (" in component and "VAE" not in component:
+        if not s.shard_weights:
+            options.append(("--shard-weights (weights and text encoders 1/N over a sample's processes)",
+                            {"shard_weights": True} | ({} if s.sample_processes > 1 else more), gpus))  # fmt: skip
+        else:
+            options.append((f"{more_text}: a smaller shard each", more, gpus))
+        if s.dtype == "float32":
+            options.append(("--dtype bfloat16 (half the bytes)", {"dtype": "bfloat16"}, gpus))
+    elif component.startswith("VAE decode"):
+        if not s.parallel_vae and s.sample_processes > 1:
+            options.append(("the parallel VAE (drop --no-parallel-vae: each frame's rows split over a sample)",
+                            {"parallel_vae": True}, gpus))  # fmt: skip
+        if s.parallel_vae:
+            options.append((f"{more_text}: fewer rows each to decode", more, gpus))
+            options.append((f"--ring {s.ring * 2} (more processes per sample): fewer rows each to decode",
+                            {"ring": s.ring * 2}, gpus))  # fmt: skip
+        if s.dtype == "float32":
+            options.append(("--dtype bfloat16 (half the bytes)", {"dtype": "bfloat16"}, gpus))
+    elif component.startswith("activations"):
+        options.append((f"{more_text}: fewer tokens per process", more, gpus))
+        options.append((f"--ring {s.ring * 2} (more processes per sample)", {"ring": s.ring * 2}, gpus))
+        if s.dtype == "float32":
+            options.append(("--dtype bfloat16 (half the bytes)", {"dtype": "bfloat16"}, gpus))
+    elif component.startswith("gathered block") and s.dtype == "float32":
+        options.append(("--dtype bfloat16 (half the bytes)", {"dtype": "bfloat16"}, gpus))
+    lines = []
+    for text, changes, count in options:
+        changed = dataclasses.replace(s, **changes)
+        count = max(count, math.lcm(count, changed.sample_processes))
+        try:
+            other = plan_sampling(changed, count, gpu_memory_gb, advise=False)
+        except ValueError:  # ConfigError: a layout this model cannot take (heads, GPUs)
+            continue
+        if other.peak < plan.peak:
+            gpus_note = f" on {count} GPUs" if count != gpus else ""
+            verdict = "fits" if other.fits else "still does not fit"
+            lines.append(f"{text}{gpus_note}: peak {other.peak / GiB:.1f} GiB at {other.peak_phase}: {verdict}")
+    if not lines:
+        lines.append(f"{component}: no generate flag lowers it; GPUs with more memory")
+    return lines
