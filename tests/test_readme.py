@@ -84,7 +84,8 @@ def shell_cases(ckpt: Path, tmp: Path) -> dict[str, list[str]]:
         "pip install torch==2.13.0 -e . && python -m pipelines.generate --ulysses 2 --out outputs/video.mp4": [
             f"python -m pipelines.generate --ulysses 2 --out {tmp}/video.mp4"  # the install is CI's own step
         ],
-        'pip install torch==2.13.0 -e ".[dev]" && python -m pytest': [],  # .ci/run runs it: see the test below
+        # .ci/run runs it: see test_the_readme_test_command_is_what_ci_runs
+        'pip install torch==2.13.0 -e ".[dev]" && python -m pytest -n 2 --dist loadscope': [],
         "python -m pipelines.generate": [f"python -m pipelines.generate --steps 2 {out}"],
         "python -m pipelines.generate --ring 2 --ulysses 2": [
             f"python -m pipelines.generate --ring 2 --ulysses 2 --steps 2 {out}"
@@ -210,7 +211,7 @@ def test_every_shell_command_of_the_readme_runs(chain, tiny_wan_dir, tmp_path):
 
 def test_the_readme_test_command_is_what_ci_runs():
     ci = (REPO / ".ci" / "run").read_text()
-    assert 'pip install --quiet torch==2.13.0 -e ".[dev]"' in ci and "python -m pytest" in ci
+    assert 'pip install --quiet torch==2.13.0 -e ".[dev]"' in ci and "python -m pytest -q -n 2 --dist loadscope" in ci
 
 
 # ---------------------------------------------------------------------------------------------------------
