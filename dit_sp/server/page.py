@@ -8,7 +8,7 @@ PAGE = """<!doctype html>
 body { font-family: sans-serif; max-width: 52em; margin: 2em auto; }
 input, textarea, button { font: inherit; } textarea { width: 100%; }
 table { border-collapse: collapse; width: 100%; } td, th { border-bottom: 1px solid #ccc; padding: .3em; }
-#error { color: #b00; }
+#error, .error { color: #b00; }
 </style></head>
 <body>
 <h1>dit-sp video server</h1>
@@ -23,6 +23,7 @@ table { border-collapse: collapse; width: 100%; } td, th { border-bottom: 1px so
   <button id="submit" type="submit">Generate</button>
 </form>
 <p id="error"></p>
+<p id="queue-error" class="error"></p>
 <h2>Jobs</h2>
 <table><thead><tr><th>id</th><th>prompt</th><th>status</th><th>progress</th><th></th></tr></thead>
 <tbody id="jobs"></tbody></table>
@@ -67,8 +68,8 @@ async function refresh() {
       row.append(cell);
       return row;
     }));
-    $("error").textContent = "";
-  } catch (e) { $("error").textContent = e.message; }
+    $("queue-error").textContent = "";  // the queue's own: a submit's error stays until the next submit
+  } catch (e) { $("queue-error").textContent = e.message; }
 }
 $("create").onsubmit = async (event) => {
   event.preventDefault();
