@@ -16,8 +16,9 @@ The names load on first use (PEP 562): ``import dit_sp`` alone imports neither t
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from dit_sp._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from dit_sp.attention import usp_attention
@@ -63,16 +64,7 @@ _WHERE = {
 """Each public name and the module that defines it, imported when the name is first read."""
 
 
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        value = getattr(importlib.import_module(_WHERE[name]), name)
-        globals()[name] = value  # read once: later lookups are plain attribute reads
-        return value
-    raise AttributeError(f"module 'dit_sp' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_WHERE])
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)
 
 
 __all__ = [

@@ -11,7 +11,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "dit_sp"
 
 LAYERS = [
-    {"errors", "_compat"},
+    {"errors", "_compat", "_lazy"},
     {"parallel"},
     {"attention"},
     {"io", "vae", "weights"},

@@ -15,8 +15,9 @@ from metrics reduced over the processes that share the branch's tokens (``dit_sp
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from dit_sp._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from dit_sp.cache.blocks import cache_context_of, set_cache_context
@@ -40,13 +41,4 @@ _WHERE = {
 """Each name and its module, imported on first use (PEP 562): ``CacheSpec`` (a setting) imports no torch."""
 
 
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        value = getattr(importlib.import_module(_WHERE[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_WHERE])
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from dit_sp._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from dit_sp.rl.advantages import group_advantages
@@ -34,16 +35,7 @@ _WHERE = {
 """Each name and its module, imported on first use (PEP 562): importing the package alone imports no torch."""
 
 
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        value = getattr(importlib.import_module(_WHERE[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_WHERE])
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)
 
 
 __all__ = [
