@@ -66,7 +66,9 @@ class HunyuanVideoPolicy(DiffusersPolicy):
         return latents / self.pipe.vae.config.scaling_factor
 
 
-def _plan(model: torch.nn.Module) -> dict:
+def hunyuan_video_plan(model: torch.nn.Module) -> dict:
+    """Patch tokens split where ``x_embedder`` makes them, the rotary tables (cos, sin) with them; gathered at
+    ``proj_out`` (HunyuanVideo, and Motif-Video's same layout)."""
     cp_input, cp_output = context_parallel_types()
     return {
         "x_embedder": {0: cp_input(split_dim=1, expected_dims=3, split_output=True)},
@@ -130,7 +132,7 @@ _ARCHITECTURES = {
 HUNYUAN_VIDEO = ModelFamily(
     name="hunyuan_video",
     class_names=("HunyuanVideoTransformer3DModel",),
-    plan=_plan,
+    plan=hunyuan_video_plan,
     attention_modules=("transformer_blocks.*.attn", "single_transformer_blocks.*.attn"),
     joint_position="rear",
     cfg_mode="sequential",

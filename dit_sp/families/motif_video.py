@@ -14,23 +14,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dit_sp._compat import context_parallel_types
 from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.families.hunyuan_video import hunyuan_video_plan
 
 if TYPE_CHECKING:
     import torch
-
-
-def _plan(model: torch.nn.Module) -> dict:
-    cp_input, cp_output = context_parallel_types()
-    return {
-        "x_embedder": {0: cp_input(split_dim=1, expected_dims=3, split_output=True)},
-        "rope": {
-            0: cp_input(split_dim=0, expected_dims=2, split_output=True),
-            1: cp_input(split_dim=0, expected_dims=2, split_output=True),
-        },
-        "proj_out": cp_output(gather_dim=1, expected_dims=3),
-    }
 
 
 def _check(model: torch.nn.Module) -> None:
@@ -51,7 +39,7 @@ MOTIF_VIDEO = ModelFamily(
     name="motif_video",
     step_cache=False,
     class_names=("MotifVideoTransformer3DModel",),
-    plan=_plan,
+    plan=hunyuan_video_plan,
     attention_modules=("transformer_blocks.*.attn", "single_transformer_blocks.*.attn"),
     joint_position="rear",
     cfg_mode="sequential",
