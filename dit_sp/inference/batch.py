@@ -81,17 +81,33 @@ def _manifest_entry(index: int, video: GenerateConfig, name: str) -> dict:
     return {"index": index, **{key: getattr(video, key) for key in PER_PROMPT}, "model": video.model, "path": name}
 
 
+def last_new_text(videos: list[GenerateConfig]) -> int | None:
+    """The position of the last video whose texts (its prompt, and with guidance its negative prompt, at its
+    token count) no earlier video has: once it is encoded, every later video's embeddings are cached."""
+    seen: set[tuple[str, int]] = set()
+    last = None
+    for position, video in enumerate(videos):
+        texts = {(video.prompt, video.max_sequence_length), (video.negative_prompt or "", video.max_sequence_length)}
+        if not texts <= seen:
+            last = position
+        seen |= texts
+    return last
+
+
 def generate_batch(config: GenerateConfig, return_frames: bool = False) -> dict[str, Any]:
     """One rank's part of generating every prompt of ``config.prompts`` with one loaded model: prompt ``i``
     goes to data-parallel group ``i % dp``, whose sample leader writes ``DIR/{i:05d}.mp4`` and appends a line
     to ``DIR/manifest.jsonl`` (prompt, seed, settings, path). Videos already in the manifest (and on disk)
     with the same settings are skipped, so a re-run after a crash finishes only the missing ones. A
     prompt's seed is its own (not shifted per dp rank): every layout gives the same video for it.
-    Returns ``{"layout", "seconds", "videos"}`` and, on sample leaders, ``"written"`` (paths) and, with
+    Prompts that come again are not encoded again, and the text encoders are freed in the first step of the
+    last video with a new prompt (``dit_sp.inference.encoders``; ``free_text_encoders``, ``embedding_cache_mb``).
+    Returns ``{"layout", "seconds", "videos", "text_encoders"}`` and, on sample leaders, ``"written"`` (paths) and, with
     ``return_frames``, ``"frames"`` by index."""
     import torch.distributed as dist
     from tqdm import tqdm
 
+    from dit_sp.inference.encoders import TextEncoders
     from dit_sp.inference.session import cache_report, sample, setup
 
     videos = read_batch(config)
@@ -105,10 +121,16 @@ def generate_batch(config: GenerateConfig, return_frames: bool = False) -> dict[
     todo = [i for i in mine if done.get(i) != _manifest_entry(i, videos[i], f"{i:05d}{suffix}")]
     if parallel.world_size > 1:
         dist.barrier()  # every rank has read the manifest before any rank writes to it
+    encoders = TextEncoders(pipe, int(config.embedding_cache_mb * 2**20))
+    last_new = last_new_text([videos[i] for i in todo]) if config.free_text_encoders else None
     start = time.perf_counter()
     report: dict[str, Any] = {"layout": str(parallel.config), "videos": len(todo), "skipped": len(mine) - len(todo)}
     written, frames = [], {}
-    for index in tqdm(todo, desc="videos", disable=not (parallel.is_sample_leader and parallel.dp_rank == 0)):
+    for position, index in enumerate(
+        tqdm(todo, desc="videos", disable=not (parallel.is_sample_leader and parallel.dp_rank == 0))
+    ):
+        if position == last_new:
+            encoders.free_in_first_step(later_prompts_cached=True)
         video = sample(pipe, videos[index], guidance_arguments(pipe, videos[index]), videos[index].seed,
                         parallel.device)  # fmt: skip
         if parallel.is_sample_leader:
@@ -119,6 +141,7 @@ def generate_batch(config: GenerateConfig, return_frames: bool = False) -> dict[
             if return_frames:
                 frames[index] = video["frames"]
     report["seconds"] = time.perf_counter() - start
+    report["text_encoders"] = encoders.report()
     if cache is not None:
         report["cache"] = cache_report(cache)
     if parallel.is_sample_leader:

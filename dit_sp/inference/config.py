@@ -82,6 +82,13 @@ class GenerateConfig:
     anchors' settings)."""
     teacache_coefficients: list[float] | None = setting(None, "TeaCache's rescaling polynomial, highest power first")
     """TeaCache's polynomial rescaling of the relative change, highest power first (default: none)."""
+    free_text_encoders: bool = setting(True, "free the text encoders' weights once every prompt is encoded")
+    """Free the text encoders' weights in the first denoising step of the last new prompt (one video: its
+    own; a batch: the last line whose prompt or negative prompt is new), so that they do not sit beside the
+    denoising steps' activations (``dit_sp.inference.encoders``)."""
+    embedding_cache_mb: float = setting(512.0, "MiB of prompt embeddings kept for prompts that come again (0: off)")
+    """MiB of text-encoder outputs kept for prompts that come again (a batch's repeated prompts and shared
+    negative prompt): a repeated prompt does not run the encoders. 0 turns the cache off."""
     compile: bool = setting(False, "torch.compile each transformer block")
     """``torch.compile`` each transformer block (regional), USP attention included (``dit_sp.sp.compile``)."""
 
@@ -89,10 +96,24 @@ class GenerateConfig:
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))  # bf16 -> bfloat16
         check_ranges(self, fps="finite")  # NaN is "not a finite number", as for every float setting
         check_ranges(self, fps="> 0")
-        check_ranges(self, frames=">= 1", height=">= 1", width=">= 1", steps=">= 1", max_sequence_length=">= 1",
-                     seed=SEED_RANGE, ulysses=">= 1", ring=">= 1", dp=">= 1",
-                     guidance="finite", embedded_guidance="finite", guidance_2="finite",
-                     collective_timeout="finite")  # fmt: skip
+        check_ranges(
+            self,
+            frames=">= 1",
+            height=">= 1",
+            width=">= 1",
+            steps=">= 1",
+            max_sequence_length=">= 1",
+            seed=SEED_RANGE,
+            ulysses=">= 1",
+            ring=">= 1",
+            dp=">= 1",
+            guidance="finite",
+            embedded_guidance="finite",
+            guidance_2="finite",
+            collective_timeout="finite",
+            embedding_cache_mb="finite",
+        )
+        check_ranges(self, embedding_cache_mb=">= 0")  # fmt: skip
         if self.guidance_2 is not None and not self.guidance > 1:
             raise ConfigError(f"guidance_2 {self.guidance_2} is the low-noise expert's classifier-free guidance, "
                               f"and guidance {self.guidance} turns guidance off for both experts; use guidance > 1 "

@@ -19,6 +19,7 @@ from typing import Any
 from dit_sp.inference.batch import generate_batch
 from dit_sp.inference.checks import check_before_loading
 from dit_sp.inference.config import GenerateConfig
+from dit_sp.inference.encoders import TextEncoders
 from dit_sp.inference.session import cache_report, sample, save_latents, setup
 from dit_sp.io.video import save_video
 
@@ -27,7 +28,7 @@ def generate(config: GenerateConfig, return_frames: bool = False) -> dict[str, A
     """One rank's part of generating ``config.prompt`` (or, with ``config.prompts``, a batch: see
     ``generate_batch``): loads the pipeline, parallelizes it over the running world (torchrun's, ``spawn``'s,
     or one process) and samples. Returns ``{"layout", "seconds", "seconds_per_step", "first_step_seconds",
-    "later_seconds_per_step"}`` (with a step cache,
+    "later_seconds_per_step", "text_encoders"}`` (``TextEncoders.report``; with a step cache,
     ``"cache"``: ``cache_report``) and, on the rank that
     writes the sample, ``"out"`` (and ``"latents"``, and the float ``"frames"`` ``(F, H, W, 3)`` with
     ``return_frames``)."""
@@ -35,10 +36,14 @@ def generate(config: GenerateConfig, return_frames: bool = False) -> dict[str, A
         return generate_batch(config, return_frames)
     check_before_loading(config)
     parallel, pipe, guidance, cache = setup(config, images=bool(config.image))
+    encoders = TextEncoders(pipe, int(config.embedding_cache_mb * 2**20))
+    if config.free_text_encoders:
+        encoders.free_in_first_step()
     video = sample(pipe, config, guidance, parallel.dp_seed(config.seed), parallel.device)
     report: dict[str, Any] = {key: video[key] for key in ("seconds", "seconds_per_step", "first_step_seconds",
                                                           "later_seconds_per_step")}  # fmt: skip
     report["layout"] = str(parallel.config)
+    report["text_encoders"] = encoders.report()
     if cache is not None:
         report["cache"] = cache_report(cache)
     if parallel.is_sample_leader:
