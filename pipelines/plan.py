@@ -27,7 +27,16 @@ from dit_sp.io.usage import HelpFormatter, prog
 from dit_sp.memory.planner import ARCHITECTURES, architecture_name, plan_training
 from dit_sp.rl.config import TrainConfig
 
-SAMPLING_FLAGS = ("frames", "height", "width", "dtype", "cfg_parallel", "shard_weights", "parallel_vae")
+SAMPLING_FLAGS = (
+    "frames",
+    "height",
+    "width",
+    "dtype",
+    "cfg_parallel",
+    "shard_weights",
+    "parallel_vae",
+    "free_text_encoders",
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -63,6 +72,13 @@ def main(argv: list[str] | None = None) -> None:
     sampling.add_argument("--no-parallel-vae", dest="parallel_vae", action="store_false", default=None,
                           help="one process decodes the whole video "
                                "(default: each frame's rows split over a sample's processes)")  # fmt: skip
+    sampling.add_argument(
+        "--no-free-text-encoders",
+        dest="free_text_encoders",
+        action="store_false",
+        default=None,
+        help="keep the text encoders through sampling (default: freed before denoising)",
+    )
     args = parser.parse_args(argv)
     if args.gpus < 1:
         parser.error(f"--gpus must be >= 1, got {args.gpus}")
@@ -108,7 +124,8 @@ def _sampling_plan(parser: ArgumentParser, args: Any) -> Any:
         settings = SamplingSettings(arch, frames=config.frames, height=config.height, width=config.width,
                                     dtype=config.dtype, ring=config.ring, ulysses=config.ulysses,
                                     cfg_parallel=config.cfg_parallel, guidance=config.guidance > 1,
-                                    shard_weights=config.shard_weights, parallel_vae=config.parallel_vae)  # fmt: skip
+                                    shard_weights=config.shard_weights, parallel_vae=config.parallel_vae,
+                                    free_text_encoders=config.free_text_encoders)  # fmt: skip
         return plan_sampling(settings, args.gpus, args.gpu_memory)
     except ConfigError as e:
         parser.error(str(e))

@@ -1,15 +1,16 @@
 """Memory planning for sampling (``generate``): what each GPU holds, per component and phase, and what would
 lower the peak.
 
-``generate`` loads the whole pipeline onto every process and keeps it there (``dit_sp.inference.session.setup``):
-the transformer(s), the text encoders and the VAE stay resident from the prompt encoding to the last frame
-(the text encoders are not freed before denoising). So each phase's memory is the resident weights plus that
-phase's working set:
+``generate`` loads the whole pipeline onto every process (``dit_sp.inference.session.setup``): the
+transformer(s) and the VAE stay resident from the prompt encoding to the last frame; the text encoders are
+freed in the first denoising step once every prompt is encoded (``free_text_encoders``, the default;
+``dit_sp.inference.encoders``), so they count in the prompt-encoding phase only. Each phase's memory is the
+resident weights plus that phase's working set:
 
 - **transformer weights**: whole in the compute dtype, or ``1/N`` with ``--shard-weights`` (``N`` = a sample's
   processes, ``ring x ulysses x cfg``) plus the one block gathered while it runs;
 - **text encoders**: in the compute dtype, whole, or ``1/N`` with ``--shard-weights`` on ``N > 1`` processes
-  (``load_pipeline(sharded_text_encoders=...)``), resident throughout;
+  (``load_pipeline(sharded_text_encoders=...)``); through sampling too with ``free_text_encoders=False``;
 - **VAE weights**: in the compute dtype (the prompt encoding's own activations, a few hundred tokens, are
   left out: they are gone before denoising starts);
 - **denoising activations**: inference saves nothing for backward, so the working set is one block's at
@@ -55,7 +56,7 @@ at a time (``temporal`` frames), keeping the last two frames of each causal conv
 ``temporal + 2`` frames are at full resolution at once however long the video."""
 
 TEXT_ENCODERS = "text encoder(s)"
-DENOISING, DECODING = "denoising", "VAE decode"
+ENCODING, DENOISING, DECODING = "prompt encoding", "denoising", "VAE decode"
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class SamplingSettings:
     guidance: bool = True
     shard_weights: bool = False
     parallel_vae: bool = True
+    free_text_encoders: bool = True
 
     def __post_init__(self) -> None:
         from dit_sp.errors import ConfigError
@@ -186,11 +188,14 @@ def plan_sampling(
         resident["gathered block (one at a time)"] = shape.block_params * size
     else:
         resident[f"{' + '.join(experts)} weights ({s.dtype}, whole)"] = len(experts) * shape.params * size
-    share = f"1/{n}" if sharded else "whole"
-    resident[f"{TEXT_ENCODERS} ({s.dtype}, {share}, kept through sampling)"] = int(spec["text_encoders"] * size) // (
-        n if sharded else 1
-    )
     resident[f"VAE weights ({s.dtype})"] = int(spec["vae"] * size)
+    share = f"1/{n}" if sharded else "whole"
+    kept = "kept through sampling" if not s.free_text_encoders else "freed before denoising"
+    encoders = {
+        f"{TEXT_ENCODERS} ({s.dtype}, {share}, {kept})": int(spec["text_encoders"] * size) // (n if sharded else 1)
+    }
+    if not s.free_text_encoders:
+        resident |= encoders
     video = tokens(shape, s.frames, s.height, s.width, spec["compression"])
     total = video + (spec["text_tokens"] if spec["joint"] else 0)
     per_rank = math.ceil(total / (s.ring * s.ulysses))
@@ -201,6 +206,7 @@ def plan_sampling(
     decode = vae_decode_bytes(s.frames, s.height, s.width, size, split, chunk)
     at_once = "all frames" if chunk is None or chunk >= s.frames else f"{chunk} frames"
     phases = {
+        ENCODING: resident | encoders,
         DENOISING: resident | {f"activations (one block, {sequences} seq x {per_rank} tokens)": block},
         DECODING: resident | {f"VAE decode activations ({at_once} at once, rows 1/{split})": decode},
     }

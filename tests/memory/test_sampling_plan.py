@@ -12,7 +12,7 @@ import pytest
 from cli_run import run_cli
 
 from dit_sp.memory.planner import ARCHITECTURES, TransformerShape
-from dit_sp.memory.sampling import DECODING, DENOISING, SamplingSettings, plan_sampling, vae_decode_bytes
+from dit_sp.memory.sampling import DECODING, DENOISING, ENCODING, SamplingSettings, plan_sampling, vae_decode_bytes
 
 GiB = 2**30
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,31 +27,41 @@ def test_the_phases_add_up_from_the_resident_weights_and_each_working_set():
     settings = SamplingSettings("wan2.1-t2v-1.3b", frames=33, height=480, width=832, ulysses=2)
     plan = plan_sampling(settings, 4, 80)
     shape = TransformerShape.of(*WAN_1_3B["transformers"]["transformer"])
-    denoising, decoding = plan.phases[DENOISING], plan.phases[DECODING]
+    encoding, denoising, decoding = plan.phases[ENCODING], plan.phases[DENOISING], plan.phases[DECODING]
     resident = {
         "transformer weights (bfloat16, whole)": shape.params * 2,
-        "text encoder(s) (bfloat16, whole, kept through sampling)": int(WAN_1_3B["text_encoders"] * 2),
         "VAE weights (bfloat16)": int(WAN_1_3B["vae"] * 2),
     }
+    encoder = "text encoder(s) (bfloat16, whole, freed before denoising)"
+    assert encoding == resident | {encoder: int(WAN_1_3B["text_encoders"] * 2)}
     tokens = 9 * 30 * 52 // 2  # 33 frames -> 9 latent frames of 60 x 104 latents, 2 x 2 patches, over ulysses 2
     activations = f"activations (one block, 2 seq x {tokens} tokens)"
     assert denoising == resident | {activations: denoising[activations]} and denoising[activations] > 0
     decode = vae_decode_bytes(33, 480, 832, 2, 2, frames_at_once=6)  # Wan's VAE: a latent frame at a time
     assert decoding == resident | {"VAE decode activations (6 frames at once, rows 1/2)": decode}
-    assert plan.peak == max(sum(denoising.values()), sum(decoding.values()))
-    encoder = "text encoder(s) (bfloat16, whole, kept through sampling)"
-    assert (plan.peak_phase, plan.peak_component) == (DECODING, encoder)
+    assert plan.peak == max(sum(phase.values()) for phase in (encoding, denoising, decoding))
+    assert (plan.peak_phase, plan.peak_component) == (ENCODING, encoder)
     assert plan.fits and plan.advice == []
     report = plan.report()
-    assert f"peak {plan.peak / GiB:.1f} GiB at VAE decode, mostly the text encoder(s) (10.6 GiB)" in report, report
+    assert f"peak {plan.peak / GiB:.1f} GiB at prompt encoding, mostly the text encoder(s) (10.6 GiB)" in report
+    # kept through sampling (--no-free-text-encoders), the encoders sit under every phase
+    kept = plan_sampling(dataclasses.replace(settings, free_text_encoders=False), 4, 80)
+    held = {"text encoder(s) (bfloat16, whole, kept through sampling)": int(WAN_1_3B["text_encoders"] * 2)}
+    for phase in (ENCODING, DENOISING, DECODING):
+        assert (
+            kept.phases[phase] == plan.phases[phase] | held
+            if phase != ENCODING
+            else kept.phases[phase] == (resident | held)
+        )
+    assert (kept.peak_phase, kept.peak) == (DECODING, sum(decoding.values()) + sum(held.values()))
 
 
 def test_shard_weights_ulysses_and_the_parallel_vae_lower_what_they_should():
     base = SamplingSettings("hunyuanvideo", frames=61, height=544, width=960, ulysses=2, guidance=False)
     whole, sharded = plan_sampling(base, 2, 80), plan_sampling(dataclasses.replace(base, shard_weights=True), 2, 80)
     for part in ("transformer weights", "text encoder(s)"):
-        (before,) = (v for k, v in whole.phases[DENOISING].items() if k.startswith(part))
-        (after,) = (v for k, v in sharded.phases[DENOISING].items() if k.startswith(part))
+        (before,) = (v for k, v in whole.phases[ENCODING].items() if k.startswith(part))
+        (after,) = (v for k, v in sharded.phases[ENCODING].items() if k.startswith(part))
         assert after == before // 2, part  # 1/N over a sample's two processes
     assert "gathered block (one at a time)" in sharded.phases[DENOISING] and sharded.peak < whole.peak
     wider = plan_sampling(dataclasses.replace(base, ulysses=4), 4, 80)
@@ -66,7 +76,8 @@ def test_shard_weights_ulysses_and_the_parallel_vae_lower_what_they_should():
 
 
 def test_a_vae_decode_peak_gets_vae_advice_that_lowers_it():
-    settings = SamplingSettings("hunyuanvideo", frames=129, ulysses=8, guidance=False, parallel_vae=False)
+    settings = SamplingSettings("hunyuanvideo", frames=129, ulysses=8, guidance=False, parallel_vae=False,
+                                free_text_encoders=False)  # fmt: skip
     plan = plan_sampling(settings, 8, 80)  # HunyuanVideo's VAE decodes the whole 720p video at once
     component = "VAE decode activations (all frames at once, rows 1/1)"
     assert not plan.fits and (plan.peak_phase, plan.peak_component) == (DECODING, component)
@@ -79,6 +90,8 @@ def test_a_vae_decode_peak_gets_vae_advice_that_lowers_it():
     (ring,) = split.advice  # Ulysses 16 does not divide the 24 heads: more ring
     assert ring.startswith("--ring 2 (more processes per sample)") and "on 16 GPUs" in ring and ring.endswith("fits")
     assert _peak_in(ring) == round(plan_sampling(dataclasses.replace(split.settings, ring=2), 16, 80).peak / GiB, 1)
+    freed = plan_sampling(dataclasses.replace(split.settings, free_text_encoders=True), 8, 80)
+    assert freed.fits  # the encoders (8B Llama and CLIP) freed before denoising leave room for the decode
 
 
 def test_wan_decodes_a_latent_frame_at_a_time():
@@ -100,7 +113,8 @@ def test_a_text_encoder_peak_gets_shard_weights_and_bf16():
 
 
 def test_an_activation_peak_gets_more_sequence_parallelism():
-    settings = SamplingSettings("wan2.1-t2v-14b")  # 75600 tokens x 2 guidance branches on one 80 GiB GPU
+    # 75600 tokens x 2 guidance branches on one 80 GiB GPU, the text encoder kept (freed, it fits: 10.6 GiB less)
+    settings = SamplingSettings("wan2.1-t2v-14b", free_text_encoders=False)
     plan = plan_sampling(settings, 1, 80)
     assert not plan.fits and (plan.peak_phase, plan.peak_component) == (
         DENOISING,
