@@ -91,12 +91,14 @@ def serve_worker(config: GenerateConfig, images: bool, jobs: list, events: Any, 
     import torch.distributed as dist
 
     from dit_sp.inference.checks import guidance_arguments
+    from dit_sp.inference.encoders import TextEncoders
     from dit_sp.inference.session import sample, setup
     from dit_sp.io.video import save_video
 
     rank = int(os.environ.get("RANK", "0"))
     events.put(("started", rank, os.getpid()))
     parallel, pipe, _, _ = setup(config, images=images)
+    TextEncoders(pipe, int(config.embedding_cache_mb * 2**20))  # kept (prompts keep coming); repeated ones reused
     group, leader = parallel.dp_rank, parallel.is_sample_leader
     events.put(("ready", rank, os.getpid()))
     lora: str | None = None
