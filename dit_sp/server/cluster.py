@@ -166,7 +166,7 @@ class ClusterPool:
         self._control = connect()  # submit, cancel and stop (from the loop's and its helpers' threads)
         self._lock = threading.Lock()
         self._queues = [StoreQueue(f"jobs/{rank}", self._control) for rank in range(self.world_size)]
-        self._ready, self._ended, self._stop_beat = threading.Event(), threading.Event(), threading.Event()
+        self._ready, self._ended = threading.Event(), threading.Event()
         self._runner = threading.Thread(target=self._run, name="dit_sp-serve-rank0", daemon=True)
         self._reader = threading.Thread(target=self._read, name="dit_sp-serve-events", daemon=True)
 
@@ -197,7 +197,6 @@ class ClusterPool:
                 for q in self._queues:
                     q.put(None)
         self._ready.set()
-        self._stop_beat.set()
         self.on_exit(None if self.stopping else self.error)
 
     def _read(self) -> None:
@@ -250,7 +249,6 @@ class ClusterPool:
     def start(self, timeout: float) -> None:
         """Start rank 0's worker and wait until every rank has loaded the model (``TimeoutError`` after
         ``timeout`` seconds; the failure of a rank that could not)."""
-        threading.Thread(target=_heartbeat, args=(0, self._stop_beat), daemon=True).start()
         self._reader.start()
         self._runner.start()
         if not self._ready.wait(timeout):
@@ -286,7 +284,6 @@ class ClusterPool:
             for q in self._queues:
                 q.put(None)
         self._ended.wait(timeout)
-        self._stop_beat.set()
         for thread in (self._runner, self._reader):
             if thread.is_alive() and thread is not threading.current_thread():
                 thread.join(1.0)
