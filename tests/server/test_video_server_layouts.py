@@ -45,8 +45,14 @@ def _generated(tmp_path, name: str, **settings) -> np.ndarray:
     return _frames(out.read_bytes())
 
 
+def _finished(client, video_id: str, timeout: float = 120.0):
+    """The job once it is completed or failed (``client.videos.poll`` waits without a limit)."""
+    return wait_until(lambda: (v := client.videos.retrieve(video_id)).status in ("completed", "failed") and v,
+                      timeout, f"{video_id} to finish")  # fmt: skip
+
+
 def _served(client, **create) -> np.ndarray:
-    video = client.videos.create_and_poll(poll_interval_ms=50, timeout=120, **create)
+    video = _finished(client, client.videos.create(**create).id)
     assert video.status == "completed", video
     return _frames(client.videos.download_content(video.id).content)
 
@@ -144,7 +150,7 @@ def test_two_nodes_under_torchrun(tmp_path):
         prompts = {3: "a green circle", 4: "a yellow square"}
         videos = {seed: client.videos.create(prompt=prompt, size="32x32", extra_body={**SMALL, "seed": seed})
                   for seed, prompt in prompts.items()}  # fmt: skip
-        done = {seed: client.videos.poll(v.id, poll_interval_ms=50) for seed, v in videos.items()}
+        done = {seed: _finished(client, v.id) for seed, v in videos.items()}
         assert all(v.status == "completed" for v in done.values()), done
         assert {v.dp_group for v in done.values()} == {0, 1}, "a job ran on each node's group"
         served = {seed: _frames(client.videos.download_content(v.id).content) for seed, v in done.items()}
