@@ -236,7 +236,7 @@ class ClusterPool:
     def _check_beats(self, store: Any, beats: dict[int, tuple[int, float]]) -> None:
         now = time.monotonic()
         for rank in range(1, self.world_size):
-            if rank in self.exited:
+            if rank in self.exited or rank not in self.pids:  # not started yet: --start-timeout covers it
                 continue
             count = store.add(f"beat/{rank}", 0)
             last = beats.get(rank)
