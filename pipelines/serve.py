@@ -16,8 +16,12 @@ Finished jobs (metadata and files) persist in ``--job-dir`` and are served again
 SIGINT stops intake, gives running jobs ``--shutdown-grace`` seconds, cancels the rest and stops every worker.
 A worker that dies fails its job with an error naming it and the workers restart (``--max-restarts``; then the
 server exits with status 1). It listens on loopback unless ``--host`` says otherwise; with ``--api-key`` (or
-``$DIT_SP_SERVE_API_KEY``) every request needs ``Authorization: Bearer KEY``. Local workers only: several
-nodes under torchrun are not supported yet.
+``$DIT_SP_SERVE_API_KEY``) every request needs ``Authorization: Bearer KEY``.
+
+Under torchrun (several nodes: ``torchrun --nnodes 2 --nproc-per-node 8 ... -m pipelines.serve --ulysses 8 ...``)
+every rank is a worker, laid out as ``generate`` lays them out there (dp: the processes left over), and rank 0
+serves HTTP besides; the ranks reach each other through torchrun's store. SIGTERM to rank 0's torchrun stops
+them all; a rank that fails ends the server (exit status 1): torchrun's ``--max-restarts`` restarts the world.
 """
 
 from __future__ import annotations
@@ -84,10 +88,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
-    if "RANK" in os.environ:
-        raise ConfigError("the video server starts its own local workers; run it as one process (python -m "
-                          "pipelines.serve --ulysses N ...), not under torchrun: several nodes are not supported "
-                          "yet")  # fmt: skip
     overrides = parse_key_values(args.set, "--set", "steps=30")
     for key in ("model", "ulysses", "ring", "cfg_parallel", "dp"):
         if getattr(args, key) is not None:
@@ -96,6 +96,8 @@ def main(argv: list[str] | None = None) -> None:
     if bad:
         raise ConfigError(f"--set {bad[0]}: requests give their own; a served default is any other generate setting")
     config = GenerateConfig.load(args.config, overrides)
+    if "RANK" in os.environ:  # under torchrun: its world is the workers, laid out as generate lays them out
+        config = _torchrun_layout(config)
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port must be between 0 and 65535, got {args.port}")
     timings = {"--job-timeout": args.job_timeout, "--start-timeout": args.start_timeout,
@@ -121,6 +123,13 @@ def main(argv: list[str] | None = None) -> None:
 
     check_checkpoint(config.model)  # the model's files and the served defaults' sizes, before workers start
     check_shape_from_files(config.model, dataclasses.asdict(config))
+    if os.environ.get("RANK", "0") != "0":  # a worker of torchrun's world: rank 0 serves and ends it
+        from dit_sp.server.cluster import run_rank
+
+        lora_dir = str(Path(args.lora_dir).resolve()) if args.lora_dir else None
+        status = run_rank(config, False, lora_dir)
+        sys.stdout.flush()
+        os._exit(status)  # as below: skip the native teardown of torch's distributed objects
     with run_lock(args.job_dir):
         fatal = asyncio.run(_serve(config, limits, schedule, args))
     if fatal:
@@ -132,17 +141,34 @@ def main(argv: list[str] | None = None) -> None:
     os._exit(1 if fatal else 0)
 
 
+def _torchrun_layout(config: GenerateConfig) -> GenerateConfig:
+    """``config`` with ``dp`` what torchrun's world leaves to it (as ``generate`` takes it under torchrun)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    sample = config.ring * config.ulysses * (2 if config.cfg_parallel else 1)
+    if world % sample:
+        raise ConfigError(f"torchrun's {world} processes do not divide into samples of cfg*ring*ulysses={sample}")
+    if config.dp is not None and config.dp != world // sample:
+        raise ConfigError(f"--dp {config.dp}, but torchrun's {world} processes / (cfg*ring*ulysses={sample}) give dp "
+                          f"{world // sample}: drop --dp")  # fmt: skip
+    return dataclasses.replace(config, dp=world // sample)
+
+
 async def _serve(config: GenerateConfig, limits: ServerLimits, schedule: ScheduleLimits, args) -> str | None:
     from dit_sp.server.jobs import JobStore
     from dit_sp.server.scheduler import Scheduler
     from dit_sp.server.videos import VideoServer
-    from dit_sp.zoo import pipeline_class_name
 
     served = os.path.basename(os.path.normpath(config.model))
-    images = pipeline_class_name(config.model) != pipeline_class_name(config.model, image=True)
+    # a Wan 2.2 TI2V checkpoint is served as text-to-video (its image pipeline is another; images are refused)
+    images = False
     store = JobStore(args.job_dir, args.max_queued)
     lora_dir = str(Path(args.lora_dir).resolve()) if args.lora_dir else None
-    scheduler = Scheduler(store, config, images, schedule, lora_dir=lora_dir)
+    if "RANK" in os.environ:
+        from dit_sp.server.cluster import ClusterPool
+
+        scheduler = Scheduler(store, config, images, schedule, pool_factory=ClusterPool, lora_dir=lora_dir)
+    else:
+        scheduler = Scheduler(store, config, images, schedule, lora_dir=lora_dir)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

@@ -111,6 +111,11 @@ class Scheduler:
     def _restart(self, why: str) -> None:
         if not self.accepting:
             return
+        if not getattr(self.pool_factory, "restartable", True):  # under torchrun: workers on other nodes
+            self.fatal = (f"{why}; under torchrun the server cannot restart workers on other nodes, so it exits "
+                          "(torchrun --max-restarts N restarts the whole world)")  # fmt: skip
+            self.stopped.set()
+            return
         if self.restarts >= self.limits.max_restarts:
             self.fatal = f"{why}; gave up after {self.restarts} restarts (--max-restarts)"
             self.stopped.set()

@@ -20,14 +20,13 @@ from typing import Any
 from dit_sp.errors import ConfigError, MissingFileError
 from dit_sp.inference.checks import check_image_inputs
 from dit_sp.inference.config import GenerateConfig
+from dit_sp.server.adapters import AdapterError, Adapters
 
 EXTRA = {"seed": ("seed", int), "num_frames": ("frames", int), "num_inference_steps": ("steps", int),
          "guidance_scale": ("guidance", float), "guidance_scale_2": ("guidance_2", float),
          "negative_prompt": ("negative_prompt", str)}  # fmt: skip
 """Request field -> (``GenerateConfig`` field, type)."""
 FIELDS = ("prompt", "model", "size", "seconds", "input_reference", "lora", *EXTRA)
-LORA_FILE = "pytorch_lora_weights.safetensors"
-"""An adapter is a directory of ``--lora-dir`` holding this file (diffusers' ``save_lora_weights``)."""
 FLAGS = {"--image PATH": "input_reference", "--image": "input_reference", "--last-image": "a last frame",
          "--frames": "num_frames", "--height": "size", "--width": "size", "--steps": "num_inference_steps",
          "--guidance-2": "guidance_scale_2", "--guidance": "guidance_scale",
@@ -97,27 +96,25 @@ def _frames_for(base: GenerateConfig, seconds: float) -> int:
     return wanted  # the full check below says why it does not fit
 
 
-def adapters(lora_dir: Path | None) -> list[str]:
-    """The LoRA adapters of ``lora_dir``: its directories that hold ``LORA_FILE``, by name."""
-    if lora_dir is None or not lora_dir.is_dir():
-        return []
-    return sorted(p.name for p in lora_dir.iterdir() if (p / LORA_FILE).is_file() and not p.name.startswith("."))
-
-
-def _lora(name: Any, lora_dir: Path | None) -> str:
-    if lora_dir is None:
+def _lora(name: Any, loras: Adapters | None) -> str:
+    if loras is None:
         raise BadRequest("lora: this server was started without --lora-dir, so it has no adapters", "lora")
-    names = adapters(lora_dir)
+    names = loras.names()
     if name not in names:  # only a listed entry's name is ever joined to the directory
         raise BadRequest(f"lora {str(name)[:80]!r} is not one of this server's adapters: {', '.join(names) or 'none'}",
                          "lora")  # fmt: skip
+    try:
+        loras.check(name)
+    except AdapterError as e:
+        raise BadRequest(str(e), "lora") from e
     return name
 
 
 def read_request(fields: dict[str, Any], image_path: str | None, base: GenerateConfig, served: str,
-                 lora_dir: Path | None = None) -> tuple[GenerateConfig, dict[str, Any], str, str]:  # fmt: skip
+                 loras: Adapters | Path | None = None) -> tuple[GenerateConfig, dict[str, Any], str, str]:  # fmt: skip
     """``(config, settings, size, seconds)``: the request's generation settings over ``base`` (the served
-    defaults), the fields it changed (``lora``: an adapter of ``lora_dir`` by name), and its size and seconds
+    defaults), the fields it changed (``lora``: an adapter of ``loras`` by name, checked against the served
+    model; a directory is read as ``Adapters(directory, base.model)``), and its size and seconds
     as OpenAI reports them. ``image_path``: the uploaded first frame, already saved (and checked by
     ``check_image``). ``BadRequest`` for anything wrong."""
     from dit_sp.zoo import check_shape_from_files, pipeline_class_name
@@ -134,7 +131,9 @@ def read_request(fields: dict[str, Any], image_path: str | None, base: GenerateC
     if model not in (None, "", served):
         raise BadRequest(f"model {str(model)[:80]!r} is not served here; this server serves {served!r}", "model")
     settings: dict[str, Any] = {"prompt": prompt}
-    lora = _lora(fields["lora"], lora_dir) if fields.get("lora") not in (None, "") else None
+    if isinstance(loras, Path):
+        loras = Adapters(loras, base.model)
+    lora = _lora(fields["lora"], loras) if fields.get("lora") not in (None, "") else None
     for name, (key, kind) in EXTRA.items():
         if fields.get(name) not in (None, ""):
             settings[key] = _number(name, fields[name], kind)
@@ -148,7 +147,8 @@ def read_request(fields: dict[str, Any], image_path: str | None, base: GenerateC
         settings["frames"] = _frames_for(base, value)
     if image_path is not None:
         if pipeline_class_name(base.model, image=True) != pipeline_class_name(base.model):
-            raise BadRequest(f"{served} is served as text-to-video; input_reference is not taken", "input_reference")
+            raise BadRequest(f"{served} (Wan 2.2 TI2V) is served as text-to-video: its image-to-video pipeline is not "
+                             "loaded; drop input_reference, or run generate --image", "input_reference")  # fmt: skip
         settings["image"] = image_path
     try:
         config = dataclasses.replace(base, **settings)

@@ -27,11 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from dit_sp.inference.config import GenerateConfig
+from dit_sp.server.adapters import Adapters
 from dit_sp.server.jobs import FILES, JobStore, QueueFull
 from dit_sp.server.limits import MiB, ServerLimits, authorized, require_aiohttp
 from dit_sp.server.page import PAGE
 from dit_sp.server.scheduler import Scheduler
-from dit_sp.server.video_request import BadRequest, adapters, check_image, read_request
+from dit_sp.server.video_request import BadRequest, check_image, read_request
 
 log = logging.getLogger(__name__)
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 408: "timeout_error",
@@ -62,7 +63,7 @@ class VideoServer:
         from aiohttp import web
 
         self.store, self.scheduler, self.base, self.served, self.limits = store, scheduler, base, served, limits
-        self.lora_dir = lora_dir
+        self.loras = Adapters(lora_dir, base.model) if lora_dir is not None else None
         self.created = int(time.time())
         guard = web.middleware(lambda request, handler: self._guard(request, handler))
         self.app = web.Application(middlewares=[guard], client_max_size=limits.max_request_bytes)
@@ -111,7 +112,7 @@ class VideoServer:
         from aiohttp import web
 
         model = {"id": self.served, "object": "model", "created": self.created, "owned_by": "dit-sp",
-                 "loras": adapters(self.lora_dir)}  # fmt: skip
+                 "loras": self.loras.names() if self.loras is not None else []}  # fmt: skip
         return web.json_response({"object": "list", "data": [model]})
 
     async def _fields(self, request: Any) -> tuple[dict[str, Any], bytes | None]:
@@ -165,7 +166,7 @@ class VideoServer:
                 upload = self.store.directory / f".upload-{uuid.uuid4().hex}.png"
                 upload.write_bytes(image)
             _, settings, size, seconds = await asyncio.to_thread(read_request, fields, str(upload) if upload else None,
-                                                                 self.base, self.served, self.lora_dir)  # fmt: skip
+                                                                 self.base, self.served, self.loras)  # fmt: skip
             job = self.store.create(fields["prompt"], self.served, size, seconds, settings, image)
         except BadRequest as e:
             raise _Refused(400, str(e), e.param) from e

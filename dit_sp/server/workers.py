@@ -19,6 +19,7 @@ import multiprocessing as mp
 import os
 import queue
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -83,8 +84,9 @@ def serve_worker(config: GenerateConfig, images: bool, jobs: list, events: Any, 
     """One rank of the server: load once (``setup``), then run the jobs its queue brings until ``None``.
 
     A job is ``{"id", "seq", "group", "settings", "dir"}``: ``settings`` override ``config`` (checked by the
-    server), ``dir`` is the job's directory. Events: ``("started", rank, pid)``, ``("ready", rank, pid)``, and
-    from the sample leader ``("progress", seq, percent)``, ``("done", seq)``, ``("cancelled", seq)``,
+    server), ``dir`` is the job's directory (None: the files travel back in the event, ``("done", seq, {name:
+    bytes})``). Events: ``("started", rank, pid)``, ``("ready", rank, pid)``, and from the sample leader
+    ``("progress", seq, percent)``, ``("done", seq)``, ``("cancelled", seq)``,
     ``("failed", seq, message)``. A ``RuntimeError`` on several processes (a failed collective among them) leaves
     the world in doubt: it ends the worker, and the pool reports the failure that came first by cause."""
     import torch
@@ -130,11 +132,16 @@ def serve_worker(config: GenerateConfig, images: bool, jobs: list, events: Any, 
             video_config = dataclasses.replace(config, **settings)
             video = sample(pipe, video_config, guidance_arguments(pipe, video_config), video_config.seed,
                            parallel.device, on_step=on_step)  # fmt: skip
-            if leader:
+            if leader and job["dir"] is not None:
                 directory = Path(job["dir"])
                 save_video(video["frames"], directory / "video.mp4", fps=video_config.fps)
                 write_previews(video["frames"], directory)
                 events.put(("done", seq))
+            elif leader:  # under torchrun: rank 0 writes the job's files, maybe on another node's disk
+                with tempfile.TemporaryDirectory(prefix="dit_sp_serve_") as directory:
+                    save_video(video["frames"], Path(directory) / "video.mp4", fps=video_config.fps)
+                    write_previews(video["frames"], Path(directory))
+                    events.put(("done", seq, {p.name: p.read_bytes() for p in Path(directory).iterdir()}))
         except Cancelled:
             if leader:
                 events.put(("cancelled", seq))

@@ -26,6 +26,9 @@ def test_image_to_video_needs_its_first_frame(tmp_path):
     assert (config.image, config.width, config.height, config.seed) == (str(path), 32, 48, 3)
     assert settings == {"prompt": "a red circle", "seed": 3, "width": 32, "height": 48} and size == "32x48"
     assert float(seconds) == pytest.approx(config.frames / config.fps)
+    ti2v = GenerateConfig.load(overrides={"model": "tiny-wan2.2-ti2v"})  # served as text-to-video: no image
+    with pytest.raises(BadRequest, match="served as text-to-video: its image-to-video pipeline is not loaded"):
+        read_request({"prompt": "a red circle"}, str(path), ti2v, "tiny-wan2.2-ti2v")
 
 
 def test_fields_are_typed_and_named():
@@ -52,12 +55,21 @@ def test_fields_are_typed_and_named():
 
 
 def test_lora_names_an_adapter_of_the_directory(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
     base = GenerateConfig.load(overrides={"model": "tiny-wan"})
     (tmp_path / "style").mkdir()
-    (tmp_path / "style" / "pytorch_lora_weights.safetensors").write_bytes(b"")
+    q = "transformer.blocks.1.ffn.net.2"  # the tiny Wan's feed-forward output: 32 -> 36
+    save_file({f"{q}.lora_A.weight": torch.zeros(2, 32), f"{q}.lora_B.weight": torch.zeros(36, 2)},
+              str(tmp_path / "style" / "pytorch_lora_weights.safetensors"))  # fmt: skip
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "pytorch_lora_weights.safetensors").write_bytes(b"")
     (tmp_path / "empty").mkdir()  # no weights: not an adapter
     _, settings, _, _ = read_request({"prompt": "p", "lora": "style"}, None, base, "tiny-wan", tmp_path)
     assert settings["lora"] == "style"
     for name in ("empty", "../style", "/etc", "missing"):
-        with pytest.raises(BadRequest, match="not one of this server's adapters: style$"):
+        with pytest.raises(BadRequest, match="not one of this server's adapters: broken, style$"):
             read_request({"prompt": "p", "lora": name}, None, base, "tiny-wan", tmp_path)
+    with pytest.raises(BadRequest, match="lora broken: .*not a safetensors file"):
+        read_request({"prompt": "p", "lora": "broken"}, None, base, "tiny-wan", tmp_path)

@@ -50,10 +50,13 @@ def alive(pid: int) -> bool:
 class Server:
     """``python -m pipelines.serve ARGS --port 0``; ``url`` once it listens; ``output`` what it printed."""
 
-    def __init__(self, args: list[str], cwd: Path, start_timeout: float = 120.0):
+    def __init__(self, args: list[str], cwd: Path, start_timeout: float = 120.0, torchrun: list[str] | None = None,
+                 wait: bool = True):  # fmt: skip
+        """``torchrun``: run it as ``torchrun TORCHRUN -m pipelines.serve ...``; ``wait``: for its address."""
         env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "pipelines.serve", *args, "--port", "0"], cwd=cwd,
-                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        launcher = [sys.executable, *(["-m", "torch.distributed.run", *torchrun] if torchrun is not None else [])]
+        self.proc = subprocess.Popen([*launcher, "-m", "pipelines.serve", *args, "--port", "0"], cwd=cwd, env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
         self.lines: list[str] = []
         self.url: str | None = None
         listening = threading.Event()
@@ -68,7 +71,7 @@ class Server:
             listening.set()
 
         threading.Thread(target=read, daemon=True).start()
-        if not listening.wait(start_timeout) or self.url is None:
+        if wait and (not listening.wait(start_timeout) or self.url is None):
             self.kill()
             raise AssertionError(f"the server did not start:\n{self.output}")
 
