@@ -57,6 +57,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[GenerateConfig, bool]:
             kind = hints[field.name]  # a Literal's values as the metavar, checked by GenerateConfig.load
             metavar = "{" + ",".join(typing.get_args(kind)) + "}" if typing.get_origin(kind) is typing.Literal else None
             parser.add_argument(flag, dest=field.name, help=text, metavar=metavar)
+    parser.add_argument(
+        "--lora", action="append", metavar="PATH[:SCALE]", help=help_of(GenerateConfig, "lora") + " (default: none)"
+    )  # a list: the loop skips it
     args = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
     print_config = args.pop("print_config")
     try:

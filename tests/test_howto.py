@@ -34,7 +34,7 @@ CLAIMS = {
     "slurm.md": ["bash"],
     "wandb.md": ["yaml", "bash"],
     "resume.md": ["bash"],
-    "lora.md": ["bash", "python"],
+    "lora.md": ["bash", "python", "bash"],
 }
 """Page -> the languages of its blocks, in order: what the page's test below runs."""
 
@@ -341,12 +341,15 @@ def test_lora_recipe_trains_exports_merged_and_loads_in_stock_diffusers(tmp_path
              "--output-dir outputs/lora_run")  # fmt: skip
     use = 'python -m pipelines.generate --model outputs/lora_run/final --prompt "a red circle moving left"'
     sizes = "" if RECORDED_SETTINGS else " --frames 9 --height 32 --width 32"
+    mix = "python -m pipelines.generate --model toy-wan --lora outputs/lora_run/final/lora:0.8 --ulysses 2"
     cases = {
         train: [f"{train} --max-steps 1 {SMALL_GRPO}"],
         use: [f"{use} --steps 2{sizes} --out {tmp_path}/lora.mp4"],  # the export's own sizes once recorded
+        mix: [f"{mix} --steps 2 --out {tmp_path}/mix.mp4"],
     }
     run_cases("lora.md", cases, tmp_path)
-    assert (tmp_path / "lora.mp4").stat().st_size > 0
+    assert (tmp_path / "lora.mp4").stat().st_size > 0 and (tmp_path / "mix.mp4").stat().st_size > 0
+    assert (tmp_path / "outputs" / "lora_run" / "final" / "lora" / "pytorch_lora_weights.safetensors").is_file()
 
     from safetensors import safe_open
 

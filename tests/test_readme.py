@@ -238,10 +238,11 @@ TRAINER = "trainer = GRPOTrainer(config"
 SPLIT_VAE = "parallelize_vae(vae, parallel)  # decode and encode split over the processes of a sample"
 CACHED = 'handle = parallelize(pipe, parallel, cache="first_block:0.1", compile=True)'
 CLIENT = 'client = OpenAI(base_url="http://127.0.0.1:8000/v1"'
+LORA = 'pipe.load_lora_weights("outputs/lora_run/final/lora")'
 
 
 def test_every_python_block_has_a_test():
-    markers = (ONE_LINE, USP, TRAINER, SPLIT_VAE, CACHED, CLIENT)
+    markers = (ONE_LINE, USP, TRAINER, SPLIT_VAE, CACHED, CLIENT, LORA)
     for block in blocks("python"):
         assert sum(marker in block for marker in markers) == 1, f"no test runs this README block:\n{block}"
 
@@ -315,6 +316,48 @@ def test_readme_trainer_example_steps_and_exports(tmp_path):
     assert result["row"]["step"] == 1
     assert (tmp_path / "outputs/notebook/final/model_index.json").is_file()
     assert len((tmp_path / "outputs/notebook/metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_readme_lora_example_equals_the_merged_export(tiny_wan_dir, tmp_path):
+    """The README's LoRA run (from a checkpoint directory, rank 4 here), then its ``final/lora`` loaded by the
+    stock ``WanPipeline`` onto the base: the merged export's frames within 1e-4."""
+    code = substitute(python_block(LORA), [
+        ('"grpo_wan2.1_1.3b"', '"grpo_tiny_wan"'),
+        ('"output_dir": "outputs/lora_run"}', '"output_dir": "outputs/lora_run", "lora.rank": 4, "max_steps": 1, '
+         '"grpo.group_size": 2, "grpo.prompts_per_step": 1, "grpo.steps": 2, "eval_every": 0, "optim.lr": 0.01}'),
+        ('"/ckpt/Wan2.1-T2V-1.3B-Diffusers"', repr(str(tiny_wan_dir))),
+        ("torch_dtype=torch.bfloat16", "torch_dtype=torch.float32"),
+        ("num_frames=33, height=240, width=416,", "num_frames=5, height=32, width=32, num_inference_steps=2, "
+         "max_sequence_length=16, generator=torch.Generator().manual_seed(0),"),
+    ])  # fmt: skip
+    video = spawn(run_snippet, 1, args=(code, str(tmp_path), ("video",)), timeout=300)[0]["video"]
+    from diffusers import WanPipeline
+
+    merged = WanPipeline.from_pretrained(tmp_path / "outputs/lora_run/final", torch_dtype=torch.float32)
+    expected = merged(
+        "a red circle moving left",
+        num_frames=5,
+        height=32,
+        width=32,
+        num_inference_steps=2,
+        max_sequence_length=16,
+        generator=torch.Generator().manual_seed(0),
+        output_type="np",
+    ).frames[0]
+    base = WanPipeline.from_pretrained(tiny_wan_dir, torch_dtype=torch.float32)
+    before = base(
+        "a red circle moving left",
+        num_frames=5,
+        height=32,
+        width=32,
+        num_inference_steps=2,
+        max_sequence_length=16,
+        generator=torch.Generator().manual_seed(0),
+        output_type="np",
+    ).frames[0]
+    assert video.shape == (5, 32, 32, 3) and video.std() > 0.01
+    assert abs(video - before).max() > 1e-3  # the trained adapters change the video
+    assert abs(video - expected).max() <= 1e-4
 
 
 def test_readme_serving_example(tmp_path):

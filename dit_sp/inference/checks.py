@@ -63,6 +63,10 @@ def check_before_loading(config: GenerateConfig) -> None:
     if config.save_latents:
         check_writable(config.save_latents, "--save-latents")
     check_checkpoint(config.model)
+    for path, _ in config.lora_adapters:
+        from dit_sp.train.lora_io import lora_file
+
+        lora_file(path, "--lora")
     info = check_shape_from_files(config.model, dataclasses.asdict(config))
     check_image_inputs(config, info)
 

@@ -3,6 +3,7 @@ file, then overrides; each checked on construction."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -90,6 +91,10 @@ class GenerateConfig:
     """MiB of text-encoder outputs kept for prompts that come again (a batch's repeated prompts and shared
     negative prompt): a repeated prompt does not run the encoders. 0 turns the cache off."""
     compile: bool = setting(False, "torch.compile each transformer block")
+    lora: list[str] | None = setting(None, "a diffusers LoRA to load, PATH[:SCALE]; repeat for several")
+    """Diffusers LoRAs loaded into the transformer as ``pipe.load_lora_weights(PATH)`` loads them, each at its
+    ``SCALE`` (default 1; ``set_adapters``): a directory holding ``pytorch_lora_weights.safetensors`` (a LoRA
+    run's ``final/lora``) or the file."""
     """``torch.compile`` each transformer block (regional), USP attention included (``dit_sp.sp.compile``)."""
 
     def __post_init__(self) -> None:
@@ -120,6 +125,11 @@ class GenerateConfig:
                               "or drop guidance_2")  # fmt: skip
         if self.cache is not None:
             self.cache_spec  # noqa: B018 (checks the name and threshold now, before anything loads)
+        if self.lora:
+            self.lora_adapters  # noqa: B018 (checks each scale now)
+            if self.shard_weights:
+                raise ConfigError("--lora loads adapters onto whole weights, and --shard-weights keeps them sharded: "
+                                  "drop one of them (or merge the LoRA into the checkpoint)")  # fmt: skip
         if self.cfg_parallel and not self.guidance > 1:
             raise ConfigError(
                 f"cfg_parallel runs the two guidance branches in parallel, but guidance {self.guidance} turns "
@@ -132,6 +142,23 @@ class GenerateConfig:
         if self.cache is None:
             return None
         return CacheSpec.parse(self.cache, self.teacache_coefficients, self.cache_thresholds)
+
+    @property
+    def lora_adapters(self) -> list[tuple[str, float]]:
+        """``lora`` as ``(path, scale)`` pairs: ``PATH[:SCALE]``, the scale 1 unless what follows the last colon
+        is a number."""
+        adapters = []
+        for spec in self.lora or []:
+            path, colon, tail = spec.rpartition(":")
+            try:
+                scale = float(tail) if colon and path else None
+            except ValueError:
+                scale = None
+            if scale is not None and not math.isfinite(scale):
+                raise ConfigError(f"lora {spec!r}: the scale {tail} is not a finite number; give PATH[:SCALE], "
+                                  "e.g. style_lora:0.8")  # fmt: skip
+            adapters.append((path, scale) if scale is not None else (spec, 1.0))
+        return adapters
 
     @property
     def world_size(self) -> int:

@@ -54,6 +54,10 @@ def setup(config: GenerateConfig, images: bool) -> tuple[ParallelState, Any, dic
                          sharded_text_encoders=encoders)  # fmt: skip
     if images:
         pipe = as_image_to_video(pipe)
+    if config.lora:  # before parallelize: the adapters are part of the model it splits, compiles and caches
+        from dit_sp.train.lora_io import load_adapters
+
+        load_adapters(pipe, config.lora_adapters)
     check_shape(pipe, dataclasses.asdict(config))
     guidance = guidance_arguments(pipe, config)
     pipe.set_progress_bar_config(disable=not parallel.is_sample_leader or parallel.dp_rank != 0)

@@ -62,9 +62,17 @@ class LoRAConfig:
     """LoRA rank of the attention projections; 0 trains all weights."""
     alpha: float | None = None
     """LoRA scaling numerator (default: the rank)."""
+    init_from: str | None = None
+    """Start the adapters of ``transformer`` from this diffusers LoRA (a directory holding
+    ``pytorch_lora_weights.safetensors``, or the file; its rank and alpha must be ``rank`` and ``alpha``)."""
+    init_from_2: str | None = None
+    """The same for a two-expert model's ``transformer_2`` (Wan 2.2 A14B's low-noise expert)."""
 
     def __post_init__(self) -> None:
         check_ranges(self, rank=(">= 0", "0: full fine-tuning"), alpha="> 0")
+        if (self.init_from or self.init_from_2) and not self.rank:
+            raise ValueError("lora.init_from starts LoRA adapters from a file, and lora.rank 0 trains all weights "
+                             "without adapters: set lora.rank to the LoRA's rank")  # fmt: skip
 
 
 @dataclass(frozen=True)

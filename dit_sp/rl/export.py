@@ -1,4 +1,6 @@
-"""A trainer's export: the trained weights as plain diffusers models (LoRA merged) in a pipeline directory."""
+"""A trainer's export: the trained weights as plain diffusers models (LoRA merged) in a pipeline directory, and,
+for a LoRA run, each trained expert's adapters alone as a diffusers LoRA inside it (``PATH/lora`` for
+``transformer``, ``PATH/lora_2`` for ``transformer_2``: ``dit_sp.train.lora_io.EXPORT_DIRS``)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import torch
 from dit_sp.errors import ConfigError
 from dit_sp.train import checkpoint
 from dit_sp.train.lora import add_lora, merge_lora
+from dit_sp.train.lora_io import EXPORT_DIRS, save_adapters
 from dit_sp.zoo import model_defaults
 from dit_sp.zoo.sample import DEFAULT_FPS, write_sample_settings
 
@@ -62,6 +65,7 @@ def export(trainer: GRPOTrainer, path: str | Path) -> Path:
                 with self._averaged():
                     state = checkpoint.full_state_dict(self.experts[name])
                 written(lambda: plain_copy(self, name, state).save_pretrained(tmp / name))  # noqa: B023 - run now
+                written(lambda: _save_lora(self, name, state, tmp))  # noqa: B023 - run now
                 del state
         else:
             # a pipeline built in code (small): saved whole, with its other constructor settings (e.g. Wan 2.2's
@@ -80,7 +84,7 @@ def export(trainer: GRPOTrainer, path: str | Path) -> Path:
 
 def _copy_source(source: Path, tmp: Path, trained: list[str]) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(source, tmp, ignore=shutil.ignore_patterns(*trained))
+    shutil.copytree(source, tmp, ignore=shutil.ignore_patterns(*trained, *EXPORT_DIRS.values()))  # no stale LoRA
 
 
 def _save_built(trainer: GRPOTrainer, states: dict[str, dict[str, Tensor]], tmp: Path) -> None:
@@ -90,6 +94,21 @@ def _save_built(trainer: GRPOTrainer, states: dict[str, dict[str, Tensor]], tmp:
     components = {k: v for k, v in (dict(trainer.pipe.components) | targets).items() if k in accepted}
     settings = {k: v for k, v in trainer.pipe.config.items() if k in accepted and k not in components}
     trainer._export_class(**settings, **components).save_pretrained(tmp)
+    for name, state in states.items():
+        _save_lora(trainer, name, state, tmp)
+
+
+def _save_lora(trainer: GRPOTrainer, name: str, state: dict[str, Tensor], tmp: Path) -> None:
+    """A LoRA run's trained expert ``name``: its adapters alone (from its full state ``state``) as a diffusers LoRA
+    in ``tmp/lora`` (``transformer``) or ``tmp/lora_2`` (``transformer_2``, which stock diffusers loads with
+    ``load_lora_weights(dir, load_into_transformer_2=True)``); nothing for full fine-tuning or a frozen expert."""
+    if not trainer.config.lora.rank or name not in trainer.trained:
+        return
+    if not hasattr(trainer._export_class, "save_lora_weights"):  # the merged export stands; say why no LoRA
+        print(f"note: {trainer._export_class.__name__} has no diffusers LoRA format; the export has the merged "
+              "weights only", flush=True)  # fmt: skip
+        return
+    save_adapters(trainer._export_class, trainer.experts[name], state, tmp / EXPORT_DIRS[name])
 
 
 def _publish(trainer: GRPOTrainer, tmp: Path, path: Path) -> None:

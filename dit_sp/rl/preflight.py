@@ -12,6 +12,7 @@ from dit_sp.parallel import ParallelConfig
 from dit_sp.rl.batch import check_split
 from dit_sp.rl.config import TrainConfig
 from dit_sp.rl.rundir import check_output_dir
+from dit_sp.train.lora_io import lora_file
 
 
 def check_before_loading(config: TrainConfig, world_size: int) -> None:
@@ -29,6 +30,9 @@ def check_before_loading(config: TrainConfig, world_size: int) -> None:
         check_writable(Path(config.embedding_cache) / "embedding.pt", "embedding_cache")
     read_prompt_file(config.prompts)
     check_packages(config)
+    for key in ("init_from", "init_from_2"):
+        if getattr(config.lora, key):
+            lora_file(getattr(config.lora, key), f"lora.{key}")  # a MissingFileError before any worker starts
     check_checkpoint(config.model)
     check_reward(config.reward)
     check_shape_from_files(config.model, asdict(config.sample), flags=False)

@@ -50,6 +50,7 @@ from dit_sp.train import shard_model
 from dit_sp.train.ema import EMA
 from dit_sp.train.fsdp import copy_sharded
 from dit_sp.train.lora import AdaptersDisabled, add_lora
+from dit_sp.train.lora_io import init_adapters
 from dit_sp.weights import has_meta_parameters, load_shards
 from dit_sp.zoo import TRANSFORMERS, as_image_to_video, checkpoint_dir, load_pipeline
 
@@ -259,10 +260,18 @@ class GRPOTrainer:
         that order), then the KL term's reference."""
         parallel = self.parallel
         compute_dtype = getattr(torch, config.mixed_precision) if config.mixed_precision else None
+        for key, expert in (("init_from", "transformer"), ("init_from_2", "transformer_2")):
+            if getattr(config.lora, key) and expert not in self.trained:
+                raise ConfigError(f"lora.{key} starts the adapters of {expert}, which this run does not train "
+                                  f"(experts: {self.trained}): drop lora.{key} or train {expert}")  # fmt: skip
         for name, transformer in self.experts.items():
             trained = name in self.trained
             if trained and config.lora.rank:
                 add_lora(transformer, config.lora.rank, config.lora.alpha)
+                start = config.lora.init_from_2 if name == "transformer_2" else config.lora.init_from
+                if start:  # the adapters as that LoRA has them (a resume then restores the checkpoint's)
+                    key = "lora.init_from_2" if name == "transformer_2" else "lora.init_from"
+                    init_adapters(transformer, self._export_class, start, config.lora.alpha or config.lora.rank, key)
             elif not trained:
                 transformer.requires_grad_(False)
             parallelize(transformer, parallel, gather_grad="sum")

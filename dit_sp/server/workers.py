@@ -65,17 +65,9 @@ def switch_lora(pipe: Any, current: str | None, wanted: str | None, lora_dir: st
         pipe.unload_lora_weights()
     if wanted is None:
         return None
-    from peft.tuners.tuners_utils import BaseTunerLayer
+    from dit_sp.train.lora_io import load_adapters  # shared with generate --lora
 
-    from dit_sp.families import family_of
-
-    pipe.load_lora_weights(str(Path(lora_dir) / wanted), adapter_name="served")
-    transformer = pipe.transformer
-    for name in family_of(transformer).plan(transformer):
-        if name and isinstance(transformer.get_submodule(name), BaseTunerLayer):
-            pipe.unload_lora_weights()
-            raise ValueError(f"lora {wanted} adapts {name}, where dit-sp splits or gathers the sequence; use an "
-                             "adapter of the attention and feed-forward layers")  # fmt: skip
+    load_adapters(pipe, [(str(Path(lora_dir) / wanted), 1.0)], names=["served"], labels=[wanted])
     return wanted
 
 
