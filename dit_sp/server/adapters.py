@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 LORA_FILE = "pytorch_lora_weights.safetensors"
-"""An adapter is a directory of ``--lora-dir`` holding this file (diffusers' ``save_lora_weights``)."""
+"""An adapter is a directory of ``--lora-dir`` holding this file (diffusers' ``save_lora_weights``); the name
+``dit_sp.train.lora_io.LORA_FILE`` gives too, repeated here so that the HTTP side imports no torch."""
 KEY = re.compile(r"transformer\.(?P<module>.+?)\.(?P<part>lora_A|lora_B|lora_magnitude_vector)"
                  r"(?:\.[A-Za-z0-9_]+)?(?:\.(?P<kind>weight|bias))?")  # fmt: skip
 """A diffusers LoRA key: the module it adapts, which part (``lora_A``/``lora_B``: peft may add an adapter name)."""
