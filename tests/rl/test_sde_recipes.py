@@ -4,6 +4,7 @@ the KL weight in Flow-GRPO's units. Each is checked against its own formula, der
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -157,3 +158,16 @@ def test_kl_in_flow_grpo_units_is_flow_grpo_s_term(kind):
         assert traj.sigmas[1] - traj.sigmas[2] == pytest.approx(traj.sigmas[2] - traj.sigmas[3])
     with pytest.raises(ConfigError, match="kl_units must be"):
         GRPOConfig(kl_units="bits")
+
+
+def test_the_recipe_page_s_config_loads():
+    """docs/sde-recipes.md's YAML block is a valid config with the recipes it names."""
+    from pathlib import Path
+
+    import yaml
+
+    page = Path(__file__).resolve().parents[2] / "docs" / "sde-recipes.md"
+    (block,) = re.findall(r"```yaml\n(.*?)```", page.read_text(), re.S)
+    grpo = TrainConfig.from_dict(yaml.safe_load(block)).grpo
+    assert (grpo.schedule, grpo.sde.kind, grpo.kl_units, grpo.random_window) == (
+        "wan", "cps", "flow_grpo", RandomWindow(2, (0, 10)))  # fmt: skip
