@@ -2,9 +2,10 @@
 processes (Ulysses or Ring: every process holds 1/N of each sample's tokens), and the reward before and after
 them, so that the memory that falls is that of a run that still learns.
 
-    python benchmarks/bench_long_clip.py                      # 81 frames of 256x256 (5376 tokens), ~15 min
+    python benchmarks/bench_long_clip.py              # 33 frames of 128x128 (576 tokens): docs/sde-recipes.md's table
+    python benchmarks/bench_long_clip.py --frames 81 --height 256 --width 256     # 5376 tokens: far longer
     python benchmarks/bench_long_clip.py --layout ring --worlds 1 2
-    python benchmarks/bench_long_clip.py --quick              # 33 frames of 128x128, 1 and 2 processes
+    python benchmarks/bench_long_clip.py --quick      # 17 frames of 64x64, 1 and 2 processes, 1 iteration
 
 The model is a Wan-like transformer (``--layers`` blocks of ``--heads`` heads of 64; tiny VAE and text encoder,
 saved with ``save_pretrained`` first, so set-up takes the real path) trained in full on the ``brightness``
@@ -48,15 +49,15 @@ def tokens_of(frames: int, height: int, width: int) -> int:
 
 
 def main() -> None:
-    parser = benchmark_parser(__doc__, frames=81, height=256, width=256, layers=2, heads=4, iters=3, steps=3)
+    parser = benchmark_parser(__doc__, frames=33, height=128, width=128, layers=2, heads=4, iters=3, steps=3)
     parser.add_argument("--worlds", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--layout", choices=["ulysses", "ring"], default="ulysses")
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--quick", action="store_true", help="33 frames of 128x128 on 1 and 2 processes")
+    parser.add_argument("--lr", type=float, default=1e-2)
+    parser.add_argument("--quick", action="store_true", help="17 frames of 64x64 on 1 and 2 processes, 1 iteration")
     parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_args()
     if args.quick:
-        args.frames, args.height, args.width, args.worlds = 33, 128, 128, [1, 2]
+        args.frames, args.height, args.width, args.worlds, args.iters = 17, 64, 64, [1, 2], 1
     if args.layout == "ulysses" and any(args.heads % world for world in args.worlds):
         parser.error(f"Ulysses splits the {args.heads} heads over the processes: give --heads a multiple of each "
                      "of --worlds, or --layout ring")  # fmt: skip
