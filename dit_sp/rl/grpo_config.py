@@ -86,7 +86,7 @@ class GRPOConfig:
     term Flow-GRPO's code (and the recipes copied from it) weight, ``mean((m - m_ref)^2) / (2 c^2)`` with ``c``
     its ``std_dev_t``: the noise per unit of time (``std / sqrt(s - s')``) for ``"flow"`` and ``"dance"``,
     so the KL times the step size ``s - s'``; the step's std itself for ``"cps"``, so the KL as it is. With it,
-    a published ``beta`` (0.004 for Wan and SD3) is ``kl_coef`` as is."""
+    a published ``beta`` (0.004 for Wan and SD3) is ``kl_coef`` as is. The logged ``kl`` is in these units."""
     micro_batch: int | None = None
     """Samples per transformer forward in rollouts and training (gradients accumulate over them), so that
     activation memory follows the micro-batch, not the samples per step; ``None``: this rank's whole batch.
