@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from dit_sp.errors import ConfigError
 from dit_sp.parallel.state import ParallelState
 from dit_sp.rl.grpo_config import GRPOConfig
-from dit_sp.rl.schedule import shifted_sigmas, shifted_sigmas_between
+from dit_sp.rl.schedule import schedule_sigmas, shifted_sigmas_between
 
 if TYPE_CHECKING:
     import torch
@@ -23,9 +23,15 @@ if TYPE_CHECKING:
     Tensor = torch.Tensor
 
 
-def sde_window_at(config: GRPOConfig, step: int) -> tuple[int, int] | None:
-    """The SDE window of iteration ``step``: the fixed ``sde_window``, the sliding window's place, or None
-    (every step stochastic)."""
+def sde_window_at(config: GRPOConfig, step: int, seed: int = 0) -> tuple[int, int] | None:
+    """The SDE window of iteration ``step``: the fixed ``sde_window``, the sliding window's place, the random
+    window's place (drawn from the run's ``seed`` and ``step``, so alike on every rank), or None (every step
+    stochastic)."""
+    if config.random_window is not None:
+        size = config.random_window.size
+        low, high = config.random_window.within or (0, config.steps)
+        start = random.Random(seed_for(seed, step, 0x5DE)).randint(low, high - size)
+        return (start, start + size)
     window = config.sliding_window
     if window is None:
         return config.sde_window
@@ -34,15 +40,23 @@ def sde_window_at(config: GRPOConfig, step: int) -> tuple[int, int] | None:
 
 
 def rollout_sigmas(config: GRPOConfig, window: tuple[int, int] | None) -> list[float]:
-    """The noise levels of a rollout with SDE ``window``: the shifted schedule of ``config.steps``, its part
-    after the window re-spaced into ``config.tail_steps`` steps when that is fewer (same shift, same last
-    non-zero level, then 0)."""
-    sigmas = shifted_sigmas(config.steps, config.shift)
+    """The noise levels of a rollout with SDE ``window``: the schedule (``config.schedule``) of ``config.steps``,
+    its part after the window re-spaced into ``config.tail_steps`` steps when that is fewer (same shift, same
+    last non-zero level, then 0)."""
+    sigmas = schedule_sigmas(config.schedule, config.steps, config.shift)
     if config.tail_steps is None or window is None or config.steps - window[1] <= config.tail_steps:
         return sigmas
     end = window[1]
     tail = shifted_sigmas_between(sigmas[end], sigmas[-2], config.tail_steps, config.shift)
     return sigmas[:end] + tail + [0.0]
+
+
+def stochastic_steps(config: GRPOConfig, sigmas: list[float]) -> list[int]:
+    """The steps of a rollout with levels ``sigmas`` that add noise, so have a log-probability and can train
+    (all but CPS's last step to 0, whose noise is 0)."""
+    from dit_sp.rl.sde import is_stochastic
+
+    return [t for t in range(len(sigmas) - 1) if is_stochastic(config.sde, sigmas[t], sigmas[t + 1], sigmas[1])]
 
 
 @dataclass
@@ -97,7 +111,7 @@ def make_batch(prompts: list[str], step: int, seed: int, config: GRPOConfig, par
         sample_seeds=[seed_for(seed, step, pid, k) for pid, k in mine],
         noise_seeds=[seed_for(seed, step, pid, 0 if config.same_noise_per_group else k) for pid, k in mine],
         images=[images[pid] for pid, _ in mine] if images is not None and any(images) else None,
-        window=sde_window_at(config, step),
+        window=sde_window_at(config, step, seed),
     )
 
 

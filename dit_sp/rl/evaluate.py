@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from dit_sp.io.video import captioned_side_by_side, save_video
 from dit_sp.rl.rollout import sample_trajectory
-from dit_sp.rl.schedule import shifted_sigmas
+from dit_sp.rl.schedule import schedule_sigmas
 from dit_sp.rl.scoring import decode_videos
 from dit_sp.rl.sde import SDEConfig
 
@@ -38,7 +38,7 @@ def evaluate(trainer: GRPOTrainer, path: str | Path | None = None) -> float:
     generator = torch.Generator().manual_seed(config.seed)
     noise = torch.randn((len(prompts), *policy.latent_shape()), generator=generator)
     self.transformer.eval()
-    sigmas = shifted_sigmas(config.grpo.steps, config.grpo.shift)
+    sigmas = schedule_sigmas(config.grpo.schedule, config.grpo.steps, config.grpo.shift)
     with self._averaged():
         traj = sample_trajectory(lambda x, s: policy.velocity(x, s, cond), noise.to(parallel.device), sigmas,
                                  SDEConfig("ode"))  # fmt: skip

@@ -2,9 +2,9 @@
 
 The iteration's names in one place; each lives in the module of its job:
 
-- ``dit_sp.rl.grpo_config``: ``GRPOConfig``, ``SlidingWindow`` (the settings);
+- ``dit_sp.rl.grpo_config``: ``GRPOConfig``, ``SlidingWindow``, ``RandomWindow`` (the settings);
 - ``dit_sp.rl.batch``: ``Batch``, ``make_batch``, ``seed_for``, ``check_split``, ``sde_window_at``,
-  ``rollout_sigmas``, ``trained_steps``, ``select``, ``micro_batches`` (what an iteration runs);
+  ``rollout_sigmas``, ``stochastic_steps``, ``trained_steps``, ``select``, ``micro_batches`` (what an iteration runs);
 - ``dit_sp.rl.policy``: ``Policy`` (what GRPO needs from a model family);
 - ``dit_sp.rl.sampling``: ``rollout``, ``rollout_scored`` (the trajectories);
 - ``dit_sp.rl.scoring``: ``decode_videos``, ``score_videos``, ``rewards_of``, ``score_batch``,
@@ -28,9 +28,10 @@ from dit_sp.rl.batch import (
     sde_window_at,
     seed_for,
     select,
+    stochastic_steps,
     trained_steps,
 )
-from dit_sp.rl.grpo_config import GRPOConfig, SlidingWindow
+from dit_sp.rl.grpo_config import GRPOConfig, RandomWindow, SlidingWindow
 from dit_sp.rl.policy import Policy
 from dit_sp.rl.sampling import rollout, rollout_scored
 from dit_sp.rl.scoring import Split, decode_videos, rewards_of, score_batch, score_videos, share_over_sp
@@ -40,6 +41,7 @@ __all__ = [
     "Batch",
     "GRPOConfig",
     "Policy",
+    "RandomWindow",
     "SlidingWindow",
     "Split",
     "accumulate_gradients",
@@ -58,6 +60,7 @@ __all__ = [
     "seed_for",
     "select",
     "share_over_sp",
+    "stochastic_steps",
     "train_on_rollout",
     "trained_steps",
 ]

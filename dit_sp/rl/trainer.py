@@ -36,14 +36,13 @@ from dit_sp.rl import export as _export
 from dit_sp.rl import resume as _resume
 from dit_sp.rl import step as _step
 from dit_sp.rl.advantages import PromptStats
-from dit_sp.rl.batch import make_batch, sde_window_at, trained_steps
+from dit_sp.rl.batch import make_batch, rollout_sigmas, sde_window_at, stochastic_steps, trained_steps
 from dit_sp.rl.collect import Rollout, collect
 from dit_sp.rl.config import TrainConfig
 from dit_sp.rl.embeddings import TEXT_ENCODERS, PromptEmbeddings, model_identity
 from dit_sp.rl.metrics import MetricsLog
 from dit_sp.rl.rewards import RewardFn, WeightedReward, build_reward
 from dit_sp.rl.rundir import check_output_dir, clear_run, write_config
-from dit_sp.rl.schedule import shifted_sigmas
 from dit_sp.rl.step_stats import step_line
 from dit_sp.sp import parallelize, parallelize_vae
 from dit_sp.train import shard_model
@@ -189,9 +188,9 @@ class GRPOTrainer:
                 if self.policy.takes_images else
                 f"{config.model} is a text-to-video model ({type(self.pipe).__name__}): its prompts take no image"
             )  # fmt: skip
-        sigmas = shifted_sigmas(config.grpo.steps, config.grpo.shift)
-        eligible = [t for t in range(config.grpo.steps) if self.policy.trains(sigmas[t])]
-        if not trained_steps(config.grpo, 0, eligible, sde_window_at(config.grpo, 0)):
+        sigmas = rollout_sigmas(config.grpo, sde_window_at(config.grpo, 0, config.seed))
+        eligible = [t for t in stochastic_steps(config.grpo, sigmas) if self.policy.trains(sigmas[t])]
+        if not trained_steps(config.grpo, 0, eligible, sde_window_at(config.grpo, 0, config.seed)):
             raise ConfigError(f"experts {self.trained} run at none of the trained steps (grpo.steps, grpo.shift, "
                               "grpo.sde_window): train another expert or move the steps")  # fmt: skip
 

@@ -11,12 +11,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dit_sp.rl.batch import micro_batches, select, trained_steps
+from dit_sp.rl.batch import micro_batches, select, stochastic_steps, trained_steps
 from dit_sp.rl.grpo_config import GRPOConfig
 from dit_sp.rl.loss import LossStats, grpo_loss, kl_to_reference
 from dit_sp.rl.policy import Policy
 from dit_sp.rl.rollout import Trajectory, shared_velocity
-from dit_sp.rl.sde import Transition
+from dit_sp.rl.sde import Transition, flow_grpo_kl_scale
 
 Tensor = torch.Tensor
 
@@ -42,7 +42,7 @@ def accumulate_gradients(
     policy: Policy, traj: Trajectory, cond: Any, advantages: Tensor, config: GRPOConfig, step_seed: int
 ) -> dict[str, float]:
     """Backward of the GRPO loss, averaged over the trained steps (gradients accumulate in ``.grad``)."""
-    eligible = [t for t in range(len(traj.sigmas) - 1) if policy.trains(traj.sigmas[t])]
+    eligible = [t for t in stochastic_steps(config, traj.sigmas) if policy.trains(traj.sigmas[t])]
     steps = trained_steps(config, step_seed, eligible, traj.window)
     totals: dict[str, float] = {}
     adv = advantages.to(traj.latents.device)
@@ -59,6 +59,8 @@ def accumulate_gradients(
                 with torch.no_grad():
                     reference = sub.transition(t, _velocity_at(policy, sub, t, part_cond, reference=True), config.sde)
                 kl = kl_to_reference(step.mean, reference.mean, step.std)
+                if config.kl_units == "flow_grpo":
+                    kl = kl * flow_grpo_kl_scale(config.sde, sub.sigmas[t], sub.sigmas[t + 1], sub.sigmas[1])
             loss, stats = grpo_loss(log_prob, sub.log_probs[t], adv[part], clip_range=config.clip_range, kl=kl,
                                     kl_coef=config.kl_coef)  # fmt: skip
             (loss * share / len(steps)).backward()

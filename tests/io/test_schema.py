@@ -92,7 +92,9 @@ def test_shipped_configs_are_valid():
 def test_train_config_errors_name_the_nested_key(tmp_path):
     with pytest.raises(ConfigError, match="GRPO needs a stochastic sampler"):
         TrainConfig.load(None, {"grpo.sde.kind": "ode"})
-    with pytest.raises(ConfigError, match=r"config.grpo.sde.kind: expected one of 'dance', 'flow', 'ode', got 'sdee'"):
+    with pytest.raises(
+        ConfigError, match=r"config.grpo.sde.kind: expected one of 'dance', 'flow', 'cps', 'ode', got 'sdee'"
+    ):
         TrainConfig.load(None, {"grpo.sde.kind": "sdee"})
     with pytest.raises(ConfigError, match=r"config.grpo.adv_std: expected one of 'group', 'global'"):
         TrainConfig.load(None, {"grpo.adv_std": "batch"})

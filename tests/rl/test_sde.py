@@ -140,7 +140,7 @@ def test_ratio_normalisation_removes_the_drift_below_one_and_keeps_the_on_policy
 def test_bad_steps_and_configs_are_clear_errors():
     with pytest.raises(ValueError, match="0 <= s' < s <= 1"):
         sde_mean_std(torch.zeros(1, 1), torch.zeros(1, 1), 0.3, 0.5, SDEConfig(), 1.0)
-    with pytest.raises(ValueError, match="'dance', 'flow' or 'ode'"):
+    with pytest.raises(ValueError, match="'dance', 'flow', 'cps' or 'ode'"):
         SDEConfig("sde")
     with pytest.raises(ValueError, match="steps must be >= 1"):
         shifted_sigmas(0)
