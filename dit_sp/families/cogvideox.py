@@ -57,7 +57,8 @@ class CogVideoXPolicy(DiffusersPolicy):
         if self.noise_levels[-1] < 1 - 1e-6:
             raise ConfigError(f"{type(scheduler).__name__}: its noisiest timestep is at flow noise level "
                               f"{self.noise_levels[-1].item():.4f}, and GRPO samples from pure noise (1.0); use a "
-                              "zero-terminal-SNR scheduler (rescale_betas_zero_snr: true, as CogVideoX ships)")  # fmt: skip
+                              "zero-terminal-SNR scheduler (rescale_betas_zero_snr: true, as CogVideoX "
+                              "ships)")  # fmt: skip
         if config.get("ofs_embed_dim") is not None:
             raise ConfigError("CogVideoX GRPO trains text-to-video models; this transformer takes an ofs input "
                               "(CogVideoX 1.5 image-to-video)")  # fmt: skip

@@ -64,9 +64,10 @@ class HunyuanVideo15Policy(DiffusersPolicy):
         batch, channels, frames, height, width = hidden.shape
         condition = hidden.new_zeros(batch, model.config.in_channels - channels, frames, height, width)
         image = hidden.new_zeros(batch, 1, model.config.image_embed_dim)  # all zero: text-to-video, masked out
+        dtype = hidden.dtype
         return model(hidden_states=torch.cat([hidden, condition], dim=1), timestep=timestep,
-                     encoder_hidden_states=text.to(hidden.dtype), encoder_attention_mask=mask.to(hidden.dtype),
-                     encoder_hidden_states_2=glyphs.to(hidden.dtype), encoder_attention_mask_2=glyph_mask.to(hidden.dtype),
+                     encoder_hidden_states=text.to(dtype), encoder_attention_mask=mask.to(dtype),
+                     encoder_hidden_states_2=glyphs.to(dtype), encoder_attention_mask_2=glyph_mask.to(dtype),
                      image_embeds=image, return_dict=False)[0]  # fmt: skip
 
     def _unscale(self, latents: Tensor) -> Tensor:

@@ -92,15 +92,16 @@ class LTX2Policy(DiffusersPolicy):
         video_text, audio_text, mask = cond
         config = model.config
         batch, _, frames, height, width = hidden.shape
-        packed = self.pipe._pack_latents(hidden, config.patch_size, config.patch_size_t)
+        patch, patch_t = config.patch_size, config.patch_size_t
+        grid = (frames // patch_t, height // patch, width // patch)
+        packed = self.pipe._pack_latents(hidden, patch, patch_t)
         audio = torch.zeros(batch, 1, config.audio_in_channels, dtype=hidden.dtype, device=hidden.device)
         out = model(hidden_states=packed, audio_hidden_states=audio, encoder_hidden_states=video_text.to(hidden.dtype),
                     audio_encoder_hidden_states=audio_text.to(hidden.dtype), timestep=timestep, sigma=timestep,
-                    encoder_attention_mask=mask, audio_encoder_attention_mask=mask, num_frames=frames // config.patch_size_t,
-                    height=height // config.patch_size, width=width // config.patch_size, fps=FRAME_RATE,
-                    audio_num_frames=1, isolate_modalities=True, return_dict=False)[0]  # fmt: skip
-        return self.pipe._unpack_latents(out, frames // config.patch_size_t, height // config.patch_size,
-                                         width // config.patch_size, config.patch_size, config.patch_size_t)  # fmt: skip
+                    encoder_attention_mask=mask, audio_encoder_attention_mask=mask, num_frames=grid[0],
+                    height=grid[1], width=grid[2], fps=FRAME_RATE, audio_num_frames=1, isolate_modalities=True,
+                    return_dict=False)[0]  # fmt: skip
+        return self.pipe._unpack_latents(out, *grid, patch, patch_t)
 
     def _unscale(self, latents: Tensor) -> Tensor:
         vae = self.pipe.vae

@@ -23,8 +23,14 @@ def tiny_hunyuanvideo15(path: str) -> str:
     from diffusers.pipelines.hunyuan_video1_5.pipeline_hunyuan_video1_5 import format_text_input
     from tokenizers import Tokenizer, decoders, pre_tokenizers
     from tokenizers.models import BPE
-    from transformers import ByT5Tokenizer, PreTrainedTokenizerFast, Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel
-    from transformers import T5Config, T5EncoderModel
+    from transformers import (
+        ByT5Tokenizer,
+        PreTrainedTokenizerFast,
+        Qwen2_5_VLTextConfig,
+        Qwen2_5_VLTextModel,
+        T5Config,
+        T5EncoderModel,
+    )
 
     from dit_sp.zoo import build_tiny
 
@@ -34,9 +40,10 @@ def tiny_hunyuanvideo15(path: str) -> str:
                                             relative_attention_num_buckets=8))  # fmt: skip
     vae = AutoencoderKLHunyuanVideo15(latent_channels=4, block_out_channels=(8, 8, 8, 8), layers_per_block=1,
                                       spatial_compression_ratio=8, temporal_compression_ratio=4)  # fmt: skip
+    scheduler, guider = FlowMatchEulerDiscreteScheduler(shift=5.0), ClassifierFreeGuidance(guidance_scale=4.0)
     pipe = HunyuanVideo15Pipeline(text_encoder=None, tokenizer=None, transformer=transformer, vae=vae,
-                                  scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0), text_encoder_2=glyph_encoder,
-                                  tokenizer_2=ByT5Tokenizer(), guider=ClassifierFreeGuidance(guidance_scale=4.0))  # fmt: skip
+                                  scheduler=scheduler, text_encoder_2=glyph_encoder, tokenizer_2=ByT5Tokenizer(),
+                                  guider=guider)  # fmt: skip
     # Byte-level BPE whose vocabulary also holds the words of the pipeline's system prompt, so that the chat
     # header before the prompt is exactly the pipeline's crop_start (108) tokens, as with Qwen's tokenizer: every
     # word one token but "color" (6 bytes, so 5 tokens more: 103 + 5).
@@ -70,7 +77,14 @@ def family_configs(hunyuanvideo15: str, **layout) -> list:
     return [
         tiny_config(model="tiny-cogvideox", height=32, width=32, **{"sample.max_sequence_length": 8}, **common),
         tiny_config(model="tiny-ltx2", height=16, width=16, parallel_vae=False, **common),
-        tiny_config(model=hunyuanvideo15, height=32, width=48, parallel_vae=False, **common),
+        tiny_config(
+            model=hunyuanvideo15,
+            height=32,
+            width=48,
+            parallel_vae=False,
+            **{"sample.max_sequence_length": 32},
+            **common,
+        ),
     ]
 
 
