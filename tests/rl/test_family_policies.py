@@ -41,6 +41,7 @@ def euler(policy, noise: torch.Tensor, levels: list[float], prompt: str) -> torc
     return x
 
 
+@pytest.mark.slow  # runs the stock pipeline
 @torch.no_grad()
 def test_cogvideox_policy_ode_is_the_pipelines_ddim():
     """At the noise levels of the scheduler's own timesteps (``s = b / (a + b)``), the flow Euler steps of the
@@ -77,6 +78,7 @@ def test_cogvideox_policy_refuses_what_it_cannot_convert():
         CogVideoXPolicy(pipe, pipe.transformer, **size)
 
 
+@pytest.mark.slow  # runs the stock pipeline
 @torch.no_grad()
 def test_hunyuanvideo15_policy_ode_is_the_pipelines(hunyuanvideo15):
     """The policy's Euler ODE is the stock pipeline's sampling (its guider's CFG), though the policy keeps 32 text
@@ -135,7 +137,7 @@ def test_tiny_grpo_runs_through_the_cli(hunyuanvideo15, prompts, tmp_path):
     for i, (model, sample) in enumerate(runs.items()):
         config = tmp_path / f"run{i}.yaml"
         config.write_text(f"model: {model}\nprompts: {prompts}\n{sample}"
-                          "grpo: {steps: 2, group_size: 2, prompts_per_step: 2}\noptim: {lr: 0.001}\n")  # fmt: skip
+                          "grpo: {steps: 2, group_size: 2, prompts_per_step: 1}\noptim: {lr: 0.001}\n")  # fmt: skip
         out = tmp_path / f"out{i}"
         cmd = [sys.executable, "-m", "pipelines.train_grpo", "--config", str(config), "--output-dir", str(out),
                "--max-steps", "1"]  # fmt: skip

@@ -72,8 +72,8 @@ def tiny_hunyuanvideo15(path: str) -> str:
 
 
 def family_configs(hunyuanvideo15: str, **layout) -> list:
-    """One small GRPO run per family (guided, every step trained), on ``layout``."""
-    common = {"steps": 2, "group_size": 2, "prompts_per_step": 2, "frames": 5, "guidance": 2.0, **layout}
+    """One small GRPO run per family (a group of 2 samples, guided, 2 steps, both trained), on ``layout``."""
+    common = {"steps": 2, "group_size": 2, "prompts_per_step": 1, "frames": 5, "guidance": 2.0, **layout}
     return [
         tiny_config(model="tiny-cogvideox", height=32, width=32, **{"sample.max_sequence_length": 8}, **common),
         tiny_config(model="tiny-ltx2", height=16, width=16, parallel_vae=False, **common),
