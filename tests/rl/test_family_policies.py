@@ -115,8 +115,11 @@ def test_policy_steps_equal_single_process_on_1x2_and_2x1(hunyuanvideo15, prompt
     for one in single:
         assert one["ratio"] == (1.0, 1.0) and (one["log_probs"] != 0).all(), one["policy"]
         assert max(g.abs().max().item() for g in one["grads"].values()) > 0
-    audio = {name: g for name, g in single[1]["grads"].items() if "audio" in name}
-    assert all(g.abs().max() == 0 for g in audio.values()), [n for n, g in audio.items() if g.abs().max() > 0]
+    ltx2 = single[1]
+    audio = [name for name in ltx2["parameters"] if "audio" in name]
+    assert len(audio) > 100  # the audio stream's layers and the audio-video cross-attention
+    moved = [name for name in audio if name in ltx2["grads"] and ltx2["grads"][name].abs().max() > 0]
+    assert not moved, moved
     for rank in results:
         for layout, (result, one) in zip(("1x2", "1x2", "1x2", "2x1", "2x1", "2x1"), zip(rank, single * 2)):
             what = f"{one['policy']} {layout}"

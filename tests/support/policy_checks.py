@@ -89,8 +89,8 @@ def family_configs(hunyuanvideo15: str, **layout) -> list:
 
 
 def family_steps(configs: list) -> list[dict]:
-    """For each run: the full gradients of step 0's update, the rollout's log-probabilities and rewards, and the
-    ratio range (exactly on-policy: 1)."""
+    """For each run: the full gradients of step 0's update (of the parameters that got one) and every trained
+    parameter's name, the rollout's log-probabilities and rewards, and the ratio range (exactly on-policy: 1)."""
     from dit_sp import GRPOTrainer
     from dit_sp.rl.batch import seed_for
     from dit_sp.rl.update import accumulate_gradients
@@ -104,6 +104,8 @@ def family_steps(configs: list) -> list[dict]:
                                      seed_for(cfg.seed, 0, 1))  # fmt: skip
         grads = {name: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone()
                  for name, p in trainer.transformer.named_parameters() if p.grad is not None}  # fmt: skip
+        names = [name for name, _ in trainer.transformer.named_parameters()]
         results.append({"policy": type(trainer.policy).__name__, "grads": grads, "log_probs": data.traj.log_probs,
+                        "parameters": names,
                         "rewards": data.rewards, "ratio": (stats["ratio_min"], stats["ratio_max"])})  # fmt: skip
     return results
