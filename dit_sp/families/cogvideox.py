@@ -3,7 +3,8 @@
 Every block attends over ``[text, video]`` jointly, text in front. The patch embedding runs on the
 full sequence (it adds positional embeddings); the video tokens are split where the blocks start.
 The pipeline runs guidance as one call on a batch of ``[unconditional, conditional]``.
-diffusers ships no ``_cp_plan`` for this model.
+diffusers ships no ``_cp_plan`` for this model. GRPO: ``CogVideoXPolicy`` (its v-prediction converted exactly to a
+flow-matching velocity).
 """
 
 from __future__ import annotations
@@ -13,13 +14,107 @@ from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import block_argument, context_parallel_types
 from dit_sp.errors import ConfigError
-from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.families.family import ModelFamily, generation_defaults, no_grad
+from dit_sp.families.policy import DiffusersPolicy
 from dit_sp.families.shape import check_largest
 from dit_sp.vae import Padding, VAEPlan
 from dit_sp.vae.tiles import TileProtocol
 
 if TYPE_CHECKING:
     import torch
+
+    Tensor = torch.Tensor
+
+
+class CogVideoXPolicy(DiffusersPolicy):
+    """CogVideoX text-to-video (``CogVideoXPipeline``): T5 text tokens; the transformer takes latents
+    ``(B, F, C, H, W)`` and the pipeline's 3-D RoPE tables.
+
+    CogVideoX predicts ``v`` on a variance-preserving schedule, ``x_t = a x0 + b eps`` with ``a^2 + b^2 = 1``
+    (``a^2`` = the scheduler's ``alphas_cumprod``), and GRPO's SDE step assumes flow matching,
+    ``x_s = (1 - s) x0 + s eps``. Both are the same process rescaled: ``x_s = x_t / (a + b)`` at
+    ``s = b / (a + b)``. So the conversion is exact: at noise level ``s`` the transformer sees
+    ``x_t = (a + b) x_s`` at the timestep whose ``alphas_cumprod`` is ``a^2`` (fractional, interpolated in the
+    scheduler's table: the sinusoidal time embedding takes any real timestep), and the policy returns the flow
+    velocity ``eps - x0 = (b^2 - a^2) x_s + (a + b) v`` (``x0 = a x_t - b v``, ``eps = b x_t + a v``). Its Euler ODE
+    step is the pipeline's DDIM step exactly (both keep ``x0`` and ``eps`` fixed over a step), and guidance on it
+    is guidance on ``v`` (the map is affine with the same ``x_s`` term).
+
+    Refused, each with its reason: epsilon-prediction schedulers, schedulers without zero terminal SNR (they never
+    reach pure noise, ``s = 1``, where GRPO starts), CogVideoX 1.5 with latent frames that are not a multiple of
+    ``patch_size_t`` (its pipeline pads frames and drops them after sampling), and ``ofs`` (1.5 I2V) models."""
+
+    def __init__(self, pipe: Any, transformer: torch.nn.Module, **kwargs: Any):
+        super().__init__(pipe, transformer, **kwargs)
+        scheduler, config = pipe.scheduler, transformer.config
+        prediction = scheduler.config.get("prediction_type")
+        if prediction != "v_prediction":
+            raise ConfigError(f"CogVideoX GRPO converts v-prediction to a flow velocity; this scheduler predicts "
+                              f"{prediction!r}: use the model's v_prediction scheduler")  # fmt: skip
+        alphas = scheduler.alphas_cumprod.double()
+        # the noise level s = b / (a + b) of every training timestep, increasing with the timestep
+        self.noise_levels = (1 - alphas).sqrt() / (alphas.sqrt() + (1 - alphas).sqrt())
+        if self.noise_levels[-1] < 1 - 1e-6:
+            raise ConfigError(f"{type(scheduler).__name__}: its noisiest timestep is at flow noise level "
+                              f"{self.noise_levels[-1].item():.4f}, and GRPO samples from pure noise (1.0); use a "
+                              "zero-terminal-SNR scheduler (rescale_betas_zero_snr: true, as CogVideoX "
+                              "ships)")  # fmt: skip
+        if config.get("ofs_embed_dim") is not None:
+            raise ConfigError("CogVideoX GRPO trains text-to-video models; this transformer takes an ofs input "
+                              "(CogVideoX 1.5 image-to-video)")  # fmt: skip
+        patch_t, frames = config.get("patch_size_t"), self.shape[1]
+        if patch_t is not None and frames % patch_t:
+            raise ConfigError(f"frames: CogVideoX 1.5 takes latent frames in multiples of patch_size_t {patch_t} (its "
+                              f"pipeline pads others), and these frames make {frames}; use frames with (frames - 1) / "
+                              f"{pipe.vae_scale_factor_temporal} + 1 a multiple of {patch_t}")  # fmt: skip
+        self._rotary: tuple[Tensor, Tensor] | None = None
+
+    @no_grad
+    def _encode(self, prompts: list[str]) -> tuple[Tensor, Tensor | None]:
+        positive, negative = self.pipe.encode_prompt(
+            prompt=prompts,
+            negative_prompt=[self.negative_prompt] * len(prompts),
+            do_classifier_free_guidance=self.guided,
+            max_sequence_length=self.max_sequence_length,
+            device=self.device,
+        )
+        return positive, negative
+
+    def timestep_at(self, s: Tensor) -> Tensor:
+        """The (fractional) training timestep at flow noise level ``s`` (float64): linear between the
+        scheduler's timesteps around it."""
+        import torch
+
+        levels = self.noise_levels.to(s.device)
+        upper = torch.searchsorted(levels, s).clamp(1, len(levels) - 1)
+        low, high = levels[upper - 1], levels[upper]
+        fraction = ((s - low) / (high - low)).clamp(0, 1)
+        return upper - 1 + fraction
+
+    @no_grad
+    def rotary(self, device: torch.device) -> tuple[Tensor, Tensor] | None:
+        """The pipeline's RoPE tables ``(cos, sin)``, each ``(S, D)``, for the policy's size (computed once)."""
+        if not self.transformer.config.use_rotary_positional_embeddings:
+            return None
+        if self._rotary is None:
+            _, frames, height, width = self.shape
+            spatial = self.pipe.vae_scale_factor_spatial
+            self._rotary = self.pipe._prepare_rotary_positional_embeddings(height * spatial, width * spatial, frames,
+                                                                           device)  # fmt: skip
+        return self._rotary
+
+    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: Tensor) -> Tensor:
+        s = timestep.double() / 1000.0
+        norm = ((1 - s) ** 2 + s**2).sqrt()
+        a, b = (1 - s) / norm, s / norm
+        scale = (a + b).to(hidden.dtype).view(-1, 1, 1, 1, 1)
+        x_t = (hidden * scale).permute(0, 2, 1, 3, 4)  # (B, F, C, H, W), as the pipeline's latents
+        v = model(hidden_states=x_t, encoder_hidden_states=cond.to(hidden.dtype), timestep=self.timestep_at(s).float(),
+                  image_rotary_emb=self.rotary(hidden.device), return_dict=False)[0]  # fmt: skip
+        return (b**2 - a**2).to(hidden.dtype).view(-1, 1, 1, 1, 1) * hidden + scale * v.permute(0, 2, 1, 3, 4)
+
+    def _unscale(self, latents: Tensor) -> Tensor:
+        return latents / self.pipe.vae.config.scaling_factor
 
 
 def _plan(model: torch.nn.Module) -> dict:
@@ -111,6 +206,8 @@ COGVIDEOX = ModelFamily(
     joint_position="front",
     cfg_mode="batched",
     cfg_batched_args=("hidden_states", "encoder_hidden_states", "timestep", "ofs"),
+    pipelines=("CogVideoXPipeline",),
+    policy=CogVideoXPolicy,
     vae=COGVIDEOX_VAE,
     teacache_probe=_teacache_probe,
     shape_check=_shape_check,

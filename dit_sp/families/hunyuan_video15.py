@@ -13,13 +13,70 @@ those of ``families/hunyuan_video.py``): the sample's leader decodes, and ``para
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
-from dit_sp.families.family import ModelFamily
+from dit_sp.families.family import ModelFamily, no_grad
+from dit_sp.families.policy import DiffusersPolicy
 
 if TYPE_CHECKING:
     import torch
+
+    Tensor = torch.Tensor
+
+
+class HunyuanVideo15Policy(DiffusersPolicy):
+    """HunyuanVideo-1.5 text-to-video (``HunyuanVideo15Pipeline``; flow matching, velocity prediction): Qwen2.5-VL
+    text tokens and Glyph-ByT5 tokens of quoted text, each with its mask, as the pipeline encodes them. The
+    transformer's input is the noise with text-to-video's zero condition latents and zero mask in channels, and
+    zero image tokens. Guidance is classifier-free guidance on the velocity, as the pipeline's
+    ``ClassifierFreeGuidance`` guider computes it (``guidance`` replaces the guider's scale).
+
+    Padding tokens are masked both ways (they attend to nothing and nothing attends to them), so their number does
+    not change the video's velocity: ``max_sequence_length`` caps both text lengths (the pipeline pads to 1000
+    Qwen2.5-VL and 256 ByT5 tokens; longer prompts are cut there) and the all-masked image tokens of text-to-video
+    are one instead of the pipeline's 729. Decoding runs one video per VAE call (``AutoencoderKLHunyuanVideo15``'s
+    causal attention mask does not broadcast over a batch in diffusers 0.42)."""
+
+    @no_grad
+    def _encode(self, prompts: list[str]) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...] | None]:
+        pipe = self.pipe
+
+        def encode(texts: list[str]) -> tuple[Tensor, ...]:
+            text, mask = pipe._get_mllm_prompt_embeds(
+                tokenizer=pipe.tokenizer, text_encoder=pipe.text_encoder, prompt=texts, device=self.device,
+                tokenizer_max_length=min(self.max_sequence_length, pipe.tokenizer_max_length),
+                system_message=pipe.system_message, crop_start=pipe.prompt_template_encode_start_idx,
+            )  # fmt: skip
+            glyphs, glyph_mask = pipe._get_byt5_prompt_embeds(
+                tokenizer=pipe.tokenizer_2, text_encoder=pipe.text_encoder_2, prompt=texts, device=self.device,
+                tokenizer_max_length=min(self.max_sequence_length, pipe.tokenizer_2_max_length),
+            )  # fmt: skip
+            return text, mask, glyphs, glyph_mask
+
+        positive = encode(prompts)
+        return positive, encode([self.negative_prompt] * len(prompts)) if self.guided else None
+
+    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: tuple[Tensor, ...]) -> Tensor:
+        import torch
+
+        text, mask, glyphs, glyph_mask = cond
+        batch, channels, frames, height, width = hidden.shape
+        condition = hidden.new_zeros(batch, model.config.in_channels - channels, frames, height, width)
+        image = hidden.new_zeros(batch, 1, model.config.image_embed_dim)  # all zero: text-to-video, masked out
+        dtype = hidden.dtype
+        return model(hidden_states=torch.cat([hidden, condition], dim=1), timestep=timestep,
+                     encoder_hidden_states=text.to(dtype), encoder_attention_mask=mask.to(dtype),
+                     encoder_hidden_states_2=glyphs.to(dtype), encoder_attention_mask_2=glyph_mask.to(dtype),
+                     image_embeds=image, return_dict=False)[0]  # fmt: skip
+
+    def _unscale(self, latents: Tensor) -> Tensor:
+        return latents / self.pipe.vae.config.scaling_factor
+
+    def decode(self, latents: Tensor, cond: tuple[Any, Any | None] | None = None) -> Tensor:
+        import torch
+
+        return torch.cat([super(HunyuanVideo15Policy, self).decode(video[None]) for video in latents])
 
 
 def _plan(model: torch.nn.Module) -> dict:
@@ -50,6 +107,8 @@ HUNYUAN_VIDEO15 = ModelFamily(
     attention_modules=("transformer_blocks.*.attn",),
     joint_position="rear",
     cfg_mode="sequential",
+    pipelines=("HunyuanVideo15Pipeline",),
+    policy=HunyuanVideo15Policy,
     tiny_models=("tiny-hunyuanvideo15",),
     architectures=_ARCHITECTURES,
 )

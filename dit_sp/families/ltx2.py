@@ -21,6 +21,8 @@ not the audio; dit-sp keeps the text whole, so it uses its own plan.
 
 VAE: ``AutoencoderKLLTX2Video`` and the audio VAE / vocoder decode on the sample's leader (the others receive the
 frames); no row-split plan in ``dit_sp.vae`` yet.
+
+GRPO (``LTX2Policy``) trains the video stream alone: the audio is refused (see the class).
 """
 
 from __future__ import annotations
@@ -28,11 +30,82 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
-from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.errors import ConfigError
+from dit_sp.families.family import ModelFamily, generation_defaults, no_grad
 from dit_sp.families.ltx import ltx_vae_factors
+from dit_sp.families.policy import DiffusersPolicy
 
 if TYPE_CHECKING:
     import torch
+
+    Tensor = torch.Tensor
+
+FRAME_RATE = 24.0
+"""The frame rate the video positions are conditioned on: ``LTX2Pipeline``'s default (``frame_rate`` 24,
+``motion_speed`` 1)."""
+
+
+class LTX2Policy(DiffusersPolicy):
+    """LTX-2 text-to-video (``LTX2Pipeline``), the video stream only: silent videos.
+
+    GRPO's trajectories, log-probabilities and rewards are over one latent video; LTX-2 denoises an audio stream
+    beside it, and each stream attends to the other (audio-to-video and video-to-audio cross-attention). The policy
+    runs the transformer with ``isolate_modalities`` (as the pipeline's modality-isolation guidance branch does):
+    both cross-attentions are off, so the video velocity does not depend on the audio at all, and the audio stream
+    gets one placeholder latent frame of zeros whose output is dropped. Audio is neither sampled, scored nor trained
+    (the audio layers get no gradient). The text goes through the pipeline's connectors once, when it is encoded.
+    Guidance is plain classifier-free guidance on the video velocity (equal to the pipeline's x0-space delta form);
+    the pipeline's spatio-temporal and modality guidance and guidance rescale are not part of the policy.
+    Latents are ``(B, C, F, H, W)`` here and packed ``(B, F*H*W, C)`` for the transformer.
+
+    Refused: a timestep-conditioned VAE (its decode draws noise)."""
+
+    def __init__(self, pipe: Any, transformer: torch.nn.Module, **kwargs: Any):
+        super().__init__(pipe, transformer, **kwargs)
+        if pipe.vae.config.get("timestep_conditioning"):
+            raise ConfigError("LTX-2 GRPO decodes without noise; this VAE is timestep-conditioned (decode_timestep "
+                              "adds noise to the latents), which the policy does not support")  # fmt: skip
+
+    def _compression(self, pipe: Any) -> tuple[int, int]:
+        return pipe.vae_temporal_compression_ratio, pipe.vae_spatial_compression_ratio
+
+    @no_grad
+    def _encode(self, prompts: list[str]) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...] | None]:
+        pipe = self.pipe
+        embeds, mask, negative, negative_mask = pipe.encode_prompt(
+            prompt=prompts,
+            negative_prompt=[self.negative_prompt] * len(prompts),
+            do_classifier_free_guidance=self.guided,
+            max_sequence_length=self.max_sequence_length,
+            device=self.device,
+        )
+        side = getattr(pipe.tokenizer, "padding_side", "left") if getattr(pipe, "tokenizer", None) else "left"
+
+        def connect(text: Tensor, text_mask: Tensor) -> tuple[Tensor, ...]:  # (video text, audio text, mask)
+            return tuple(pipe.connectors(text, text_mask, padding_side=side))
+
+        return connect(embeds, mask), connect(negative, negative_mask) if self.guided else None
+
+    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: tuple[Tensor, ...]) -> Tensor:
+        import torch
+
+        video_text, audio_text, mask = cond
+        config = model.config
+        batch, _, frames, height, width = hidden.shape
+        patch, patch_t = config.patch_size, config.patch_size_t
+        grid = (frames // patch_t, height // patch, width // patch)
+        packed = self.pipe._pack_latents(hidden, patch, patch_t)
+        audio = torch.zeros(batch, 1, config.audio_in_channels, dtype=hidden.dtype, device=hidden.device)
+        out = model(hidden_states=packed, audio_hidden_states=audio, encoder_hidden_states=video_text.to(hidden.dtype),
+                    audio_encoder_hidden_states=audio_text.to(hidden.dtype), timestep=timestep, sigma=timestep,
+                    encoder_attention_mask=mask, audio_encoder_attention_mask=mask, num_frames=grid[0],
+                    height=grid[1], width=grid[2], fps=FRAME_RATE, audio_num_frames=1, isolate_modalities=True,
+                    return_dict=False)[0]  # fmt: skip
+        return self.pipe._unpack_latents(out, *grid, patch, patch_t)
+
+    def _unscale(self, latents: Tensor) -> Tensor:
+        vae = self.pipe.vae
+        return self.pipe._denormalize_latents(latents, vae.latents_mean, vae.latents_std, vae.config.scaling_factor)
 
 
 def _plan(model: torch.nn.Module) -> dict:
@@ -84,6 +157,8 @@ LTX2 = ModelFamily(
         *("timestep", "audio_timestep", "sigma", "audio_sigma", "encoder_attention_mask"),
         *("audio_encoder_attention_mask", "video_coords", "audio_coords", "video_keyframes_mask"),
     ),
+    pipelines=("LTX2Pipeline",),
+    policy=LTX2Policy,
     tiny_models=("tiny-ltx2",),
     checkpoint_defaults=dict.fromkeys(_PIPELINES, generation_defaults(121, 512, 768, 30, 3.0, 1024) | {"fps": 24}),
     vae_factors=dict.fromkeys(_PIPELINES, _vae_factors),

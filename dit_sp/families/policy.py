@@ -64,9 +64,13 @@ class DiffusersPolicy:
         """The experts being trained; steps where another one runs train nothing."""
         self.device = device or torch.device("cpu")
         self.embeddings: Any | None = None
-        temporal, spatial = pipe.vae_scale_factor_temporal, pipe.vae_scale_factor_spatial
+        temporal, spatial = self._compression(pipe)
         channels = transformer.config.out_channels  # image-to-video models take more (the image's) than they give
         self.shape = (channels, (frames - 1) // temporal + 1, height // spatial, width // spatial)
+
+    def _compression(self, pipe: Any) -> tuple[int, int]:
+        """``(temporal, spatial)`` compression of the pipeline's VAE."""
+        return pipe.vae_scale_factor_temporal, pipe.vae_scale_factor_spatial
 
     @property
     def guided(self) -> bool:

@@ -176,7 +176,8 @@ def architecture_name(model: str) -> str | None:
     """The ``ARCHITECTURES`` key found in the name of ``model`` (a path or name, e.g. ``Wan2.1-T2V-14B-Diffusers``),
     or None."""
     lowered = Path(model).name.lower().replace("-diffusers", "")
-    return next((key for key in ARCHITECTURES if key in lowered or key.replace("-t2v", "") in lowered), None)
+    found = [key for key in ARCHITECTURES if key in lowered or key.replace("-t2v", "") in lowered]
+    return max(found, key=len, default=None)  # the most specific: HunyuanVideo-1.5 over HunyuanVideo
 
 
 def _from_directory(path: Path) -> dict[str, Any]:

@@ -302,9 +302,19 @@ def load_pipeline(
     encoders = [name for name in TEXT_ENCODERS if sharded_text_encoders is not None and name in present]
     skipped = [name for name in (*without, *encoders) if name in present]
     try:
-        pipe = diffusers.DiffusionPipeline.from_pretrained(
-            path, dtype=dtype, local_files_only=True, **dict.fromkeys(empty + skipped)
-        )
+        try:
+            pipe = diffusers.DiffusionPipeline.from_pretrained(
+                path, dtype=dtype, local_files_only=True, **dict.fromkeys(empty + skipped)
+            )
+        except AttributeError:
+            if "vae" not in skipped:
+                raise
+            # HunyuanVideo-1.5's pipelines read their VAE's config when built: load it, and drop it once built
+            kept = [name for name in skipped if name != "vae"]
+            pipe = diffusers.DiffusionPipeline.from_pretrained(
+                path, dtype=dtype, local_files_only=True, **dict.fromkeys(empty + kept)
+            )
+            pipe.register_modules(vae=None)
     except (OSError, ValueError) as e:
         raise MissingFileError(f"{path} is an incomplete diffusers pipeline directory: {e}") from e
     if "vae" in skipped:  # the pipeline derived them from its VAE, and fell back to Wan's defaults without one

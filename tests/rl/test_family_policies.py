@@ -1,0 +1,162 @@
+"""GRPO policies of CogVideoX (v-prediction as a flow velocity), LTX-2 (video stream, audio isolated) and
+HunyuanVideo-1.5 T2V: their ODE is the stock pipeline's sampler, one step's gradients and log-probs on 1x2 and 2x1
+(FSDP2 over the SP ranks) are one process's, a tiny run goes through the CLI, and the real checkpoints' configs load
+and plan."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from cli_run import run_python
+from policy_checks import family_configs, family_steps, tiny_hunyuanvideo15
+from train_runs import assert_grads_equal, metrics_rows
+
+from dit_sp import TrainConfig, spawn
+from dit_sp.families.cogvideox import CogVideoXPolicy
+from dit_sp.families.hunyuan_video15 import HunyuanVideo15Policy
+from dit_sp.memory.planner import architecture_name, plan_training
+from dit_sp.zoo import build_tiny
+
+
+@pytest.fixture(scope="module")
+def hunyuanvideo15(tmp_path_factory) -> str:
+    return tiny_hunyuanvideo15(str(tmp_path_factory.mktemp("hunyuanvideo15") / "pipe"))
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("prompts") / "prompts.txt"
+    path.write_text('a red circle moving left\nthe word "hi" in blue\n')
+    return str(path)
+
+
+def euler(policy, noise: torch.Tensor, levels: list[float], prompt: str) -> torch.Tensor:
+    """The policy's Euler ODE (``g = 0``: GRPO's SDE step without noise) through ``levels``, to 0."""
+    cond = policy.encode([prompt])
+    x = noise
+    for s, s_next in zip(levels, [*levels[1:], 0.0]):
+        x = x + (s_next - s) * policy.velocity(x, s, cond)
+    return x
+
+
+@pytest.mark.slow  # runs the stock pipeline
+@torch.no_grad()
+def test_cogvideox_policy_ode_is_the_pipelines_ddim():
+    """At the noise levels of the scheduler's own timesteps (``s = b / (a + b)``), the flow Euler steps of the
+    converted velocity are the stock pipeline's DDIM v-prediction steps, guidance included."""
+    pipe = build_tiny("tiny-cogvideox")
+    policy = CogVideoXPolicy(pipe, pipe.transformer, frames=9, height=64, width=64, guidance=3.0,
+                             max_sequence_length=8)  # fmt: skip
+    noise = torch.randn(1, 3, 4, 8, 8, generator=torch.Generator().manual_seed(0))  # (B, F, C, H, W) as the pipeline's
+    settings = {"num_frames": 9, "height": 64, "width": 64, "num_inference_steps": 4, "guidance_scale": 3.0}
+    stock = pipe(prompt="a red circle", negative_prompt="", latents=noise.clone(), output_type="latent",
+                 max_sequence_length=8, **settings).frames  # fmt: skip
+    alphas = pipe.scheduler.alphas_cumprod.double()
+    levels = [((1 - alphas[t]).sqrt() / (alphas[t].sqrt() + (1 - alphas[t]).sqrt())).item()
+              for t in pipe.scheduler.timesteps]  # fmt: skip
+    assert levels[0] == 1.0 and policy.timestep_at(torch.tensor(levels, dtype=torch.float64)).tolist() == [
+        float(t) for t in pipe.scheduler.timesteps
+    ]
+    ours = euler(policy, noise.permute(0, 2, 1, 3, 4), levels, "a red circle").permute(0, 2, 1, 3, 4)
+    assert stock.abs().max() > 1
+    torch.testing.assert_close(ours, stock, atol=1e-5, rtol=0)
+
+
+def test_cogvideox_policy_refuses_what_it_cannot_convert():
+    from diffusers import CogVideoXDDIMScheduler
+
+    pipe = build_tiny("tiny-cogvideox")
+    size = {"frames": 9, "height": 64, "width": 64, "guidance": 1.0, "max_sequence_length": 8}
+    config = dict(pipe.scheduler.config)
+    pipe.scheduler = CogVideoXDDIMScheduler.from_config(config | {"prediction_type": "epsilon"})
+    with pytest.raises(ValueError, match="^CogVideoX GRPO converts v-prediction to a flow velocity; this scheduler "):
+        CogVideoXPolicy(pipe, pipe.transformer, **size)
+    pipe.scheduler = CogVideoXDDIMScheduler.from_config(config | {"rescale_betas_zero_snr": False})
+    with pytest.raises(ValueError, match=r"noisiest timestep is at flow noise level 0\.9620, and GRPO samples from"):
+        CogVideoXPolicy(pipe, pipe.transformer, **size)
+
+
+@pytest.mark.slow  # runs the stock pipeline
+@torch.no_grad()
+def test_hunyuanvideo15_policy_ode_is_the_pipelines(hunyuanvideo15):
+    """The policy's Euler ODE is the stock pipeline's sampling (its guider's CFG), though the policy keeps 32 text
+    tokens and one image token where the pipeline pads to 1000 + 256 text and 729 image tokens: padding is masked
+    (the prompt fits in 32 tokens)."""
+    from diffusers import HunyuanVideo15Pipeline
+    from diffusers.guiders import ClassifierFreeGuidance
+
+    pipe = HunyuanVideo15Pipeline.from_pretrained(hunyuanvideo15)
+    pipe.guider = ClassifierFreeGuidance(guidance_scale=2.0)
+    policy = HunyuanVideo15Policy(pipe, pipe.transformer, frames=5, height=32, width=48, guidance=2.0,
+                                  max_sequence_length=32)  # fmt: skip
+    prompt = 'a red circle, "hi"'
+    assert policy.encode([prompt])[0][3].sum() > 0  # the glyph text is encoded too
+    noise = torch.randn(1, *policy.latent_shape(), generator=torch.Generator().manual_seed(1))
+    stock = pipe(prompt=prompt, negative_prompt="", num_frames=5, height=32, width=48, num_inference_steps=2,
+                 latents=noise.clone(), output_type="latent").frames  # fmt: skip
+    pipe.scheduler.set_timesteps(sigmas=[1.0, 0.5])  # the pipeline's sigmas, shifted by its scheduler
+    ours = euler(policy, noise, pipe.scheduler.sigmas[:-1].tolist(), prompt)
+    assert stock.abs().max() > 1
+    torch.testing.assert_close(ours, stock, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_policy_steps_equal_single_process_on_1x2_and_2x1(hunyuanvideo15, prompts):
+    """One GRPO step per family (guided, joint or isolated attention, 2 or 3 heads over 2 ranks): the rollout's
+    log-probabilities and rewards and the FSDP2 gradients on 1x2 and 2x1 are one process's within 1e-5; exactly on
+    policy; LTX-2's audio layers get no gradient."""
+    single = spawn(family_steps, 1, args=(family_configs(hunyuanvideo15, prompts=prompts),), timeout=600)[0]
+    layouts = family_configs(hunyuanvideo15, prompts=prompts, ulysses=2)
+    layouts += family_configs(hunyuanvideo15, prompts=prompts, ring=2)
+    results = spawn(family_steps, 2, args=(layouts,), timeout=600)
+    assert [r["policy"] for r in single] == ["CogVideoXPolicy", "LTX2Policy", "HunyuanVideo15Policy"]
+    for one in single:
+        assert one["ratio"] == (1.0, 1.0) and (one["log_probs"] != 0).all(), one["policy"]
+        assert max(g.abs().max().item() for g in one["grads"].values()) > 0
+    ltx2 = single[1]
+    audio = [name for name in ltx2["parameters"] if "audio" in name]
+    assert len(audio) > 100  # the audio stream's layers and the audio-video cross-attention
+    moved = [name for name in audio if name in ltx2["grads"] and ltx2["grads"][name].abs().max() > 0]
+    assert not moved, moved
+    for rank in results:
+        for layout, (result, one) in zip(("1x2", "1x2", "1x2", "2x1", "2x1", "2x1"), zip(rank, single * 2)):
+            what = f"{one['policy']} {layout}"
+            assert result["ratio"] == (1.0, 1.0), what
+            torch.testing.assert_close(result["log_probs"], one["log_probs"], atol=1e-5, rtol=0, msg=what)
+            torch.testing.assert_close(result["rewards"], one["rewards"], atol=1e-6, rtol=0, msg=what)
+            assert_grads_equal(result["grads"], one["grads"], what)
+
+
+@pytest.mark.slow
+def test_tiny_grpo_runs_through_the_cli(hunyuanvideo15, prompts, tmp_path):
+    """``python -m pipelines.train_grpo`` trains each family's tiny model one step (a small config each)."""
+    runs = {
+        "tiny-cogvideox": "sample: {frames: 5, height: 32, width: 32, max_sequence_length: 8}\n",
+        "tiny-ltx2": "sample: {frames: 5, height: 16, width: 16}\nparallel_vae: false\n",
+        hunyuanvideo15: "sample: {frames: 5, height: 32, width: 48, max_sequence_length: 32}\nparallel_vae: false\n",
+    }
+    for i, (model, sample) in enumerate(runs.items()):
+        config = tmp_path / f"run{i}.yaml"
+        config.write_text(f"model: {model}\nprompts: {prompts}\n{sample}"
+                          "grpo: {steps: 2, group_size: 2, prompts_per_step: 1}\noptim: {lr: 0.001}\n")  # fmt: skip
+        out = tmp_path / f"out{i}"
+        cmd = [sys.executable, "-m", "pipelines.train_grpo", "--config", str(config), "--output-dir", str(out),
+               "--max-steps", "1"]  # fmt: skip
+        result = run_python(cmd, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        (row,) = metrics_rows(out)
+        assert row["step"] == 0 and 0 < row["reward_mean"] < 1 and row["grad_norm"] > 0, (model, row)
+
+
+@pytest.mark.parametrize(
+    ("name", "arch", "gpus"),
+    [("grpo_cogvideox_5b", "cogvideox-5b", 8), ("grpo_ltx2", "ltx-2-19b", 32),
+     ("grpo_hunyuanvideo15", "hunyuanvideo-1.5-480p-t2v", 16)],
+)  # fmt: skip
+def test_real_checkpoint_configs_load_and_fit_their_plan(name, arch, gpus):
+    config = TrainConfig.load(name)
+    assert architecture_name(config.model) == arch  # the planner reads the real architecture from the path
+    plan = plan_training(config, gpus, 80)
+    assert plan.fits, plan.report()

@@ -1,0 +1,111 @@
+"""Worker-side checks of the GRPO policies of CogVideoX, LTX-2 and HunyuanVideo-1.5: the gradients and log-probs of
+one training step through the library's ``GRPOTrainer``, and a tiny HunyuanVideo-1.5 text-to-video pipeline (the
+zoo's ``tiny-hunyuanvideo15`` is a transformer only) built offline, as diffusers' fast tests build theirs."""
+
+from __future__ import annotations
+
+import torch
+from grpo_checks import tiny_config
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+"""Qwen2.5-VL's chat format, which the pipeline's ``apply_chat_template`` call needs."""
+
+
+def tiny_hunyuanvideo15(path: str) -> str:
+    """A tiny ``HunyuanVideo15Pipeline`` saved at ``path``: the zoo's tiny transformer (4 latent channels, text-to-video
+    inputs), a 3-layer Qwen2.5-VL text model (16 wide) with a byte-level tokenizer, a ByT5 encoder (8 wide), a VAE of
+    x4 in time and x8 in space."""
+    from diffusers import AutoencoderKLHunyuanVideo15, FlowMatchEulerDiscreteScheduler, HunyuanVideo15Pipeline
+    from diffusers.guiders import ClassifierFreeGuidance
+    from diffusers.pipelines.hunyuan_video1_5.pipeline_hunyuan_video1_5 import format_text_input
+    from tokenizers import Tokenizer, decoders, pre_tokenizers
+    from tokenizers.models import BPE
+    from transformers import (
+        ByT5Tokenizer,
+        PreTrainedTokenizerFast,
+        Qwen2_5_VLTextConfig,
+        Qwen2_5_VLTextModel,
+        T5Config,
+        T5EncoderModel,
+    )
+
+    from dit_sp.zoo import build_tiny
+
+    torch.manual_seed(0)
+    transformer = build_tiny("tiny-hunyuanvideo15", "transformer")
+    glyph_encoder = T5EncoderModel(T5Config(vocab_size=384, d_model=8, d_kv=4, d_ff=16, num_layers=1, num_heads=2,
+                                            relative_attention_num_buckets=8))  # fmt: skip
+    vae = AutoencoderKLHunyuanVideo15(latent_channels=4, block_out_channels=(8, 8, 8, 8), layers_per_block=1,
+                                      spatial_compression_ratio=8, temporal_compression_ratio=4)  # fmt: skip
+    scheduler, guider = FlowMatchEulerDiscreteScheduler(shift=5.0), ClassifierFreeGuidance(guidance_scale=4.0)
+    pipe = HunyuanVideo15Pipeline(text_encoder=None, tokenizer=None, transformer=transformer, vae=vae,
+                                  scheduler=scheduler, text_encoder_2=glyph_encoder, tokenizer_2=ByT5Tokenizer(),
+                                  guider=guider)  # fmt: skip
+    # Byte-level BPE whose vocabulary also holds the words of the pipeline's system prompt, so that the chat
+    # header before the prompt is exactly the pipeline's crop_start (108) tokens, as with Qwen's tokenizer: every
+    # word one token but "color" (6 bytes, so 5 tokens more: 103 + 5).
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    pre = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    header = f"system\n{pipe.system_message}\nuser\n"
+    words = [word for word, _ in pre.pre_tokenize_str(header) if word != "\u0120color"]
+    vocab = {t: i for i, t in enumerate(dict.fromkeys([*alphabet, *words]))}
+    bpe = Tokenizer(BPE(vocab=vocab, merges=[], ignore_merges=True))
+    bpe.pre_tokenizer, bpe.decoder = pre, decoders.ByteLevel()
+    bpe.add_special_tokens(specials)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<|endoftext|>", eos_token="<|im_end|>",
+                                        padding_side="right", chat_template=CHAT_TEMPLATE)  # fmt: skip
+    text_config = Qwen2_5_VLTextConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+                                       num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1,
+                                       rope_scaling={"type": "mrope", "mrope_section": [2, 1, 1]},
+                                       bos_token_id=None, eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    pipe.register_modules(text_encoder=Qwen2_5_VLTextModel(text_config), tokenizer=tokenizer)
+    crop = pipe.prompt_template_encode_start_idx
+    ids = tokenizer.apply_chat_template(format_text_input(["x"], pipe.system_message), add_generation_prompt=True,
+                                        return_dict=True)["input_ids"][0]  # fmt: skip
+    assert tokenizer.decode(ids[crop:]).startswith("x<|im_end|>"), (len(ids), tokenizer.convert_ids_to_tokens(ids))
+    pipe.save_pretrained(path)
+    return path
+
+
+def family_configs(hunyuanvideo15: str, **layout) -> list:
+    """One small GRPO run per family (a group of 2 samples, guided, 2 steps, both trained), on ``layout``."""
+    common = {"steps": 2, "group_size": 2, "prompts_per_step": 1, "frames": 5, "guidance": 2.0, **layout}
+    return [
+        tiny_config(model="tiny-cogvideox", height=32, width=32, **{"sample.max_sequence_length": 8}, **common),
+        tiny_config(model="tiny-ltx2", height=16, width=16, parallel_vae=False, **common),
+        tiny_config(
+            model=hunyuanvideo15,
+            height=32,
+            width=48,
+            parallel_vae=False,
+            **{"sample.max_sequence_length": 32},
+            **common,
+        ),
+    ]
+
+
+def family_steps(configs: list) -> list[dict]:
+    """For each run: the full gradients of step 0's update (of the parameters that got one) and every trained
+    parameter's name, the rollout's log-probabilities and rewards, and the ratio range (exactly on-policy: 1)."""
+    from dit_sp import GRPOTrainer
+    from dit_sp.rl.batch import seed_for
+    from dit_sp.rl.update import accumulate_gradients
+
+    results = []
+    for cfg in configs:
+        trainer = GRPOTrainer(cfg)
+        data = trainer.collect(0)
+        trainer.optimizer.zero_grad(set_to_none=True)
+        stats = accumulate_gradients(trainer.policy, data.traj, data.cond, data.advantages, cfg.grpo,
+                                     seed_for(cfg.seed, 0, 1))  # fmt: skip
+        grads = {name: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone()
+                 for name, p in trainer.transformer.named_parameters() if p.grad is not None}  # fmt: skip
+        names = [name for name, _ in trainer.transformer.named_parameters()]
+        results.append({"policy": type(trainer.policy).__name__, "grads": grads, "log_probs": data.traj.log_probs,
+                        "parameters": names,
+                        "rewards": data.rewards, "ratio": (stats["ratio_min"], stats["ratio_max"])})  # fmt: skip
+    return results
