@@ -251,8 +251,8 @@ def main() -> None:
     single = median["single"]
     limit = 2 * single / median["limit"]
     print(
-        f"\n{NAMES[args.family]} transformer, {args.layers} blocks, {args.heads} heads of {args.head_dim}, {tokens} video tokens + 32 "
-        "text; "
+        f"\n{NAMES[args.family]} transformer, {args.layers} blocks, {args.heads} heads of {args.head_dim}, "
+        f"{tokens} video tokens + 32 text; "
         f"{'forward + backward' if args.backward else 'forward'}; fp32, CPU, 1 thread per process; "
         f"median of {args.rounds} interleaved rounds"
     )

@@ -24,8 +24,8 @@ def test_config_names_its_architecture_of_the_published_size_and_plans(name):
     shape = TransformerShape.of(*ARCHITECTURES[name]["transformers"]["transformer"])
     assert abs(shape.params - published) <= 0.05 * published, shape.params
     assert shape.heads == heads and heads % config.ulysses == 0
-    settings = SamplingSettings(name, frames=config.frames, height=config.height, width=config.width,
-                                dtype=config.dtype, ring=config.ring, ulysses=config.ulysses, guidance=True)  # fmt: skip
+    video = {"frames": config.frames, "height": config.height, "width": config.width, "dtype": config.dtype}
+    settings = SamplingSettings(name, **video, ring=config.ring, ulysses=config.ulysses, guidance=True)
     plan = plan_sampling(settings, config.ulysses * config.ring, 141)
     assert plan.fits, plan
 
