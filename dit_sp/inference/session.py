@@ -3,10 +3,11 @@ world (``setup``), sample one video (``sample``) and report the step cache (``ca
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -110,12 +111,36 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
         callback_on_step_end=on_step_end,
         **guidance,
     )
+    arguments = _taken(pipe, arguments)
     start = time.perf_counter()
-    result = pipe(**_taken(pipe, arguments))
+    with _steps_recorded(pipe, on_step_end, "callback_on_step_end" not in arguments):
+        result = pipe(**arguments)
     steps = [b - a for a, b in zip([start, *step_times[:-1]], step_times)]
     return {"frames": result.frames[0], "latents": final["latents"], "seconds": time.perf_counter() - start,
             "seconds_per_step": sum(steps) / max(len(steps), 1), "first_step_seconds": steps[0] if steps else 0.0,
             "later_seconds_per_step": sum(steps[1:]) / max(len(steps) - 1, 1)}  # fmt: skip
+
+
+@contextlib.contextmanager
+def _steps_recorded(pipe: Any, on_step_end: Callable, needed: bool) -> Iterator[None]:
+    """For a pipeline without ``callback_on_step_end`` (HunyuanVideo-1.5), ``on_step_end`` after each scheduler step,
+    with the latents it returns: the scheduler's ``step`` is wrapped on this instance for the call."""
+    if not needed:
+        yield
+        return
+    scheduler, done = pipe.scheduler, [0]
+
+    def step(*args: Any, **kwargs: Any) -> Any:
+        out = type(scheduler).step(scheduler, *args, **kwargs)
+        on_step_end(pipe, done[0], None, {"latents": out[0] if isinstance(out, tuple) else out.prev_sample})
+        done[0] += 1
+        return out
+
+    scheduler.step = step
+    try:
+        yield
+    finally:
+        del scheduler.step
 
 
 def _taken(pipe: Any, arguments: dict[str, Any]) -> dict[str, Any]:

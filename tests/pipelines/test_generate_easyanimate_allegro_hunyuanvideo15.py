@@ -1,7 +1,9 @@
 """EasyAnimate V5.1 (joint attention, text in front; a Qwen2-VL text encoder and a chat-template tokenizer built in
-code) and Allegro (cross-attention to T5 text; a VAE that decodes only in tiles) through ``generate``: the same frames
-and latents on Ulysses 2, ring 2 and CFG parallel (the batched guidance pair split over two processes) as on one
-process, with the attention of each rank holding half of the video tokens. One spawn runs them all."""
+code), Allegro (cross-attention to T5 text; a VAE that decodes only in tiles) and HunyuanVideo-1.5 (joint attention,
+conditioning behind the video; Qwen2.5-VL and ByT5 encoders; guidance through its guider, no step callback) through
+``generate``: the same frames and latents on Ulysses 2, ring 2 and CFG parallel (the guidance pair split over two
+processes: EasyAnimate's and Allegro's batched call, HunyuanVideo-1.5's two guider calls) as on one process, with the
+attention of each rank holding half of the video tokens. One spawn runs them all."""
 
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ from dit_sp import GenerateConfig, generate, spawn
 pytestmark = pytest.mark.slow  # spawns worker processes
 
 # model: video tokens per forward. EasyAnimate: 9 frames of 48 x 32 -> 3 x 6 x 4 latents, patch 2. Allegro: 21 frames of
-# 128 x 128 (one VAE tile) -> 6 x 16 x 16 latents, patch 2.
-MODELS = {"tiny-easyanimate": 18, "tiny-allegro": 384}
+# 128 x 128 (one VAE tile) -> 6 x 16 x 16 latents, patch 2. HunyuanVideo-1.5: 5 frames of 24 x 16 -> 3 x 6 x 4, patch 1.
+MODELS = {"tiny-easyanimate": 18, "tiny-allegro": 384, "tiny-hunyuanvideo15": 72}
 LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}  # cfg2: a branch per rank
 SP = {"1x2": 2, "2x1": 2, "cfg2": 1}  # processes per guidance branch
 
@@ -33,7 +35,7 @@ def videos(tmp_path_factory):
     """{(model, layout): the sample leader's report}, "single" being one process."""
     from variant_generate_checks import generate_recording
 
-    tmp = tmp_path_factory.mktemp("easyanimate_allegro")
+    tmp = tmp_path_factory.mktemp("easyanimate_allegro_hv15")
     reports = {(model, "single"): generate(_settings(tmp, model, "single"), True) for model in MODELS}
     jobs = [((model, layout), _settings(tmp, model, layout, **flags)) for layout, flags in LAYOUTS.items()
             for model in MODELS]  # fmt: skip
@@ -68,3 +70,15 @@ def test_the_easyanimate_prompt_goes_through_the_chat_template():
     assert text == "<|im_start|>user\na red ball<|im_end|>\n<|im_start|>assistant\n"
     ids = tokenizer(text).input_ids
     assert tokenizer.decode(ids) == text and max(ids) < 320
+
+
+def test_hunyuanvideo15_guidance_sets_its_guider():
+    """``guidance`` is the guider's scale (the pipeline takes no guidance argument); 1 turns guidance off."""
+    from dit_sp.inference import guidance_arguments
+    from dit_sp.zoo import build_tiny
+
+    pipe = build_tiny("tiny-hunyuanvideo15")
+    for scale, conditions in ((3.5, 2), (1.0, 1)):
+        settings = GenerateConfig.load(overrides={"model": "tiny-hunyuanvideo15", "guidance": scale})
+        assert guidance_arguments(pipe, settings) == {}
+        assert pipe.guider.guidance_scale == scale and pipe.guider.num_conditions == conditions
