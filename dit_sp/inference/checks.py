@@ -12,17 +12,17 @@ from dit_sp.families import family_of
 from dit_sp.inference.config import GenerateConfig
 from dit_sp.io.video import check_output, check_writable
 
-
 GUIDER = "ClassifierFreeGuidance"
 """The guider of a classic pipeline whose scale ``guidance`` sets (HunyuanVideo-1.5's: two calls a step, cond first)."""
 
 
 def guidance_arguments(pipe: Any, config: GenerateConfig) -> dict[str, float]:
-    """The pipeline's guidance arguments (a pipeline that guides through a ``ClassifierFreeGuidance`` guider, as
-    HunyuanVideo-1.5's, gets its guider's scale set to ``guidance`` instead, and none). ``guidance`` goes to the argument whose value > 1 runs
+    """The pipeline's guidance arguments. ``guidance`` goes to the argument whose value > 1 runs
     classifier-free guidance, as dit-sp's model family records it (Wan, CogVideoX: ``guidance_scale``;
     HunyuanVideo: ``true_cfg_scale``, with the negative prompt). ``embedded_guidance`` is HunyuanVideo's
-    ``guidance_scale``: the guidance distilled into the model (left at the pipeline's 6.0 if not given)."""
+    ``guidance_scale``: the guidance distilled into the model (left at the pipeline's 6.0 if not given). A pipeline
+    that guides through a ``ClassifierFreeGuidance`` guider (HunyuanVideo-1.5) gets its guider's scale set to
+    ``guidance`` instead, and no arguments."""
     try:
         cfg_argument = family_of(pipe.transformer).guidance_arg
     except TypeError:  # a transformer dit-sp does not know: single process only, the usual argument
