@@ -50,6 +50,6 @@ HUNYUAN_VIDEO15 = ModelFamily(
     attention_modules=("transformer_blocks.*.attn",),
     joint_position="rear",
     cfg_mode="sequential",
-    tiny_models=("tiny-hunyuanvideo15",),
+    tiny_models=("tiny-hunyuanvideo15", "tiny-hunyuanvideo15-i2v"),
     architectures=_ARCHITECTURES,
 )

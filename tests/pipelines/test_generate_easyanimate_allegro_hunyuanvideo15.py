@@ -1,6 +1,7 @@
 """EasyAnimate V5.1 (joint attention, text in front; a Qwen2-VL text encoder and a chat-template tokenizer built in
 code), Allegro (cross-attention to T5 text; a VAE that decodes only in tiles) and HunyuanVideo-1.5 (joint attention,
-conditioning behind the video; Qwen2.5-VL and ByT5 encoders; guidance through its guider, no step callback) through
+conditioning behind the video; Qwen2.5-VL and ByT5 encoders; guidance through its guider, no step callback; text- and
+image-to-video, the latter with a SigLIP image encoder) through
 ``generate``: the same frames and latents on Ulysses 2, ring 2 and CFG parallel (the guidance pair split over two
 processes: EasyAnimate's and Allegro's batched call, HunyuanVideo-1.5's two guider calls) as on one process, with the
 attention of each rank holding half of the video tokens. One spawn runs them all."""
@@ -12,19 +13,24 @@ import math
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from dit_sp import GenerateConfig, generate, spawn
 
 pytestmark = pytest.mark.slow  # spawns worker processes
 
 # model: video tokens per forward. EasyAnimate: 9 frames of 48 x 32 -> 3 x 6 x 4 latents, patch 2. Allegro: 21 frames of
-# 128 x 128 (one VAE tile) -> 6 x 16 x 16 latents, patch 2. HunyuanVideo-1.5: 5 frames of 24 x 16 -> 3 x 6 x 4, patch 1.
-MODELS = {"tiny-easyanimate": 18, "tiny-allegro": 384, "tiny-hunyuanvideo15": 72}
+# 128 x 128 (one VAE tile) -> 6 x 16 x 16 latents, patch 2. HunyuanVideo-1.5: 5 frames of 24 x 16 -> 3 x 6 x 4, patch 1;
+# image-to-video: the size follows the 40 x 30 image (36 x 28 at its target size) -> 3 x 9 x 7, an odd count.
+MODELS = {"tiny-easyanimate": 18, "tiny-allegro": 384, "tiny-hunyuanvideo15": 72, "tiny-hunyuanvideo15-i2v": 189}
+IMAGE_MODELS = ("tiny-hunyuanvideo15-i2v",)
 LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}  # cfg2: a branch per rank
 SP = {"1x2": 2, "2x1": 2, "cfg2": 1}  # processes per guidance branch
 
 
 def _settings(tmp, model: str, name: str, **flags) -> GenerateConfig:
+    if model in IMAGE_MODELS:
+        flags["image"] = str(tmp / "image.png")
     return GenerateConfig.load(overrides={"model": model, "steps": 2, "out": str(tmp / f"{model}-{name}.mp4"),
                                           "save_latents": str(tmp / f"{model}-{name}.pt"), "verify_inputs": True,
                                           **flags})  # fmt: skip
@@ -36,6 +42,8 @@ def videos(tmp_path_factory):
     from variant_generate_checks import generate_recording
 
     tmp = tmp_path_factory.mktemp("easyanimate_allegro_hv15")
+    pixels = np.random.RandomState(0).rand(40, 30, 3)
+    Image.fromarray((pixels * 255).astype("uint8")).save(tmp / "image.png")
     reports = {(model, "single"): generate(_settings(tmp, model, "single"), True) for model in MODELS}
     jobs = [((model, layout), _settings(tmp, model, layout, **flags)) for layout, flags in LAYOUTS.items()
             for model in MODELS]  # fmt: skip
