@@ -1,10 +1,11 @@
 """EasyAnimate V5.1 (joint attention, text in front; a Qwen2-VL text encoder and a chat-template tokenizer built in
-code), Allegro (cross-attention to T5 text; a VAE that decodes only in tiles) and HunyuanVideo-1.5 (joint attention,
+code), Allegro (cross-attention to T5 text; a VAE that decodes only in tiles), HunyuanVideo-1.5 (joint attention,
 conditioning behind the video; Qwen2.5-VL and ByT5 encoders; guidance through its guider, no step callback; text- and
-image-to-video, the latter with a SigLIP image encoder) through
-``generate``: the same frames and latents on Ulysses 2, ring 2 and CFG parallel (the guidance pair split over two
-processes: EasyAnimate's and Allegro's batched call, HunyuanVideo-1.5's two guider calls) as on one process, with the
-attention of each rank holding half of the video tokens. One spawn runs them all."""
+image-to-video, the latter with a SigLIP image encoder) and Helios (a chunk of current frames behind history latents at
+three scales; each rank told its own count of current tokens) through ``generate``: the same frames and latents on
+Ulysses 2, ring 2 and CFG parallel (the guidance pair split over two processes: EasyAnimate's and Allegro's batched
+call, HunyuanVideo-1.5's two guider calls, Helios' two calls) as on one process, with the attention of each rank
+holding half of the video tokens. One spawn runs them all."""
 
 from __future__ import annotations
 
@@ -21,8 +22,10 @@ pytestmark = pytest.mark.slow  # spawns worker processes
 
 # model: video tokens per forward. EasyAnimate: 9 frames of 48 x 32 -> 3 x 6 x 4 latents, patch 2. Allegro: 21 frames of
 # 128 x 128 (one VAE tile) -> 6 x 16 x 16 latents, patch 2. HunyuanVideo-1.5: 5 frames of 24 x 16 -> 3 x 6 x 4, patch 1;
-# image-to-video: the size follows the 40 x 30 image (36 x 28 at its target size) -> 3 x 9 x 7, an odd count.
-MODELS = {"tiny-easyanimate": 18, "tiny-allegro": 384, "tiny-hunyuanvideo15": 72, "tiny-hunyuanvideo15-i2v": 189}
+# image-to-video: the size follows the 40 x 30 image (36 x 28 at its target size) -> 3 x 9 x 7, an odd count. Helios:
+# 33 frames of 32 x 32 -> one chunk of 9 x 4 x 4 latents, patch 2: 36 current tokens behind 13 history tokens.
+MODELS = {"tiny-easyanimate": 18, "tiny-allegro": 384, "tiny-hunyuanvideo15": 72, "tiny-hunyuanvideo15-i2v": 189,
+          "tiny-helios": 49}  # fmt: skip
 IMAGE_MODELS = ("tiny-hunyuanvideo15-i2v",)
 LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}  # cfg2: a branch per rank
 SP = {"1x2": 2, "2x1": 2, "cfg2": 1}  # processes per guidance branch
