@@ -50,6 +50,7 @@ HUNYUAN_VIDEO15 = ModelFamily(
     attention_modules=("transformer_blocks.*.attn",),
     joint_position="rear",
     cfg_mode="sequential",
+    guidance_arg="guider",  # its pipelines take no guidance scale: their guider's scale turns guidance on
     tiny_models=("tiny-hunyuanvideo15", "tiny-hunyuanvideo15-i2v"),
     architectures=_ARCHITECTURES,
 )

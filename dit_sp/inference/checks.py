@@ -20,9 +20,9 @@ def guidance_arguments(pipe: Any, config: GenerateConfig) -> dict[str, float]:
     """The pipeline's guidance arguments. ``guidance`` goes to the argument whose value > 1 runs
     classifier-free guidance, as dit-sp's model family records it (Wan, CogVideoX: ``guidance_scale``;
     HunyuanVideo: ``true_cfg_scale``, with the negative prompt). ``embedded_guidance`` is HunyuanVideo's
-    ``guidance_scale``: the guidance distilled into the model (left at the pipeline's 6.0 if not given). A pipeline
-    that guides through a ``ClassifierFreeGuidance`` guider (HunyuanVideo-1.5) gets its guider's scale set to
-    ``guidance`` instead, and no arguments."""
+    ``guidance_scale``: the guidance distilled into the model (left at the pipeline's 6.0 if not given). A family
+    whose ``guidance_arg`` is ``"guider"`` (HunyuanVideo-1.5) gets its ``ClassifierFreeGuidance`` guider's scale set
+    to ``guidance`` instead, and no arguments."""
     try:
         cfg_argument = family_of(pipe.transformer).guidance_arg
     except TypeError:  # a transformer dit-sp does not know: single process only, the usual argument
@@ -30,7 +30,7 @@ def guidance_arguments(pipe: Any, config: GenerateConfig) -> dict[str, float]:
     parameters = inspect.signature(type(pipe).__call__).parameters if callable(pipe) else {}
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     guider = getattr(pipe, "guider", None)
-    if parameters and cfg_argument not in parameters and not takes_any and type(guider).__name__ == GUIDER:
+    if cfg_argument == "guider" and type(guider).__name__ == GUIDER:
         # HunyuanVideo-1.5: classic classifier-free guidance through its guider component, whose scale is set here
         if config.embedded_guidance is not None or config.guidance_2 is not None:
             raise ConfigError(f"{type(pipe).__name__} guides through its guider: use --guidance only")
