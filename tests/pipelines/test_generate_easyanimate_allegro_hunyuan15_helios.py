@@ -93,3 +93,13 @@ def test_hunyuanvideo15_guidance_sets_its_guider():
         settings = GenerateConfig.load(overrides={"model": "tiny-hunyuanvideo15", "guidance": scale})
         assert guidance_arguments(pipe, settings) == {}
         assert pipe.guider.guidance_scale == scale and pipe.guider.num_conditions == conditions
+
+
+def test_a_saved_allegro_pipeline_loads_with_its_vae_tiled(tmp_path):
+    """Allegro's VAE decodes only in tiles: a checkpoint directory loads with tiling on, as the built-in model does."""
+    from dit_sp.zoo import build_tiny, load_pipeline
+
+    built = build_tiny("tiny-allegro")
+    assert built.vae.use_tiling
+    built.save_pretrained(tmp_path / "allegro")
+    assert load_pipeline(str(tmp_path / "allegro"), torch.float32).vae.use_tiling
