@@ -4,6 +4,8 @@
     python benchmarks/bench_pipeline.py                       # 2 blocks, 9216 tokens (~4 min on 2 cores)
     python benchmarks/bench_pipeline.py --layers 12           # 12 blocks (~15 min)
     python benchmarks/bench_pipeline.py --backward            # forward + backward (training)
+    python benchmarks/bench_pipeline.py --family ltx --frames 4 --height 32 --width 32   # LTX-Video, 4096 tokens
+    python benchmarks/bench_pipeline.py --family mochi --frames 4 --height 64 --width 64 # Mochi, 4096 tokens
 
 The model is a ``WanTransformer3DModel`` with ``--heads`` heads of ``--head-dim`` (default 8 of 32) and
 ``--layers`` blocks on a (1, 16, F, H, W) latent: F*H*W/4 tokens after its (1, 2, 2) patching (default
@@ -34,6 +36,12 @@ does with ``torch.device("cpu")`` and a CPU ``DeviceMesh`` (``ParallelConfig.set
 model); diffusers' own checks, processor ``_parallel_config`` and split/gather hooks are then applied
 by ``enable_parallelism`` itself. Its plain Ulysses needs the head count divisible by the degree.
 Other jobs on the cores skew the times badly: run it on an idle machine.
+
+``--family ltx`` / ``--family mochi``: the same method on an ``LTXVideoTransformer3DModel`` (128 latent channels,
+patch 1: F*H*W tokens, packed ``(1, S, 128)`` as its pipeline passes them; cross-attention to 32 text tokens) or a
+``MochiTransformer3DModel`` (12 channels, patch 2: F*H*W/4 tokens; joint attention with 32 text tokens). Those two
+run ``single``, ``limit``, ``ours-ulysses2`` and ``ours-ring2`` (their pipelines batch guidance into one call, so a
+per-call CFG 2 row would not compare, and diffusers ships no ``_cp_plan`` for Mochi).
 """
 
 from __future__ import annotations
@@ -74,6 +82,42 @@ def wan_transformer(heads: int, head_dim: int, layers: int) -> torch.nn.Module:
                                  qk_norm="rms_norm_across_heads", rope_max_seq_len=64)  # fmt: skip
 
 
+def ltx_transformer(heads: int, head_dim: int, layers: int) -> torch.nn.Module:
+    from diffusers import LTXVideoTransformer3DModel
+
+    torch.manual_seed(0)
+    return LTXVideoTransformer3DModel(in_channels=128, out_channels=128, num_attention_heads=heads,
+                                      attention_head_dim=head_dim, cross_attention_dim=heads * head_dim,
+                                      num_layers=layers, caption_channels=64)  # fmt: skip
+
+
+def mochi_transformer(heads: int, head_dim: int, layers: int) -> torch.nn.Module:
+    from diffusers import MochiTransformer3DModel
+
+    torch.manual_seed(0)
+    return MochiTransformer3DModel(patch_size=2, num_attention_heads=heads, attention_head_dim=head_dim,
+                                   num_layers=layers, pooled_projection_dim=64, in_channels=12, text_embed_dim=64,
+                                   time_embed_dim=64, max_sequence_length=32)  # fmt: skip
+
+
+def family_inputs(args: argparse.Namespace, text: torch.Tensor) -> tuple[tuple, dict]:
+    """The transformer's positional and keyword arguments for ``args.family`` (seeded latent, timestep 500)."""
+    torch.manual_seed(1)
+    f, h, w = args.frames, args.height, args.width
+    if args.family == "ltx":
+        latent = torch.randn(1, f * h * w, 128)  # packed tokens, patch 1
+        mask = torch.ones(1, text.shape[1])
+        return (latent, text, torch.tensor([500.0]), mask), {"num_frames": f, "height": h, "width": w}
+    if args.family == "mochi":
+        return (torch.randn(1, 12, f, h, w), text, torch.tensor([500.0]), torch.ones(1, text.shape[1])), {}
+    return (torch.randn(1, 16, f, h, w), torch.tensor([500.0]), text), {}
+
+
+TRANSFORMERS = {"wan": wan_transformer, "ltx": ltx_transformer, "mochi": mochi_transformer}
+TOKENS_PER_POSITION = {"wan": 1 / 4, "ltx": 1, "mochi": 1 / 4}  # video tokens per latent position (patching)
+NAMES = {"wan": "Wan", "ltx": "LTX-Video", "mochi": "Mochi"}
+
+
 def _enable_diffusers_cp(model: torch.nn.Module, ulysses: int) -> None:
     """``model.enable_parallelism`` with a CPU device and mesh (see the module docstring)."""
     from diffusers.models._modeling_parallel import ContextParallelConfig
@@ -98,7 +142,7 @@ def _enable_diffusers_cp(model: torch.nn.Module, ulysses: int) -> None:
 
 
 def _models(args: argparse.Namespace) -> dict[str, torch.nn.Module]:
-    base = wan_transformer(args.heads, args.head_dim, args.layers)
+    base = TRANSFORMERS[args.family](args.heads, args.head_dim, args.layers)
     models = {"single": base, "limit": base}
     for method in args.methods:
         if method == "ours-cfg2":  # a WanPipeline's two guidance branches, one on each process
@@ -127,16 +171,17 @@ def worker(args: argparse.Namespace, memory: bool) -> dict:
     if len(os.sched_getaffinity(0)) >= 2:
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank]})  # a core each: no migrations
     models = _models(args)
-    torch.manual_seed(1)
-    latent = torch.randn(1, 16, args.frames, args.height, args.width)
-    timestep, text, uncond = torch.tensor([500.0]), torch.randn(1, 32, 64), torch.randn(1, 32, 64)
+    torch.manual_seed(2)
+    text, uncond = torch.randn(1, 32, 64), torch.randn(1, 32, 64)
+    inputs, kwargs = family_inputs(args, text)
+    uncond_inputs, _ = family_inputs(args, uncond)
 
     def call(model: torch.nn.Module, method: str) -> Callable[[], torch.Tensor]:
         def run() -> torch.Tensor:
             with torch.set_grad_enabled(args.backward):
-                out = model(latent, timestep, text, return_dict=False)[0]
+                out = model(*inputs, **kwargs, return_dict=False)[0]
                 if method in CALLS:  # the unconditional branch: CFG 2 runs the pair, one on each process
-                    model(latent, timestep, uncond, return_dict=False)
+                    model(*uncond_inputs, **kwargs, return_dict=False)
                 if args.backward:
                     out.square().mean().backward()
             return out.detach()
@@ -182,25 +227,32 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--backward", action="store_true", help="time forward + backward of a loss on the output")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--family", default="wan", choices=sorted(TRANSFORMERS), help="the transformer (default: wan)")
     args = parser.parse_args()
-    if args.height % 2 or args.width % 2 or max(args.frames, args.height // 2, args.width // 2) > 64:
+    if args.family == "wan" and (args.height % 2 or args.width % 2 or max(args.frames, args.height // 2,
+                                                                          args.width // 2) > 64):  # fmt: skip
         parser.error("the model needs even height and width and at most 64 positions per axis of its patch grid")
+    if args.family == "mochi" and (args.height % 2 or args.width % 2):
+        parser.error("Mochi patches 2 x 2: give an even --height and --width")
     args.methods = ["single", "limit"] + [m for m in args.methods if m not in ("single", "limit")]
+    if args.family != "wan":  # see the module docstring
+        args.methods = [m for m in args.methods if m not in ("ours-cfg2", "diffusers-ulysses2")]
     if args.backward and "ours-cfg2" in args.methods:
         args.methods.remove("ours-cfg2")  # a guidance pair is sampling, not training
-    load = os.getloadavg()[0]
-    if load > 0.5:
-        print(f"note: load average {load:.1f} before the run; other jobs on the {os.cpu_count()} cores skew timings")
+    loads = os.getloadavg()
+    print(f"load average (1, 5, 15 min) before the run: {', '.join(f'{x:.2f}' for x in loads)}")
+    if loads[0] > 0.5:
+        print(f"note: other jobs on the {os.cpu_count()} cores skew timings")
 
     result = spawn(worker, 2, args=(args, False), threads=1, timeout=7200)[0]
     result["peaks"] = spawn(worker, 2, args=(args, True), threads=1, timeout=7200)[0]
-    tokens = args.frames * args.height * args.width // 4
+    tokens = int(args.frames * args.height * args.width * TOKENS_PER_POSITION[args.family])
     median = {method: statistics.median(ts) / CALLS.get(method, 1) for method, ts in result["times"].items()}
     single = median["single"]
     limit = 2 * single / median["limit"]
     print(
-        f"\nWan transformer, {args.layers} blocks, {args.heads} heads of {args.head_dim}, {tokens} video tokens + 32 "
-        "text; "
+        f"\n{NAMES[args.family]} transformer, {args.layers} blocks, {args.heads} heads of {args.head_dim}, "
+        f"{tokens} video tokens + 32 text; "
         f"{'forward + backward' if args.backward else 'forward'}; fp32, CPU, 1 thread per process; "
         f"median of {args.rounds} interleaved rounds"
     )
@@ -223,6 +275,7 @@ def main() -> None:
     spread = {m: f"{min(ts):.2f}-{max(ts):.2f}" for m, ts in result["times"].items()}
     print("ratios: " + "; ".join(ratios))
     print("range over rounds (s): " + ", ".join(f"{m} {s}" for m, s in spread.items()), flush=True)
+    print(f"load average (1, 5, 15 min) after the run: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ ALLEGRO = ModelFamily(
     cfg_mode="batched",
     cfg_batched_args=("hidden_states", "encoder_hidden_states", "timestep", "attention_mask", "encoder_attention_mask"),
     tiny_models=("tiny-allegro",),
-    checkpoint_defaults={"AllegroPipeline": generation_defaults(88, 720, 1280, 100, 7.5, 512) | {"fps": 15}},
+    checkpoint_defaults={"AllegroPipeline": generation_defaults(85, 720, 1280, 100, 7.5, 512) | {"fps": 15}},
     vae_factors={"AllegroPipeline": _vae_factors},
     architectures=_ARCHITECTURES,
 )

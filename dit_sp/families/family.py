@@ -79,7 +79,8 @@ class ModelFamily:
     cfg_batched_args: tuple[str, ...] = ()
     """Forward arguments that carry the guidance batch (``batched`` mode)."""
     guidance_arg: str = "guidance_scale"
-    """The pipeline argument whose value > 1 turns classifier-free guidance on."""
+    """The pipeline argument whose value > 1 turns classifier-free guidance on; ``"guider"``: none, the scale of the
+    pipeline's ``ClassifierFreeGuidance`` guider component does (HunyuanVideo-1.5)."""
     guidance_needs_any: tuple[str, ...] = ()
     """Pipeline arguments of which one must also be given for guidance to run (e.g. a negative prompt)."""
     check: Callable[[torch.nn.Module], None] = lambda model: None

@@ -109,6 +109,7 @@ HUNYUAN_VIDEO15 = ModelFamily(
     cfg_mode="sequential",
     pipelines=("HunyuanVideo15Pipeline",),
     policy=HunyuanVideo15Policy,
-    tiny_models=("tiny-hunyuanvideo15",),
+    guidance_arg="guider",  # its pipelines take no guidance scale: their guider's scale turns guidance on
+    tiny_models=("tiny-hunyuanvideo15", "tiny-hunyuanvideo15-i2v"),
     architectures=_ARCHITECTURES,
 )

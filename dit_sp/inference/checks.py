@@ -12,18 +12,30 @@ from dit_sp.families import family_of
 from dit_sp.inference.config import GenerateConfig
 from dit_sp.io.video import check_output, check_writable
 
+GUIDER = "ClassifierFreeGuidance"
+"""The guider of a classic pipeline whose scale ``guidance`` sets (HunyuanVideo-1.5's: two calls a step, cond first)."""
+
 
 def guidance_arguments(pipe: Any, config: GenerateConfig) -> dict[str, float]:
     """The pipeline's guidance arguments. ``guidance`` goes to the argument whose value > 1 runs
     classifier-free guidance, as dit-sp's model family records it (Wan, CogVideoX: ``guidance_scale``;
     HunyuanVideo: ``true_cfg_scale``, with the negative prompt). ``embedded_guidance`` is HunyuanVideo's
-    ``guidance_scale``: the guidance distilled into the model (left at the pipeline's 6.0 if not given)."""
+    ``guidance_scale``: the guidance distilled into the model (left at the pipeline's 6.0 if not given). A family
+    whose ``guidance_arg`` is ``"guider"`` (HunyuanVideo-1.5) gets its ``ClassifierFreeGuidance`` guider's scale set
+    to ``guidance`` instead, and no arguments."""
     try:
         cfg_argument = family_of(pipe.transformer).guidance_arg
     except TypeError:  # a transformer dit-sp does not know: single process only, the usual argument
         cfg_argument = "guidance_scale"
     parameters = inspect.signature(type(pipe).__call__).parameters if callable(pipe) else {}
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    guider = getattr(pipe, "guider", None)
+    if cfg_argument == "guider" and type(guider).__name__ == GUIDER:
+        # HunyuanVideo-1.5: classic classifier-free guidance through its guider component, whose scale is set here
+        if config.embedded_guidance is not None or config.guidance_2 is not None:
+            raise ConfigError(f"{type(pipe).__name__} guides through its guider: use --guidance only")
+        pipe.guider = guider.new(guidance_scale=config.guidance)
+        return {}
     if parameters and cfg_argument not in parameters and not takes_any:  # (Motif-Video: guidance in its guider)
         raise ConfigError(f"{type(pipe).__name__} takes no {cfg_argument} (its guidance is set elsewhere, e.g. its "
                           "guider), so generate cannot run it; call the pipeline from Python")  # fmt: skip

@@ -3,10 +3,11 @@ world (``setup``), sample one video (``sample``) and report the step cache (``ca
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -100,8 +101,7 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
 
     images = {key: read_image(path, "--" + key.replace("_", "-"))
               for key, path in (("image", config.image), ("last_image", config.last_image)) if path}  # fmt: skip
-    start = time.perf_counter()
-    result = pipe(
+    arguments = dict(
         **images,
         prompt=config.prompt,
         negative_prompt=config.negative_prompt or "",  # HunyuanVideo: no negative prompt, no guidance
@@ -115,10 +115,49 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
         callback_on_step_end=on_step_end,
         **guidance,
     )
+    arguments = _taken(pipe, arguments)
+    start = time.perf_counter()
+    with _steps_recorded(pipe, on_step_end, "callback_on_step_end" not in arguments):
+        result = pipe(**arguments)
     steps = [b - a for a, b in zip([start, *step_times[:-1]], step_times)]
     return {"frames": result.frames[0], "latents": final["latents"], "seconds": time.perf_counter() - start,
             "seconds_per_step": sum(steps) / max(len(steps), 1), "first_step_seconds": steps[0] if steps else 0.0,
             "later_seconds_per_step": sum(steps[1:]) / max(len(steps) - 1, 1)}  # fmt: skip
+
+
+@contextlib.contextmanager
+def _steps_recorded(pipe: Any, on_step_end: Callable, needed: bool) -> Iterator[None]:
+    """For a pipeline without ``callback_on_step_end`` (HunyuanVideo-1.5), ``on_step_end`` after each scheduler step,
+    with the latents it returns: the scheduler's ``step`` is wrapped on this instance for the call."""
+    if not needed:
+        yield
+        return
+    scheduler, done = pipe.scheduler, [0]
+
+    def step(*args: Any, **kwargs: Any) -> Any:
+        out = type(scheduler).step(scheduler, *args, **kwargs)
+        on_step_end(pipe, done[0], None, {"latents": out[0] if isinstance(out, tuple) else out.prev_sample})
+        done[0] += 1
+        return out
+
+    scheduler.step = step
+    try:
+        yield
+    finally:
+        del scheduler.step
+
+
+def _taken(pipe: Any, arguments: dict[str, Any]) -> dict[str, Any]:
+    """The ``arguments`` the pipeline's ``__call__`` takes: EasyAnimate's pipelines fix their text length (no
+    ``max_sequence_length``). A class that passes ``**kwargs`` on (``parallelize``'s subclass) is looked through."""
+    import inspect
+
+    for cls in type(pipe).__mro__:
+        if "__call__" in vars(cls):
+            parameters = inspect.signature(vars(cls)["__call__"]).parameters
+            if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+                return {key: value for key, value in arguments.items() if key in parameters}
+    return arguments
 
 
 def cache_report(cache: StepCache) -> dict[str, Any]:

@@ -174,7 +174,7 @@ def architecture(model: str, name: str | None = None) -> dict[str, Any]:
 
 def architecture_name(model: str) -> str | None:
     """The ``ARCHITECTURES`` key found in the name of ``model`` (a path or name, e.g. ``Wan2.1-T2V-14B-Diffusers``),
-    or None."""
+    or None; the longest key found wins (``hunyuanvideo-1.5-480p-t2v`` holds ``hunyuanvideo`` too)."""
     lowered = Path(model).name.lower().replace("-diffusers", "")
     found = [key for key in ARCHITECTURES if key in lowered or key.replace("-t2v", "") in lowered]
     return max(found, key=len, default=None)  # the most specific: HunyuanVideo-1.5 over HunyuanVideo

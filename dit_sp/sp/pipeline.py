@@ -36,6 +36,8 @@ def _swap_pipeline_class(pipe: Any, family: ModelFamily, parallel: ParallelState
                 bound = signature.bind(self, *args, **kwargs)
                 bound.apply_defaults()
                 scale = bound.arguments.get(family.guidance_arg)
+                if family.guidance_arg == "guider":  # HunyuanVideo-1.5: guidance is its guider's scale
+                    scale = getattr(getattr(self, "guider", None), "guidance_scale", None)
                 if scale is None or not scale > 1:
                     raise ValueError(
                         f"cfg parallelism (cfg=2) runs the two guidance branches on two device groups, but "

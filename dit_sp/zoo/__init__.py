@@ -18,7 +18,7 @@ from dit_sp.families.family import no_grad
 from dit_sp.io.bundled import ASSET_DIR, asset_path
 from dit_sp.zoo.hub import cached_snapshot, is_hub_id
 from dit_sp.zoo.sample import read_sample_settings
-from dit_sp.zoo.tokenizers import clip_byte_vocab, llama3_byte_tokenizer
+from dit_sp.zoo.tokenizers import clip_byte_vocab, llama3_byte_tokenizer, qwen_byte_tokenizer
 
 if TYPE_CHECKING:
     import torch
@@ -27,6 +27,16 @@ SPEC_DIR = Path(__file__).resolve().parent / "specs"
 
 TEXT_ENCODERS = ("text_encoder", "text_encoder_2")
 """Pipeline components that only encode prompts (HunyuanVideo has two)."""
+
+TILED_ONLY_VAES = ("AutoencoderKLAllegro",)
+"""VAEs that decode only in tiles (Allegro's untiled decode raises ``NotImplementedError``): loaded with tiling on."""
+
+
+def _tile_if_needed(pipe: Any) -> Any:
+    vae = getattr(pipe, "vae", None)
+    if type(vae).__name__ in TILED_ONLY_VAES:
+        vae.enable_tiling()
+    return pipe
 
 
 def builtin_models() -> list[str]:
@@ -89,6 +99,8 @@ def _component(spec: dict[str, Any]) -> Any:
         return cls(cls.config_class(**config)).eval()
     if spec.get("vocab") in ("llama3-bytes", "llama3-bytes-i2v"):
         return llama3_byte_tokenizer(config, image_to_video=spec["vocab"] == "llama3-bytes-i2v")
+    if spec.get("vocab") == "qwen-bytes":
+        return qwen_byte_tokenizer(config)
     if spec.get("vocab") == "clip-bytes":
         return cls(**clip_byte_vocab(), **config)
     if cls_name.endswith("Tokenizer"):
@@ -125,7 +137,7 @@ def build_tiny(name: str, component: str | None = None) -> Any:
         return components[component]
     import diffusers
 
-    return getattr(diffusers, spec["pipeline"])(**components, **spec.get("pipeline_config", {}))
+    return _tile_if_needed(getattr(diffusers, spec["pipeline"])(**components, **spec.get("pipeline_config", {})))
 
 
 CHECKPOINT_DEFAULTS = families.checkpoint_defaults()
@@ -317,6 +329,7 @@ def load_pipeline(
             pipe.register_modules(vae=None)
     except (OSError, ValueError) as e:
         raise MissingFileError(f"{path} is an incomplete diffusers pipeline directory: {e}") from e
+    _tile_if_needed(pipe)
     if "vae" in skipped:  # the pipeline derived them from its VAE, and fell back to Wan's defaults without one
         info = shape_info(path)
         if info is not None:

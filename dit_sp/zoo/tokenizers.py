@@ -52,3 +52,29 @@ def clip_byte_vocab() -> dict[str, Any]:
     alphabet = sorted(ByteLevel.alphabet())
     tokens = ["<|startoftext|>", "<|endoftext|>", *alphabet, *(c + "</w>" for c in alphabet)]
     return {"vocab": {t: i for i, t in enumerate(tokens)}, "merges": []}
+
+
+# Qwen2-VL's chat template for text messages (its images and videos left out: the pipelines send text only).
+_QWEN_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}{{ part['text'] }}{% endfor %}{% endif %}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def qwen_byte_tokenizer(config: dict[str, Any]) -> Any:
+    """A Qwen2 style byte-level tokenizer with Qwen2-VL's chat template (text messages), built here (nothing to
+    download): every byte a token (ids 0-255), then ``<|endoftext|>`` (the padding), ``<|im_start|>`` and
+    ``<|im_end|>``; so its ids fit a tiny text encoder's vocabulary of 259 or more."""
+    from tokenizers import Tokenizer, decoders, pre_tokenizers
+    from tokenizers.models import BPE
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tokenizer = Tokenizer(BPE(vocab={t: i for i, t in enumerate(alphabet)}, merges=[], ignore_merges=True))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    settings = {"pad_token": "<|endoftext|>", "eos_token": "<|im_end|>", "chat_template": _QWEN_CHAT_TEMPLATE} | config
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **settings)

@@ -1,0 +1,35 @@
+"""The bundled generate configs of EasyAnimate V5.1 12B, Allegro, HunyuanVideo-1.5 480p and Helios 14B: each loads as
+a generate config, names its architecture for the planner (the longest key in its name: HunyuanVideo-1.5's holds
+HunyuanVideo's), holds a transformer of the published size, and plans on its own layout."""
+
+from __future__ import annotations
+
+import pytest
+
+from dit_sp.inference.config import GenerateConfig
+from dit_sp.memory.planner import ARCHITECTURES, TransformerShape, architecture_name
+from dit_sp.memory.sampling import SamplingSettings, plan_sampling
+
+# config: (published transformer parameters, heads)
+CONFIGS = {"easyanimate-v5.1-12b": (12e9, 48), "allegro": (2.8e9, 24), "hunyuanvideo-1.5-480p-t2v": (8.3e9, 16),
+           "helios-14b": (14e9, 40)}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_config_names_its_architecture_of_the_published_size_and_plans(name):
+    config = GenerateConfig.load(name)
+    assert architecture_name(name) == name
+    assert architecture_name(f"/models/{name.upper()}-Diffusers") == name
+    published, heads = CONFIGS[name]
+    shape = TransformerShape.of(*ARCHITECTURES[name]["transformers"]["transformer"])
+    assert abs(shape.params - published) <= 0.05 * published, shape.params
+    assert shape.heads == heads and heads % config.ulysses == 0
+    video = {"frames": config.frames, "height": config.height, "width": config.width, "dtype": config.dtype}
+    settings = SamplingSettings(name, **video, ring=config.ring, ulysses=config.ulysses, guidance=True)
+    plan = plan_sampling(settings, config.ulysses * config.ring, 141)
+    assert plan.fits, plan
+
+
+def test_framepack_config_is_not_taken_for_hunyuanvideo():
+    assert architecture_name("hunyuanvideo-framepack-i2v") == "hunyuanvideo-framepack-i2v"
+    assert architecture_name("HunyuanVideo-Diffusers") == "hunyuanvideo"

@@ -1,0 +1,105 @@
+"""EasyAnimate V5.1 (joint attention, text in front; a Qwen2-VL text encoder and a chat-template tokenizer built in
+code), Allegro (cross-attention to T5 text; a VAE that decodes only in tiles), HunyuanVideo-1.5 (joint attention,
+conditioning behind the video; Qwen2.5-VL and ByT5 encoders; guidance through its guider, no step callback; text- and
+image-to-video, the latter with a SigLIP image encoder) and Helios (a chunk of current frames behind history latents at
+three scales; each rank told its own count of current tokens) through ``generate``: the same frames and latents on
+Ulysses 2, ring 2 and CFG parallel (the guidance pair split over two processes: EasyAnimate's and Allegro's batched
+call, HunyuanVideo-1.5's two guider calls, Helios' two calls) as on one process, with the attention of each rank
+holding half of the video tokens. One spawn runs them all."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from dit_sp import GenerateConfig, generate, spawn
+
+pytestmark = pytest.mark.slow  # spawns worker processes
+
+# model: video tokens per forward. EasyAnimate: 9 frames of 48 x 32 -> 3 x 6 x 4 latents, patch 2. Allegro: 21 frames of
+# 128 x 128 (one VAE tile) -> 6 x 16 x 16 latents, patch 2. HunyuanVideo-1.5: 5 frames of 24 x 16 -> 3 x 6 x 4, patch 1;
+# image-to-video: the size follows the 40 x 30 image (36 x 28 at its target size) -> 3 x 9 x 7, an odd count. Helios:
+# 33 frames of 32 x 32 -> one chunk of 9 x 4 x 4 latents, patch 2: 36 current tokens behind 13 history tokens.
+MODELS = {"tiny-easyanimate": 18, "tiny-allegro": 384, "tiny-hunyuanvideo15": 72, "tiny-hunyuanvideo15-i2v": 189,
+          "tiny-helios": 49}  # fmt: skip
+IMAGE_MODELS = ("tiny-hunyuanvideo15-i2v",)
+LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}  # cfg2: a branch per rank
+SP = {"1x2": 2, "2x1": 2, "cfg2": 1}  # processes per guidance branch
+
+
+def _settings(tmp, model: str, name: str, **flags) -> GenerateConfig:
+    if model in IMAGE_MODELS:
+        flags["image"] = str(tmp / "image.png")
+    return GenerateConfig.load(overrides={"model": model, "steps": 2, "out": str(tmp / f"{model}-{name}.mp4"),
+                                          "save_latents": str(tmp / f"{model}-{name}.pt"), "verify_inputs": True,
+                                          **flags})  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory):
+    """{(model, layout): the sample leader's report}, "single" being one process."""
+    from variant_generate_checks import generate_recording
+
+    tmp = tmp_path_factory.mktemp("easyanimate_allegro_hv15")
+    pixels = np.random.RandomState(0).rand(40, 30, 3)
+    Image.fromarray((pixels * 255).astype("uint8")).save(tmp / "image.png")
+    reports = {(model, "single"): generate(_settings(tmp, model, "single"), True) for model in MODELS}
+    jobs = [((model, layout), _settings(tmp, model, layout, **flags)) for layout, flags in LAYOUTS.items()
+            for model in MODELS]  # fmt: skip
+    by_rank = spawn(generate_recording, 2, args=([settings for _, settings in jobs],), timeout=300)
+    for i, (key, _) in enumerate(jobs):
+        leaders = [rank_reports[i] for rank_reports in by_rank if "out" in rank_reports[i]]
+        assert len(leaders) == 1, f"{key}: exactly one rank writes the output"
+        reports[key] = leaders[0] | {"lengths": [rank_reports[i]["attention_lengths"] for rank_reports in by_rank]}
+    return reports
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("model", list(MODELS))
+def test_every_layout_gives_the_same_video_from_a_split_sequence(videos, model, layout):
+    reference, report = videos[(model, "single")], videos[(model, layout)]
+    assert report["frames"].shape == reference["frames"].shape
+    assert np.abs(report["frames"] - reference["frames"]).max() <= 1e-4
+    latents, ref_latents = torch.load(report["latents"]), torch.load(reference["latents"])
+    assert (latents - ref_latents).abs().max() <= 1e-4
+    assert reference["frames"].std() > 0.01  # a real video, not a constant
+    local = math.ceil(MODELS[model] / SP[layout])
+    assert report["lengths"] == [[local], [local]], f"each rank's attention saw {report['lengths']}, not {local} tokens"
+
+
+def test_the_easyanimate_prompt_goes_through_the_chat_template():
+    """The tiny tokenizer writes Qwen2-VL's chat template around the prompt, and its ids fit the tiny encoder."""
+    from dit_sp.zoo import build_tiny
+
+    tokenizer = build_tiny("tiny-easyanimate", "tokenizer")
+    messages = [{"role": "user", "content": [{"type": "text", "text": "a red ball"}]}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text == "<|im_start|>user\na red ball<|im_end|>\n<|im_start|>assistant\n"
+    ids = tokenizer(text).input_ids
+    assert tokenizer.decode(ids) == text and max(ids) < 320
+
+
+def test_hunyuanvideo15_guidance_sets_its_guider():
+    """``guidance`` is the guider's scale (the pipeline takes no guidance argument); 1 turns guidance off."""
+    from dit_sp.inference import guidance_arguments
+    from dit_sp.zoo import build_tiny
+
+    pipe = build_tiny("tiny-hunyuanvideo15")
+    for scale, conditions in ((3.5, 2), (1.0, 1)):
+        settings = GenerateConfig.load(overrides={"model": "tiny-hunyuanvideo15", "guidance": scale})
+        assert guidance_arguments(pipe, settings) == {}
+        assert pipe.guider.guidance_scale == scale and pipe.guider.num_conditions == conditions
+
+
+def test_a_saved_allegro_pipeline_loads_with_its_vae_tiled(tmp_path):
+    """Allegro's VAE decodes only in tiles: a checkpoint directory loads with tiling on, as the built-in model does."""
+    from dit_sp.zoo import build_tiny, load_pipeline
+
+    built = build_tiny("tiny-allegro")
+    assert built.vae.use_tiling
+    built.save_pretrained(tmp_path / "allegro")
+    assert load_pipeline(str(tmp_path / "allegro"), torch.float32).vae.use_tiling
