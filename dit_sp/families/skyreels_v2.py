@@ -71,7 +71,13 @@ SKYREELS_V2 = ModelFamily(
     attention_modules=("blocks.*.attn1",),
     cfg_mode="sequential",
     check=_check,
-    tiny_models=("tiny-skyreels-v2", "tiny-skyreels-v2-df"),
+    tiny_models=(
+        "tiny-skyreels-v2",
+        "tiny-skyreels-v2-i2v",
+        "tiny-skyreels-v2-df",
+        "tiny-skyreels-v2-df-i2v",
+        "tiny-skyreels-v2-df-v2v",
+    ),
     checkpoint_defaults={
         "SkyReelsV2Pipeline": generation_defaults(97, 544, 960, 50, 6.0, 512) | {"fps": 24},
         "SkyReelsV2ImageToVideoPipeline": generation_defaults(97, 544, 960, 50, 5.0, 512) | {"fps": 24},

@@ -80,6 +80,7 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
     if name is None or not hasattr(diffusers, name):
         return  # the full load reports what the model is
     takes = inspect.signature(getattr(diffusers, name).__call__).parameters
+    check_video_input(config, name, takes)
     if "image" not in takes:
         if config.image or config.last_image:
             raise ConfigError(f"--image: {config.model} is a text-to-video model ({name}) and takes no image; use an "
@@ -101,6 +102,51 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
     for flag, path in (("--image", config.image), ("--last-image", config.last_image)):
         if path is not None:
             read_image(path, flag)
+
+
+def check_video_input(config: GenerateConfig, name: str, takes: Any) -> None:
+    """``--video`` against the pipeline's ``__call__`` parameters ``takes`` (``name``: its class), and the file."""
+    if "video" not in takes:
+        if config.video:
+            raise ConfigError(f"--video: {config.model} ({name}) takes no input video; use a video-to-video model "
+                              "(e.g. tiny-skyreels-v2-df-v2v), or drop --video")  # fmt: skip
+        return
+    if not config.video and takes["video"].default is inspect.Parameter.empty:
+        raise ConfigError(f"{config.model} is a video-to-video model ({name}): give the video to continue with "
+                          "--video PATH")  # fmt: skip
+    if config.video:
+        read_video(config.video)
+
+
+VIDEO_HISTORY = 17
+"""Frames of an input video's end that SkyReels-V2's video extension continues from (its ``overlap_history``, as
+its model card runs it); a shorter video gives all of its frames."""
+
+
+def read_video(path: str, flag: str = "--video") -> list[Any]:
+    """The frames of the video at ``path`` (an .mp4 or .gif file, or a directory of image frames in name order) as
+    RGB images (PIL)."""
+    from pathlib import Path
+
+    from dit_sp.io.bundled import asset_path
+
+    found = asset_path(path)
+    if found is None or not found.exists():
+        raise MissingFileError(f"{flag} {path}: no such file or directory")
+    if found.is_dir():
+        files = sorted(f for f in found.iterdir() if f.suffix.lower() in (".png", ".jpg", ".jpeg", ".webp"))
+        if not files:
+            raise ConfigError(f"{flag} {path}: a directory without image frames (.png, .jpg, .webp)")
+        return [read_image(str(f), flag) for f in files]
+    from diffusers.utils import load_video
+
+    try:
+        frames = load_video(str(Path(found)))
+    except (OSError, ValueError, RuntimeError) as e:
+        raise ConfigError(f"{flag} {path}: not a video this machine can read ({e})") from e
+    if not frames:
+        raise ConfigError(f"{flag} {path}: the video has no frames")
+    return [frame.convert("RGB") for frame in frames]
 
 
 def read_image(path: str, flag: str) -> Any:
