@@ -1,7 +1,7 @@
-"""SkyReels-V2's image-to-video, diffusion-forcing image-to-video and video-to-video pipelines through ``generate``
-(``--image``, ``--video``) give the same frames and latents on Ulysses 2, ring 2 and CFG parallel (a guidance branch
-per process) as on one process, with the attention of each rank holding half of the video tokens. One spawn runs
-them all."""
+"""SkyReels-V2's image-to-video, diffusion-forcing image-to-video and video-to-video pipelines, Cosmos-Predict2's
+video-to-world and Cosmos-Predict2.5's pipelines through ``generate`` (``--image``, ``--video``) give the same frames
+and latents on Ulysses 2, ring 2 and (SkyReels; Cosmos refuses it) CFG parallel, a guidance branch per process, as on
+one process, with the attention of each rank holding half of the video tokens. One spawn runs them all."""
 
 from __future__ import annotations
 
@@ -22,8 +22,15 @@ MODELS = {
     "tiny-skyreels-v2-i2v": (12, {"image": "image.png"}),
     "tiny-skyreels-v2-df-i2v": (12, {"image": "image.png"}),
     "tiny-skyreels-v2-df-v2v": (12, {"video": "clip"}),
+    "tiny-cosmos2-v2w": (12, {"image": "image.png"}),  # the image is the first latent frame (timestep ~0)
+    "tiny-cosmos2.5": (12, {}),  # text-to-world
 }
 LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}  # cfg2: a branch per rank
+CFG_REFUSED = {"tiny-cosmos2-v2w", "tiny-cosmos2.5"}  # the family refuses CFG parallelism (dit_sp.families.cosmos)
+# The Cosmos pipelines hand their frames to the safety checker as uint8 and return those (x 255, truncated, / 255): a
+# value within float rounding of an 8-bit step may land on either side, so their frames agree within one step (the
+# latents, before it, within 1e-4 as for every pipeline).
+FRAME_TOLERANCE = dict.fromkeys(CFG_REFUSED, 1 / 255 + 1e-6)
 SP = {"1x2": 2, "2x1": 2, "cfg2": 1}  # processes per guidance branch
 
 
@@ -48,7 +55,7 @@ def videos(tmp_path_factory):
         Image.fromarray((rng.rand(32, 32, 3) * 255).astype("uint8")).save(tmp / "clip" / f"{i:02d}.png")
     reports = {(model, "single"): generate(_settings(tmp, model, "single"), True) for model in MODELS}
     jobs = [((model, layout), _settings(tmp, model, layout, **flags)) for layout, flags in LAYOUTS.items()
-            for model in MODELS]  # fmt: skip
+            for model in MODELS if not (layout == "cfg2" and model in CFG_REFUSED)]  # fmt: skip
     by_rank = spawn(generate_recording, 2, args=([settings for _, settings in jobs],), timeout=300)
     for i, (key, _) in enumerate(jobs):
         leaders = [rank_reports[i] for rank_reports in by_rank if "out" in rank_reports[i]]
@@ -57,12 +64,16 @@ def videos(tmp_path_factory):
     return reports
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize("model", list(MODELS))
+CASES = [(model, layout) for model in MODELS for layout in LAYOUTS if not (layout == "cfg2" and model in CFG_REFUSED)]
+
+
+@pytest.mark.parametrize(("model", "layout"), CASES)
 def test_every_layout_gives_the_same_video_from_a_split_sequence(videos, model, layout):
     reference, report = videos[(model, "single")], videos[(model, layout)]
     assert report["frames"].shape == reference["frames"].shape
-    assert np.abs(report["frames"] - reference["frames"]).max() <= 1e-4
+    difference = np.abs(report["frames"] - reference["frames"])
+    assert difference.max() <= FRAME_TOLERANCE.get(model, 1e-4)
+    assert (difference > 1e-4).mean() < 0.01  # (Cosmos) only values at an 8-bit step's edge, not the video
     latents, ref_latents = torch.load(report["latents"]), torch.load(reference["latents"])
     assert (latents - ref_latents).abs().max() <= 1e-4
     assert reference["frames"].std() > 0.01  # a real video, not a constant
