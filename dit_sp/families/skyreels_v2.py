@@ -60,6 +60,11 @@ _14B = {"num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40}
 _ARCHITECTURES = {
     "skyreels-v2-df-1.3b-540p": wan_architecture({"transformer": _DF_1_3B}, "SkyReelsV2Transformer3DModel"),
     "skyreels-v2-t2v-14b-720p": wan_architecture({"transformer": _14B}, "SkyReelsV2Transformer3DModel"),
+    # image-to-video: the image's latents and mask in channels, CLIP ViT-H image tokens in cross-attention
+    "skyreels-v2-i2v-14b-720p": wan_architecture(
+        {"transformer": _14B | {"in_channels": 36, "image_dim": 1280, "added_kv_proj_dim": 5120}},
+        "SkyReelsV2Transformer3DModel",
+    ),
 }
 """The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
 
