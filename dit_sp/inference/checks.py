@@ -16,7 +16,8 @@ from dit_sp.io.video import check_output, check_writable
 def guidance_arguments(pipe: Any, config: GenerateConfig) -> dict[str, float]:
     """The pipeline's guidance arguments. ``guidance`` goes to the argument whose value > 1 runs
     classifier-free guidance, as dit-sp's model family records it (Wan, CogVideoX: ``guidance_scale``;
-    HunyuanVideo: ``true_cfg_scale``, with the negative prompt). ``embedded_guidance`` is HunyuanVideo's
+    HunyuanVideo: ``true_cfg_scale``, with the negative prompt; Motif-Video: none, its guider's scale is set on
+    ``pipe``). ``embedded_guidance`` is HunyuanVideo's
     ``guidance_scale``: the guidance distilled into the model (left at the pipeline's 6.0 if not given)."""
     try:
         cfg_argument = family_of(pipe.transformer).guidance_arg
@@ -24,7 +25,13 @@ def guidance_arguments(pipe: Any, config: GenerateConfig) -> dict[str, float]:
         cfg_argument = "guidance_scale"
     parameters = inspect.signature(type(pipe).__call__).parameters if callable(pipe) else {}
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-    if parameters and cfg_argument not in parameters and not takes_any:  # (Motif-Video: guidance in its guider)
+    guider = getattr(pipe, "guider", None)
+    if parameters and cfg_argument not in parameters and not takes_any and hasattr(guider, "new"):
+        # Motif-Video guides through its guider (a Modular Diffusers BaseGuidance): the scale goes there, and <= 1
+        # turns its unconditional branch off as guidance_scale does elsewhere
+        pipe.register_modules(guider=guider.new(guidance_scale=config.guidance))
+        return {}
+    if parameters and cfg_argument not in parameters and not takes_any:
         raise ConfigError(f"{type(pipe).__name__} takes no {cfg_argument} (its guidance is set elsewhere, e.g. its "
                           "guider), so generate cannot run it; call the pipeline from Python")  # fmt: skip
     arguments = {cfg_argument: config.guidance}

@@ -1,7 +1,8 @@
 """SkyReels-V2's image-to-video, diffusion-forcing image-to-video and video-to-video pipelines, Cosmos-Predict2's
-video-to-world and Cosmos-Predict2.5's pipelines through ``generate`` (``--image``, ``--video``) give the same frames
-and latents on Ulysses 2, ring 2 and (SkyReels; Cosmos refuses it) CFG parallel, a guidance branch per process, as on
-one process, with the attention of each rank holding half of the video tokens. One spawn runs them all."""
+video-to-world, Cosmos-Predict2.5's and Motif-Video's text-to-video pipelines through ``generate`` (``--image``,
+``--video``) give the same frames and latents on Ulysses 2, ring 2 and (SkyReels; Cosmos and Motif-Video refuse it)
+CFG parallel, a guidance branch per process, as on one process, with the attention of each rank holding half of the
+video tokens. One spawn runs them all."""
 
 from __future__ import annotations
 
@@ -24,13 +25,14 @@ MODELS = {
     "tiny-skyreels-v2-df-v2v": (12, {"video": "clip"}),
     "tiny-cosmos2-v2w": (12, {"image": "image.png"}),  # the image is the first latent frame (timestep ~0)
     "tiny-cosmos2.5": (12, {}),  # text-to-world
+    "tiny-motif-video": (12, {}),  # text-to-video, guided through its guider
 }
 LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}  # cfg2: a branch per rank
-CFG_REFUSED = {"tiny-cosmos2-v2w", "tiny-cosmos2.5"}  # the family refuses CFG parallelism (dit_sp.families.cosmos)
+CFG_REFUSED = {"tiny-cosmos2-v2w", "tiny-cosmos2.5", "tiny-motif-video"}  # their families refuse CFG parallelism
 # The Cosmos pipelines hand their frames to the safety checker as uint8 and return those (x 255, truncated, / 255): a
 # value within float rounding of an 8-bit step may land on either side, so their frames agree within one step (the
 # latents, before it, within 1e-4 as for every pipeline).
-FRAME_TOLERANCE = dict.fromkeys(CFG_REFUSED, 1 / 255 + 1e-6)
+FRAME_TOLERANCE = dict.fromkeys(["tiny-cosmos2-v2w", "tiny-cosmos2.5"], 1 / 255 + 1e-6)
 SP = {"1x2": 2, "2x1": 2, "cfg2": 1}  # processes per guidance branch
 
 
@@ -47,7 +49,7 @@ def videos(tmp_path_factory):
     """{(model, layout): the sample leader's report}, "single" being one process."""
     from variant_generate_checks import generate_recording
 
-    tmp = tmp_path_factory.mktemp("skyreels_cosmos")
+    tmp = tmp_path_factory.mktemp("skyreels_cosmos_motif")
     rng = np.random.RandomState(0)
     Image.fromarray((rng.rand(40, 30, 3) * 255).astype("uint8")).save(tmp / "image.png")
     (tmp / "clip").mkdir()
