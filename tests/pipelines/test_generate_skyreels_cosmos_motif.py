@@ -1,8 +1,8 @@
-"""SkyReels-V2's image-to-video, diffusion-forcing image-to-video and video-to-video pipelines, Cosmos-Predict2's
-video-to-world, Cosmos-Predict2.5's, and Motif-Video's text- and image-to-video pipelines through ``generate``
-(``--image``, ``--video``) give the same frames and latents on Ulysses 2, ring 2 and (SkyReels; Cosmos and Motif-Video
-refuse it) CFG parallel, a guidance branch per process, as on one process, with the attention of each rank holding
-half of the video tokens. One spawn runs them all."""
+"""SkyReels-V2's image-to-video, diffusion-forcing image-to-video and video-to-video pipelines, Cosmos-1.0's
+text-to-world, Cosmos-Predict2's video-to-world, Cosmos-Predict2.5's, and Motif-Video's text- and image-to-video
+pipelines through ``generate`` (``--image``, ``--video``) give the same frames and latents on Ulysses 2, ring 2 and
+(SkyReels; Cosmos and Motif-Video refuse it) CFG parallel, a guidance branch per process, as on one process, with the
+attention of each rank holding half of the video tokens. One spawn runs them all."""
 
 from __future__ import annotations
 
@@ -23,17 +23,19 @@ MODELS = {
     "tiny-skyreels-v2-i2v": (12, {"image": "image.png"}),
     "tiny-skyreels-v2-df-i2v": (12, {"image": "image.png"}),
     "tiny-skyreels-v2-df-v2v": (12, {"video": "clip"}),
+    "tiny-cosmos1-t2w": (48, {}),  # Cosmos 1 text-to-world: its VAE is x4 in space, 3 x 8 x 8 latents: 48 tokens
     "tiny-cosmos2-v2w": (12, {"image": "image.png"}),  # the image is the first latent frame (timestep ~0)
     "tiny-cosmos2.5": (12, {}),  # text-to-world
     "tiny-motif-video": (12, {}),  # text-to-video, guided through its guider
     "tiny-motif-video-i2v": (12, {"image": "image.png"}),  # its SigLIP image tokens join the (replicated) text
 }
 LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}  # cfg2: a branch per rank
-CFG_REFUSED = {"tiny-cosmos2-v2w", "tiny-cosmos2.5", "tiny-motif-video", "tiny-motif-video-i2v"}  # refused by family
+COSMOS = ["tiny-cosmos1-t2w", "tiny-cosmos2-v2w", "tiny-cosmos2.5"]
+CFG_REFUSED = {*COSMOS, "tiny-motif-video", "tiny-motif-video-i2v"}  # their families refuse CFG parallelism
 # The Cosmos pipelines hand their frames to the safety checker as uint8 and return those (x 255, truncated, / 255): a
 # value within float rounding of an 8-bit step may land on either side, so their frames agree within one step (the
 # latents, before it, within 1e-4 as for every pipeline).
-FRAME_TOLERANCE = dict.fromkeys(["tiny-cosmos2-v2w", "tiny-cosmos2.5"], 1 / 255 + 1e-6)
+FRAME_TOLERANCE = dict.fromkeys(COSMOS, 1 / 255 + 1e-6)
 SP = {"1x2": 2, "2x1": 2, "cfg2": 1}  # processes per guidance branch
 
 
