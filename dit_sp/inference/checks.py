@@ -4,6 +4,7 @@ model's pipeline), the image files it reads, and the guidance arguments a pipeli
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import inspect
 from typing import Any
 
@@ -94,6 +95,9 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
                               "image-to-video model (e.g. tiny-wan-i2v, a Wan I2V or CogVideoX I2V checkpoint), "
                               "or drop --image/--last-image")  # fmt: skip
         return
+    if config.image and name == "Cosmos2_5_PredictBasePipeline" and importlib.util.find_spec("torchvision") is None:
+        raise ConfigError(f"--image: {name} reads the image with torchvision, which is not installed: pip install "
+                          "torchvision, or condition on a video instead (--video, 5 frames or more)")  # fmt: skip
     if not config.image and takes["image"].default is inspect.Parameter.empty:
         raise ConfigError(f"{config.model} is an image-to-video model ({name}): give its first frame with --image PATH")
     if config.last_image:

@@ -3,6 +3,8 @@ read from an mp4 or a directory of frames."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -43,3 +45,10 @@ def test_a_video_reads_from_an_mp4_and_from_a_directory_of_frames(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="a directory without image frames"):
         read_video(str(tmp_path / "empty"))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchvision") is not None, reason="torchvision reads the image")
+def test_cosmos_predict2_5_with_an_image_and_no_torchvision_is_one_line(tmp_path):
+    Image.new("RGB", (32, 32)).save(tmp_path / "a.png")
+    with pytest.raises(ConfigError, match=r"^--image: Cosmos2_5_PredictBasePipeline reads the image with torchvision"):
+        check_before_loading(_config(tmp_path, model="tiny-cosmos2.5", image=str(tmp_path / "a.png")))
