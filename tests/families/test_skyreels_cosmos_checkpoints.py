@@ -37,3 +37,23 @@ def test_the_planner_knows_the_checkpoint_at_its_published_size_and_plans_its_co
     plan = plan_sampling(settings, 8, 80.0)
     per_rank = f"{video_tokens // generate.ulysses} tokens)"  # cross-attention only: no text tokens in the sequence
     assert any(part.endswith(per_rank) for part in plan.phases["denoising"]), list(plan.phases["denoising"])
+
+
+@pytest.mark.parametrize("model", ["tiny-cosmos2-v2w", "tiny-motif-video"])
+def test_cfg_parallelism_of_the_cosmos_and_motif_pipelines_is_refused_in_one_line(model):
+    """Cosmos computes with the conditional prediction before its unconditional call; Motif-Video guides inside its
+    guider: ``parallelize`` refuses cfg=2 with the family's reason, before any hook or collective."""
+    import dataclasses
+
+    from dit_sp import ParallelConfig, parallelize
+    from dit_sp.errors import ConfigError
+    from dit_sp.parallel import single_process_state
+    from dit_sp.zoo import build_tiny
+
+    pipe = build_tiny(model)
+    parallel = dataclasses.replace(single_process_state(), config=ParallelConfig(cfg=2))
+    with pytest.raises(ConfigError, match=r"^cfg parallelism \(cfg=2\) for \w+Pipeline: .*; use cfg=1$") as error:
+        parallelize(pipe, parallel)
+    assert "\n" not in str(error.value)
+    processors = [type(getattr(m, "processor", None)).__name__ for m in pipe.transformer.modules()]
+    assert not any(name.startswith("SequenceParallel") for name in processors)  # nothing left installed
