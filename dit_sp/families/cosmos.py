@@ -48,9 +48,13 @@ def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
 _T5_11B_ENCODER, _COSMOS_VAE = 4.76e9, 105.7e6  # AutoencoderKLCosmos (CV8x8x8): 105.65e6 counted on meta
 
 
-def _architecture(config: dict[str, Any]) -> dict[str, Any]:
-    return {"transformers": {"transformer": ("CosmosTransformer3DModel", config)}, "text_encoders": _T5_11B_ENCODER,
-            "vae": _COSMOS_VAE, "compression": (8, 8), "text_tokens": 512, "joint": False}  # fmt: skip
+_QWEN25_VL_7B, _WAN_VAE = 8.29e9, 127e6  # Cosmos 2.5's text encoder (Cosmos-Reason1-7B); Cosmos 2 / 2.5's VAE
+
+
+def _architecture(config: dict[str, Any], text: float = _T5_11B_ENCODER, wan_vae: bool = False) -> dict[str, Any]:
+    vae, compression = (_WAN_VAE, (4, 8)) if wan_vae else (_COSMOS_VAE, (8, 8))
+    return {"transformers": {"transformer": ("CosmosTransformer3DModel", config)}, "text_encoders": text,
+            "vae": vae, "compression": compression, "text_tokens": 512, "joint": False}  # fmt: skip
 
 
 _7B = {"in_channels": 16, "out_channels": 16, "num_attention_heads": 32, "attention_head_dim": 128, "num_layers": 28,
@@ -58,10 +62,30 @@ _7B = {"in_channels": 16, "out_channels": 16, "num_attention_heads": 32, "attent
        "patch_size": [1, 2, 2], "rope_scale": [2.0, 1.0, 1.0], "concat_padding_mask": True,
        "extra_pos_embed_type": "learnable"}  # fmt: skip
 
+_V2W_2B = _7B | {"in_channels": 17, "num_attention_heads": 16, "rope_scale": [1.0, 3.0, 3.0],
+                 "extra_pos_embed_type": None}  # fmt: skip
+
 _ARCHITECTURES = {
     # Cosmos-1.0-Diffusion-7B / 14B-Text2World (diffusers' defaults are the 7B; counted on meta: 7.24e9, 1.43e10)
     "cosmos1-7b-text2world": _architecture(_7B),
     "cosmos1-14b-text2world": _architecture(_7B | {"num_attention_heads": 40, "num_layers": 36}),
+    # Cosmos-Predict2-2B / 14B-Video2World (the condition-mask channel, no learnable positional embedding) and
+    # Cosmos-Predict2.5-2B (Qwen2.5-VL text: all 28 layers' 3584-d states, projected to 1024), as diffusers' conversion
+    # script configures them; counted on meta: 1.96e9, 1.42e10, 2.06e9
+    "cosmos-predict2-2b-video2world": _architecture(_V2W_2B, wan_vae=True),
+    "cosmos-predict2-14b-video2world": _architecture(
+        _V2W_2B | {"num_attention_heads": 40, "num_layers": 36, "rope_scale": [20 / 24, 2.0, 2.0]}, wan_vae=True
+    ),
+    "cosmos-predict2.5-2b": _architecture(
+        _V2W_2B
+        | {
+            "use_crossattn_projection": True,
+            "crossattn_proj_in_channels": 100352,
+            "encoder_hidden_states_channels": 1024,
+        },
+        text=_QWEN25_VL_7B,
+        wan_vae=True,
+    ),  # fmt: skip
 }
 """The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
 
@@ -79,6 +103,7 @@ COSMOS = ModelFamily(
         "the Cosmos pipelines compute with the conditional prediction before they make the unconditional call, so "
         "the two guidance branches cannot run at once on two process groups; use cfg=1"
     ),
+    tiny_models=("tiny-cosmos1-t2w", "tiny-cosmos2-v2w", "tiny-cosmos2.5"),
     checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(93, 704, 1280, 35, 7.0, 512) | {"fps": 16}),
     vae_factors=dict.fromkeys(PIPELINES, _vae_factors),
     architectures=_ARCHITECTURES,

@@ -48,6 +48,7 @@ MOTIF_VIDEO = ModelFamily(
         "not as a pair of calls dit-sp can split; use cfg=1"
     ),
     check=_check,
+    tiny_models=("tiny-motif-video", "tiny-motif-video-i2v"),
     checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(121, 736, 1280, 50, 5.0, 512) | {"fps": 24}),
     vae_factors=dict.fromkeys(PIPELINES, _vae_factors),
 )

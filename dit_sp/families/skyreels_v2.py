@@ -60,6 +60,11 @@ _14B = {"num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40}
 _ARCHITECTURES = {
     "skyreels-v2-df-1.3b-540p": wan_architecture({"transformer": _DF_1_3B}, "SkyReelsV2Transformer3DModel"),
     "skyreels-v2-t2v-14b-720p": wan_architecture({"transformer": _14B}, "SkyReelsV2Transformer3DModel"),
+    # image-to-video: the image's latents and mask in channels, CLIP ViT-H image tokens in cross-attention
+    "skyreels-v2-i2v-14b-720p": wan_architecture(
+        {"transformer": _14B | {"in_channels": 36, "image_dim": 1280, "added_kv_proj_dim": 5120}},
+        "SkyReelsV2Transformer3DModel",
+    ),
 }
 """The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
 
@@ -71,7 +76,13 @@ SKYREELS_V2 = ModelFamily(
     attention_modules=("blocks.*.attn1",),
     cfg_mode="sequential",
     check=_check,
-    tiny_models=("tiny-skyreels-v2", "tiny-skyreels-v2-df"),
+    tiny_models=(
+        "tiny-skyreels-v2",
+        "tiny-skyreels-v2-i2v",
+        "tiny-skyreels-v2-df",
+        "tiny-skyreels-v2-df-i2v",
+        "tiny-skyreels-v2-df-v2v",
+    ),
     checkpoint_defaults={
         "SkyReelsV2Pipeline": generation_defaults(97, 544, 960, 50, 6.0, 512) | {"fps": 24},
         "SkyReelsV2ImageToVideoPipeline": generation_defaults(97, 544, 960, 50, 5.0, 512) | {"fps": 24},

@@ -4,6 +4,7 @@ model's pipeline), the image files it reads, and the guidance arguments a pipeli
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import inspect
 from typing import Any
 
@@ -22,7 +23,8 @@ def guidance_arguments(pipe: Any, config: GenerateConfig) -> dict[str, float]:
     HunyuanVideo: ``true_cfg_scale``, with the negative prompt). ``embedded_guidance`` is HunyuanVideo's
     ``guidance_scale``: the guidance distilled into the model (left at the pipeline's 6.0 if not given). A family
     whose ``guidance_arg`` is ``"guider"`` (HunyuanVideo-1.5) gets its ``ClassifierFreeGuidance`` guider's scale set
-    to ``guidance`` instead, and no arguments."""
+    to ``guidance`` instead, and no arguments; so does a pipeline that takes no guidance argument but has a guider
+    (Motif-Video)."""
     try:
         cfg_argument = family_of(pipe.transformer).guidance_arg
     except TypeError:  # a transformer dit-sp does not know: single process only, the usual argument
@@ -36,7 +38,12 @@ def guidance_arguments(pipe: Any, config: GenerateConfig) -> dict[str, float]:
             raise ConfigError(f"{type(pipe).__name__} guides through its guider: use --guidance only")
         pipe.guider = guider.new(guidance_scale=config.guidance)
         return {}
-    if parameters and cfg_argument not in parameters and not takes_any:  # (Motif-Video: guidance in its guider)
+    if parameters and cfg_argument not in parameters and not takes_any and hasattr(guider, "new"):
+        # Motif-Video guides through its guider (a Modular Diffusers BaseGuidance): the scale goes there, and <= 1
+        # turns its unconditional branch off as guidance_scale does elsewhere
+        pipe.register_modules(guider=guider.new(guidance_scale=config.guidance))
+        return {}
+    if parameters and cfg_argument not in parameters and not takes_any:
         raise ConfigError(f"{type(pipe).__name__} takes no {cfg_argument} (its guidance is set elsewhere, e.g. its "
                           "guider), so generate cannot run it; call the pipeline from Python")  # fmt: skip
     arguments = {cfg_argument: config.guidance}
@@ -96,12 +103,16 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
     if name is None or not hasattr(diffusers, name):
         return  # the full load reports what the model is
     takes = inspect.signature(getattr(diffusers, name).__call__).parameters
+    check_video_input(config, name, takes)
     if "image" not in takes:
         if config.image or config.last_image:
             raise ConfigError(f"--image: {config.model} is a text-to-video model ({name}) and takes no image; use an "
                               "image-to-video model (e.g. tiny-wan-i2v, a Wan I2V or CogVideoX I2V checkpoint), "
                               "or drop --image/--last-image")  # fmt: skip
         return
+    if config.image and name == "Cosmos2_5_PredictBasePipeline" and importlib.util.find_spec("torchvision") is None:
+        raise ConfigError(f"--image: {name} reads the image with torchvision, which is not installed: pip install "
+                          "torchvision, or condition on a video instead (--video, 5 frames or more)")  # fmt: skip
     if not config.image and takes["image"].default is inspect.Parameter.empty:
         raise ConfigError(f"{config.model} is an image-to-video model ({name}): give its first frame with --image PATH")
     if config.last_image:
@@ -117,6 +128,51 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
     for flag, path in (("--image", config.image), ("--last-image", config.last_image)):
         if path is not None:
             read_image(path, flag)
+
+
+def check_video_input(config: GenerateConfig, name: str, takes: Any) -> None:
+    """``--video`` against the pipeline's ``__call__`` parameters ``takes`` (``name``: its class), and the file."""
+    if "video" not in takes:
+        if config.video:
+            raise ConfigError(f"--video: {config.model} ({name}) takes no input video; use a video-to-video model "
+                              "(e.g. tiny-skyreels-v2-df-v2v), or drop --video")  # fmt: skip
+        return
+    if not config.video and takes["video"].default is inspect.Parameter.empty:
+        raise ConfigError(f"{config.model} is a video-to-video model ({name}): give the video to continue with "
+                          "--video PATH")  # fmt: skip
+    if config.video:
+        read_video(config.video)
+
+
+VIDEO_HISTORY = 17
+"""Frames of an input video's end that SkyReels-V2's video extension continues from (its ``overlap_history``, as
+its model card runs it); a shorter video gives all of its frames."""
+
+
+def read_video(path: str, flag: str = "--video") -> list[Any]:
+    """The frames of the video at ``path`` (an .mp4 or .gif file, or a directory of image frames in name order) as
+    RGB images (PIL)."""
+    from pathlib import Path
+
+    from dit_sp.io.bundled import asset_path
+
+    found = asset_path(path)
+    if found is None or not found.exists():
+        raise MissingFileError(f"{flag} {path}: no such file or directory")
+    if found.is_dir():
+        files = sorted(f for f in found.iterdir() if f.suffix.lower() in (".png", ".jpg", ".jpeg", ".webp"))
+        if not files:
+            raise ConfigError(f"{flag} {path}: a directory without image frames (.png, .jpg, .webp)")
+        return [read_image(str(f), flag) for f in files]
+    from diffusers.utils import load_video
+
+    try:
+        frames = load_video(str(Path(found)))
+    except (OSError, ValueError, RuntimeError) as e:
+        raise ConfigError(f"{flag} {path}: not a video this machine can read ({e})") from e
+    if not frames:
+        raise ConfigError(f"{flag} {path}: the video has no frames")
+    return [frame.convert("RGB") for frame in frames]
 
 
 def read_image(path: str, flag: str) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -15,7 +16,7 @@ import torch
 
 from dit_sp.cache import StepCache, enable_cache
 from dit_sp.families import check_shape
-from dit_sp.inference.checks import guidance_arguments, read_image
+from dit_sp.inference.checks import VIDEO_HISTORY, guidance_arguments, read_image, read_video
 from dit_sp.inference.config import GenerateConfig
 from dit_sp.io.console import plain_tracebacks, quiet_followers
 from dit_sp.parallel import ParallelState, check_ranks_agree, init_layout
@@ -69,7 +70,9 @@ def setup(config: GenerateConfig, images: bool) -> tuple[ParallelState, Any, dic
             verify_inputs=config.verify_inputs,
             shard_weights=config.shard_weights,
             parallel_vae=config.parallel_vae,
-            frames_on="leader",  # the leader writes
+            # the leader writes; a video-to-video pipeline joins the decoded frames to its input video after the
+            # decode, on every rank, so each needs whole frames
+            frames_on="every_rank" if config.video else "leader",
             compile=config.compile,
             cache=config.cache_spec,
         )
@@ -101,6 +104,11 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
 
     images = {key: read_image(path, "--" + key.replace("_", "-"))
               for key, path in (("image", config.image), ("last_image", config.last_image)) if path}  # fmt: skip
+    if config.video:  # video extension (SkyReels-V2 DF V2V): the video's last frames are the history
+        images["video"] = read_video(config.video)
+        stock = next(c for c in type(pipe).__mro__ if c.__module__.startswith("diffusers."))  # not parallelize's
+        if "overlap_history" in inspect.signature(stock.__call__).parameters:
+            images["overlap_history"] = min(len(images["video"]), VIDEO_HISTORY)
     arguments = dict(
         **images,
         prompt=config.prompt,
@@ -150,8 +158,6 @@ def _steps_recorded(pipe: Any, on_step_end: Callable, needed: bool) -> Iterator[
 def _taken(pipe: Any, arguments: dict[str, Any]) -> dict[str, Any]:
     """The ``arguments`` the pipeline's ``__call__`` takes: EasyAnimate's pipelines fix their text length (no
     ``max_sequence_length``). A class that passes ``**kwargs`` on (``parallelize``'s subclass) is looked through."""
-    import inspect
-
     for cls in type(pipe).__mro__:
         if "__call__" in vars(cls):
             parameters = inspect.signature(vars(cls)["__call__"]).parameters

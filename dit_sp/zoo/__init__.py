@@ -87,10 +87,11 @@ def _component(spec: dict[str, Any]) -> Any:
 
     cls_name = spec["class"]
     if "module" in spec:  # a pipeline's own model class (LTX-2's connectors, vocoder): diffusers.pipelines.<name>
-        import importlib
+        import importlib  # (or a tiny model's stand-in here: dit_sp.zoo.guardrail's safety checker)
 
-        if not str(spec["module"]).startswith("diffusers.pipelines."):
-            raise ConfigError(f"component module {spec['module']!r}: only diffusers.pipelines.* modules are built")
+        if not str(spec["module"]).startswith(("diffusers.pipelines.", "dit_sp.zoo.")):
+            raise ConfigError(f"component module {spec['module']!r}: only diffusers.pipelines.* and dit_sp.zoo.* "
+                              "modules are built")  # fmt: skip
         cls = getattr(importlib.import_module(spec["module"]), cls_name)
     else:
         cls = getattr(diffusers, cls_name, None) or getattr(transformers, cls_name)

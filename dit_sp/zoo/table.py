@@ -16,6 +16,7 @@ from functools import cache
 from dit_sp.families import FAMILIES, supported_vaes
 from dit_sp.families.family import TRANSFORMERS, ModelFamily
 from dit_sp.io.bundled import asset_path
+from dit_sp.vae.leader import LEADER_DECODE_REASONS
 from dit_sp.zoo import model_spec
 
 START, END = "<!-- families:start -->", "<!-- families:end -->"
@@ -57,14 +58,32 @@ def diffusers_pipelines() -> dict[str, tuple[str, ...]]:
     return {transformer: tuple(sorted(names)) for transformer, names in by_transformer.items()}
 
 
+def family_vaes(family: ModelFamily) -> list[str]:
+    """The VAE classes of the family's diffusers pipelines (as their ``__init__`` annotates them), sorted."""
+    pipelines = {p for cls in family.class_names for p in diffusers_pipelines().get(cls, ())}
+    return sorted({v for p in pipelines for v in _components()[p].get("vae", ()) if v != "NoneType"})
+
+
 def _vaes(family: ModelFamily) -> str:
     """The VAEs of the family's pipelines: split over a sample's processes where a family has a plan for the
     class (``dit_sp.families.vae_plan_of``), else decoded by one process of the sample."""
-    pipelines = {p for cls in family.class_names for p in diffusers_pipelines().get(cls, ())}
-    classes = sorted({v for p in pipelines for v in _components()[p].get("vae", ()) if v != "NoneType"})
     split = set(supported_vaes())
-    shown = [f"`{v}` split" if v in split else f"`{v}` leader decode" for v in classes]
+    shown = [f"`{v}` split" if v in split else f"`{v}` leader decode" for v in family_vaes(family)]
     return ", ".join(shown) or "none"
+
+
+def leader_decode_vaes() -> list[str]:
+    """The VAE classes the table shows as "leader decode" (of a family that runs split), sorted."""
+    split = set(supported_vaes())
+    runs = [f for f in FAMILIES if not f.refused.keys() >= set(f.class_names)]
+    return sorted({v for family in runs for v in family_vaes(family) if v not in split})
+
+
+def _leader_reasons() -> list[str]:
+    """Under the table: why each leader-decode VAE is not split (``dit_sp.vae.leader``)."""
+    lines = ["", "Leader decode, and why each of these VAEs is not split yet:", ""]
+    missing = "(no reason recorded: add one to dit_sp/vae/leader.py)"
+    return lines + [f"- `{v}`: {LEADER_DECODE_REASONS.get(v, missing)}." for v in leader_decode_vaes()]
 
 
 def _pipeline_class(model: str) -> str | None:
@@ -119,7 +138,7 @@ def family_table() -> str:
     """The Markdown table of every registered family (one row each, in registry order), between the markers."""
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(_row(family)) + " |" for family in FAMILIES]
-    return "\n".join([START, *lines, END])
+    return "\n".join([START, *lines, *_leader_reasons(), END])
 
 
 if __name__ == "__main__":

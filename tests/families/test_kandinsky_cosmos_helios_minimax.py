@@ -222,12 +222,19 @@ def test_step_caches_the_blocks_cannot_take_are_refused_in_one_line(name, messag
     assert "\n" not in str(error.value)
 
 
-def test_generate_refuses_a_pipeline_that_takes_no_guidance_argument():
-    """Motif-Video's pipelines guide through their guider and take no ``guidance_scale``: one line, not a TypeError."""
+def test_generate_sets_the_guiders_scale_and_refuses_a_pipeline_that_takes_no_guidance_at_all():
+    """Motif-Video's pipelines guide through their guider and take no ``guidance_scale``: ``--guidance`` becomes the
+    guider's scale; without a guider it is one line, not a TypeError."""
     from kandinsky_cosmos_checks import motif_video_pipeline
 
     from dit_sp.errors import ConfigError
     from dit_sp.inference import guidance_arguments
 
+    pipe = motif_video_pipeline()
+    assert guidance_arguments(pipe, GenerateConfig.load(overrides={"model": "tiny-wan", "guidance": 7.5})) == {}
+    assert pipe.guider.guidance_scale == 7.5 and pipe.guider.num_conditions == 2
+    guidance_arguments(pipe, GenerateConfig.load(overrides={"model": "tiny-wan", "guidance": 1.0}))
+    assert pipe.guider.num_conditions == 1  # <= 1: no unconditional branch, as guidance_scale does elsewhere
+    pipe.register_modules(guider=None)
     with pytest.raises(ConfigError, match="MotifVideoPipeline takes no guidance_scale .* generate cannot run it"):
-        guidance_arguments(motif_video_pipeline(), GenerateConfig.load(overrides={"model": "tiny-wan"}))
+        guidance_arguments(pipe, GenerateConfig.load(overrides={"model": "tiny-wan"}))

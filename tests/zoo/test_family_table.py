@@ -22,7 +22,7 @@ def test_the_readme_holds_the_generated_table():
 
 
 def test_every_family_has_a_row_naming_its_transformers_and_trained_pipelines():
-    rows = family_table().splitlines()[3:-1]
+    rows = [line for line in family_table().splitlines()[3:] if line.startswith("| ")]  # not the notes
     assert len(rows) == len(FAMILIES)
     for family, row in zip(FAMILIES, rows, strict=True):
         assert row.startswith(f"| {family.name} |")

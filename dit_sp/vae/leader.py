@@ -1,0 +1,52 @@
+"""Why a video VAE is decoded by one process of a sample (the "leader decode" of the README's family table).
+
+A VAE runs split (``dit_sp.vae.split``) when a family registers a ``VAEPlan`` for its class; every other VAE of a
+supported pipeline is decoded whole by the sample's leader. Each such class has its reason here, read from its
+diffusers code: ``dit_sp.zoo.table`` prints them under the table, and ``tests/zoo/test_vae_leader_reasons.py``
+checks that every leader-decode VAE of the table has one (and that none is left for a VAE that runs split).
+"""
+
+from __future__ import annotations
+
+_NOISE = (
+    "a decoder that injects noise (decoder_inject_noise) draws it over the whole frame from one generator "
+    "(torch.randn of (H, W) in each resnet block of {module}), which processes holding rows would draw differently"
+)
+
+LEADER_DECODE_REASONS: dict[str, str] = {
+    "AutoencoderKLLTXVideo": "no row-split plan is written yet, and " + _NOISE.format(module="autoencoder_kl_ltx.py"),
+    "AutoencoderKLLTX2Video": (
+        "its decoder's convolutions pad with reflection (decoder_spatial_padding_mode, reflect by default), which "
+        "the row split's halo exchange does not reproduce at the frame's edges (it takes zero padding only); and "
+        + _NOISE.format(module="autoencoder_kl_ltx2.py")
+    ),
+    "AutoencoderKLMochi": (
+        "no row-split plan is written yet: its causal convolutions (CogVideoXCausalConv3d, pad_mode replicate) pad "
+        "the frame's edges by replication before the convolution, and its group norm folds the frames into the "
+        "batch in chunks of 8 (MochiChunkedGroupNorm3D); neither is adapted or tested split"
+    ),
+    "AutoencoderKLMagvit": (
+        "no row-split plan is written yet: its causal convolutions keep the previous chunk's frames on the module "
+        "(EasyAnimateCausalConv3d.prev_features) and its decode runs frame chunk by chunk with them; a split of it "
+        "is not adapted or tested"
+    ),
+    "AutoencoderKLAllegro": (
+        "it decodes and encodes only tiled (its _decode raises without use_tiling), in overlapping 3D tiles that "
+        "are blended, and no tile protocol (dit_sp.vae.tiles) is written for its tiled_decode yet"
+    ),
+    "AutoencoderKLHunyuanVideo15": (
+        "no row-split plan is written yet: its causal convolutions pad height and width by replicating edge rows "
+        "(F.pad, mode replicate, in HunyuanVideo15CausalConv3d) and its mid-block attends over all frames' tokens "
+        "at once with a frame-causal mask (HunyuanVideo15AttnBlock); neither is adapted or tested split"
+    ),
+    "AutoencoderKLCosmos": (
+        "no row-split plan is written yet: it patchifies with a Haar wavelet transform (CosmosPatchEmbed3d, "
+        "CosmosUnpatcher3d), pads its causal convolutions in the caller, and attends over whole frames and over "
+        "time (CosmosCausalAttention); none of these is adapted or tested split"
+    ),
+    "AutoencoderKL": (
+        "an image VAE (Kandinsky 5's text-to-image and image-to-image pipelines): one frame, with attention over "
+        "the whole frame in its mid-block; no row-split plan is written for it"
+    ),
+}
+"""The reason each leader-decode VAE class is not split, by class name (one line each)."""
