@@ -133,9 +133,9 @@ class TrainConfig:
     """Videos per VAE decode call (a decode's activations follow it, not the samples per step); ``None``: the
     micro-batch (``grpo.micro_batch``, or a rank's whole batch). Many small videos decode fastest in moderate
     chunks (the toy model: 32)."""
-    algorithm: Literal["grpo", "nft"] = setting("grpo", "grpo, or nft (DiffusionNFT: docs/nft.md)")
+    algorithm: Literal["grpo", "nft"] = "grpo"
     """``grpo``: SDE rollouts and the clipped policy-ratio loss; ``nft``: DiffusionNFT, ODE rollouts and a
-    forward-process loss (``nft``; ``dit_sp.rl.nft``), with the rollout settings of ``grpo``."""
+    forward-process loss (``nft``; ``dit_sp.rl.nft``, docs/nft.md), with the rollout settings of ``grpo``."""
     sample: SampleConfig = field(default_factory=SampleConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

@@ -4,10 +4,13 @@ one-process gradients on 1x2 and 2x1 and an exact resume on another layout."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from nft_checks import layouts_and_resume, nft_config
 from train_runs import assert_grads_equal
 
@@ -93,6 +96,18 @@ def test_nft_settings_are_checked_and_the_old_decay_follows_the_paper():
     for values, message in refused:
         with pytest.raises(ConfigError, match=message):
             TrainConfig.from_dict(values)
+
+
+def test_the_documented_toy_recipe_is_a_valid_nft_config():
+    """docs/nft.md's YAML block, on top of grpo_toy, and its command line's settings, are the same NFT config."""
+    doc = (Path(__file__).parents[2] / "docs" / "nft.md").read_text()
+    block = yaml.safe_load(re.search(r"```yaml\n(.*?)```", doc, re.S).group(1))
+    config = TrainConfig.load("grpo_toy", block)
+    assert config.algorithm == "nft" and config.grpo.prompts_per_step == 8 and config.lora.rank == 8
+    command = re.search(r"```bash\n(.*?)```", doc, re.S).group(1)
+    flags = dict(item.split("=", 1) for item in re.findall(r"--set (\S+)", command))
+    assert flags == {"algorithm": "nft", "grpo.same_noise_per_group": "false", "grpo.sde_window": "null",
+                     "grpo.kl_coef": "0", "grpo.train_fraction": "0.2", "grpo.prompts_per_step": "8"}  # fmt: skip
 
 
 @pytest.mark.slow  # spawns worker processes
