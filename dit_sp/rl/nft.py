@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dit_sp.errors import ConfigError
-from dit_sp.rl.advantages import group_advantages
 from dit_sp.rl.batch import Batch, make_batch, micro_batches, seed_for, select, trained_steps
-from dit_sp.rl.collect import Rollout
+from dit_sp.rl.collect import Rollout, advantages_of
 from dit_sp.rl.grpo_config import GRPOConfig
 from dit_sp.rl.nft_config import NFTConfig
 from dit_sp.rl.nft_loss import NFTStats, nft_loss, optimality
@@ -99,14 +98,8 @@ def collect(trainer: GRPOTrainer, step: int) -> Rollout:
     rewards, parts = rewards_of(trainer.policy, traj, batch, trainer.reward, parallel, cond=cond,
                                 split_decode=trainer._split_decode, decode_chunk=trainer._decode_chunk)  # fmt: skip
     seconds = {"sample": sampled - began, "reward": time.perf_counter() - sampled}
-    if trainer.prompt_stats is not None:
-        advantages = trainer.prompt_stats.advantages(rewards, batch.prompt_ids, group=parallel.dp_group,
-                                                     std=grpo.adv_std, clip=grpo.adv_clip)  # fmt: skip
-    else:
-        advantages = group_advantages(rewards, batch.prompt_ids, group=parallel.dp_group, std=grpo.adv_std,
-                                      clip=grpo.adv_clip)  # fmt: skip
     trainer.transformer.train()
-    return Rollout(batch, traj, cond, rewards, parts, advantages, seconds)
+    return Rollout(batch, traj, cond, rewards, parts, advantages_of(trainer, rewards, batch), seconds)
 
 
 def accumulate_gradients(policy: Policy, old: OldPolicy, data: Rollout, grpo: GRPOConfig, nft: NFTConfig,
