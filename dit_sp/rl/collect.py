@@ -54,11 +54,15 @@ def collect(trainer: GRPOTrainer, step: int) -> Rollout:
         rewards, parts = rewards_of(self.policy, traj, batch, self.reward, parallel, cond=cond,
                                     split_decode=self._split_decode, decode_chunk=self._decode_chunk)  # fmt: skip
         seconds = {"sample": sampled - began, "reward": time.perf_counter() - sampled}
-    if self.prompt_stats is not None:
-        advantages = self.prompt_stats.advantages(rewards, batch.prompt_ids, group=parallel.dp_group,
-                                                  std=grpo.adv_std, clip=grpo.adv_clip)  # fmt: skip
-    else:
-        advantages = group_advantages(rewards, batch.prompt_ids, group=parallel.dp_group, std=grpo.adv_std,
-                                      clip=grpo.adv_clip)  # fmt: skip
     self.transformer.train()
-    return Rollout(batch, traj, cond, rewards, parts, advantages, seconds)
+    return Rollout(batch, traj, cond, rewards, parts, advantages_of(self, rewards, batch), seconds)
+
+
+def advantages_of(trainer: GRPOTrainer, rewards: Tensor, batch: Batch) -> Tensor:
+    """The batch's advantages over every data-parallel rank: against its group's (or, with
+    ``grpo.stat_tracking``, its prompt's recent) rewards (collective)."""
+    grpo, group = trainer.config.grpo, trainer.parallel.dp_group
+    if trainer.prompt_stats is not None:
+        return trainer.prompt_stats.advantages(rewards, batch.prompt_ids, group=group, std=grpo.adv_std,
+                                               clip=grpo.adv_clip)  # fmt: skip
+    return group_advantages(rewards, batch.prompt_ids, group=group, std=grpo.adv_std, clip=grpo.adv_clip)

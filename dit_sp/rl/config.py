@@ -19,6 +19,7 @@ from typing import Any, Literal
 from dit_sp.io.schema import SEED_RANGE, allow_inf, check_ranges, from_mapping, load_yaml, merge, setting
 from dit_sp.rl.grpo_config import GRPOConfig
 from dit_sp.rl.metrics import WandbConfig
+from dit_sp.rl.nft_config import NFTConfig, check_algorithm
 
 
 @dataclass(frozen=True)
@@ -140,10 +141,14 @@ class TrainConfig:
     """Videos per VAE decode call (a decode's activations follow it, not the samples per step); ``None``: the
     micro-batch (``grpo.micro_batch``, or a rank's whole batch). Many small videos decode fastest in moderate
     chunks (the toy model: 32)."""
+    algorithm: Literal["grpo", "nft"] = "grpo"
+    """``grpo``: SDE rollouts and the clipped policy-ratio loss; ``nft``: DiffusionNFT, ODE rollouts and a
+    forward-process loss (``nft``; ``dit_sp.rl.nft``, docs/nft.md), with the rollout settings of ``grpo``."""
     sample: SampleConfig = field(default_factory=SampleConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     lora: LoRAConfig = field(default_factory=LoRAConfig)
+    nft: NFTConfig = field(default_factory=NFTConfig)
 
     def __post_init__(self) -> None:
         check_ranges(self, vae_batch=(">= 1", "or null: the micro-batch"), ring=">= 1", ulysses=">= 1", dp=">= 1",
@@ -155,6 +160,7 @@ class TrainConfig:
         if self.vae_split == "samples" and not self.parallel_vae:
             raise ValueError("vae_split: samples splits the decode over the SP ranks, and parallel_vae: false "
                              "decodes on the first rank alone: drop one of them")  # fmt: skip
+        check_algorithm(self)
 
     @property
     def world_size(self) -> int:

@@ -20,8 +20,12 @@ Tensor = torch.Tensor
 
 
 def tensor_states(trainer: GRPOTrainer) -> dict[str, dict[str, Tensor]] | None:
-    """What checkpoints hold beside the model and optimizer, sharded like them (the EMA)."""
-    return {"ema": trainer.ema.state_dict()} if trainer.ema is not None else None
+    """What checkpoints hold beside the model and optimizer, sharded like them (the EMA, DiffusionNFT's old
+    policy)."""
+    states = {"ema": trainer.ema.state_dict()} if trainer.ema is not None else {}
+    if getattr(trainer, "nft_old", None) is not None:
+        states["nft_old"] = trainer.nft_old.state_dict()
+    return states or None
 
 
 def save(trainer: GRPOTrainer) -> Path:

@@ -34,7 +34,7 @@ PER_INVOCATION = {"resume", "overwrite", "allow_change", "max_steps", "dp", "rin
 """Settings a resume may change freely: how long and on which layout this invocation runs, how often it
 evaluates and checkpoints, where it writes, how it spreads its memory and work (checkpoints reshard, and the
 micro-batch and overlap give the same step): none of them is the run's training recipe."""
-STRUCTURAL = {"model", "lora.rank", "lora.alpha", "experts", "grpo.sde.kind"}
+STRUCTURAL = {"model", "lora.rank", "lora.alpha", "experts", "grpo.sde.kind", "algorithm"}
 """Settings a resume can never change: the weights and adapters the checkpoint holds, which experts it
 trains, and the sampler family (DanceGRPO's or Flow-GRPO's SDE) the run optimises."""
 SWITCHES = {"ema_decay", "grpo.stat_tracking"}

@@ -7,6 +7,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from dit_sp.errors import RunStopped
+from dit_sp.rl import nft
 from dit_sp.rl.batch import seed_for
 from dit_sp.rl.evaluate import video_name
 from dit_sp.rl.step_stats import metrics_row
@@ -28,8 +29,12 @@ def step(trainer: GRPOTrainer) -> dict[str, Any]:
     began, forwards = time.perf_counter(), self.policy.forwards
     data = self.collect(step)
     trained = time.perf_counter()
-    stats = train_on_rollout(self.policy, self.transformer, self.optimizer, data.traj, data.cond, data.advantages,
-                             config.grpo, seed_for(config.seed, step, 1), config.optim.max_grad_norm)  # fmt: skip
+    if config.algorithm == "nft":
+        stats = nft.train_step(self, data, step)
+    else:
+        stats = train_on_rollout(self.policy, self.transformer, self.optimizer, data.traj, data.cond,
+                                 data.advantages, config.grpo, seed_for(config.seed, step, 1),
+                                 config.optim.max_grad_norm)  # fmt: skip
     self.scheduler.step()
     stats["transformer_forwards"] = float(self.policy.forwards - forwards)  # rollout and training, all ranks
     skipped = bool(stats.pop("skipped"))

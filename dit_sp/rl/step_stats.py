@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 Tensor = torch.Tensor
 
 LOSS_STATS = {"loss": "mean", "policy_loss": "mean", "ratio_mean": "mean", "clip_fraction": "mean", "kl": "mean",
-              "ratio_min": "min", "ratio_max": "max", "masked": "sum", "transformer_forwards": "sum"}  # fmt: skip
+              "ratio_min": "min", "ratio_max": "max", "masked": "sum", "transformer_forwards": "sum",
+              "old_deviation": "mean"}  # fmt: skip
 """How each per-rank loss statistic combines over the data-parallel ranks."""
 
 

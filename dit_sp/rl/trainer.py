@@ -33,6 +33,7 @@ from dit_sp.io.prompts import read_prompt_file
 from dit_sp.parallel import ParallelState, check_ranks_agree, free_port, init_layout
 from dit_sp.rl import evaluate as _evaluate
 from dit_sp.rl import export as _export
+from dit_sp.rl import nft as _nft
 from dit_sp.rl import resume as _resume
 from dit_sp.rl import step as _step
 from dit_sp.rl.advantages import PromptStats
@@ -211,6 +212,10 @@ class GRPOTrainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
 
         self.ema = EMA(self.transformer, config.ema_decay) if config.ema_decay else None
+        if config.algorithm == "nft":
+            _nft.check_trainer(self)
+        self.nft_old = _nft.OldPolicy(self.transformer) if config.algorithm == "nft" else None
+        """DiffusionNFT's old (sampling) policy (``algorithm: nft``), or None."""
         """The moving average of the trained weights (``ema_decay``), used by ``evaluate`` and ``export``."""
         self.prompt_stats = PromptStats(config.grpo.stat_tracking) if config.grpo.stat_tracking else None
         """Per-prompt reward statistics across iterations (``grpo.stat_tracking``), or None."""
@@ -279,7 +284,7 @@ class GRPOTrainer:
             shard_model(transformer, parallel, hsdp=config.hsdp, param_dtype=compute_dtype)
             if has_meta_parameters(transformer):
                 load_shards(transformer, transformer.weights_dir, parallel.device)
-        if config.grpo.kl_coef:
+        if config.grpo.kl_coef or config.nft.kl_coef:
             # LoRA: the same model with its adapters off; full fine-tuning: a frozen sharded copy; a frozen
             # expert is its own reference
             references = {name: (AdaptersDisabled(model) if config.lora.rank else self._frozen_copy(model))
@@ -304,7 +309,7 @@ class GRPOTrainer:
 
     def collect(self, step: int) -> Rollout:
         """Roll out iteration ``step``'s samples, score them and compute their advantages (collective)."""
-        return collect(self, step)
+        return _nft.collect(self, step) if self.config.algorithm == "nft" else collect(self, step)
 
     def step(self) -> dict[str, Any]:
         """One iteration (roll out, score, update), logged; returns its metrics row (collective)."""

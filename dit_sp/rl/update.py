@@ -115,10 +115,17 @@ def train_on_rollout(
     """
     optimizer.zero_grad(set_to_none=True)
     stats = accumulate_gradients(policy, traj, cond, advantages, config, step_seed)
+    return stats | step_if_finite(model, optimizer, stats["loss"], advantages, max_grad_norm)
+
+
+def step_if_finite(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss: float, advantages: Tensor,
+                   max_grad_norm: float) -> dict[str, float]:  # fmt: skip
+    """Clip the accumulated gradients and step, or, if the loss (on any rank) or the gradient norm is not
+    finite or no sample was scored, skip alike on every rank: ``{"grad_norm", "skipped"}``."""
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
     device = next(model.parameters()).device
-    finite = torch.tensor([float(math.isfinite(stats["loss"]) and math.isfinite(grad_norm))], device=device)
+    finite = torch.tensor([float(math.isfinite(loss) and math.isfinite(grad_norm))], device=device)
     scored = torch.tensor([float(torch.isfinite(advantages).any())], device=device)
     if dist.is_initialized():  # the gradient norm is global already; the loss is per rank
         dist.all_reduce(finite, op=dist.ReduceOp.MIN)
@@ -128,4 +135,4 @@ def train_on_rollout(
         _state_for_every_weight(optimizer)
     else:
         optimizer.zero_grad(set_to_none=True)
-    return stats | {"grad_norm": grad_norm, "skipped": float(not (finite.item() and scored.item()))}
+    return {"grad_norm": grad_norm, "skipped": float(not (finite.item() and scored.item()))}
