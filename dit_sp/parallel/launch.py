@@ -325,10 +325,32 @@ PRELOAD = ("torch", "torch.distributed", "diffusers", "transformers")
 """What the fork server imports once per launcher, before the module of the worker's function."""
 
 
+SOCKET_PATH_MAX = 107
+"""Bytes of a Unix socket's path (``sun_path`` less its terminating zero on Linux)."""
+
+
+def _short_socket_dir() -> None:
+    """Keep multiprocessing's directory (where the fork server's socket goes) short: it is made under
+    ``TMPDIR``, and a long ``TMPDIR`` (a CI job's, a test's ``tmp_path``) would leave the socket's path over
+    ``SOCKET_PATH_MAX`` bytes ("AF_UNIX path too long"). With one, the directory is made under /tmp instead;
+    multiprocessing keeps it for the process and removes it at exit."""
+    from multiprocessing import util
+
+    room = SOCKET_PATH_MAX - len("/pymp-xxxxxxxx/listener-xxxxxxxx")
+    if len(tempfile.gettempdir()) <= room or not os.access("/tmp", os.W_OK):
+        return
+    saved, tempfile.tempdir = tempfile.tempdir, "/tmp"
+    try:
+        util.get_temp_dir()  # made now, under /tmp, and reused by every later call of this process
+    finally:
+        tempfile.tempdir = saved
+
+
 def _context(module: str | None) -> mp.context.BaseContext:
     """Workers fork from a fork server that imported torch, diffusers and the worker's module once per
     launcher, so each start costs milliseconds instead of seconds of imports. The server never touches CUDA,
     which keeps this as safe as ``spawn`` on GPUs."""
+    _short_socket_dir()
     ctx = mp.get_context("forkserver")
     preload = [*PRELOAD, "dit_sp"]
     if module is not None and module != "__main__":

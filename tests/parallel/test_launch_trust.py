@@ -215,3 +215,17 @@ def test_the_clis_take_the_collective_timeout_from_flags_and_yaml(tmp_path):
         assert "Traceback" not in result.stderr, (case, result.stderr)
     nan = run_python([sys.executable, "-m", "pipelines.generate", "--collective-timeout", "nan"], cwd=tmp_path)
     assert nan.returncode == 2 and "collective_timeout: expected a finite number" in nan.stderr, nan.stderr
+
+
+@pytest.mark.slow  # a fresh interpreter and 2 workers
+def test_a_long_tmpdir_does_not_stop_the_workers(tmp_path):
+    """multiprocessing puts the fork server's socket under TMPDIR; a path past a Unix socket's 107 bytes
+    used to fail every launch with "AF_UNIX path too long"."""
+    long = tmp_path / ("d" * 60) / ("e" * 60)
+    long.mkdir(parents=True)
+    code = "from dit_sp import spawn\nfrom dit_sp.parallel.launch import by_name\n" \
+           "print(spawn(by_name('os:getpid'), 2, timeout=120))"  # fmt: skip
+    result = subprocess.run([sys.executable, "-c", code], env=os.environ | {"TMPDIR": str(long)},
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert len(eval(result.stdout.strip().splitlines()[-1])) == 2

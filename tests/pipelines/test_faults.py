@@ -87,8 +87,12 @@ def start_training(tmp_path: Path):
                                 env=os.environ | {"TMPDIR": str(tmpdir)}, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True, preexec_fn=_as_in_a_terminal)  # fmt: skip
         started.append((proc, []))
-        wait_for(lambda: (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text().strip(), 300,
-                 "the first step")  # fmt: skip
+
+        def first_step() -> bool:
+            assert proc.poll() is None, f"the run ended (exit {proc.returncode}): {proc.stderr.read()[-3000:]}"
+            return (out / "metrics.jsonl").exists() and bool((out / "metrics.jsonl").read_text().strip())
+
+        wait_for(first_step, 300, "the first step")
         workers = descendants(proc.pid)
         started[-1][1].extend(workers)
         assert len(workers) >= 3, workers  # two workers and the fork server (and multiprocessing's tracker)
