@@ -69,17 +69,6 @@ class CogVideoXPolicy(DiffusersPolicy):
                               f"{pipe.vae_scale_factor_temporal} + 1 a multiple of {patch_t}")  # fmt: skip
         self._rotary: tuple[Tensor, Tensor] | None = None
 
-    @no_grad
-    def _encode(self, prompts: list[str]) -> tuple[Tensor, Tensor | None]:
-        positive, negative = self.pipe.encode_prompt(
-            prompt=prompts,
-            negative_prompt=[self.negative_prompt] * len(prompts),
-            do_classifier_free_guidance=self.guided,
-            max_sequence_length=self.max_sequence_length,
-            device=self.device,
-        )
-        return positive, negative
-
     def timestep_at(self, s: Tensor) -> Tensor:
         """The (fractional) training timestep at flow noise level ``s`` (float64): linear between the
         scheduler's timesteps around it."""

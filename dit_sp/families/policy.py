@@ -107,9 +107,18 @@ class DiffusersPolicy:
         """The sampled latents as the pipeline returns them (Wan 2.2 TI2V: the first frame is the image's)."""
         return latents
 
+    @no_grad
     def _encode(self, prompts: list[str]) -> tuple[Any, Any | None]:
-        """What ``encode`` returns, from the pipeline's text encoders."""
-        raise NotImplementedError
+        """What ``encode`` returns, from the pipeline's text encoders: by default the pipeline's own
+        ``encode_prompt`` (Wan, CogVideoX: ``(positive, negative)`` embeddings, negative None without guidance)."""
+        positive, negative = self.pipe.encode_prompt(
+            prompt=prompts,
+            negative_prompt=[self.negative_prompt] * len(prompts),
+            do_classifier_free_guidance=self.guided,
+            max_sequence_length=self.max_sequence_length,
+            device=self.device,
+        )
+        return positive, negative
 
     def text_settings(self) -> dict[str, Any]:
         """What, beside the model and the prompt, the conditioning depends on."""

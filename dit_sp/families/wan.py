@@ -95,17 +95,6 @@ class WanPolicy(DiffusersPolicy):
         mask = self.first_frame_mask.to(latents)
         return (1 - mask) * cond[0][-1].to(latents) + mask * latents
 
-    @no_grad
-    def _encode(self, prompts: list[str]) -> tuple[Tensor, Tensor | None]:
-        positive, negative = self.pipe.encode_prompt(
-            prompt=prompts,
-            negative_prompt=[self.negative_prompt] * len(prompts),
-            do_classifier_free_guidance=self.guided,
-            max_sequence_length=self.max_sequence_length,
-            device=self.device,
-        )
-        return positive, negative
-
     def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: Tensor | tuple[Tensor, ...]) -> Tensor:
         import torch
 
