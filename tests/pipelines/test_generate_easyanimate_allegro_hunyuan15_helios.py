@@ -16,7 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
-from dit_sp import GenerateConfig, generate, spawn
+from dit_sp import GenerateConfig, generate
 
 pytestmark = pytest.mark.slow  # spawns worker processes
 
@@ -42,7 +42,7 @@ def _settings(tmp, model: str, name: str, **flags) -> GenerateConfig:
 @pytest.fixture(scope="module")
 def videos(tmp_path_factory):
     """{(model, layout): the sample leader's report}, "single" being one process."""
-    from variant_generate_checks import generate_recording
+    from variant_generate_checks import layout_reports
 
     tmp = tmp_path_factory.mktemp("easyanimate_allegro_hv15")
     pixels = np.random.RandomState(0).rand(40, 30, 3)
@@ -50,12 +50,7 @@ def videos(tmp_path_factory):
     reports = {(model, "single"): generate(_settings(tmp, model, "single"), True) for model in MODELS}
     jobs = [((model, layout), _settings(tmp, model, layout, **flags)) for layout, flags in LAYOUTS.items()
             for model in MODELS]  # fmt: skip
-    by_rank = spawn(generate_recording, 2, args=([settings for _, settings in jobs],), timeout=300)
-    for i, (key, _) in enumerate(jobs):
-        leaders = [rank_reports[i] for rank_reports in by_rank if "out" in rank_reports[i]]
-        assert len(leaders) == 1, f"{key}: exactly one rank writes the output"
-        reports[key] = leaders[0] | {"lengths": [rank_reports[i]["attention_lengths"] for rank_reports in by_rank]}
-    return reports
+    return reports | layout_reports(jobs)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))

@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from dit_sp import GenerateConfig, generate, spawn
+from dit_sp import GenerateConfig, generate
 
 pytestmark = pytest.mark.slow  # spawns worker processes
 
@@ -50,7 +50,7 @@ def _settings(tmp, model: str, name: str, **flags) -> GenerateConfig:
 @pytest.fixture(scope="module")
 def videos(tmp_path_factory):
     """{(model, layout): the sample leader's report}, "single" being one process."""
-    from variant_generate_checks import generate_recording
+    from variant_generate_checks import layout_reports
 
     tmp = tmp_path_factory.mktemp("skyreels_cosmos_motif")
     rng = np.random.RandomState(0)
@@ -61,12 +61,7 @@ def videos(tmp_path_factory):
     reports = {(model, "single"): generate(_settings(tmp, model, "single"), True) for model in MODELS}
     jobs = [((model, layout), _settings(tmp, model, layout, **flags)) for layout, flags in LAYOUTS.items()
             for model in MODELS if not (layout == "cfg2" and model in CFG_REFUSED)]  # fmt: skip
-    by_rank = spawn(generate_recording, 2, args=([settings for _, settings in jobs],), timeout=300)
-    for i, (key, _) in enumerate(jobs):
-        leaders = [rank_reports[i] for rank_reports in by_rank if "out" in rank_reports[i]]
-        assert len(leaders) == 1, f"{key}: exactly one rank writes the output"
-        reports[key] = leaders[0] | {"lengths": [rank_reports[i]["attention_lengths"] for rank_reports in by_rank]}
-    return reports
+    return reports | layout_reports(jobs)
 
 
 CASES = [(model, layout) for model in MODELS for layout in LAYOUTS if not (layout == "cfg2" and model in CFG_REFUSED)]

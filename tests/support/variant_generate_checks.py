@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from dit_sp import GenerateConfig, generate
+from dit_sp import GenerateConfig, generate, spawn
 
 
 def generate_recording(jobs: list[GenerateConfig]) -> list[dict]:
@@ -25,4 +25,16 @@ def generate_recording(jobs: list[GenerateConfig]) -> list[dict]:
         finally:
             handle.remove()
         reports.append(report | {"attention_lengths": sorted(seen)})
+    return reports
+
+
+def layout_reports(jobs: list[tuple[object, GenerateConfig]]) -> dict[object, dict]:
+    """Each ``(key, settings)`` job run on 2 workers (one spawn for all): per key, the report of the one rank
+    that wrote the output, with every rank's attention lengths under ``"lengths"``."""
+    by_rank = spawn(generate_recording, 2, args=([settings for _, settings in jobs],), timeout=300)
+    reports = {}
+    for i, (key, _) in enumerate(jobs):
+        leaders = [rank_reports[i] for rank_reports in by_rank if "out" in rank_reports[i]]
+        assert len(leaders) == 1, f"{key}: exactly one rank writes the output"
+        reports[key] = leaders[0] | {"lengths": [rank_reports[i]["attention_lengths"] for rank_reports in by_rank]}
     return reports
