@@ -333,28 +333,20 @@ def test_readme_lora_example_equals_the_merged_export(tiny_wan_dir, tmp_path):
     video = spawn(run_snippet, 1, args=(code, str(tmp_path), ("video",)), timeout=300)[0]["video"]
     from diffusers import WanPipeline
 
-    merged = WanPipeline.from_pretrained(tmp_path / "outputs/lora_run/final", torch_dtype=torch.float32)
-    expected = merged(
-        "a red circle moving left",
-        num_frames=5,
-        height=32,
-        width=32,
-        num_inference_steps=2,
-        max_sequence_length=16,
-        generator=torch.Generator().manual_seed(0),
-        output_type="np",
-    ).frames[0]
-    base = WanPipeline.from_pretrained(tiny_wan_dir, torch_dtype=torch.float32)
-    before = base(
-        "a red circle moving left",
-        num_frames=5,
-        height=32,
-        width=32,
-        num_inference_steps=2,
-        max_sequence_length=16,
-        generator=torch.Generator().manual_seed(0),
-        output_type="np",
-    ).frames[0]
+    def frames(directory):
+        pipe = WanPipeline.from_pretrained(directory, torch_dtype=torch.float32)
+        return pipe(
+            "a red circle moving left",
+            num_frames=5,
+            height=32,
+            width=32,
+            num_inference_steps=2,
+            max_sequence_length=16,
+            generator=torch.Generator().manual_seed(0),
+            output_type="np",
+        ).frames[0]
+
+    expected, before = frames(tmp_path / "outputs/lora_run/final"), frames(tiny_wan_dir)
     assert video.shape == (5, 32, 32, 3) and video.std() > 0.01
     assert abs(video - before).max() > 1e-3  # the trained adapters change the video
     assert abs(video - expected).max() <= 1e-4
