@@ -12,12 +12,14 @@ saved with ``save_pretrained`` first, so set-up takes the real path) trained in 
 reward. Every run has the same samples, noise and seeds whatever the number of processes (the layouts agree
 up to float rounding), so the reward columns should match across rows.
 
-Columns: "peak" is the process's VmHWM over the ``--iters`` GRPO iterations (reset after set-up; glibc told to
-return freed buffers at once), the largest over the ranks; "iteration growth" is that peak minus the process's
-resident set before the iterations: what the iterations themselves hold (activations, the rollout, gradients,
-optimizer state), the part that sequence parallelism divides. "reward before / after": the mean ``brightness``
-of ODE samples of the first prompts from fixed noise (``GRPOTrainer.evaluate``) before the first and after the
-last iteration.
+Columns: "peak" is the process's VmHWM over the ``--iters`` GRPO iterations that follow a warm-up one (reset
+after it; glibc told to return freed buffers at once), the largest over the ranks; "iteration growth" is that
+peak minus the process's resident set before them: what an iteration holds (activations, the rollout, the
+frames being scored, gradients), the part that sequence parallelism divides. "warm-up growth" is the same for
+the first iteration, which also allocates once what every later one reuses (optimizer state, lazily imported
+modules, communication buffers, the allocator's arenas). "training reward": the mean ``brightness`` of each
+iteration's rollouts; "eval": that of ODE samples of the first prompts from fixed noise
+(``GRPOTrainer.evaluate``) before the warm-up and after the last iteration.
 """
 
 from __future__ import annotations
@@ -37,10 +39,14 @@ def worker(config: TrainConfig, iters: int) -> dict[str, float]:
     before = trainer.evaluate()
     base = rss_mib()
     reset_peak_rss()
-    for _ in range(iters):
-        trainer.step()
+    rewards = [trainer.step()["reward_mean"]]  # the warm-up iteration
+    first = peak_rss_mib() - base
+    base = rss_mib()
+    reset_peak_rss()
+    rewards += [trainer.step()["reward_mean"] for _ in range(iters)]
     peak = peak_rss_mib()
-    return {"peak": peak, "growth": peak - base, "before": before, "after": trainer.evaluate()}
+    return {"peak": peak, "growth": peak - base, "first": first, "before": before, "after": trainer.evaluate(),
+            "rewards": rewards}  # fmt: skip
 
 
 def tokens_of(frames: int, height: int, width: int) -> int:
@@ -52,7 +58,7 @@ def main() -> None:
     parser = benchmark_parser(__doc__, frames=33, height=128, width=128, layers=2, heads=4, iters=3, steps=3)
     parser.add_argument("--worlds", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--layout", choices=["ulysses", "ring"], default="ulysses")
-    parser.add_argument("--lr", type=float, default=1e-2)
+    parser.add_argument("--lr", type=float, default=5e-2)
     parser.add_argument("--quick", action="store_true", help="17 frames of 64x64 on 1 and 2 processes, 1 iteration")
     parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_args()
@@ -83,16 +89,22 @@ def main() -> None:
             })  # fmt: skip
             results = spawn(worker, world, args=(config, args.iters), threads=1, timeout=7200)
             rows.append({"processes": world, "layout": args.layout if world > 1 else "-",
-                         "peak": max(r["peak"] for r in results), "growth": max(r["growth"] for r in results),
-                         "before": results[0]["before"], "after": results[0]["after"]})  # fmt: skip
+                         **{key: max(r[key] for r in results) for key in ("peak", "first", "growth")},
+                         "before": results[0]["before"], "after": results[0]["after"],
+                         "rewards": results[0]["rewards"]})  # fmt: skip
     base = rows[0] if rows[0]["processes"] == 1 else None
-    print(f"\nper-process peak RSS over {args.iters} GRPO iterations (MiB, the largest over the ranks; in brackets: "
-          "the ratio to 1 process), and the eval reward (brightness) before and after them")  # fmt: skip
-    print(f"{'processes':>12} {'peak':>18} {'iteration growth':>20} {'reward before':>14} {'reward after':>13}")
+    print(f"\nper-process peak RSS (MiB, the largest over the ranks; in brackets: the ratio to 1 process) over "
+          f"{args.iters} GRPO iterations after a warm-up one, the warm-up's own growth, the mean training reward "
+          "(brightness) of each iteration, warm-up first, and the eval reward before and after")  # fmt: skip
+    print(f"{'processes':>12} {'peak':>14} {'warm-up growth':>16} {'iteration growth':>18}  {'training reward':<30}"
+          f" {'eval before':>11} {'eval after':>10}")  # fmt: skip
     for row in rows:
-        cells = [f"{row[key]:.0f}" + (f" ({row[key] / base[key]:.2f}x)" if base else "") for key in ("peak", "growth")]
+        cells = [f"{row[key]:.0f}" + (f" ({row[key] / base[key]:.2f}x)" if base else "")
+                 for key in ("peak", "first", "growth")]  # fmt: skip
         label = str(row["processes"]) + ("" if row["processes"] == 1 else f" {row['layout']}")
-        print(f"{label:>12} {cells[0]:>18} {cells[1]:>20} {row['before']:>14.4f} {row['after']:>13.4f}")
+        trend = " ".join(f"{r:.4f}" for r in row["rewards"])
+        print(f"{label:>12} {cells[0]:>14} {cells[1]:>16} {cells[2]:>18}  {trend:<30} {row['before']:>11.4f}"
+              f" {row['after']:>10.4f}")  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps({"tokens": tokens, "rows": rows}, indent=1))
 

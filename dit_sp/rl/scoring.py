@@ -48,10 +48,22 @@ def score_videos(policy: Policy, final: Tensor, cond: Any, prompts: list[str], i
     """``(1 + parts, B)`` rewards (``score_batch``) of the sampled latents ``final``, the same on every rank
     of the SP group, so every peer trains on the same. ``split="samples"``: each SP rank decodes and scores
     its own share of the batch and the scores are gathered (no frames travel); otherwise the videos are
-    decoded by ``decode_videos`` and scored on the first rank, and the scores broadcast."""
-    local = videos_to_score(policy, final, cond, prompts, images, parallel, split, chunk)
-    return share_scores(None if local is None else score_batch(reward, *local), final.shape[0], reward, parallel,
-                         split)  # fmt: skip
+    decoded by ``decode_videos`` ``chunk`` at a time and each chunk scored on the first rank before the next
+    is decoded (the first rank holds one chunk's frames, not the batch's: a long clip's frames are as large
+    as its activations), and the scores broadcast."""
+    size = final.shape[0]
+    if split == "samples" and parallel.sp > 1:
+        local = videos_to_score(policy, final, cond, prompts, images, parallel, split, chunk)
+        return share_scores(None if local is None else score_batch(reward, *local), size, reward, parallel, split)
+    scored = []
+    for rows in torch.arange(size).split(chunk or size):
+        picked = rows.tolist()
+        videos = decode_videos(policy, final[rows.to(final.device)], select(cond, rows), parallel, split=split)
+        if videos is not None:
+            scored.append(score_batch(reward, videos, [prompts[i] for i in picked],
+                                      None if images is None else [images[i] for i in picked]))  # fmt: skip
+        del videos
+    return share_scores(torch.cat(scored, 1) if scored else None, size, reward, parallel, split)
 
 
 def videos_to_score(policy: Policy, final: Tensor, cond: Any, prompts: list[str], images: list[str] | None,

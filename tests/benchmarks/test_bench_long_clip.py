@@ -25,11 +25,12 @@ def test_long_clip_benchmark_runs_and_its_layouts_agree(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     assert [(r["processes"], r["layout"]) for r in rows] == [(1, "-"), (2, "ulysses")]
-    assert all(r["peak"] > r["growth"] > 0 for r in rows)
+    assert all(r["peak"] > r["growth"] >= 0 and r["first"] > 0 for r in rows)
     # the same samples, noise and seeds on every layout: the same rewards up to float rounding
     assert rows[1]["before"] == pytest.approx(rows[0]["before"], abs=1e-4)
     assert rows[1]["after"] == pytest.approx(rows[0]["after"], abs=1e-3)  # Adam may amplify rounding
-    assert "2 ulysses" in result.stdout and "reward before" in result.stdout
+    assert len(rows[0]["rewards"]) == 2 and rows[1]["rewards"] == pytest.approx(rows[0]["rewards"], abs=1e-3)
+    assert "2 ulysses" in result.stdout and "training reward" in result.stdout
 
 
 @pytest.mark.slow
