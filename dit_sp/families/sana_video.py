@@ -181,6 +181,7 @@ SANA_VIDEO = ModelFamily(
     cfg_batched_args=("hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask", "guidance"),
     check=_check,
     step_cache=False,
+    tiny_models=("tiny-sana-video", "tiny-sana-video-i2v"),
     checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(81, 480, 832, 50, 6.0, 300)),
     vae_factors=dict.fromkeys(PIPELINES, _vae_factors),
 )
