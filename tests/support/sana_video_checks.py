@@ -47,6 +47,14 @@ def inputs(frames: int, per_token: bool) -> dict[str, torch.Tensor]:
             "encoder_hidden_states": torch.randn(2, 6, 16, generator=g), "encoder_attention_mask": mask}  # fmt: skip
 
 
+def builtin_inputs(batch: int = 2) -> dict[str, torch.Tensor]:
+    """Inputs of the built-in ``tiny-sana-video`` transformer: 3 latent frames of 4 x 8 (24 tokens), 8 text states."""
+    g = torch.Generator().manual_seed(7)
+    return {"hidden_states": torch.randn(batch, 4, 3, 4, 8, generator=g),
+            "timestep": torch.tensor([500.0, 20.0][:batch]),
+            "encoder_hidden_states": torch.randn(batch, 8, 16, generator=g)}  # fmt: skip
+
+
 def _run(model: torch.nn.Module, kwargs: dict, scale: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     model.zero_grad(set_to_none=True)
     leaves = {k: kwargs[k].clone().requires_grad_() for k in ("hidden_states", "encoder_hidden_states")}
