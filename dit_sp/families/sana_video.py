@@ -169,6 +169,17 @@ def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
     return vae.get("scale_factor_temporal", 4), vae.get("scale_factor_spatial", 8)
 
 
+_ARCHITECTURES = {
+    # SANA-Video 2B 480p (Efficient-Large-Model/SANA-Video_2B_480p_diffusers): diffusers' defaults are its transformer
+    # (1.91e9 parameters counted on meta); Gemma 2 2B's text states (2.61e9), Wan 2.1's VAE
+    "sana-video_2b_480p": {"transformers": {"transformer": ("SanaVideoTransformer3DModel", {
+        "in_channels": 16, "out_channels": 16, "num_attention_heads": 20, "attention_head_dim": 112, "num_layers": 20,
+        "num_cross_attention_heads": 20, "cross_attention_head_dim": 112, "cross_attention_dim": 2240,
+        "caption_channels": 2304, "mlp_ratio": 2.5, "patch_size": [1, 2, 2], "sample_size": 30})},
+        "text_encoders": 2.61e9, "vae": 127e6, "compression": (4, 8), "text_tokens": 300, "joint": False},
+}  # fmt: skip
+"""The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
+
 PIPELINES = ("SanaVideoPipeline", "SanaImageToVideoPipeline")
 
 SANA_VIDEO = ModelFamily(
@@ -184,4 +195,5 @@ SANA_VIDEO = ModelFamily(
     tiny_models=("tiny-sana-video", "tiny-sana-video-i2v"),
     checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(81, 480, 832, 50, 6.0, 300)),
     vae_factors=dict.fromkeys(PIPELINES, _vae_factors),
+    architectures=_ARCHITECTURES,
 )

@@ -93,3 +93,22 @@ def test_a_temporal_patch_is_refused_in_one_line():
     with pytest.raises(NotImplementedError, match="temporal patch of 2 frames.*patch_size\\[0\\] must be 1") as e:
         parallelize(model, init_parallel(ParallelConfig()))
     assert "\n" not in str(e.value)
+
+
+def test_the_real_checkpoint_config_is_of_the_published_size_and_plans():
+    """configs/sana-video_2b_480p.yaml (the published name) names an architecture the planner knows, a transformer
+    of the published 2B (1.91e9 counted on meta), and plans its own layout."""
+    from dit_sp.inference.config import GenerateConfig
+    from dit_sp.memory.planner import ARCHITECTURES, TransformerShape, architecture_name
+    from dit_sp.memory.sampling import SamplingSettings, plan_sampling
+
+    name = "sana-video_2b_480p"
+    config = GenerateConfig.load(name)
+    assert architecture_name(name) == name
+    assert architecture_name("/models/SANA-Video_2B_480p_diffusers") == name
+    shape = TransformerShape.of(*ARCHITECTURES[name]["transformers"]["transformer"])
+    assert abs(shape.params - 2e9) <= 0.05 * 2e9, shape.params
+    video = {"frames": config.frames, "height": config.height, "width": config.width, "dtype": config.dtype}
+    settings = SamplingSettings(name, **video, ring=config.ring, ulysses=config.ulysses, guidance=True)
+    plan = plan_sampling(settings, config.ulysses * config.ring, 141)
+    assert plan.fits, plan
