@@ -1,4 +1,5 @@
-"""Collectives with autograd: Ulysses all-to-all, sequence shard/gather, ring P2P.
+"""Collectives with autograd: Ulysses all-to-all, sequence shard/gather, ring P2P, all-reduce (sum) and the halo of
+a contiguous split (a convolution's neighbouring positions).
 
 Gradient convention: a tensor that every rank of a group holds a copy of ("replicated") is treated as
 one variable per rank. Backward passes compute the exact adjoint of the distributed forward, so the
