@@ -21,10 +21,12 @@ model's own frame count is this rank's. Then:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
 from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.families.shape import check_multiple
 
 if TYPE_CHECKING:
     import torch
@@ -42,6 +44,15 @@ def _check(model: torch.nn.Module) -> None:
             f"{type(model).__name__} with a temporal patch of {model.config.patch_size[0]} frames cannot be split by "
             "latent frames exactly (dit-sp splits Sana-Video's frames, patch_size[0] must be 1)"
         )
+
+
+def _shape_check(config: Any, settings: dict[str, Any], name: Callable[[str], str], vae: tuple[int, int]) -> None:
+    """Sana-Video's pipelines take heights and widths in multiples of 32 (their ``check_inputs``). Its rotary table's
+    limits are Wan's (the same ``WanRotaryPosEmbed``), checked by Wan's rule, which reads ``rope_max_seq_len``."""
+    if "guidance_embeds_scale" not in config or "caption_channels" not in config:  # another family's transformer
+        return
+    for key in ("height", "width"):
+        check_multiple(settings, key, 32, name, "Sana-Video's pipelines take multiples of 32")
 
 
 def _frames(ctx: Any) -> tuple[int, int]:
@@ -132,6 +143,12 @@ def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
         # the whole video's table (the module reads only the shape of its input), this rank's frames cut out
         hidden = args[0]
         frames = hidden.shape[2]
+        if frames * ctx.parallel.sp > module.max_seq_len:
+            raise ValueError(
+                f"{frames * ctx.parallel.sp} latent frames ({frames} a rank, padded) exceed the rotary table's "
+                f"{module.max_seq_len} positions (rope_max_seq_len): use fewer frames or a sequence-parallel degree "
+                "that divides the latent frames"
+            )
         whole = type(module).forward(module, hidden.new_empty(()).expand(*hidden.shape[:2], frames * ctx.parallel.sp,
                                                                            *hidden.shape[3:]))  # fmt: skip
         per_frame = output[0].shape[1] // frames
@@ -191,6 +208,7 @@ SANA_VIDEO = ModelFamily(
     cfg_mode="batched",
     cfg_batched_args=("hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask", "guidance"),
     check=_check,
+    shape_check=_shape_check,
     step_cache=False,
     tiny_models=("tiny-sana-video", "tiny-sana-video-i2v"),
     checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(81, 480, 832, 50, 6.0, 300)),

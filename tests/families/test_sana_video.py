@@ -112,3 +112,15 @@ def test_the_real_checkpoint_config_is_of_the_published_size_and_plans():
     settings = SamplingSettings(name, **video, ring=config.ring, ulysses=config.ulysses, guidance=True)
     plan = plan_sampling(settings, config.ulysses * config.ring, 141)
     assert plan.fits, plan
+
+
+def test_sizes_the_pipelines_refuse_are_told_before_loading():
+    from dit_sp.errors import ConfigError
+    from dit_sp.families import check_shape
+    from dit_sp.zoo import load_pipeline
+
+    pipe = load_pipeline("tiny-sana-video", torch.float32)
+    settings = {"frames": 9, "height": 48, "width": 64, "max_sequence_length": 16}
+    with pytest.raises(ConfigError, match=r"^--height 48: must be a multiple of 32 \(Sana-Video's pipelines"):
+        check_shape(pipe, settings)
+    check_shape(pipe, settings | {"height": 64})
