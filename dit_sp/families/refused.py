@@ -1,9 +1,6 @@
 """Video transformers dit-sp knows but does not split, each with the reason in one line: ``parallelize`` refuses
 them by name and reason instead of calling them unsupported, or worse, splitting them wrongly.
 
-- Sana-Video: its self-attention is linear attention (``relu(q) @ (relu(k)^T v)``, no softmax, no
-  ``scaled_dot_product_attention`` to route) and its feed-forward (``GLUMBTempConv``) convolves over the frames,
-  rows and columns of the whole latent grid; a token split would need reductions and halo exchanges dit-sp lacks.
 - Cosmos 3: its packed mixture-of-transformers attention runs a causal pathway over the understanding tokens and
   grouped-query attention over ragged packed sequences; dit-sp's USP is non-causal, without GQA.
 - Wan-Animate-2: it attends through a flex-attention block mask over a packed, 128-aligned buffer, with a key/value
@@ -35,9 +32,6 @@ def _refused(name: str, class_name: str, why: str) -> ModelFamily:
 
 
 REFUSED = (
-    _refused("sana_video", "SanaVideoTransformer3DModel",
-             "its self-attention is linear attention (no softmax attention to split) and its feed-forward convolves "
-             "over the whole latent grid of frames, rows and columns; run it on one process per sample (dp)"),
     _refused("cosmos3", "Cosmos3OmniTransformer",
              "its packed attention runs a causal pathway and grouped-query attention over ragged packed sequences, "
              "and dit-sp's USP is non-causal without GQA; run it on one process per sample (dp)"),

@@ -120,6 +120,9 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
         generator=torch.Generator(device).manual_seed(seed),
         max_sequence_length=config.max_sequence_length,
         output_type="np",
+        # Sana-Video: the size asked, not the 480p/720p bucket its binning would move it to (and the shape checks
+        # count the tokens of the size asked)
+        use_resolution_binning=False,
         callback_on_step_end=on_step_end,
         **guidance,
     )
@@ -162,7 +165,10 @@ def _taken(pipe: Any, arguments: dict[str, Any]) -> dict[str, Any]:
         if "__call__" in vars(cls):
             parameters = inspect.signature(vars(cls)["__call__"]).parameters
             if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-                return {key: value for key, value in arguments.items() if key in parameters}
+                taken = {key: value for key, value in arguments.items() if key in parameters}
+                if "frames" in parameters and "num_frames" in arguments:  # Sana-Video's name for it
+                    taken["frames"] = arguments["num_frames"]
+                return taken
     return arguments
 
 

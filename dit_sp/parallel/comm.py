@@ -1,4 +1,5 @@
-"""Collectives with autograd: Ulysses all-to-all, sequence shard/gather, ring P2P.
+"""Collectives with autograd: Ulysses all-to-all, sequence shard/gather, ring P2P, all-reduce (sum) and the halo of
+a contiguous split (a convolution's neighbouring positions).
 
 Gradient convention: a tensor that every rank of a group holds a copy of ("replicated") is treated as
 one variable per rank. Backward passes compute the exact adjoint of the distributed forward, so the
@@ -253,3 +254,89 @@ class RingComm:
         if not recv:
             raise RuntimeError("RingComm.wait called without step()")
         return recv[0] if self._single else recv
+
+
+class AllReduce(torch.autograd.Function):
+    """Sum over the group, every rank getting the total. Backward: the sum of the gradients over the group (each
+    rank's copy of the total is one variable, and every rank's input reaches every copy)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup):
+        ctx.group = group
+        total = x.contiguous().clone()
+        dist.all_reduce(total, group=group)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        total = grad.contiguous().clone()
+        dist.all_reduce(total, group=ctx.group)
+        return total, None
+
+
+def all_reduce_sum(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """Differentiable sum of ``x`` over ``group`` (e.g. the token sums of a linear attention over a split
+    sequence); the identity for a group of one."""
+    if _group_size(group) == 1:
+        return x
+    return AllReduce.apply(x, group)
+
+
+def _swap_edges(first: torch.Tensor, last: torch.Tensor, group: dist.ProcessGroup) -> tuple[torch.Tensor, ...]:
+    """Send ``first`` to the previous rank and ``last`` to the next one; returns what the previous rank sent as its
+    ``last`` and the next rank as its ``first``, zeros at the ends of the group (rank 0 and the last rank)."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    before = last.new_zeros(last.shape)  # contiguous (gloo), whatever the strides of the edges
+    after = first.new_zeros(first.shape)
+    ops = []
+    if rank > 0:
+        ops += [
+            p2p_op(dist.isend, first.contiguous(), group, rank - 1, 1),
+            p2p_op(dist.irecv, before, group, rank - 1, 2),
+        ]
+    if rank < world - 1:
+        ops += [
+            p2p_op(dist.isend, last.contiguous(), group, rank + 1, 2),
+            p2p_op(dist.irecv, after, group, rank + 1, 1),
+        ]
+    for work in dist.batch_isend_irecv(ops) if ops else []:
+        work.wait()
+    return before, after
+
+
+class Halo(torch.autograd.Function):
+    """``x`` of a sequence split in contiguous ranges over the group (rank order), extended along ``dim`` by
+    ``width`` positions of each neighbour: ``[previous rank's last width, x, next rank's first width]``, zeros
+    beyond the ends of the whole sequence (a convolution's zero padding). Backward: each halo's gradient goes
+    back to the rank it came from and is added to its edge."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup, dim: int, width: int):
+        ctx.group, ctx.dim, ctx.width = group, dim, width
+        length = x.shape[dim]
+        before, after = _swap_edges(x.narrow(dim, 0, width), x.narrow(dim, length - width, width), group)
+        return torch.cat([before, x, after], dim)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        dim, width = ctx.dim, ctx.width
+        length = grad.shape[dim] - 2 * width
+        # the gradient of my "before" halo belongs to the previous rank's last positions, and so on
+        to_prev, to_next = grad.narrow(dim, 0, width), grad.narrow(dim, width + length, width)
+        from_prev, from_next = _swap_edges(to_prev, to_next, ctx.group)
+        dx = grad.narrow(dim, width, length).clone()
+        dx.narrow(dim, 0, width).add_(from_prev)
+        dx.narrow(dim, length - width, width).add_(from_next)
+        return dx, None, None, None
+
+
+def halo(x: torch.Tensor, group: dist.ProcessGroup | None, dim: int, width: int = 1) -> torch.Tensor:
+    """``x`` with ``width`` positions of each neighbour rank along ``dim`` around it (zeros past the ends of the
+    sequence), differentiable (``Halo``). Every rank must hold at least ``width`` positions."""
+    dim %= x.dim()
+    if x.shape[dim] < width:
+        raise ValueError(f"a halo of {width} needs at least {width} positions per rank along dim {dim}, got {x.shape}")
+    if _group_size(group) == 1:
+        pad = [0, 0] * (x.dim() - dim - 1) + [width, width]
+        return F.pad(x, pad)
+    return Halo.apply(x, group, dim, width)

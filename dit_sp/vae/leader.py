@@ -44,6 +44,11 @@ LEADER_DECODE_REASONS: dict[str, str] = {
         "CosmosUnpatcher3d), pads its causal convolutions in the caller, and attends over whole frames and over "
         "time (CosmosCausalAttention); none of these is adapted or tested split"
     ),
+    "AutoencoderDC": (
+        "an image autoencoder (deep compression, 32x) that Sana-Video's pipelines also accept: its EfficientViT blocks "
+        "attend over the whole frame with linear attention (SanaMultiscaleLinearAttention); no row-split plan is "
+        "written for it"
+    ),
     "AutoencoderKL": (
         "an image VAE (Kandinsky 5's text-to-image and image-to-image pipelines): one frame, with attention over "
         "the whole frame in its mid-block; no row-split plan is written for it"

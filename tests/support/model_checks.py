@@ -33,6 +33,10 @@ def model_inputs(family: str, batch: int = 2) -> dict:
         rope = get_3d_rotary_pos_embed(16, ((0, 0), (3, 2)), grid_size=(3, 2), temporal_size=3)
         return {"hidden_states": rand(batch, 3, 4, 6, 4), "timestep": torch.tensor([500, 20][:batch]),
                 "encoder_hidden_states": rand(batch, 8, 16), "image_rotary_emb": rope}  # fmt: skip
+    if family.startswith("tiny-sana-video"):
+        from sana_video_checks import builtin_inputs
+
+        return builtin_inputs(batch)
     inputs = ltx_mochi_inputs_of(family, batch)  # LTX-Video, Mochi, LTX-2, ...: tests/support/ltx_mochi_inputs.py
     if inputs is not None:
         return inputs

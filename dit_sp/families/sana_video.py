@@ -1,0 +1,217 @@
+"""Sana-Video (``SanaVideoTransformer3DModel``): ``SanaVideoPipeline``, ``SanaImageToVideoPipeline``.
+
+Each block runs a linear self-attention over the whole video, ``relu(q)_rot @ (relu(k)_rot^T v)`` normalised by
+``relu(q) @ sum(relu(k))`` (no softmax), a softmax cross-attention to the text, and a feed-forward
+(``GLUMBTempConv``) of 1x1 and 3x3 convolutions within each frame and a (3, 1) convolution over the frames.
+
+The split is by whole latent frames: the model's input latents ``(B, C, F, H, W)`` (and the image-to-video
+pipeline's per-token timesteps ``(B, 1, F, H, W)``) are cut along F at the root, ``ceil(F / sp)`` frames per rank,
+the last ranks padded with zero frames; the tokens are frames-major, so every rank holds whole frames and the
+model's own frame count is this rank's. Then:
+
+- linear attention: the two sums over tokens, ``relu(k)_rot^T v`` ``(B, H, D, D)`` and ``sum relu(k)`` ``(B, H, D)``,
+  are summed over the SP group in one all-reduce (``dit_sp.parallel.comm.all_reduce_sum``), padded tokens left out;
+  each rank's queries then read the totals: exact for any ring x ulysses degree;
+- the 3x3 and 1x1 convolutions see whole frames: local; the temporal convolution gets one frame of each neighbour
+  rank (``dit_sp.parallel.comm.halo``; zeros past the first and last frame, the model's zero padding; padded frames
+  are zeroed first, so the last real frame sees zeros after it, as in one process);
+- cross-attention: local queries against the whole text; norms and modulation: per token;
+- the rotary table is the whole video's, this rank's frames cut out of it; the output is gathered along F.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from dit_sp._compat import context_parallel_types
+from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.families.shape import check_multiple
+
+if TYPE_CHECKING:
+    import torch
+
+
+def _plan(model: torch.nn.Module) -> dict:
+    cp_input, _ = context_parallel_types()
+    frames = cp_input(split_dim=2, expected_dims=5)  # (B, C, F, H, W): whole frames per rank
+    return {"": {"hidden_states": frames, "timestep": frames}}
+
+
+def _check(model: torch.nn.Module) -> None:
+    if tuple(model.config.patch_size)[0] != 1:
+        raise NotImplementedError(
+            f"{type(model).__name__} with a temporal patch of {model.config.patch_size[0]} frames cannot be split by "
+            "latent frames exactly (dit-sp splits Sana-Video's frames, patch_size[0] must be 1)"
+        )
+
+
+def _shape_check(config: Any, settings: dict[str, Any], name: Callable[[str], str], vae: tuple[int, int]) -> None:
+    """Sana-Video's pipelines take heights and widths in multiples of 32 (their ``check_inputs``). Its rotary table's
+    limits are Wan's (the same ``WanRotaryPosEmbed``), checked by Wan's rule, which reads ``rope_max_seq_len``."""
+    if "guidance_embeds_scale" not in config or "caption_channels" not in config:  # another family's transformer
+        return
+    for key in ("height", "width"):
+        check_multiple(settings, key, 32, name, "Sana-Video's pipelines take multiples of 32")
+
+
+def _frames(ctx: Any) -> tuple[int, int]:
+    """This rank's ``(first frame, real frames)``: its shard of ``ceil(F / sp)`` frames, the tail padding excluded."""
+    from dit_sp.parallel.comm import shard_len  # torch: not at import (the registry is read by --help)
+
+    length = shard_len(ctx.seq_len, ctx.parallel)
+    start = ctx.parallel.sp_rank * length
+    return start, min(max(ctx.seq_len - start, 0), length)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The stock processor's rotation of interleaved pairs ``(B, N, H, D)`` by tables ``(1, N, 1, D)``."""
+    import torch
+
+    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    cos, sin = cos[..., 0::2], sin[..., 1::2]
+    return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2).type_as(x)
+
+
+class SequenceParallelSanaLinearAttnProcessor:
+    """diffusers' ``SanaLinearAttnProcessor3_0`` over a sequence split by frames: the token sums are summed over
+    the SP group, padded tokens left out. Layouts as in the stock processor: tokens ``(B, N_local, C)``, heads
+    ``(B, H, D, N_local)``; the sums ``(B, H, D, D)`` and ``(B, H, D, 1)``."""
+
+    def __init__(self, ctx: Any):
+        self.ctx = ctx
+
+    def __call__(
+        self,
+        attn: torch.nn.Module,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        import torch
+        import torch.nn.functional as F
+
+        from dit_sp.parallel.comm import all_reduce_sum, shard_len
+
+        if encoder_hidden_states is not None or rotary_emb is None:
+            raise NotImplementedError("Sana-Video's linear attention is split as self-attention with rotary tables")
+        dtype = hidden_states.dtype
+        query, key, value = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
+        if attn.norm_q is not None:
+            query = attn.norm_q(query)
+        if attn.norm_k is not None:
+            key = attn.norm_k(key)
+        query, key, value = (x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
+        query, key = F.relu(query), F.relu(key)
+        per_frame = hidden_states.shape[1] // shard_len(self.ctx.seq_len, self.ctx.parallel)
+        real = _frames(self.ctx)[1] * per_frame
+        if real < hidden_states.shape[1]:  # padded frames take no part in the sums
+            key = key * (torch.arange(key.shape[1], device=key.device) < real).to(key.dtype)[None, :, None, None]
+        query_rotate, key_rotate = _rotate(query, *rotary_emb), _rotate(key, *rotary_emb)
+        query, key, value, query_rotate, key_rotate = (
+            x.permute(0, 2, 3, 1) for x in (query, key, value, query_rotate, key_rotate)
+        )
+        # the two sums over tokens, this rank's part, then the whole sequence's (one all-reduce, in fp32)
+        scores = torch.matmul(value.float(), key_rotate.float().transpose(-1, -2))
+        sums = all_reduce_sum(
+            torch.cat([scores, key.float().sum(dim=-1, keepdim=True)], -1), self.ctx.parallel.sp_group
+        )
+        scores, key_sum = sums[..., :-1], sums[..., -1:].to(key.dtype)
+        z = 1 / (key_sum.transpose(-2, -1) @ query + 1e-15)
+        hidden_states = torch.matmul(scores, query_rotate.float()) * z
+        hidden_states = hidden_states.flatten(1, 2).transpose(1, 2).to(dtype)
+        return attn.to_out[1](attn.to_out[0](hidden_states))
+
+
+class _Restore:
+    """A removable handle that puts a module's processor back."""
+
+    def __init__(self, module: torch.nn.Module, processor: Any):
+        self.module, self.processor = module, processor
+
+    def remove(self) -> None:
+        self.module.processor = self.processor
+
+
+def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
+    import torch
+
+    from dit_sp.parallel.comm import gather_sequence, halo
+
+    def rope(module, args, output):
+        # the whole video's table (the module reads only the shape of its input), this rank's frames cut out
+        hidden = args[0]
+        frames = hidden.shape[2]
+        if frames * ctx.parallel.sp > module.max_seq_len:
+            raise ValueError(
+                f"{frames * ctx.parallel.sp} latent frames ({frames} a rank, padded) exceed the rotary table's "
+                f"{module.max_seq_len} positions (rope_max_seq_len): use fewer frames or a sequence-parallel degree "
+                "that divides the latent frames"
+            )
+        whole = type(module).forward(module, hidden.new_empty(()).expand(*hidden.shape[:2], frames * ctx.parallel.sp,
+                                                                           *hidden.shape[3:]))  # fmt: skip
+        per_frame = output[0].shape[1] // frames
+        start = ctx.parallel.sp_rank * frames * per_frame
+        return tuple(t.narrow(1, start, frames * per_frame).clone() for t in whole)
+
+    def temporal_in(conv, args):
+        x = args[0]  # (B, C, F_local, H*W): zero the padded frames, then one frame of each neighbour around
+        real = _frames(ctx)[1]
+        if real < x.shape[2]:
+            x = x * (torch.arange(x.shape[2], device=x.device) < real).to(x.dtype)[:, None]
+        return (halo(x, ctx.parallel.sp_group, dim=2, width=1),)
+
+    def temporal_out(conv, args, output):
+        return output.narrow(2, 1, output.shape[2] - 2)  # this rank's frames (the halo frames' outputs dropped)
+
+    def gather(module, args, output):
+        sample = output[0] if isinstance(output, (tuple, list)) else output.sample
+        whole = gather_sequence(sample, ctx.parallel, dim=2, seq_len=ctx.seq_len, grad=ctx.gather_grad)
+        if isinstance(output, (tuple, list)):
+            return type(output)((whole, *output[1:]))
+        output.sample = whole
+        return output
+
+    handles = [model.rope.register_forward_hook(rope)]
+    for block in model.transformer_blocks:
+        handles.append(block.ff.conv_temp.register_forward_pre_hook(temporal_in))
+        handles.append(block.ff.conv_temp.register_forward_hook(temporal_out))
+        handles.append(_Restore(block.attn1, block.attn1.processor))
+        block.attn1.processor = SequenceParallelSanaLinearAttnProcessor(ctx)
+    return [*handles, model.register_forward_hook(gather)]
+
+
+def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
+    return vae.get("scale_factor_temporal", 4), vae.get("scale_factor_spatial", 8)
+
+
+_ARCHITECTURES = {
+    # SANA-Video 2B 480p (Efficient-Large-Model/SANA-Video_2B_480p_diffusers): diffusers' defaults are its transformer
+    # (1.91e9 parameters counted on meta); Gemma 2 2B's text states (2.61e9), Wan 2.1's VAE
+    "sana-video_2b_480p": {"transformers": {"transformer": ("SanaVideoTransformer3DModel", {
+        "in_channels": 16, "out_channels": 16, "num_attention_heads": 20, "attention_head_dim": 112, "num_layers": 20,
+        "num_cross_attention_heads": 20, "cross_attention_head_dim": 112, "cross_attention_dim": 2240,
+        "caption_channels": 2304, "mlp_ratio": 2.5, "patch_size": [1, 2, 2], "sample_size": 30})},
+        "text_encoders": 2.61e9, "vae": 127e6, "compression": (4, 8), "text_tokens": 300, "joint": False},
+}  # fmt: skip
+"""The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
+
+PIPELINES = ("SanaVideoPipeline", "SanaImageToVideoPipeline")
+
+SANA_VIDEO = ModelFamily(
+    name="sana_video",
+    class_names=("SanaVideoTransformer3DModel",),
+    plan=_plan,
+    hooks=_hooks,
+    attention_modules=(),  # its one softmax attention is the cross-attention to the text: local
+    cfg_mode="batched",
+    cfg_batched_args=("hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask", "guidance"),
+    check=_check,
+    shape_check=_shape_check,
+    step_cache=False,
+    tiny_models=("tiny-sana-video", "tiny-sana-video-i2v"),
+    checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(81, 480, 832, 50, 6.0, 300)),
+    vae_factors=dict.fromkeys(PIPELINES, _vae_factors),
+    architectures=_ARCHITECTURES,
+)
