@@ -1,0 +1,60 @@
+"""Wan Animate parallelized vs. one process: Ulysses 2 and ring 2 in one spawn, forward and backward, with the
+attention seeing its shard of the tokens and each face adapter the motion frames of its rank's tokens only."""
+
+from __future__ import annotations
+
+import pytest
+
+from dit_sp import spawn
+
+TOKENS = 18  # 3 latent frames of 6 tokens: a split over 2 ranks cuts the middle frame
+LAYOUTS = [(1, 1, 2), (1, 2, 1)]
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def results():
+    from animate_checks import check_animate
+
+    return spawn(check_animate, 2, args=(LAYOUTS, TOKENS), timeout=300)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: "dp{}-r{}-u{}".format(*layout))
+def test_transformer_matches_single_process(results, layout):
+    key = "dp{}-r{}-u{}".format(*layout)
+    errors = results[0][key]
+    assert errors["ref_scale"] > 0.1  # the check compares real outputs
+    for name in ("out", "input_grads", "param_grads"):
+        where = f" (worst: {errors[name + '_worst']})" if name + "_worst" in errors else ""
+        assert errors[name] <= TOL, f"{layout}: {name} error {errors[name]:.2e} above {TOL:.0e}{where}"
+    assert errors["restored_bit_identical"] == 1.0
+    seen, local = errors["lengths"]
+    assert seen == [local] == [TOKENS // 2], f"attention saw {seen} tokens per rank, not the {local} of a split"
+    # rank 0 holds tokens 0-8: frame 0 and half of frame 1; rank 1 tokens 9-17: the rest of frame 1 and frame 2.
+    # Each adapter gets those two whole frames (12 tokens) and their 2 motion frames, not all 3
+    for rank in (0, 1):
+        assert results[rank][key]["adapters"] == [(12, 2)] * 2, results[rank][key]["adapters"]
+
+
+@pytest.mark.parametrize(
+    ("seq_len", "frames", "local", "rank", "window"),
+    [
+        (18, 3, 9, 0, (0, 1, 0, 9)),  # frame 0 and half of frame 1
+        (18, 3, 9, 1, (1, 2, 3, 9)),  # the rest of frame 1 from its 4th token, and frame 2
+        (24, 4, 12, 1, (2, 3, 0, 12)),  # frames divisible by the ranks: whole frames, no filler
+        (18, 3, 5, 3, (2, 2, 3, 3)),  # the last of 4 uneven shards: 3 real tokens and 2 of padding
+        (6, 3, 1, 7, (2, 2, 0, 0)),  # more ranks than tokens: a shard of padding only (the last frame stands in)
+    ],
+)  # fmt: skip
+def test_frame_window_of_a_shard(seq_len, frames, local, rank, window):
+    from dit_sp.families.wan_animate import frame_window
+
+    assert frame_window(seq_len, frames, local, rank) == window
+
+
+def test_tokens_that_are_no_whole_number_per_frame_are_refused_in_one_line():
+    from dit_sp.families.wan_animate import frame_window
+
+    with pytest.raises(ValueError, match=r"^Wan Animate's face adapter takes 4 motion frames, and 18 video tokens"):
+        frame_window(18, 4, 9, 0)
