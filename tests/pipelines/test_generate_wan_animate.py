@@ -1,0 +1,83 @@
+"""Wan Animate through ``generate``: a reference image animated by a pose video and a face video (``--image``,
+``--pose-video``, ``--face-video``) in two segments, the second conditioned on the first's last frame, gives the same
+frames and latents on Ulysses 2, ring 2 and with CFG parallelism as on one process, with each rank's attention
+holding half of the tokens (18 per forward: 3 latent frames of 6, so the split cuts a frame)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from dit_sp import GenerateConfig, generate
+from dit_sp.errors import ConfigError
+
+MODEL = "tiny-wan-animate"
+TOKENS = 18
+LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}  # cfg2: a branch per rank
+SP = {"1x2": 2, "2x1": 2, "cfg2": 1}  # processes per guidance branch
+
+
+def _inputs(tmp) -> dict[str, str]:
+    """A reference image and 9-frame pose and face videos (directories of PNG frames) of random pixels."""
+    rng = np.random.RandomState(0)
+    Image.fromarray((rng.rand(40, 30, 3) * 255).astype("uint8")).save(tmp / "image.png")
+    for name, size in (("pose", (48, 32)), ("face", (20, 20))):
+        (tmp / name).mkdir()
+        for i in range(9):
+            Image.fromarray((rng.rand(*size, 3) * 255).astype("uint8")).save(tmp / name / f"{i:02d}.png")
+    return {"image": str(tmp / "image.png"), "pose_video": str(tmp / "pose"), "face_video": str(tmp / "face")}
+
+
+def _settings(tmp, inputs: dict[str, str], name: str, **flags) -> GenerateConfig:
+    # segments of 5 frames (2 latent frames and the reference's), 9 pose frames: two segments; guidance on
+    return GenerateConfig.load(overrides={"model": MODEL, "steps": 2, "guidance": 4.0, "out": str(tmp / f"{name}.mp4"),
+                                          "save_latents": str(tmp / f"{name}.pt"), "verify_inputs": True,
+                                          **inputs, **flags})  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory):
+    """{layout: the sample leader's report}, "single" being one process."""
+    from variant_generate_checks import layout_reports
+
+    tmp = tmp_path_factory.mktemp("animate")
+    inputs = _inputs(tmp)
+    reports = {"single": generate(_settings(tmp, inputs, "single"), True)}
+    jobs = [(layout, _settings(tmp, inputs, layout, **flags)) for layout, flags in LAYOUTS.items()]
+    return reports | layout_reports(jobs)
+
+
+@pytest.mark.slow  # spawns worker processes
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_every_layout_gives_the_same_video_from_a_split_sequence(videos, layout):
+    reference, report = videos["single"], videos[layout]
+    assert reference["frames"].shape == (9, 48, 32, 3)  # the pose video's frames, from two segments
+    assert report["frames"].shape == reference["frames"].shape
+    assert np.abs(report["frames"] - reference["frames"]).max() <= 1e-4
+    latents, ref_latents = torch.load(report["latents"]), torch.load(reference["latents"])
+    assert (latents - ref_latents).abs().max() <= 1e-4
+    assert reference["frames"].std() > 0.01  # a real video, not a constant
+    local = -(-TOKENS // SP[layout])
+    assert report["lengths"] == [[local], [local]], f"each rank's attention saw {report['lengths']}, not {local} tokens"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"pose_video": None}, r"^tiny-wan-animate animates an image by pose and face videos .*give --pose-video PATH"),
+        ({"face_video": "missing"}, r"^--face-video missing: no such file or directory$"),
+        ({"model": "tiny-wan"}, r"^--pose-video: tiny-wan \(WanPipeline\) takes no pose video; use a Wan Animate"),
+    ],
+)  # fmt: skip
+def test_driving_videos_are_checked_before_loading(tmp_path, flags, message):
+    from dit_sp.inference.checks import check_image_inputs
+
+    settings = {"model": MODEL, "image": "first_frame.png", "pose_video": str(tmp_path), "face_video": str(tmp_path)}
+    Image.new("RGB", (8, 8)).save(tmp_path / "0.png")
+    settings |= flags
+    if settings["model"] == "tiny-wan":
+        settings.pop("image")
+    with pytest.raises((ConfigError, FileNotFoundError), match=message):
+        check_image_inputs(GenerateConfig.load(overrides=settings))
