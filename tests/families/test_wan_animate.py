@@ -58,3 +58,21 @@ def test_tokens_that_are_no_whole_number_per_frame_are_refused_in_one_line():
 
     with pytest.raises(ValueError, match=r"^Wan Animate's face adapter takes 4 motion frames, and 18 video tokens"):
         frame_window(18, 4, 9, 0)
+
+
+def test_real_config_names_its_architecture_of_the_published_size_and_plans():
+    """Published "14B": Wan 2.1 I2V 14B's 16.4B (its image keys and values in every block), 8 face adapters (0.84B)
+    and the motion and face encoders (0.04B): 17.27B, about 34.5 GB of bf16 weights."""
+    from dit_sp.inference.config import GenerateConfig
+    from dit_sp.memory.planner import ARCHITECTURES, TransformerShape, architecture_name
+    from dit_sp.memory.sampling import SamplingSettings, plan_sampling
+
+    name = "wan2.2-animate-14b"
+    config = GenerateConfig.load(name)
+    assert architecture_name(name) == name == architecture_name("/models/Wan2.2-Animate-14B-Diffusers")
+    shape = TransformerShape.of(*ARCHITECTURES[name]["transformers"]["transformer"])
+    assert 17.0e9 <= shape.params <= 17.5e9, shape.params
+    assert shape.heads == 40 and shape.heads % config.ulysses == 0
+    video = {"frames": config.frames, "height": config.height, "width": config.width, "dtype": config.dtype}
+    plan = plan_sampling(SamplingSettings(name, **video, ring=config.ring, ulysses=config.ulysses), 8, 80)
+    assert plan.fits, plan
