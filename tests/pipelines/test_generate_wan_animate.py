@@ -5,6 +5,8 @@ holding half of the tokens (18 per forward: 3 latent frames of 6, so the split c
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -17,6 +19,9 @@ MODEL = "tiny-wan-animate"
 TOKENS = 18
 LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}  # cfg2: a branch per rank
 SP = {"1x2": 2, "2x1": 2, "cfg2": 1}  # processes per guidance branch
+
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "families-wan-animate.md"
 
 
 def _inputs(tmp) -> dict[str, str]:
@@ -81,3 +86,15 @@ def test_driving_videos_are_checked_before_loading(tmp_path, flags, message):
         settings.pop("image")
     with pytest.raises((ConfigError, FileNotFoundError), match=message):
         check_image_inputs(GenerateConfig.load(overrides=settings))
+
+
+@pytest.mark.slow  # runs the CLI on 2 worker processes
+def test_the_documented_command_runs(tmp_path):
+    """docs/families-wan-animate.md's command, as written (its pose/ and face/ frames made here), with 1 step."""
+    from doc_blocks import blocks, commands, run_command, substitute
+
+    _inputs(tmp_path)
+    (command,) = commands(blocks(DOC.read_text(), "bash")[0])
+    run = substitute(command, [("--ulysses 2", "--ulysses 2 --steps 1 --out doc.mp4")], DOC.name)
+    result = run_command(run, tmp_path)
+    assert (tmp_path / "doc.mp4").stat().st_size > 0 and "wrote" in result.stdout
