@@ -121,6 +121,7 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
         height=config.height,
         width=config.width,
         num_frames=config.frames,
+        video_length=config.frames,  # Latte's name for it (each pipeline gets the names it takes: _taken)
         num_inference_steps=config.steps,
         generator=torch.Generator(device).manual_seed(seed),
         max_sequence_length=config.max_sequence_length,
