@@ -1,7 +1,10 @@
-"""Wan Animate through ``generate``: a reference image animated by a pose video and a face video (``--image``,
-``--pose-video``, ``--face-video``) in two segments, the second conditioned on the first's last frame, gives the same
-frames and latents on Ulysses 2, ring 2 and with CFG parallelism as on one process, with each rank's attention
-holding half of the tokens (18 per forward: 3 latent frames of 6, so the split cuts a frame)."""
+"""Wan Animate and Latte through ``generate`` give the same frames and latents on Ulysses 2, ring 2 and with CFG
+parallelism as on one process, with each rank's attention holding half of the tokens; one spawn runs both.
+
+Wan Animate: a reference image animated by a pose video and a face video (``--image``, ``--pose-video``,
+``--face-video``) in two segments, the second conditioned on the first's last frame (18 tokens per forward: 3 latent
+frames of 6, so the split cuts a frame). Latte: 5 frames of 15 patches each (8 and 7 over two ranks), batched
+guidance."""
 
 from __future__ import annotations
 
@@ -16,12 +19,12 @@ from dit_sp import GenerateConfig, generate
 from dit_sp.errors import ConfigError
 
 MODEL = "tiny-wan-animate"
-TOKENS = 18
+TOKENS = {MODEL: 18, "tiny-latte": 15}  # per forward (Latte: per frame, its spatial attention's sequence)
 LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}  # cfg2: a branch per rank
 SP = {"1x2": 2, "2x1": 2, "cfg2": 1}  # processes per guidance branch
 
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "families-wan-animate.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "families-wan-animate.md"  # its command runs below
 
 
 def _inputs(tmp) -> dict[str, str]:
@@ -35,36 +38,41 @@ def _inputs(tmp) -> dict[str, str]:
     return {"image": str(tmp / "image.png"), "pose_video": str(tmp / "pose"), "face_video": str(tmp / "face")}
 
 
-def _settings(tmp, inputs: dict[str, str], name: str, **flags) -> GenerateConfig:
-    # segments of 5 frames (2 latent frames and the reference's), 9 pose frames: two segments; guidance on
-    return GenerateConfig.load(overrides={"model": MODEL, "steps": 2, "guidance": 4.0, "out": str(tmp / f"{name}.mp4"),
-                                          "save_latents": str(tmp / f"{name}.pt"), "verify_inputs": True,
-                                          **inputs, **flags})  # fmt: skip
+def _settings(tmp, inputs: dict[str, str], model: str, name: str, **flags) -> GenerateConfig:
+    # Wan Animate: segments of 5 frames (2 latent frames and the reference's), 9 pose frames: two segments; guidance
+    # on for both (Latte: its default, 7.5)
+    extra = inputs | {"guidance": 4.0} if model == MODEL else {}
+    return GenerateConfig.load(overrides={"model": model, "steps": 2, "out": str(tmp / f"{model}-{name}.mp4"),
+                                          "save_latents": str(tmp / f"{model}-{name}.pt"), "verify_inputs": True,
+                                          **extra, **flags})  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def videos(tmp_path_factory):
-    """{layout: the sample leader's report}, "single" being one process."""
+    """{(model, layout): the sample leader's report}, "single" being one process."""
     from variant_generate_checks import layout_reports
 
     tmp = tmp_path_factory.mktemp("animate")
     inputs = _inputs(tmp)
-    reports = {"single": generate(_settings(tmp, inputs, "single"), True)}
-    jobs = [(layout, _settings(tmp, inputs, layout, **flags)) for layout, flags in LAYOUTS.items()]
+    reports = {(model, "single"): generate(_settings(tmp, inputs, model, "single"), True) for model in TOKENS}
+    jobs = [((model, layout), _settings(tmp, inputs, model, layout, **flags)) for layout, flags in LAYOUTS.items()
+            for model in TOKENS]  # fmt: skip
     return reports | layout_reports(jobs)
 
 
 @pytest.mark.slow  # spawns worker processes
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_every_layout_gives_the_same_video_from_a_split_sequence(videos, layout):
-    reference, report = videos["single"], videos[layout]
-    assert reference["frames"].shape == (9, 48, 32, 3)  # the pose video's frames, from two segments
+@pytest.mark.parametrize("model", list(TOKENS))
+def test_every_layout_gives_the_same_video_from_a_split_sequence(videos, model, layout):
+    reference, report = videos[(model, "single")], videos[(model, layout)]
+    # Wan Animate: the pose video's frames, from two segments
+    assert reference["frames"].shape == ((9, 48, 32, 3) if model == MODEL else (5, 48, 80, 3))
     assert report["frames"].shape == reference["frames"].shape
     assert np.abs(report["frames"] - reference["frames"]).max() <= 1e-4
     latents, ref_latents = torch.load(report["latents"]), torch.load(reference["latents"])
     assert (latents - ref_latents).abs().max() <= 1e-4
     assert reference["frames"].std() > 0.01  # a real video, not a constant
-    local = -(-TOKENS // SP[layout])
+    local = -(-TOKENS[model] // SP[layout])
     assert report["lengths"] == [[local], [local]], f"each rank's attention saw {report['lengths']}, not {local} tokens"
 
 
