@@ -145,12 +145,17 @@ def check_video_input(config: GenerateConfig, name: str, takes: Any) -> None:
         read_video(config.video)
 
 
-MOTION_VIDEOS = ("pose_video", "face_video")
-"""The driving videos of Wan Animate's pipeline (``WanAnimatePipeline``), by their setting's (and argument's) name."""
+MOTION_VIDEOS = ("pose_video", "face_video", "background_video", "mask_video")
+"""The input videos of Wan Animate's pipeline (``WanAnimatePipeline``), by their setting's (and argument's) name:
+the driving pose and face videos, and replace mode's background and mask (which come together)."""
 
 
 def check_motion_videos(config: GenerateConfig, name: str, takes: Any) -> None:
-    """``--pose-video`` / ``--face-video`` against the pipeline's ``__call__`` parameters ``takes``, and the files."""
+    """``--pose-video`` / ``--face-video`` (and replace mode's ``--background-video`` / ``--mask-video``) against the
+    pipeline's ``__call__`` parameters ``takes``, and the files."""
+    if bool(config.background_video) != bool(config.mask_video):
+        raise ConfigError("--background-video and --mask-video come together (Wan Animate's replace mode: the video "
+                          "and where its person is); give both, or neither to animate the image")  # fmt: skip
     for key in MOTION_VIDEOS:
         flag, path = "--" + key.replace("_", "-"), getattr(config, key)
         if key not in takes and path:

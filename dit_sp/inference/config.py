@@ -70,6 +70,11 @@ class GenerateConfig:
     frames (the segment length, 77 for the real model)."""
     face_video: str | None = setting(None, "Wan Animate: the face video whose expressions are copied (default: none)")
     """Wan Animate: the face crops (as many frames as ``pose_video``), resized to the motion encoder's square."""
+    background_video: str | None = setting(None, "Wan Animate replace mode: the video to put the character in")
+    """Wan Animate's replace mode: the video whose person is replaced by the reference character (with
+    ``mask_video``; as many frames as ``pose_video``)."""
+    mask_video: str | None = setting(None, "Wan Animate replace mode: where the person to replace is (white)")
+    """Wan Animate's replace mode: per frame, white where the person to replace is (read in grayscale)."""
     save_latents: str | None = setting(None, "also save the final latents to this .pt file (default: none)")
     """Also save the final latents to this ``.pt`` file (for exact comparisons): those of the last step (Wan 2.2
     TI2V with an image: before the pipeline puts the image's latents into the first frame)."""

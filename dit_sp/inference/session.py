@@ -110,10 +110,12 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
         stock = next(c for c in type(pipe).__mro__ if c.__module__.startswith("diffusers."))  # not parallelize's
         if "overlap_history" in inspect.signature(stock.__call__).parameters:
             images["overlap_history"] = min(len(images["video"]), VIDEO_HISTORY)
-    for key in MOTION_VIDEOS:  # Wan Animate: the driving videos; the output is made in segments of `frames`
+    for key in MOTION_VIDEOS:  # Wan Animate: the input videos; the output is made in segments of `frames`
         if path := getattr(config, key):
             images[key] = read_video(path, "--" + key.replace("_", "-"))
             images["segment_frame_length"] = config.frames
+    if config.background_video:  # and mask_video (checked): the character replaces the video's person
+        images["mode"] = "replace"
     arguments = dict(
         **images,
         prompt=config.prompt,

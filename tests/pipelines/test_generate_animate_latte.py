@@ -38,6 +38,19 @@ def _inputs(tmp) -> dict[str, str]:
     return {"image": str(tmp / "image.png"), "pose_video": str(tmp / "pose"), "face_video": str(tmp / "face")}
 
 
+def _replace_inputs(tmp) -> dict[str, str]:
+    """Replace mode's 9-frame background video and its mask (white where the person is)."""
+    rng = np.random.RandomState(1)
+    (tmp / "background").mkdir()
+    (tmp / "mask").mkdir()
+    mask = np.zeros((48, 32), dtype="uint8")
+    mask[10:30, 8:24] = 255
+    for i in range(9):
+        Image.fromarray((rng.rand(48, 32, 3) * 255).astype("uint8")).save(tmp / "background" / f"{i:02d}.png")
+        Image.fromarray(np.roll(mask, i, axis=1)).save(tmp / "mask" / f"{i:02d}.png")
+    return {"background_video": str(tmp / "background"), "mask_video": str(tmp / "mask")}
+
+
 def _settings(tmp, inputs: dict[str, str], model: str, name: str, **flags) -> GenerateConfig:
     # Wan Animate: segments of 5 frames (2 latent frames and the reference's), 9 pose frames: two segments; guidance
     # on for both (Latte: its default, 7.5)
@@ -57,6 +70,10 @@ def videos(tmp_path_factory):
     reports = {(model, "single"): generate(_settings(tmp, inputs, model, "single"), True) for model in TOKENS}
     jobs = [((model, layout), _settings(tmp, inputs, model, layout, **flags)) for layout, flags in LAYOUTS.items()
             for model in TOKENS]  # fmt: skip
+    # Wan Animate's replace mode: the background's latents and the mask in the conditioning channels
+    replace = inputs | _replace_inputs(tmp)
+    reports[("replace", "single")] = generate(_settings(tmp, replace, MODEL, "replace-single"), True)
+    jobs.append((("replace", "1x2"), _settings(tmp, replace, MODEL, "replace-1x2", ulysses=2)))
     return reports | layout_reports(jobs)
 
 
@@ -76,12 +93,23 @@ def test_every_layout_gives_the_same_video_from_a_split_sequence(videos, model, 
     assert report["lengths"] == [[local], [local]], f"each rank's attention saw {report['lengths']}, not {local} tokens"
 
 
+@pytest.mark.slow  # spawns worker processes
+def test_replace_mode_gives_the_same_video_on_ulysses_2(videos):
+    reference, report = videos[("replace", "single")], videos[("replace", "1x2")]
+    assert reference["frames"].shape == (9, 48, 32, 3)
+    assert np.abs(reference["frames"] - videos[(MODEL, "single")]["frames"]).max() > 0.01  # the background counts
+    assert np.abs(report["frames"] - reference["frames"]).max() <= 1e-4
+    assert (torch.load(report["latents"]) - torch.load(reference["latents"])).abs().max() <= 1e-4
+    assert report["lengths"] == [[TOKENS[MODEL] // 2]] * 2
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
         ({"pose_video": None}, r"^tiny-wan-animate animates an image by pose and face videos .*give --pose-video PATH"),
         ({"face_video": "missing"}, r"^--face-video missing: no such file or directory$"),
         ({"model": "tiny-wan"}, r"^--pose-video: tiny-wan \(WanPipeline\) takes no pose video; use a Wan Animate"),
+        ({"background_video": "."}, r"^--background-video and --mask-video come together \(Wan Animate's replace mode"),
     ],
 )  # fmt: skip
 def test_driving_videos_are_checked_before_loading(tmp_path, flags, message):
