@@ -76,7 +76,7 @@ def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
         per_frame = ctx.seq_len // motion.shape[1]
         length = (last - first + 1) * per_frame
         windows.append((offset, valid, hidden.shape[1]))
-        if (offset, valid) != (0, length):
+        if (offset, valid, hidden.shape[1]) != (0, length, length):  # not exactly whole frames (or padding rows)
             batch, channels = hidden.shape[0], hidden.shape[2]
             before, after = (hidden.new_zeros(batch, n, channels) for n in (offset, length - offset - valid))
             hidden = torch.cat([before, hidden[:, :valid], after], 1)

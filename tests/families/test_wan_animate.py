@@ -76,3 +76,41 @@ def test_real_config_names_its_architecture_of_the_published_size_and_plans():
     video = {"frames": config.frames, "height": config.height, "width": config.width, "dtype": config.dtype}
     plan = plan_sampling(SamplingSettings(name, **video, ring=config.ring, ulysses=config.ulysses), 8, 80)
     assert plan.fits, plan
+
+
+@pytest.mark.parametrize(
+    ("ranks", "frames", "per_frame"),
+    [(4, 3, 6), (4, 3, 3), (3, 3, 6), (8, 3, 2), (3, 8, 2)],  # the last: whole frames 6-7 and 2 padding rows on rank 2
+)
+def test_each_shard_of_the_face_adapter_gets_the_one_process_rows(ranks, frames, per_frame):
+    """The adapter hooks alone, in one process, on every shard of an uneven, padded or frame-aligned split: each
+    shard's real rows equal the whole sequence's, its padding rows are zero."""
+    import types
+
+    import torch
+
+    from dit_sp.families.wan_animate import _hooks
+    from dit_sp.zoo import build_tiny
+
+    torch.manual_seed(0)
+    adapter = build_tiny("tiny-wan-animate", "transformer").float().face_adapter[0]
+    channels = adapter.to_q.in_features
+    hidden, motion = torch.randn(2, frames * per_frame, channels), torch.randn(2, frames, 3, channels)
+    with torch.no_grad():
+        whole = adapter(hidden, motion)
+    seq_len = hidden.shape[1]
+    local = -(-seq_len // ranks)  # every shard's length; the last ones padded
+    for rank in range(ranks):
+        ctx = types.SimpleNamespace(seq_len=seq_len, parallel=types.SimpleNamespace(sp_rank=rank))
+        handles = _hooks(types.SimpleNamespace(face_adapter=[adapter]), ctx)
+        shard = torch.nn.functional.pad(hidden[:, rank * local : (rank + 1) * local], (0, 0, 0, local))[:, :local]
+        try:
+            with torch.no_grad():
+                out = adapter(shard, motion)
+        finally:
+            for h in handles:
+                h.remove()
+        real = whole[:, rank * local : (rank + 1) * local]
+        assert out.shape == shard.shape
+        torch.testing.assert_close(out[:, : real.shape[1]], real, rtol=0, atol=1e-6)
+        assert not out[:, real.shape[1] :].any()
