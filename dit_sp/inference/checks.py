@@ -104,6 +104,7 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
         return  # the full load reports what the model is
     takes = inspect.signature(getattr(diffusers, name).__call__).parameters
     check_video_input(config, name, takes)
+    check_motion_videos(config, name, takes)
     if "image" not in takes:
         if config.image or config.last_image:
             raise ConfigError(f"--image: {config.model} is a text-to-video model ({name}) and takes no image; use an "
@@ -142,6 +143,28 @@ def check_video_input(config: GenerateConfig, name: str, takes: Any) -> None:
                           "--video PATH")  # fmt: skip
     if config.video:
         read_video(config.video)
+
+
+MOTION_VIDEOS = ("pose_video", "face_video", "background_video", "mask_video")
+"""The input videos of Wan Animate's pipeline (``WanAnimatePipeline``), by their setting's (and argument's) name:
+the driving pose and face videos, and replace mode's background and mask (which come together)."""
+
+
+def check_motion_videos(config: GenerateConfig, name: str, takes: Any) -> None:
+    """``--pose-video`` / ``--face-video`` (and replace mode's ``--background-video`` / ``--mask-video``) against the
+    pipeline's ``__call__`` parameters ``takes``, and the files."""
+    if bool(config.background_video) != bool(config.mask_video):
+        raise ConfigError("--background-video and --mask-video come together (Wan Animate's replace mode: the video "
+                          "and where its person is); give both, or neither to animate the image")  # fmt: skip
+    for key in MOTION_VIDEOS:
+        flag, path = "--" + key.replace("_", "-"), getattr(config, key)
+        if key not in takes and path:
+            raise ConfigError(f"{flag}: {config.model} ({name}) takes no {key.replace('_', ' ')}; use a Wan Animate "
+                              f"model (e.g. tiny-wan-animate), or drop {flag}")  # fmt: skip
+        if key in takes and not path and takes[key].default is inspect.Parameter.empty:
+            raise ConfigError(f"{config.model} animates an image by pose and face videos ({name}): give {flag} PATH")
+        if path:
+            read_video(path, flag)
 
 
 VIDEO_HISTORY = 17

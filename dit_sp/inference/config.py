@@ -64,6 +64,17 @@ class GenerateConfig:
     """Video-to-video: the input video (an .mp4 or .gif file, or a directory of image frames), for a model whose
     pipeline takes one (SkyReels-V2 diffusion-forcing video-to-video: its last frames, up to 17, are the history the
     ``frames`` new ones continue; the written video is the input followed by them)."""
+    pose_video: str | None = setting(None, "Wan Animate: the pose video whose motion is copied (default: none)")
+    """Wan Animate: the skeleton pose video (an .mp4 or .gif file, or a directory of image frames) that the reference
+    image (``image``) is animated to follow; the video written has its frame count, made in segments of ``frames``
+    frames (the segment length, 77 for the real model)."""
+    face_video: str | None = setting(None, "Wan Animate: the face video whose expressions are copied (default: none)")
+    """Wan Animate: the face crops (as many frames as ``pose_video``), resized to the motion encoder's square."""
+    background_video: str | None = setting(None, "Wan Animate replace mode: the video to put the character in")
+    """Wan Animate's replace mode: the video whose person is replaced by the reference character (with
+    ``mask_video``; as many frames as ``pose_video``)."""
+    mask_video: str | None = setting(None, "Wan Animate replace mode: where the person to replace is (white)")
+    """Wan Animate's replace mode: per frame, white where the person to replace is (read in grayscale)."""
     save_latents: str | None = setting(None, "also save the final latents to this .pt file (default: none)")
     """Also save the final latents to this ``.pt`` file (for exact comparisons): those of the last step (Wan 2.2
     TI2V with an image: before the pipeline puts the image's latents into the first frame)."""

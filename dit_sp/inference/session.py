@@ -16,7 +16,7 @@ import torch
 
 from dit_sp.cache import StepCache, enable_cache
 from dit_sp.families import check_shape
-from dit_sp.inference.checks import VIDEO_HISTORY, guidance_arguments, read_image, read_video
+from dit_sp.inference.checks import MOTION_VIDEOS, VIDEO_HISTORY, guidance_arguments, read_image, read_video
 from dit_sp.inference.config import GenerateConfig
 from dit_sp.io.console import plain_tracebacks, quiet_followers
 from dit_sp.parallel import ParallelState, check_ranks_agree, init_layout
@@ -72,7 +72,8 @@ def setup(config: GenerateConfig, images: bool) -> tuple[ParallelState, Any, dic
             parallel_vae=config.parallel_vae,
             # the leader writes; a video-to-video pipeline joins the decoded frames to its input video after the
             # decode, on every rank, so each needs whole frames
-            frames_on="every_rank" if config.video else "leader",
+            # (Wan Animate: each segment's last frames condition the next)
+            frames_on="every_rank" if config.video or config.pose_video else "leader",
             compile=config.compile,
             cache=config.cache_spec,
         )
@@ -109,6 +110,12 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
         stock = next(c for c in type(pipe).__mro__ if c.__module__.startswith("diffusers."))  # not parallelize's
         if "overlap_history" in inspect.signature(stock.__call__).parameters:
             images["overlap_history"] = min(len(images["video"]), VIDEO_HISTORY)
+    for key in MOTION_VIDEOS:  # Wan Animate: the input videos; the output is made in segments of `frames`
+        if path := getattr(config, key):
+            images[key] = read_video(path, "--" + key.replace("_", "-"))
+            images["segment_frame_length"] = config.frames
+    if config.background_video:  # and mask_video (checked): the character replaces the video's person
+        images["mode"] = "replace"
     arguments = dict(
         **images,
         prompt=config.prompt,
@@ -116,6 +123,7 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
         height=config.height,
         width=config.width,
         num_frames=config.frames,
+        video_length=config.frames,  # Latte's name for it (each pipeline gets the names it takes: _taken)
         num_inference_steps=config.steps,
         generator=torch.Generator(device).manual_seed(seed),
         max_sequence_length=config.max_sequence_length,

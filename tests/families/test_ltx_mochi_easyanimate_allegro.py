@@ -162,21 +162,6 @@ def test_real_architectures_have_their_published_sizes(name, low, high, blocks):
     assert shape.layers == blocks
 
 
-def test_latte_is_refused_in_one_line_saying_why():
-    from diffusers import LatteTransformer3DModel
-
-    from dit_sp import ParallelConfig, init_parallel, parallelize
-
-    model = LatteTransformer3DModel(num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=8,
-                                    num_layers=1, sample_size=8, patch_size=2, caption_channels=16,
-                                    cross_attention_dim=16, norm_type="ada_norm_single")  # fmt: skip
-    processors = {name: m.processor for name, m in model.named_modules() if hasattr(m, "processor")}
-    with pytest.raises(NotImplementedError, match=r"^LatteTransformer3DModel cannot be split exactly: .*timestep") as e:
-        parallelize(model, init_parallel(ParallelConfig()))
-    assert "\n" not in str(e.value)
-    assert processors == {name: m.processor for name, m in model.named_modules() if hasattr(m, "processor")}
-
-
 def test_sizes_are_checked_from_the_model_files_before_loading():
     """Each pipeline class reads its VAE's compression from the VAE config (``vae_factors``): frames that the VAE
     cannot take are refused in one line before anything loads."""

@@ -77,13 +77,6 @@ def test_real_architectures_have_their_published_sizes(name, low, high):
 @pytest.mark.parametrize(
     ("cls", "config", "refusal"),
     [
-        ("WanAnimateTransformer3DModel",
-         {"num_attention_heads": 2, "attention_head_dim": 8, "in_channels": 12, "latent_channels": 4, "out_channels": 4,
-          "text_dim": 16, "freq_dim": 16, "ffn_dim": 16, "num_layers": 1, "image_dim": 16, "motion_encoder_size": 16,
-          "motion_style_dim": 8, "motion_dim": 4, "motion_encoder_dim": 8, "face_encoder_hidden_dim": 8,
-          "face_encoder_num_heads": 2, "inject_face_latents_blocks": 1,
-          "motion_encoder_channel_sizes": {"4": 8, "8": 8, "16": 8, "32": 8, "64": 8, "128": 8, "256": 8, "512": 8}},
-         r"^Wan Animate .* face adapters group the video tokens by frame .*one process per sample \(dp only\)$"),
         ("AnyFlowFARTransformer3DModel",
          {"num_attention_heads": 2, "attention_head_dim": 8, "in_channels": 4, "out_channels": 4, "text_dim": 16,
           "freq_dim": 16, "ffn_dim": 16, "num_layers": 1},
