@@ -200,11 +200,13 @@ COGVIDEOX = ModelFamily(
     vae=COGVIDEOX_VAE,
     teacache_probe=_teacache_probe,
     shape_check=_shape_check,
-    tiny_models=("tiny-cogvideox", "tiny-cogvideox-i2v"),
+    tiny_models=("tiny-cogvideox", "tiny-cogvideox-i2v", "tiny-cogvideox-v2v"),
     checkpoint_defaults=dict.fromkeys(
-        ("CogVideoXPipeline", "CogVideoXImageToVideoPipeline"),
+        ("CogVideoXPipeline", "CogVideoXImageToVideoPipeline", "CogVideoXVideoToVideoPipeline"),
         generation_defaults(49, 480, 720, 50, 6.0, 226) | {"fps": 8},
     ),
-    vae_factors=dict.fromkeys(("CogVideoXPipeline", "CogVideoXImageToVideoPipeline"), _vae_factors),
+    vae_factors=dict.fromkeys(
+        ("CogVideoXPipeline", "CogVideoXImageToVideoPipeline", "CogVideoXVideoToVideoPipeline"), _vae_factors
+    ),
     architectures=_ARCHITECTURES,
 )

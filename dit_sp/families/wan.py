@@ -227,11 +227,20 @@ WAN = ModelFamily(
     vae=WAN_VAE,
     teacache_probe=_teacache_probe,
     shape_check=_shape_check,
-    tiny_models=("tiny-wan", "tiny-wan-i2v", "tiny-wan-flf2v", "tiny-wan2.2-a14b", "tiny-wan2.2-ti2v", "toy-wan"),
+    tiny_models=(
+        "tiny-wan",
+        "tiny-wan-i2v",
+        "tiny-wan-flf2v",
+        "tiny-wan2.2-a14b",
+        "tiny-wan2.2-ti2v",
+        "tiny-wan-v2v",
+        "toy-wan",
+    ),
     checkpoint_defaults={
         "WanPipeline": generation_defaults(33, 480, 832, 50, 5.0, 512) | {"fps": 16},
         "WanImageToVideoPipeline": generation_defaults(81, 480, 832, 50, 5.0, 512) | {"fps": 16},
+        "WanVideoToVideoPipeline": generation_defaults(81, 480, 832, 50, 5.0, 512) | {"fps": 16},
     },
-    vae_factors=dict.fromkeys(("WanPipeline", "WanImageToVideoPipeline"), wan_vae_factors),
+    vae_factors=dict.fromkeys(("WanPipeline", "WanImageToVideoPipeline", "WanVideoToVideoPipeline"), wan_vae_factors),
     architectures=_ARCHITECTURES,
 )

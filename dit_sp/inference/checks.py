@@ -137,8 +137,9 @@ def check_video_input(config: GenerateConfig, name: str, takes: Any) -> None:
             raise ConfigError(f"--video: {config.model} ({name}) takes no input video; use a video-to-video model "
                               "(e.g. tiny-skyreels-v2-df-v2v), or drop --video")  # fmt: skip
         return
-    if not config.video and takes["video"].default is inspect.Parameter.empty:
-        raise ConfigError(f"{config.model} is a video-to-video model ({name}): give the video to continue with "
+    # without num_frames the pipeline takes its length from the video (Wan, CogVideoX V2V): it needs one too
+    if not config.video and (takes["video"].default is inspect.Parameter.empty or "num_frames" not in takes):
+        raise ConfigError(f"{config.model} is a video-to-video model ({name}): give the input video with "
                           "--video PATH")  # fmt: skip
     if config.video:
         read_video(config.video)

@@ -60,10 +60,13 @@ class GenerateConfig:
     """Image-to-video: the first frame (PNG, JPEG, ...), for an image-to-video model (Wan I2V / FLF2V, Wan 2.2
     I2V and TI2V, CogVideoX I2V); resized to ``height`` x ``width`` by the pipeline."""
     last_image: str | None = setting(None, "first-last-frame: the last frame too (Wan FLF2V; default: none)")
-    video: str | None = setting(None, "video-to-video: the video to continue (SkyReels-V2 DF V2V; default: none)")
+    video: str | None = setting(
+        None, "video-to-video: the input video (SkyReels-V2 DF, Wan, CogVideoX V2V; default: none)"
+    )
     """Video-to-video: the input video (an .mp4 or .gif file, or a directory of image frames), for a model whose
     pipeline takes one (SkyReels-V2 diffusion-forcing video-to-video: its last frames, up to 17, are the history the
-    ``frames`` new ones continue; the written video is the input followed by them)."""
+    ``frames`` new ones continue; the written video is the input followed by them. Wan and CogVideoX
+    video-to-video: the video is noised and denoised again, SDEdit-like; its length sets the frames)."""
     save_latents: str | None = setting(None, "also save the final latents to this .pt file (default: none)")
     """Also save the final latents to this ``.pt`` file (for exact comparisons): those of the last step (Wan 2.2
     TI2V with an image: before the pipeline puts the image's latents into the first frame)."""

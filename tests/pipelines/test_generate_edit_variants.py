@@ -1,0 +1,68 @@
+"""The remaining pipelines of families with tiny models, through ``generate``: Wan's and CogVideoX's video-to-video
+(``--video``: the input video noised and denoised again) give the same frames and latents on Ulysses 2, ring 2
+and CFG parallel (a guidance branch per process) as on one process, with the attention of each rank holding half
+of the video tokens. One spawn runs them all."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from dit_sp import GenerateConfig, generate
+
+pytestmark = pytest.mark.slow  # spawns worker processes
+
+# model: (video tokens per forward, its inputs). 48 x 32 frames: 6 x 4 latents (VAE x8), 3 x 2 patches; 9 frames:
+# 3 latent frames (x4): 18 tokens
+MODELS = {
+    "tiny-wan-v2v": (18, {"video": "clip"}),
+    "tiny-cogvideox-v2v": (18, {"video": "clip"}),
+}
+LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}  # cfg2: a branch per rank
+CFG_REFUSED: set[str] = set()  # models whose families refuse CFG parallelism
+SP = {"1x2": 2, "2x1": 2, "cfg2": 1}  # processes per guidance branch
+# 3 steps at the video-to-video pipelines' strength 0.8: the last 2 of them run
+SETTINGS = {"steps": 3, "height": 48, "width": 32, "frames": 9, "verify_inputs": True}
+
+
+def _settings(tmp, model: str, name: str, **flags) -> GenerateConfig:
+    inputs = {key: str(tmp / path) for key, path in MODELS[model][1].items()}
+    return GenerateConfig.load(overrides={"model": model, "out": str(tmp / f"{model}-{name}.mp4"),
+                                          "save_latents": str(tmp / f"{model}-{name}.pt"), **SETTINGS, **inputs,
+                                          **flags})  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory):
+    """{(model, layout): the sample leader's report}, "single" being one process."""
+    from variant_generate_checks import layout_reports
+
+    tmp = tmp_path_factory.mktemp("edit_variants")
+    rng = np.random.RandomState(0)
+    Image.fromarray((rng.rand(40, 30, 3) * 255).astype("uint8")).save(tmp / "image.png")
+    (tmp / "clip").mkdir()
+    for i in range(9):  # a 9-frame input video as a directory of frames
+        Image.fromarray((rng.rand(48, 32, 3) * 255).astype("uint8")).save(tmp / "clip" / f"{i:02d}.png")
+    reports = {(model, "single"): generate(_settings(tmp, model, "single"), True) for model in MODELS}
+    jobs = [((model, layout), _settings(tmp, model, layout, **flags)) for layout, flags in LAYOUTS.items()
+            for model in MODELS if not (layout == "cfg2" and model in CFG_REFUSED)]  # fmt: skip
+    return reports | layout_reports(jobs)
+
+
+CASES = [(model, layout) for model in MODELS for layout in LAYOUTS if not (layout == "cfg2" and model in CFG_REFUSED)]
+
+
+@pytest.mark.parametrize(("model", "layout"), CASES)
+def test_every_layout_gives_the_same_video_from_a_split_sequence(videos, model, layout):
+    reference, report = videos[(model, "single")], videos[(model, layout)]
+    assert report["frames"].shape == reference["frames"].shape
+    assert np.abs(report["frames"] - reference["frames"]).max() <= 1e-4
+    latents, ref_latents = torch.load(report["latents"]), torch.load(reference["latents"])
+    assert (latents - ref_latents).abs().max() <= 1e-4
+    assert reference["frames"].std() > 0.01  # a real video, not a constant
+    local = math.ceil(MODELS[model][0] / SP[layout])
+    assert report["lengths"] == [[local], [local]], f"each rank's attention saw {report['lengths']}, not {local} tokens"
