@@ -143,12 +143,17 @@ HUNYUAN_VIDEO = ModelFamily(
     policy=HunyuanVideoPolicy,
     vae=HUNYUAN_VIDEO_VAE,
     teacache_probe=_teacache_probe,
-    tiny_models=("tiny-hunyuanvideo", "tiny-hunyuanvideo-i2v"),
+    tiny_models=("tiny-hunyuanvideo", "tiny-hunyuanvideo-i2v", "tiny-hunyuanvideo-skyreels-i2v"),
     checkpoint_defaults={
         # guidance-distilled: true classifier-free guidance off; its embedded guidance_scale stays at 6.0
         "HunyuanVideoPipeline": generation_defaults(61, 320, 512, 30, 1.0, 256) | {"fps": 15},
         "HunyuanVideoImageToVideoPipeline": generation_defaults(129, 720, 1280, 50, 1.0, 256) | {"fps": 15},
+        # SkyReels-V1 I2V: true classifier-free guidance 6.0 (its embedded guidance_scale stays at the pipeline's 1.0)
+        "HunyuanSkyreelsImageToVideoPipeline": generation_defaults(97, 544, 960, 30, 6.0, 256) | {"fps": 24},
     },
-    vae_factors=dict.fromkeys(("HunyuanVideoPipeline", "HunyuanVideoImageToVideoPipeline"), hunyuan_video_vae_factors),
+    vae_factors=dict.fromkeys(
+        ("HunyuanVideoPipeline", "HunyuanVideoImageToVideoPipeline", "HunyuanSkyreelsImageToVideoPipeline"),
+        hunyuan_video_vae_factors,
+    ),
     architectures=_ARCHITECTURES,
 )

@@ -240,7 +240,10 @@ WAN = ModelFamily(
         "WanPipeline": generation_defaults(33, 480, 832, 50, 5.0, 512) | {"fps": 16},
         "WanImageToVideoPipeline": generation_defaults(81, 480, 832, 50, 5.0, 512) | {"fps": 16},
         "WanVideoToVideoPipeline": generation_defaults(81, 480, 832, 50, 5.0, 512) | {"fps": 16},
+        "LucyEditPipeline": generation_defaults(81, 480, 832, 50, 5.0, 512) | {"fps": 24},  # its model card's
     },
-    vae_factors=dict.fromkeys(("WanPipeline", "WanImageToVideoPipeline", "WanVideoToVideoPipeline"), wan_vae_factors),
+    vae_factors=dict.fromkeys(
+        ("WanPipeline", "WanImageToVideoPipeline", "WanVideoToVideoPipeline", "LucyEditPipeline"), wan_vae_factors
+    ),
     architectures=_ARCHITECTURES,
 )

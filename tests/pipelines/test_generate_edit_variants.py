@@ -1,5 +1,6 @@
 """The remaining pipelines of families with tiny models, through ``generate``: Wan's and CogVideoX's video-to-video
-(``--video``: the input video noised and denoised again) give the same frames and latents on Ulysses 2, ring 2
+(``--video``: the input video noised and denoised again), Lucy Edit (Wan-based video editing: the input video's
+latents join the noise in channels) and SkyReels-V1's HunyuanVideo image-to-video (``--image``) give the same frames and latents on Ulysses 2, ring 2
 and CFG parallel (a guidance branch per process) as on one process, with the attention of each rank holding half
 of the video tokens. One spawn runs them all."""
 
@@ -16,12 +17,16 @@ from dit_sp import GenerateConfig, generate
 
 pytestmark = pytest.mark.slow  # spawns worker processes
 
-# model: (video tokens per forward, its inputs). 48 x 32 frames: 6 x 4 latents (VAE x8), 3 x 2 patches; 9 frames:
-# 3 latent frames (x4): 18 tokens
+# model: (video tokens per forward, its inputs and settings). 48 x 32 frames: 6 x 4 latents (VAE x8), 3 x 2 patches;
+# 9 frames: 3 latent frames (x4): 18 tokens
 MODELS = {
     "tiny-wan-v2v": (18, {"video": "clip"}),
     "tiny-cogvideox-v2v": (18, {"video": "clip"}),
+    "tiny-lucy-edit": (18, {"video": "clip", "height": 96, "width": 64}),  # the Wan 2.2 VAE: x16
+    # true classifier-free guidance needs the negative prompt; the image's latents join the noise in channels
+    "tiny-hunyuanvideo-skyreels-i2v": (18, {"image": "image.png", "negative_prompt": "blurry"}),
 }
+INPUTS = ("video", "image")  # settings that are files in the test's directory
 LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}  # cfg2: a branch per rank
 CFG_REFUSED: set[str] = set()  # models whose families refuse CFG parallelism
 SP = {"1x2": 2, "2x1": 2, "cfg2": 1}  # processes per guidance branch
@@ -30,7 +35,7 @@ SETTINGS = {"steps": 3, "height": 48, "width": 32, "frames": 9, "verify_inputs":
 
 
 def _settings(tmp, model: str, name: str, **flags) -> GenerateConfig:
-    inputs = {key: str(tmp / path) for key, path in MODELS[model][1].items()}
+    inputs = {key: str(tmp / value) if key in INPUTS else value for key, value in MODELS[model][1].items()}
     return GenerateConfig.load(overrides={"model": model, "out": str(tmp / f"{model}-{name}.mp4"),
                                           "save_latents": str(tmp / f"{model}-{name}.pt"), **SETTINGS, **inputs,
                                           **flags})  # fmt: skip
