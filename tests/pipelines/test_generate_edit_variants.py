@@ -1,8 +1,8 @@
 """The remaining pipelines of families with tiny models, through ``generate``: Wan's and CogVideoX's video-to-video
 (``--video``: the input video noised and denoised again), Lucy Edit (Wan-based video editing: the input video's
-latents join the noise in channels) and SkyReels-V1's HunyuanVideo image-to-video (``--image``) give the same frames and latents on Ulysses 2, ring 2
-and CFG parallel (a guidance branch per process) as on one process, with the attention of each rank holding half
-of the video tokens. One spawn runs them all."""
+latents join the noise in channels) and SkyReels-V1's HunyuanVideo image-to-video (``--image``) give the same
+frames and latents on Ulysses 2, ring 2 and CFG parallel (a guidance branch per process) as on one process, with
+the attention of each rank holding half of the video tokens. One spawn runs them all."""
 
 from __future__ import annotations
 
