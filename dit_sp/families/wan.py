@@ -213,6 +213,10 @@ _ARCHITECTURES = {
     "wan2.2-ti2v-5b": wan_architecture({"transformer": {"num_attention_heads": 24, "ffn_dim": 14336, "num_layers": 30,
                                                      "in_channels": 48, "out_channels": 48}},
                                     vae=705e6, spatial=16),
+    # Lucy Edit Dev (decart-ai/Lucy-Edit-Dev): Wan 2.2 TI2V-5B with the input video's 48 latent channels in front too
+    "lucy-edit-dev": wan_architecture({"transformer": {"num_attention_heads": 24, "ffn_dim": 14336, "num_layers": 30,
+                                                    "in_channels": 96, "out_channels": 48}},
+                                   vae=705e6, spatial=16),
 }  # fmt: skip
 """The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
 
@@ -234,6 +238,7 @@ WAN = ModelFamily(
         "tiny-wan2.2-a14b",
         "tiny-wan2.2-ti2v",
         "tiny-wan-v2v",
+        "tiny-lucy-edit",
         "toy-wan",
     ),
     checkpoint_defaults={

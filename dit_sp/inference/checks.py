@@ -103,6 +103,9 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
     if name is None or not hasattr(diffusers, name):
         return  # the full load reports what the model is
     takes = inspect.signature(getattr(diffusers, name).__call__).parameters
+    if takes_conditions(takes):
+        check_condition_inputs(config, name)
+        return
     check_video_input(config, name, takes)
     if "image" not in takes:
         if config.image or config.last_image:
@@ -128,6 +131,25 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
     for flag, path in (("--image", config.image), ("--last-image", config.last_image)):
         if path is not None:
             read_image(path, flag)
+
+
+def takes_conditions(takes: Any) -> bool:
+    """Whether a pipeline whose ``__call__`` parameters are ``takes`` gets its images and videos as a list of
+    ``conditions`` (LTX-2's condition pipeline, ``LTX2VideoCondition``), not as ``image`` / ``video``."""
+    return "conditions" in takes and "image" not in takes and "video" not in takes
+
+
+def check_condition_inputs(config: GenerateConfig, name: str) -> None:
+    """``--image`` / ``--video`` (the first frame) and ``--last-image`` (the last) of a pipeline that takes them as
+    conditions, and the files readable; none is text-to-video."""
+    if config.image and config.video:
+        raise ConfigError(f"--image with --video: both would condition the first frame of {config.model} ({name}); "
+                          "give one of them")  # fmt: skip
+    for flag, path in (("--image", config.image), ("--last-image", config.last_image)):
+        if path is not None:
+            read_image(path, flag)
+    if config.video:
+        read_video(config.video)
 
 
 def check_video_input(config: GenerateConfig, name: str, takes: Any) -> None:
