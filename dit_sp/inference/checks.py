@@ -103,6 +103,7 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
     if name is None or not hasattr(diffusers, name):
         return  # the full load reports what the model is
     takes = inspect.signature(getattr(diffusers, name).__call__).parameters
+    check_control_video(config, name, takes)
     if takes_conditions(takes):
         check_condition_inputs(config, name)
         return
@@ -150,6 +151,20 @@ def check_condition_inputs(config: GenerateConfig, name: str) -> None:
             read_image(path, flag)
     if config.video:
         read_video(config.video)
+
+
+def check_control_video(config: GenerateConfig, name: str, takes: Any) -> None:
+    """``--control-video`` against the pipeline's ``__call__`` parameters ``takes`` (``name``: its class), and the
+    file: a control pipeline needs one (it takes its length from it), the others take none."""
+    if "control_video" not in takes:
+        if config.control_video:
+            raise ConfigError(f"--control-video: {config.model} ({name}) takes no control video; use a control model "
+                              "(e.g. tiny-cogvideox-fun-control), or drop --control-video")  # fmt: skip
+        return
+    if not config.control_video:
+        raise ConfigError(f"{config.model} is a control model ({name}): give its control video with "
+                          "--control-video PATH")  # fmt: skip
+    read_video(config.control_video, "--control-video")
 
 
 def check_video_input(config: GenerateConfig, name: str, takes: Any) -> None:

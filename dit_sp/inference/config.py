@@ -67,6 +67,9 @@ class GenerateConfig:
     pipeline takes one (SkyReels-V2 diffusion-forcing video-to-video: its last frames, up to 17, are the history the
     ``frames`` new ones continue; the written video is the input followed by them. Wan and CogVideoX
     video-to-video: the video is noised and denoised again, SDEdit-like; its length sets the frames)."""
+    control_video: str | None = setting(None, "a control video (CogVideoX-Fun Control; default: none)")
+    """A control video (an .mp4 or .gif file, or a directory of image frames) for a model whose pipeline takes one
+    (CogVideoX-Fun Control: its latents join the noise in channels; its length sets the frames)."""
     save_latents: str | None = setting(None, "also save the final latents to this .pt file (default: none)")
     """Also save the final latents to this ``.pt`` file (for exact comparisons): those of the last step (Wan 2.2
     TI2V with an image: before the pipeline puts the image's latents into the first frame)."""

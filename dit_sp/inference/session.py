@@ -109,6 +109,8 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
         images["video"] = read_video(config.video)
         if "overlap_history" in inspect.signature(stock.__call__).parameters:
             images["overlap_history"] = min(len(images["video"]), VIDEO_HISTORY)
+    if config.control_video:  # CogVideoX-Fun Control: its latents join the noise in channels
+        images["control_video"] = read_video(config.control_video, "--control-video")
     if takes_conditions(inspect.signature(stock.__call__).parameters):
         images = _as_conditions(stock, images)
     arguments = dict(
@@ -130,7 +132,9 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
     with _steps_recorded(pipe, on_step_end, "callback_on_step_end" not in arguments):
         result = pipe(**arguments)
     steps = [b - a for a, b in zip([start, *step_times[:-1]], step_times)]
-    return {"frames": result.frames[0], "latents": final["latents"], "seconds": time.perf_counter() - start,
+    # a text-to-image pipeline (Cosmos-Predict2 Text2Image) returns images: its image is a one-frame video
+    frames = result.frames[0] if hasattr(result, "frames") else result.images[0][None]
+    return {"frames": frames, "latents": final["latents"], "seconds": time.perf_counter() - start,
             "seconds_per_step": sum(steps) / max(len(steps), 1), "first_step_seconds": steps[0] if steps else 0.0,
             "later_seconds_per_step": sum(steps[1:]) / max(len(steps) - 1, 1)}  # fmt: skip
 

@@ -1,6 +1,6 @@
 """The inputs of the variant pipelines are checked before anything loads, in one line: LTX-2's condition pipeline
 takes ``--image`` or ``--video`` (the first frame) and ``--last-image``, not both first frames; Kandinsky 5's
-image-to-video pipeline needs 5 latent frames."""
+image-to-video pipeline needs 5 latent frames; a control model needs ``--control-video`` and only it takes one."""
 
 from __future__ import annotations
 
@@ -40,3 +40,18 @@ def test_kandinsky5_image_to_video_needs_five_latent_frames(tmp_path, inputs):
         check_before_loading(_config(tmp_path, model="tiny-kandinsky5-i2v", image=inputs["image"], frames=9))
     check_before_loading(_config(tmp_path, model="tiny-kandinsky5-i2v", image=inputs["image"], frames=17))
     check_before_loading(_config(tmp_path, model="tiny-kandinsky5", frames=9))  # text-to-video: any length
+
+
+def test_control_video_goes_to_a_control_model_only_and_is_readable(tmp_path, inputs):
+    control = {"model": "tiny-cogvideox-fun-control", "height": 48, "width": 32}
+    with pytest.raises(ConfigError, match=r"^tiny-cogvideox-fun-control is a control model "
+                                          r"\(CogVideoXFunControlPipeline\): .*--control-video PATH$"):  # fmt: skip
+        check_before_loading(_config(tmp_path, **control))
+    with pytest.raises(ConfigError, match=r"^--control-video: tiny-cogvideox \(CogVideoXPipeline\) takes no control"):
+        check_before_loading(_config(tmp_path, model="tiny-cogvideox", control_video=inputs["video"]))
+    with pytest.raises(MissingFileError, match=r"^--control-video .*missing: no such file or directory$"):
+        check_before_loading(_config(tmp_path, **control, control_video=str(tmp_path / "missing")))
+    (tmp_path / "bad.mp4").write_text("not a video")
+    with pytest.raises(ConfigError, match=r"^--control-video .*bad.mp4: not a video this machine can read"):
+        check_before_loading(_config(tmp_path, **control, control_video=str(tmp_path / "bad.mp4")))
+    check_before_loading(_config(tmp_path, **control, control_video=inputs["video"]))

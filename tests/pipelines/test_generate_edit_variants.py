@@ -1,8 +1,10 @@
 """The remaining pipelines of families with tiny models, through ``generate``: Wan's and CogVideoX's video-to-video
 (``--video``: the input video noised and denoised again), Lucy Edit (Wan-based video editing: the input video's
-latents join the noise in channels) and SkyReels-V1's HunyuanVideo image-to-video (``--image``) give the same
-frames and latents on Ulysses 2, ring 2 and CFG parallel (a guidance branch per process) as on one process, with
-the attention of each rank holding half of the video tokens. One spawn runs them all."""
+latents join the noise in channels), SkyReels-V1's HunyuanVideo, Kandinsky 5's, LTX-2's and Cosmos 1.0's
+image-to-video (``--image``), LTX-2's condition pipeline (``--image``, ``--last-image``) and CogVideoX-Fun control
+(``--control-video``) give the same frames and latents on Ulysses 2, ring 2 and CFG parallel (a guidance branch
+per process; where the family allows it) as on one process, with the attention of each rank holding half of the
+video tokens. One spawn runs them all."""
 
 from __future__ import annotations
 
@@ -33,11 +35,17 @@ MODELS = {
     "tiny-ltx2-i2v": (192, {"image": "image.png", "height": 32, "width": 32}),
     # the image replaces the first latent frame's tokens, the last image's 8 x 8 tokens are appended (a keyframe)
     "tiny-ltx2-condition": (256, {"image": "image.png", "last_image": "image.png", "height": 32, "width": 32}),
+    "tiny-cogvideox-fun-control": (18, {"control_video": "clip"}),  # its latents join the noise in channels
+    # Cosmos 1.0 (VAE x4, patch 2): 3 x 8 x 8 / 4 tokens; the image conditions the first latent frame
+    "tiny-cosmos1-v2w": (48, {"image": "image.png", "height": 32, "width": 32}),
 }
-INPUTS = ("video", "image", "last_image")  # settings that are files in the test's directory
+INPUTS = ("video", "image", "last_image", "control_video")  # settings that are files in the test's directory
 LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}  # cfg2: a branch per rank
 # LTX-2's pipelines add unbatched spatio-temporal and modality guidance passes, which CFG parallelism refuses
-CFG_REFUSED = {"tiny-ltx2-i2v", "tiny-ltx2-condition"}
+CFG_REFUSED = {"tiny-ltx2-i2v", "tiny-ltx2-condition", "tiny-cosmos1-v2w"}  # and the Cosmos family refuses it
+# Cosmos' pipelines hand their frames to the safety checker as uint8 and return those: a value within float rounding
+# of an 8-bit step may land on either side, so their frames agree within one step (the latents within 1e-4)
+FRAME_TOLERANCE = {"tiny-cosmos1-v2w": 1 / 255 + 1e-6}
 AUDIO = {
     "tiny-ltx2-i2v",
     "tiny-ltx2-condition",
@@ -78,7 +86,9 @@ CASES = [(model, layout) for model in MODELS for layout in LAYOUTS if not (layou
 def test_every_layout_gives_the_same_video_from_a_split_sequence(videos, model, layout):
     reference, report = videos[(model, "single")], videos[(model, layout)]
     assert report["frames"].shape == reference["frames"].shape
-    assert np.abs(report["frames"] - reference["frames"]).max() <= 1e-4
+    difference = np.abs(report["frames"] - reference["frames"])
+    assert difference.max() <= FRAME_TOLERANCE.get(model, 1e-4)
+    assert (difference > 1e-4).mean() < 0.01  # (Cosmos) only values at an 8-bit step's edge, not the video
     latents, ref_latents = torch.load(report["latents"]), torch.load(reference["latents"])
     assert (latents - ref_latents).abs().max() <= 1e-4
     assert reference["frames"].std() > 0.01  # a real video, not a constant
