@@ -1,10 +1,10 @@
 """The remaining pipelines of families with tiny models, through ``generate``: Wan's and CogVideoX's video-to-video
 (``--video``: the input video noised and denoised again), Lucy Edit (Wan-based video editing: the input video's
 latents join the noise in channels), SkyReels-V1's HunyuanVideo, Kandinsky 5's, LTX-2's and Cosmos 1.0's
-image-to-video (``--image``), LTX-2's condition pipeline (``--image``, ``--last-image``) and CogVideoX-Fun control
-(``--control-video``) give the same frames and latents on Ulysses 2, ring 2 and CFG parallel (a guidance branch
-per process; where the family allows it) as on one process, with the attention of each rank holding half of the
-video tokens. One spawn runs them all."""
+image-to-video (``--image``), LTX-2's condition pipeline (``--image``, ``--last-image``), CogVideoX-Fun control
+(``--control-video``) and Cosmos-Predict2 text-to-image (one frame) give the same frames and latents on Ulysses 2,
+ring 2 and CFG parallel (a guidance branch per process; where the family allows it) as on one process, with the
+attention of each rank holding half of the video tokens. One spawn runs them all."""
 
 from __future__ import annotations
 
@@ -38,14 +38,21 @@ MODELS = {
     "tiny-cogvideox-fun-control": (18, {"control_video": "clip"}),  # its latents join the noise in channels
     # Cosmos 1.0 (VAE x4, patch 2): 3 x 8 x 8 / 4 tokens; the image conditions the first latent frame
     "tiny-cosmos1-v2w": (48, {"image": "image.png", "height": 32, "width": 32}),
+    # Cosmos-Predict2 text-to-image: one 64 x 64 frame, 8 x 8 latents (Wan's VAE), 4 x 4 patches
+    "tiny-cosmos2-t2i": (16, {"frames": 1, "height": 64, "width": 64}),
 }
 INPUTS = ("video", "image", "last_image", "control_video")  # settings that are files in the test's directory
 LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}  # cfg2: a branch per rank
 # LTX-2's pipelines add unbatched spatio-temporal and modality guidance passes, which CFG parallelism refuses
-CFG_REFUSED = {"tiny-ltx2-i2v", "tiny-ltx2-condition", "tiny-cosmos1-v2w"}  # and the Cosmos family refuses it
+CFG_REFUSED = {
+    "tiny-ltx2-i2v",
+    "tiny-ltx2-condition",
+    "tiny-cosmos1-v2w",
+    "tiny-cosmos2-t2i",
+}  # and the Cosmos family refuses it
 # Cosmos' pipelines hand their frames to the safety checker as uint8 and return those: a value within float rounding
 # of an 8-bit step may land on either side, so their frames agree within one step (the latents within 1e-4)
-FRAME_TOLERANCE = {"tiny-cosmos1-v2w": 1 / 255 + 1e-6}
+FRAME_TOLERANCE = dict.fromkeys(("tiny-cosmos1-v2w", "tiny-cosmos2-t2i"), 1 / 255 + 1e-6)
 AUDIO = {
     "tiny-ltx2-i2v",
     "tiny-ltx2-condition",
