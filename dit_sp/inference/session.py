@@ -127,6 +127,8 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
         callback_on_step_end=on_step_end,
         **guidance,
     )
+    if "pyramid_num_inference_steps_list" in inspect.signature(stock.__call__).parameters:  # Helios pyramid
+        arguments["pyramid_num_inference_steps_list"] = [config.steps] * pipe.scheduler.config.stages  # per stage
     arguments = _taken(pipe, arguments)
     start = time.perf_counter()
     with _steps_recorded(pipe, on_step_end, "callback_on_step_end" not in arguments):

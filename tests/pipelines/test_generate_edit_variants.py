@@ -2,9 +2,10 @@
 (``--video``: the input video noised and denoised again), Lucy Edit (Wan-based video editing: the input video's
 latents join the noise in channels), SkyReels-V1's HunyuanVideo, Kandinsky 5's, LTX-2's and Cosmos 1.0's
 image-to-video (``--image``), LTX-2's condition pipeline (``--image``, ``--last-image``), CogVideoX-Fun control
-(``--control-video``) and Cosmos-Predict2 text-to-image (one frame) give the same frames and latents on Ulysses 2,
-ring 2 and CFG parallel (a guidance branch per process; where the family allows it) as on one process, with the
-attention of each rank holding half of the video tokens. One spawn runs them all."""
+(``--control-video``), Cosmos-Predict2 text-to-image (one frame) and Helios' pyramid (3 stages) give the same
+frames and latents on Ulysses 2, ring 2 and CFG parallel (a guidance branch per process; where the family allows
+it) as on one process, with the attention of each rank holding half of the video tokens. One spawn runs them
+all."""
 
 from __future__ import annotations
 
@@ -40,6 +41,9 @@ MODELS = {
     "tiny-cosmos1-v2w": (48, {"image": "image.png", "height": 32, "width": 32}),
     # Cosmos-Predict2 text-to-image: one 64 x 64 frame, 8 x 8 latents (Wan's VAE), 4 x 4 patches
     "tiny-cosmos2-t2i": (16, {"frames": 1, "height": 64, "width": 64}),
+    # Helios pyramid: 33 frames of 64 x 64, one chunk of 9 latent frames denoised at 2 x 2, 4 x 4 then 8 x 8 latents
+    # (patch 2), 1 step each: 9, 36 and 144 tokens behind 40 history tokens, per stage
+    "tiny-helios-pyramid": ((49, 76, 184), {"frames": 33, "height": 64, "width": 64, "steps": 1}),
 }
 INPUTS = ("video", "image", "last_image", "control_video")  # settings that are files in the test's directory
 LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}  # cfg2: a branch per rank
@@ -99,7 +103,12 @@ def test_every_layout_gives_the_same_video_from_a_split_sequence(videos, model, 
     latents, ref_latents = torch.load(report["latents"]), torch.load(reference["latents"])
     assert (latents - ref_latents).abs().max() <= 1e-4
     assert reference["frames"].std() > 0.01  # a real video, not a constant
-    local = math.ceil(MODELS[model][0] / SP[layout])
+    tokens = MODELS[model][0]
+    if isinstance(tokens, tuple):  # a pyramid: each stage's tokens split
+        local = [math.ceil(stage / SP[layout]) for stage in tokens]
+        assert report["lengths"] == [local, local], f"each rank's attention saw {report['lengths']}, not {local}"
+        return
+    local = math.ceil(tokens / SP[layout])
     # each rank's routed attention: its half of the video (LTX-2: and the whole audio, the queries of one module)
     video = [[max(lengths)] for lengths in report["lengths"]] if model in AUDIO else report["lengths"]
     assert video == [[local], [local]], f"each rank's attention saw {report['lengths']}, not {local} video tokens"
