@@ -187,6 +187,9 @@ _ARCHITECTURES = {
 }  # fmt: skip
 """The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
 
+_PIPELINES = ("CogVideoXPipeline", "CogVideoXImageToVideoPipeline", "CogVideoXVideoToVideoPipeline",
+              "CogVideoXFunControlPipeline")  # fmt: skip
+
 COGVIDEOX = ModelFamily(
     name="cogvideox",
     class_names=("CogVideoXTransformer3DModel",),
@@ -200,11 +203,11 @@ COGVIDEOX = ModelFamily(
     vae=COGVIDEOX_VAE,
     teacache_probe=_teacache_probe,
     shape_check=_shape_check,
-    tiny_models=("tiny-cogvideox", "tiny-cogvideox-i2v"),
+    tiny_models=("tiny-cogvideox", "tiny-cogvideox-i2v", "tiny-cogvideox-v2v", "tiny-cogvideox-fun-control"),
     checkpoint_defaults=dict.fromkeys(
-        ("CogVideoXPipeline", "CogVideoXImageToVideoPipeline"),
+        _PIPELINES,
         generation_defaults(49, 480, 720, 50, 6.0, 226) | {"fps": 8},
     ),
-    vae_factors=dict.fromkeys(("CogVideoXPipeline", "CogVideoXImageToVideoPipeline"), _vae_factors),
+    vae_factors=dict.fromkeys(_PIPELINES, _vae_factors),
     architectures=_ARCHITECTURES,
 )

@@ -103,8 +103,9 @@ COSMOS = ModelFamily(
         "the Cosmos pipelines compute with the conditional prediction before they make the unconditional call, so "
         "the two guidance branches cannot run at once on two process groups; use cfg=1"
     ),
-    tiny_models=("tiny-cosmos1-t2w", "tiny-cosmos2-v2w", "tiny-cosmos2.5"),
-    checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(93, 704, 1280, 35, 7.0, 512) | {"fps": 16}),
-    vae_factors=dict.fromkeys(PIPELINES, _vae_factors),
+    tiny_models=("tiny-cosmos1-t2w", "tiny-cosmos1-v2w", "tiny-cosmos2-v2w", "tiny-cosmos2-t2i", "tiny-cosmos2.5"),
+    checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(93, 704, 1280, 35, 7.0, 512) | {"fps": 16})
+    | {"Cosmos2TextToImagePipeline": generation_defaults(1, 768, 1360, 35, 7.0, 512)},  # one image
+    vae_factors=dict.fromkeys((*PIPELINES, "Cosmos2TextToImagePipeline"), _vae_factors),
     architectures=_ARCHITECTURES,
 )

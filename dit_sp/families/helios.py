@@ -87,8 +87,12 @@ HELIOS = ModelFamily(
     hooks=_hooks,
     attention_modules=("blocks.*.attn1",),
     cfg_mode="sequential",
-    tiny_models=("tiny-helios",),
-    checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(129, 384, 640, 50, 5.0, 512) | {"fps": 24}),
+    tiny_models=("tiny-helios", "tiny-helios-pyramid"),
+    checkpoint_defaults={
+        "HeliosPipeline": generation_defaults(129, 384, 640, 50, 5.0, 512) | {"fps": 24},
+        # generate's steps are each pyramid stage's: the pipeline's default [10, 10, 10]
+        "HeliosPyramidPipeline": generation_defaults(129, 384, 640, 10, 5.0, 512) | {"fps": 24},
+    },
     vae_factors=dict.fromkeys(PIPELINES, _vae_factors),
     architectures=_ARCHITECTURES,
 )

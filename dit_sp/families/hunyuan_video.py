@@ -126,6 +126,13 @@ _ARCHITECTURES = {
         "patch_size_t": 1, "qk_norm": "rms_norm", "guidance_embeds": True, "text_embed_dim": 4096,
         "pooled_projection_dim": 768, "rope_theta": 256.0, "rope_axes_dim": [16, 56, 56]})},
         "text_encoders": 7.5e9 + 123e6, "vae": 246e6, "compression": (4, 8), "text_tokens": 256, "joint": True},
+    # SkyReels-V1 I2V (Skywork/SkyReels-V1-Hunyuan-I2V): HunyuanVideo with the image's 16 latent channels in front too
+    "skyreels-v1-hunyuan-i2v": {"transformers": {"transformer": ("HunyuanVideoTransformer3DModel", {
+        "in_channels": 32, "out_channels": 16, "num_attention_heads": 24, "attention_head_dim": 128,
+        "num_layers": 20, "num_single_layers": 40, "num_refiner_layers": 2, "mlp_ratio": 4.0, "patch_size": 2,
+        "patch_size_t": 1, "qk_norm": "rms_norm", "guidance_embeds": True, "text_embed_dim": 4096,
+        "pooled_projection_dim": 768, "rope_theta": 256.0, "rope_axes_dim": [16, 56, 56]})},
+        "text_encoders": 7.5e9 + 123e6, "vae": 246e6, "compression": (4, 8), "text_tokens": 256, "joint": True},
 }  # fmt: skip
 """The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
 
@@ -143,12 +150,17 @@ HUNYUAN_VIDEO = ModelFamily(
     policy=HunyuanVideoPolicy,
     vae=HUNYUAN_VIDEO_VAE,
     teacache_probe=_teacache_probe,
-    tiny_models=("tiny-hunyuanvideo", "tiny-hunyuanvideo-i2v"),
+    tiny_models=("tiny-hunyuanvideo", "tiny-hunyuanvideo-i2v", "tiny-hunyuanvideo-skyreels-i2v"),
     checkpoint_defaults={
         # guidance-distilled: true classifier-free guidance off; its embedded guidance_scale stays at 6.0
         "HunyuanVideoPipeline": generation_defaults(61, 320, 512, 30, 1.0, 256) | {"fps": 15},
         "HunyuanVideoImageToVideoPipeline": generation_defaults(129, 720, 1280, 50, 1.0, 256) | {"fps": 15},
+        # SkyReels-V1 I2V: true classifier-free guidance 6.0 (its embedded guidance_scale stays at the pipeline's 1.0)
+        "HunyuanSkyreelsImageToVideoPipeline": generation_defaults(97, 544, 960, 30, 6.0, 256) | {"fps": 24},
     },
-    vae_factors=dict.fromkeys(("HunyuanVideoPipeline", "HunyuanVideoImageToVideoPipeline"), hunyuan_video_vae_factors),
+    vae_factors=dict.fromkeys(
+        ("HunyuanVideoPipeline", "HunyuanVideoImageToVideoPipeline", "HunyuanSkyreelsImageToVideoPipeline"),
+        hunyuan_video_vae_factors,
+    ),
     architectures=_ARCHITECTURES,
 )

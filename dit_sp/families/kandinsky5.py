@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
+from dit_sp.errors import ConfigError
 from dit_sp.families.family import ModelFamily, generation_defaults
 
 if TYPE_CHECKING:
@@ -51,6 +52,23 @@ def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
     return vae.get("temporal_compression_ratio", 4), vae.get("spatial_compression_ratio", 8)
 
 
+I2V_LATENT_FRAMES = 5
+"""Latent frames Kandinsky 5's image-to-video pipeline needs at least: it renormalises the first 4 against the ones
+after them (``normalize_first_frame``), and with none after them the statistics are NaN (so is the video)."""
+
+
+def _shape_check(config: Any, settings: dict[str, Any], name: Any, vae: tuple[int, int]) -> None:
+    if "in_visual_dim" not in config or not settings.get("image"):  # another family's model, or text-to-video
+        return
+    temporal, frames = vae[0], settings["frames"]
+    if (frames - 1) // temporal + 1 < I2V_LATENT_FRAMES:
+        smallest = (I2V_LATENT_FRAMES - 1) * temporal + 1
+        raise ConfigError(f"{name('frames')} {frames}: Kandinsky 5 image-to-video renormalises its first 4 latent "
+                          f"frames against the ones after them, so it needs {I2V_LATENT_FRAMES} or more (VAE "
+                          f"x{temporal}); "
+                          f"the smallest allowed is {name('frames')} {smallest}")  # fmt: skip
+
+
 _CONFIG = {"in_visual_dim": 16, "in_text_dim": 3584, "in_text_dim2": 768, "out_visual_dim": 16,
            "patch_size": [1, 2, 2], "visual_cond": True}  # fmt: skip
 _QWEN25_VL_7B, _CLIP_L, _VAE = 8.29e9, 123e6, 246e6  # the text encoders, HunyuanVideo's VAE
@@ -69,6 +87,9 @@ _ARCHITECTURES = {
                                           "num_visual_blocks": 32, "axes_dims": [16, 24, 24]}),
     "kandinsky5-t2v-pro": _architecture({"time_dim": 1024, "model_dim": 4096, "ff_dim": 16384, "num_text_blocks": 4,
                                          "num_visual_blocks": 60, "axes_dims": [32, 48, 48]}),
+    # Kandinsky 5.0 I2V Pro: the Pro transformer (visual_cond: the image's latents and mask in channels too)
+    "kandinsky5-i2v-pro": _architecture({"time_dim": 1024, "model_dim": 4096, "ff_dim": 16384, "num_text_blocks": 4,
+                                         "num_visual_blocks": 60, "axes_dims": [32, 48, 48]}),
 }  # fmt: skip
 """The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
 
@@ -83,7 +104,8 @@ KANDINSKY5 = ModelFamily(
     cfg_mode="sequential",
     channels_last=True,
     check=_check,
-    tiny_models=("tiny-kandinsky5",),
+    shape_check=_shape_check,
+    tiny_models=("tiny-kandinsky5", "tiny-kandinsky5-i2v"),
     checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(121, 512, 768, 50, 5.0, 512) | {"fps": 24}),
     vae_factors=dict.fromkeys(PIPELINES, _vae_factors),
     architectures=_ARCHITECTURES,

@@ -159,7 +159,7 @@ LTX2 = ModelFamily(
     ),
     pipelines=("LTX2Pipeline",),
     policy=LTX2Policy,
-    tiny_models=("tiny-ltx2",),
+    tiny_models=("tiny-ltx2", "tiny-ltx2-i2v", "tiny-ltx2-condition"),
     checkpoint_defaults=dict.fromkeys(_PIPELINES, generation_defaults(121, 512, 768, 30, 3.0, 1024) | {"fps": 24}),
     vae_factors=dict.fromkeys(_PIPELINES, _vae_factors),
     architectures=_ARCHITECTURES,

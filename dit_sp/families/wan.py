@@ -213,6 +213,10 @@ _ARCHITECTURES = {
     "wan2.2-ti2v-5b": wan_architecture({"transformer": {"num_attention_heads": 24, "ffn_dim": 14336, "num_layers": 30,
                                                      "in_channels": 48, "out_channels": 48}},
                                     vae=705e6, spatial=16),
+    # Lucy Edit Dev (decart-ai/Lucy-Edit-Dev): Wan 2.2 TI2V-5B with the input video's 48 latent channels in front too
+    "lucy-edit-dev": wan_architecture({"transformer": {"num_attention_heads": 24, "ffn_dim": 14336, "num_layers": 30,
+                                                    "in_channels": 96, "out_channels": 48}},
+                                   vae=705e6, spatial=16),
 }  # fmt: skip
 """The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
 
@@ -227,11 +231,24 @@ WAN = ModelFamily(
     vae=WAN_VAE,
     teacache_probe=_teacache_probe,
     shape_check=_shape_check,
-    tiny_models=("tiny-wan", "tiny-wan-i2v", "tiny-wan-flf2v", "tiny-wan2.2-a14b", "tiny-wan2.2-ti2v", "toy-wan"),
+    tiny_models=(
+        "tiny-wan",
+        "tiny-wan-i2v",
+        "tiny-wan-flf2v",
+        "tiny-wan2.2-a14b",
+        "tiny-wan2.2-ti2v",
+        "tiny-wan-v2v",
+        "tiny-lucy-edit",
+        "toy-wan",
+    ),
     checkpoint_defaults={
         "WanPipeline": generation_defaults(33, 480, 832, 50, 5.0, 512) | {"fps": 16},
         "WanImageToVideoPipeline": generation_defaults(81, 480, 832, 50, 5.0, 512) | {"fps": 16},
+        "WanVideoToVideoPipeline": generation_defaults(81, 480, 832, 50, 5.0, 512) | {"fps": 16},
+        "LucyEditPipeline": generation_defaults(81, 480, 832, 50, 5.0, 512) | {"fps": 24},  # its model card's
     },
-    vae_factors=dict.fromkeys(("WanPipeline", "WanImageToVideoPipeline"), wan_vae_factors),
+    vae_factors=dict.fromkeys(
+        ("WanPipeline", "WanImageToVideoPipeline", "WanVideoToVideoPipeline", "LucyEditPipeline"), wan_vae_factors
+    ),
     architectures=_ARCHITECTURES,
 )

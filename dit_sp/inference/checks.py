@@ -103,6 +103,10 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
     if name is None or not hasattr(diffusers, name):
         return  # the full load reports what the model is
     takes = inspect.signature(getattr(diffusers, name).__call__).parameters
+    check_control_video(config, name, takes)
+    if takes_conditions(takes):
+        check_condition_inputs(config, name)
+        return
     check_video_input(config, name, takes)
     check_motion_videos(config, name, takes)
     if "image" not in takes:
@@ -131,6 +135,39 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
             read_image(path, flag)
 
 
+def takes_conditions(takes: Any) -> bool:
+    """Whether a pipeline whose ``__call__`` parameters are ``takes`` gets its images and videos as a list of
+    ``conditions`` (LTX-2's condition pipeline, ``LTX2VideoCondition``), not as ``image`` / ``video``."""
+    return "conditions" in takes and "image" not in takes and "video" not in takes
+
+
+def check_condition_inputs(config: GenerateConfig, name: str) -> None:
+    """``--image`` / ``--video`` (the first frame) and ``--last-image`` (the last) of a pipeline that takes them as
+    conditions, and the files readable; none is text-to-video."""
+    if config.image and config.video:
+        raise ConfigError(f"--image with --video: both would condition the first frame of {config.model} ({name}); "
+                          "give one of them")  # fmt: skip
+    for flag, path in (("--image", config.image), ("--last-image", config.last_image)):
+        if path is not None:
+            read_image(path, flag)
+    if config.video:
+        read_video(config.video)
+
+
+def check_control_video(config: GenerateConfig, name: str, takes: Any) -> None:
+    """``--control-video`` against the pipeline's ``__call__`` parameters ``takes`` (``name``: its class), and the
+    file: a control pipeline needs one (it takes its length from it), the others take none."""
+    if "control_video" not in takes:
+        if config.control_video:
+            raise ConfigError(f"--control-video: {config.model} ({name}) takes no control video; use a control model "
+                              "(e.g. tiny-cogvideox-fun-control), or drop --control-video")  # fmt: skip
+        return
+    if not config.control_video:
+        raise ConfigError(f"{config.model} is a control model ({name}): give its control video with "
+                          "--control-video PATH")  # fmt: skip
+    read_video(config.control_video, "--control-video")
+
+
 def check_video_input(config: GenerateConfig, name: str, takes: Any) -> None:
     """``--video`` against the pipeline's ``__call__`` parameters ``takes`` (``name``: its class), and the file."""
     if "video" not in takes:
@@ -138,8 +175,9 @@ def check_video_input(config: GenerateConfig, name: str, takes: Any) -> None:
             raise ConfigError(f"--video: {config.model} ({name}) takes no input video; use a video-to-video model "
                               "(e.g. tiny-skyreels-v2-df-v2v), or drop --video")  # fmt: skip
         return
-    if not config.video and takes["video"].default is inspect.Parameter.empty:
-        raise ConfigError(f"{config.model} is a video-to-video model ({name}): give the video to continue with "
+    # without num_frames the pipeline takes its length from the video (Wan, CogVideoX V2V): it needs one too
+    if not config.video and (takes["video"].default is inspect.Parameter.empty or "num_frames" not in takes):
+        raise ConfigError(f"{config.model} is a video-to-video model ({name}): give the input video with "
                           "--video PATH")  # fmt: skip
     if config.video:
         read_video(config.video)

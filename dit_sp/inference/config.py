@@ -60,10 +60,16 @@ class GenerateConfig:
     """Image-to-video: the first frame (PNG, JPEG, ...), for an image-to-video model (Wan I2V / FLF2V, Wan 2.2
     I2V and TI2V, CogVideoX I2V); resized to ``height`` x ``width`` by the pipeline."""
     last_image: str | None = setting(None, "first-last-frame: the last frame too (Wan FLF2V; default: none)")
-    video: str | None = setting(None, "video-to-video: the video to continue (SkyReels-V2 DF V2V; default: none)")
+    video: str | None = setting(
+        None, "video-to-video: the input video (SkyReels-V2 DF, Wan, CogVideoX V2V; default: none)"
+    )
     """Video-to-video: the input video (an .mp4 or .gif file, or a directory of image frames), for a model whose
     pipeline takes one (SkyReels-V2 diffusion-forcing video-to-video: its last frames, up to 17, are the history the
-    ``frames`` new ones continue; the written video is the input followed by them)."""
+    ``frames`` new ones continue; the written video is the input followed by them. Wan and CogVideoX
+    video-to-video: the video is noised and denoised again, SDEdit-like; its length sets the frames)."""
+    control_video: str | None = setting(None, "a control video (CogVideoX-Fun Control; default: none)")
+    """A control video (an .mp4 or .gif file, or a directory of image frames) for a model whose pipeline takes one
+    (CogVideoX-Fun Control: its latents join the noise in channels; its length sets the frames)."""
     pose_video: str | None = setting(None, "Wan Animate: the pose video whose motion is copied (default: none)")
     """Wan Animate: the skeleton pose video (an .mp4 or .gif file, or a directory of image frames) that the reference
     image (``image``) is animated to follow; the video written has its frame count, made in segments of ``frames``

@@ -16,7 +16,14 @@ import torch
 
 from dit_sp.cache import StepCache, enable_cache
 from dit_sp.families import check_shape
-from dit_sp.inference.checks import MOTION_VIDEOS, VIDEO_HISTORY, guidance_arguments, read_image, read_video
+from dit_sp.inference.checks import (
+    MOTION_VIDEOS,
+    VIDEO_HISTORY,
+    guidance_arguments,
+    read_image,
+    read_video,
+    takes_conditions,
+)
 from dit_sp.inference.config import GenerateConfig
 from dit_sp.io.console import plain_tracebacks, quiet_followers
 from dit_sp.parallel import ParallelState, check_ranks_agree, init_layout
@@ -105,9 +112,9 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
 
     images = {key: read_image(path, "--" + key.replace("_", "-"))
               for key, path in (("image", config.image), ("last_image", config.last_image)) if path}  # fmt: skip
+    stock = next(c for c in type(pipe).__mro__ if c.__module__.startswith("diffusers."))  # not parallelize's
     if config.video:  # video extension (SkyReels-V2 DF V2V): the video's last frames are the history
         images["video"] = read_video(config.video)
-        stock = next(c for c in type(pipe).__mro__ if c.__module__.startswith("diffusers."))  # not parallelize's
         if "overlap_history" in inspect.signature(stock.__call__).parameters:
             images["overlap_history"] = min(len(images["video"]), VIDEO_HISTORY)
     for key in MOTION_VIDEOS:  # Wan Animate: the input videos; the output is made in segments of `frames`
@@ -116,6 +123,10 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
             images["segment_frame_length"] = config.frames
     if config.background_video:  # and mask_video (checked): the character replaces the video's person
         images["mode"] = "replace"
+    if config.control_video:  # CogVideoX-Fun Control: its latents join the noise in channels
+        images["control_video"] = read_video(config.control_video, "--control-video")
+    if takes_conditions(inspect.signature(stock.__call__).parameters):
+        images = _as_conditions(stock, images)
     arguments = dict(
         **images,
         prompt=config.prompt,
@@ -134,14 +145,32 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
         callback_on_step_end=on_step_end,
         **guidance,
     )
+    if "pyramid_num_inference_steps_list" in inspect.signature(stock.__call__).parameters:  # Helios pyramid
+        arguments["pyramid_num_inference_steps_list"] = [config.steps] * pipe.scheduler.config.stages  # per stage
     arguments = _taken(pipe, arguments)
     start = time.perf_counter()
     with _steps_recorded(pipe, on_step_end, "callback_on_step_end" not in arguments):
         result = pipe(**arguments)
     steps = [b - a for a, b in zip([start, *step_times[:-1]], step_times)]
-    return {"frames": result.frames[0], "latents": final["latents"], "seconds": time.perf_counter() - start,
+    # a text-to-image pipeline (Cosmos-Predict2 Text2Image) returns images: its image is a one-frame video
+    frames = result.frames[0] if hasattr(result, "frames") else result.images[0][None]
+    return {"frames": frames, "latents": final["latents"], "seconds": time.perf_counter() - start,
             "seconds_per_step": sum(steps) / max(len(steps), 1), "first_step_seconds": steps[0] if steps else 0.0,
             "later_seconds_per_step": sum(steps[1:]) / max(len(steps) - 1, 1)}  # fmt: skip
+
+
+def _as_conditions(stock: type, images: dict[str, Any]) -> dict[str, Any]:
+    """The inputs of a pipeline that takes them as ``conditions`` (LTX-2's ``LTX2VideoCondition``, from the
+    pipeline's module): the image or video at the first latent frame, the last image at the last (index -1)."""
+    import importlib
+
+    module = importlib.import_module(stock.__module__)
+    condition = next(getattr(module, n) for n in dir(module) if n.endswith("VideoCondition"))
+    first = images.get("video", images.get("image"))
+    conditions = [condition(frames=first, index=0)] if first is not None else []
+    if "last_image" in images:
+        conditions.append(condition(frames=images["last_image"], index=-1))
+    return {"conditions": conditions}
 
 
 @contextlib.contextmanager

@@ -52,3 +52,14 @@ def test_cosmos_predict2_5_with_an_image_and_no_torchvision_is_one_line(tmp_path
     Image.new("RGB", (32, 32)).save(tmp_path / "a.png")
     with pytest.raises(ConfigError, match=r"^--image: Cosmos2_5_PredictBasePipeline reads the image with torchvision"):
         check_before_loading(_config(tmp_path, model="tiny-cosmos2.5", image=str(tmp_path / "a.png")))
+
+
+@pytest.mark.parametrize(("model", "name"), [("tiny-wan-v2v", "WanVideoToVideoPipeline"),
+                                             ("tiny-cogvideox-v2v", "CogVideoXVideoToVideoPipeline")])  # fmt: skip
+def test_a_video_to_video_model_that_takes_its_length_from_the_video_needs_one(tmp_path, model, name):
+    """Their pipelines' ``video`` defaults to None, but without it they have no frames to start from."""
+    with pytest.raises(ConfigError, match=rf"^{model} is a video-to-video model \({name}\): .*--video PATH$"):
+        check_before_loading(_config(tmp_path, model=model))
+    (tmp_path / "clip").mkdir()
+    Image.new("RGB", (32, 48)).save(tmp_path / "clip" / "0.png")
+    check_before_loading(_config(tmp_path, model=model, video=str(tmp_path / "clip"), height=48, width=32))
