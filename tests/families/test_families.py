@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from model_checks import check_transformer, model_inputs
+from split_errors import assert_matches_one_process
 
 from dit_sp import ParallelConfig, init_parallel, parallelize, spawn, unparallelize
 from dit_sp.families import family_of, supported_classes
@@ -28,12 +29,7 @@ def family_results(request):
 @pytest.mark.parametrize("layout", WORLD2 + WORLD4, ids=lambda layout: "dp{}-r{}-u{}".format(*layout))
 def test_transformer_matches_single_process(family_results, layout):
     family, results = family_results
-    errors = results["dp{}-r{}-u{}".format(*layout)]
-    assert errors["ref_scale"] > 0.1  # the check compares real outputs
-    for key in ("out", "input_grads", "param_grads"):
-        where = f" (worst: {errors[key + '_worst']})" if key + "_worst" in errors else ""
-        assert errors[key] <= TOL, f"{family} {layout}: {key} error {errors[key]:.2e} above {TOL:.0e}{where}"
-    assert errors["restored_bit_identical"] == 1.0, "unparallelize must restore the exact original behaviour"
+    assert_matches_one_process(results["dp{}-r{}-u{}".format(*layout)], TOL, f"{family} {layout}")
 
 
 def test_unparallelize_restores_processors_and_hooks():
