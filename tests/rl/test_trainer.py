@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 from cli_run import run_python
-from grpo_checks import evaluation, moved_window_gradients, step_gradients, tiny_config
+from grpo_checks import each_moved_window_gradients, evaluation, moved_window_gradients, step_gradients, tiny_config
 from train_runs import assert_grads_equal, train_cmd
 
 from dit_sp import spawn
@@ -56,9 +56,8 @@ def test_branched_rollouts_are_on_policy_and_give_the_plain_gradients_on_every_l
     """Groups of 4 share the ODE step before the SDE window [1, 3) and the velocity at step 1: exactly on-policy,
     the unbranched step's gradients, and the one-process gradients on 1x2, 2x1 and dp 2."""
     settings = {"grpo.sde_window": [1, 3], "steps": 4, "group_size": 4, "prompts_per_step": 1}
-    plain = spawn(moved_window_gradients, 1, args=(tiny_config(**settings), 0), timeout=300)[0]
-    branched = spawn(moved_window_gradients, 1, args=(tiny_config(**settings, **{"grpo.branch": True}), 0),
-                     timeout=300)[0]  # fmt: skip
+    configs = [tiny_config(**settings), tiny_config(**settings, **{"grpo.branch": True})]
+    plain, branched = spawn(each_moved_window_gradients, 1, args=(configs, 0), timeout=300)[0]
     assert branched["ratio"] == (1.0, 1.0) and branched["window"] == (1, 3)
     # 4 samples x 2 guidance branches: rollout 4 steps, training steps 1 and 2; branched, steps 0 and 1 once
     assert plain["forwards"] == 8 * 4 + 8 * 2 and branched["forwards"] == 2 + 2 + 8 * 2 + 2 + 8
@@ -78,7 +77,8 @@ def test_coarse_ode_tail_is_on_policy_cheaper_and_the_same_on_every_layout():
     branched, the branch step and its KL reference run once per group."""
     settings = {"grpo.sde_window": [0, 2], "steps": 5, "group_size": 4, "prompts_per_step": 1,
                 "grpo.tail_steps": 1, "grpo.kl_coef": 0.1}  # fmt: skip
-    single = spawn(moved_window_gradients, 1, args=(tiny_config(**settings), 0), timeout=300)[0]
+    configs = [tiny_config(**settings), tiny_config(**settings, **{"grpo.branch": True})]
+    single, branched = spawn(each_moved_window_gradients, 1, args=(configs, 0), timeout=300)[0]
     assert single["ratio"] == (1.0, 1.0) and single["trained"] == 2
     assert single["log_probs"].shape[0] == 3  # 2 window steps + 1 tail step
     # 4 samples x 2 guidance branches: rollout 3 steps; training 2 steps, each with its reference
@@ -87,8 +87,6 @@ def test_coarse_ode_tail_is_on_policy_cheaper_and_the_same_on_every_layout():
         for result in spawn(moved_window_gradients, 2, args=(tiny_config(**settings, **layout), 0), timeout=300):
             assert result["ratio"] == (1.0, 1.0)
             assert_grads_equal(result["grads"], single["grads"], f"{layout} rank")
-    branched = spawn(moved_window_gradients, 1, args=(tiny_config(**settings, **{"grpo.branch": True}), 0),
-                     timeout=300)[0]  # fmt: skip
     assert branched["ratio"] == (1.0, 1.0)
     assert branched["forwards"] == (2 + 8 + 8) + (2 + 2) + (8 + 8)  # rollout; step 0 once per group; step 1
     assert_grads_equal(branched["grads"], single["grads"], "branched vs plain")
