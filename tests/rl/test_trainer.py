@@ -92,12 +92,21 @@ def test_coarse_ode_tail_is_on_policy_cheaper_and_the_same_on_every_layout():
     assert_grads_equal(branched["grads"], single["grads"], "branched vs plain")
 
 
+THREE_SAMPLES = {"group_size": 3, "prompts_per_step": 1}
+
+
+@pytest.fixture(scope="module")
+def three_samples():
+    """The one-process step of a batch of 3 samples (one prompt's group of 3)."""
+    return spawn(step_gradients, 1, args=(tiny_config(**THREE_SAMPLES),), timeout=300)[0]
+
+
 @pytest.mark.parametrize("layout", [{"ulysses": 2}, {"ring": 2}], ids=["1x2", "2x1"])
-@pytest.mark.parametrize("batch", [{}, {"group_size": 3, "prompts_per_step": 1}], ids=["4 samples", "3 samples"])
-def test_decode_split_by_samples_equals_one_process(layout, batch):
+@pytest.mark.parametrize("batch", [{}, THREE_SAMPLES], ids=["4 samples", "3 samples"])
+def test_decode_split_by_samples_equals_one_process(single, three_samples, layout, batch):
     """vae_split: samples: every SP rank decodes whole videos, its share of the batch (4 samples as 2 + 2; 3
     as 2 + 2, the second rank's last a repeat that is dropped); rewards and gradients are one process's."""
-    reference = spawn(step_gradients, 1, args=(tiny_config(**batch),), timeout=300)[0]
+    reference = three_samples if batch else single
     for result in spawn(step_gradients, 2, args=(tiny_config(vae_split="samples", **layout, **batch),), timeout=300):
         torch.testing.assert_close(result["rewards"], reference["rewards"], atol=1e-6, rtol=0)
         assert_grads_equal(result["grads"], reference["grads"], f"rank {result['rank']}")
@@ -108,11 +117,11 @@ def test_decode_split_by_samples_equals_one_process(layout, batch):
     [{"vae_batch": 1}, {"micro_batch": 3, "grpo.overlap_rewards": True}, {"vae_batch": 2, "vae_split": "rows"}],
     ids=["chunks of 1", "overlapped in micro-batches of 3", "rows split in chunks of 2"],
 )
-def test_decode_in_chunks_and_overlapped_shares_equal_one_process(settings):
+def test_decode_in_chunks_and_overlapped_shares_equal_one_process(single, settings):
     """vae_batch decodes a few videos per VAE call, whatever the micro-batch; with overlap_rewards each
     micro-batch (3 + 1 samples) is decoded and its shares scored by their SP ranks while the next samples.
     The rewards and gradients are still one process's on 1x2."""
-    reference = spawn(step_gradients, 1, args=(tiny_config(),), timeout=300)[0]
+    reference = single
     config = tiny_config(ulysses=2, **({"vae_split": "samples"} | settings))
     for result in spawn(step_gradients, 2, args=(config,), timeout=300):
         torch.testing.assert_close(result["rewards"], reference["rewards"], atol=1e-6, rtol=0)
@@ -170,19 +179,26 @@ def test_data_parallel_fsdp_step_equals_single_process(single):
         assert_grads_equal(result["grads"], single["grads"], f"rank {result['rank']}")
 
 
+@pytest.fixture(scope="module")
+def one_process_evaluation(tmp_path_factory):
+    """The held-out evaluation in one process: (its report, the video it wrote)."""
+    video = tmp_path_factory.mktemp("evaluation") / "one.mp4"
+    return spawn(evaluation, 1, args=(tiny_config(), str(video)), timeout=300)[0], video
+
+
 @pytest.mark.parametrize("split", ["rows", "samples", None], ids=["rows split", "samples split", "one process decodes"])
-def test_evaluation_on_ulysses_2_equals_one_process(tmp_path, split):
+def test_evaluation_on_ulysses_2_equals_one_process(one_process_evaluation, tmp_path, split):
     """Held-out evaluation decodes its ODE samples split over the SP ranks (or on rank 0 alone): the reward and
     the written video are those of one process."""
     import imageio.v3 as iio
 
-    one = spawn(evaluation, 1, args=(tiny_config(), str(tmp_path / "one.mp4")), timeout=300)[0]
+    one, one_video = one_process_evaluation
     cfg = tiny_config(ulysses=2, parallel_vae=split is not None, vae_split=split or "rows")
     two = spawn(evaluation, 2, args=(cfg, str(tmp_path / "two.mp4")), timeout=300)
     assert 0 < one["reward"] < 1
     for result in two:
         assert abs(result["reward"] - one["reward"]) < 1e-5, (result, one)
-    assert abs(iio.imread(tmp_path / "two.mp4").astype(int) - iio.imread(tmp_path / "one.mp4").astype(int)).max() <= 2
+    assert abs(iio.imread(tmp_path / "two.mp4").astype(int) - iio.imread(one_video).astype(int)).max() <= 2
 
 
 def test_wandb_offline_run_gets_the_metrics_and_the_eval_videos(tmp_path):
