@@ -131,12 +131,20 @@ def test_ranks_whose_local_metrics_disagree_still_take_the_same_branch():
     assert disagreements > 0, "no step where the ranks' own metrics fell on different sides of the threshold"
 
 
+COMPILED_SPECS = [None, "teacache:0.3"]
+
+
+@pytest.fixture(scope="module")
+def eager():
+    """The one-process eager runs the compiled layouts are compared to (the same for every layout)."""
+    return spawn(cached_runs, 1, args=("tiny-wan", COMPILED_SPECS, {"steps": 4}), timeout=300)[0]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["1x2", "2x1"])
-def test_compiled_blocks_equal_eager_without_graph_breaks_and_with_the_cache(layout):
+def test_compiled_blocks_equal_eager_without_graph_breaks_and_with_the_cache(eager, layout):
     keywords = dict(LAYOUTS[layout][1], steps=4)
-    specs = [None, "teacache:0.3"]
-    eager = spawn(cached_runs, 1, args=("tiny-wan", specs, {"steps": 4}), timeout=300)[0]
+    specs = COMPILED_SPECS
     reports = spawn(cached_runs, 2, args=("tiny-wan", specs, dict(keywords, compile=True)), timeout=600)
     for report in reports:
         *runs, compiled = report

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -201,20 +202,22 @@ def test_a_nan_loss_on_one_rank_skips_the_update_on_every_rank():
 
 
 def test_a_damaged_latest_checkpoint_and_a_torn_metrics_line_are_survived(tmp_path):
-    full, damaged = tmp_path / "full", tmp_path / "damaged"
-    run_python(train_cmd(full, "--max-steps", "5", "--checkpoint-every", "2"), check=True, timeout=600)
-    run_python(train_cmd(damaged, "--max-steps", "4", "--checkpoint-every", "2"), check=True, timeout=600)
-    latest = damaged / "checkpoints" / "step_00000004"
+    damaged = tmp_path / "damaged"
+    run_python(train_cmd(damaged, "--max-steps", "3", "--checkpoint-every", "1"), check=True, timeout=600)
+    expected = rows(damaged)  # what the uninterrupted run logged: the resumed step must log the same
+    assert [p.name for p in sorted((damaged / "checkpoints").iterdir())] == ["step_00000002", "step_00000003"]
+    latest = damaged / "checkpoints" / "step_00000003"
     shard = next(latest.glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 3])  # truncated, as by a full disk
-    with (damaged / "metrics.jsonl").open("a") as f:
-        f.write('{"step": 4, "loss": 0.1')  # torn by a crash while writing
-    (damaged / "checkpoints" / "step_00000005.tmp").mkdir()  # a crash during a later save
-    result = run_python(train_cmd(damaged, "--max-steps", "5", "--checkpoint-every", "2", "--resume"), timeout=600)
+    logged = (damaged / "metrics.jsonl").read_text().splitlines(keepends=True)
+    # step 2's line torn by a crash while writing it: the line the resumed run logs must be its own
+    (damaged / "metrics.jsonl").write_text("".join(logged[:2]) + '{"step": 2, "loss": 0.1')
+    (damaged / "checkpoints" / "step_00000004.tmp").mkdir()  # a crash during a later save
+    result = run_python(train_cmd(damaged, "--max-steps", "3", "--checkpoint-every", "1", "--resume"), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "step_00000004 cannot be loaded" in result.stderr  # the warning says which one was skipped
-    resumed, expected = rows(damaged), rows(full)
-    assert [r["step"] for r in resumed] == list(range(5))
+    assert "step_00000003 cannot be loaded" in result.stderr  # the warning says which one was skipped
+    resumed = rows(damaged)
+    assert [r["step"] for r in resumed] == list(range(3))
     for a, b in zip(resumed, expected):
         assert a["loss"] == b["loss"] and a["reward_mean"] == b["reward_mean"], (a, b)
     assert not list((damaged / "checkpoints").glob("*.tmp"))
@@ -233,14 +236,17 @@ def test_ranks_that_disagree_are_refused(tmp_path):
 def test_resume_on_another_layout_continues_the_same_run(tmp_path):
     """Checkpointed on dp 2, resumed on Ulysses 2 (DCP reshards): the resumed steps log what an uninterrupted
     dp-2 run logs."""
-    full, moved = tmp_path / "full", tmp_path / "moved"
-    run_python(train_cmd(full, "--dp", "2", "--max-steps", "4"), check=True, timeout=600)
-    run_python(train_cmd(moved, "--dp", "2", "--max-steps", "2"), check=True, timeout=600)
-    result = run_python(train_cmd(moved, "--ulysses", "2", "--max-steps", "4", "--resume"), timeout=600)
+    moved = tmp_path / "moved"
+    run_python(train_cmd(moved, "--dp", "2", "--max-steps", "2", "--checkpoint-every", "1"), check=True, timeout=600)
+    expected = rows(moved)  # the uninterrupted dp-2 run's steps 0 and 1
+    # as if stopped during its second step: no step 2 checkpoint, no line for it; resumed from step 1
+    shutil.rmtree(moved / "checkpoints" / "step_00000002")
+    (moved / "metrics.jsonl").write_text((moved / "metrics.jsonl").read_text().splitlines(keepends=True)[0])
+    result = run_python(train_cmd(moved, "--ulysses", "2", "--max-steps", "2", "--resume"), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    resumed, expected = rows(moved), rows(full)
-    assert [r["step"] for r in resumed] == [0, 1, 2, 3]
-    for a, b in zip(resumed[2:], expected[2:]):
+    resumed = rows(moved)
+    assert [r["step"] for r in resumed] == [0, 1]
+    for a, b in zip(resumed[1:], expected[1:]):
         for key in ("loss", "reward_mean", "grad_norm", "ratio_mean"):
             assert abs(a[key] - b[key]) <= 1e-5 * max(1.0, abs(b[key])), (key, a, b)
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 from cli_run import run_python
-from grpo_checks import evaluation, moved_window_gradients, step_gradients, tiny_config
+from grpo_checks import each_moved_window_gradients, evaluation, moved_window_gradients, step_gradients, tiny_config
 from train_runs import assert_grads_equal, train_cmd
 
 from dit_sp import spawn
@@ -56,9 +56,8 @@ def test_branched_rollouts_are_on_policy_and_give_the_plain_gradients_on_every_l
     """Groups of 4 share the ODE step before the SDE window [1, 3) and the velocity at step 1: exactly on-policy,
     the unbranched step's gradients, and the one-process gradients on 1x2, 2x1 and dp 2."""
     settings = {"grpo.sde_window": [1, 3], "steps": 4, "group_size": 4, "prompts_per_step": 1}
-    plain = spawn(moved_window_gradients, 1, args=(tiny_config(**settings), 0), timeout=300)[0]
-    branched = spawn(moved_window_gradients, 1, args=(tiny_config(**settings, **{"grpo.branch": True}), 0),
-                     timeout=300)[0]  # fmt: skip
+    configs = [tiny_config(**settings), tiny_config(**settings, **{"grpo.branch": True})]
+    plain, branched = spawn(each_moved_window_gradients, 1, args=(configs, 0), timeout=300)[0]
     assert branched["ratio"] == (1.0, 1.0) and branched["window"] == (1, 3)
     # 4 samples x 2 guidance branches: rollout 4 steps, training steps 1 and 2; branched, steps 0 and 1 once
     assert plain["forwards"] == 8 * 4 + 8 * 2 and branched["forwards"] == 2 + 2 + 8 * 2 + 2 + 8
@@ -78,7 +77,8 @@ def test_coarse_ode_tail_is_on_policy_cheaper_and_the_same_on_every_layout():
     branched, the branch step and its KL reference run once per group."""
     settings = {"grpo.sde_window": [0, 2], "steps": 5, "group_size": 4, "prompts_per_step": 1,
                 "grpo.tail_steps": 1, "grpo.kl_coef": 0.1}  # fmt: skip
-    single = spawn(moved_window_gradients, 1, args=(tiny_config(**settings), 0), timeout=300)[0]
+    configs = [tiny_config(**settings), tiny_config(**settings, **{"grpo.branch": True})]
+    single, branched = spawn(each_moved_window_gradients, 1, args=(configs, 0), timeout=300)[0]
     assert single["ratio"] == (1.0, 1.0) and single["trained"] == 2
     assert single["log_probs"].shape[0] == 3  # 2 window steps + 1 tail step
     # 4 samples x 2 guidance branches: rollout 3 steps; training 2 steps, each with its reference
@@ -87,19 +87,26 @@ def test_coarse_ode_tail_is_on_policy_cheaper_and_the_same_on_every_layout():
         for result in spawn(moved_window_gradients, 2, args=(tiny_config(**settings, **layout), 0), timeout=300):
             assert result["ratio"] == (1.0, 1.0)
             assert_grads_equal(result["grads"], single["grads"], f"{layout} rank")
-    branched = spawn(moved_window_gradients, 1, args=(tiny_config(**settings, **{"grpo.branch": True}), 0),
-                     timeout=300)[0]  # fmt: skip
     assert branched["ratio"] == (1.0, 1.0)
     assert branched["forwards"] == (2 + 8 + 8) + (2 + 2) + (8 + 8)  # rollout; step 0 once per group; step 1
     assert_grads_equal(branched["grads"], single["grads"], "branched vs plain")
 
 
+THREE_SAMPLES = {"group_size": 3, "prompts_per_step": 1}
+
+
+@pytest.fixture(scope="module")
+def three_samples():
+    """The one-process step of a batch of 3 samples (one prompt's group of 3)."""
+    return spawn(step_gradients, 1, args=(tiny_config(**THREE_SAMPLES),), timeout=300)[0]
+
+
 @pytest.mark.parametrize("layout", [{"ulysses": 2}, {"ring": 2}], ids=["1x2", "2x1"])
-@pytest.mark.parametrize("batch", [{}, {"group_size": 3, "prompts_per_step": 1}], ids=["4 samples", "3 samples"])
-def test_decode_split_by_samples_equals_one_process(layout, batch):
+@pytest.mark.parametrize("batch", [{}, THREE_SAMPLES], ids=["4 samples", "3 samples"])
+def test_decode_split_by_samples_equals_one_process(single, three_samples, layout, batch):
     """vae_split: samples: every SP rank decodes whole videos, its share of the batch (4 samples as 2 + 2; 3
     as 2 + 2, the second rank's last a repeat that is dropped); rewards and gradients are one process's."""
-    reference = spawn(step_gradients, 1, args=(tiny_config(**batch),), timeout=300)[0]
+    reference = three_samples if batch else single
     for result in spawn(step_gradients, 2, args=(tiny_config(vae_split="samples", **layout, **batch),), timeout=300):
         torch.testing.assert_close(result["rewards"], reference["rewards"], atol=1e-6, rtol=0)
         assert_grads_equal(result["grads"], reference["grads"], f"rank {result['rank']}")
@@ -110,11 +117,11 @@ def test_decode_split_by_samples_equals_one_process(layout, batch):
     [{"vae_batch": 1}, {"micro_batch": 3, "grpo.overlap_rewards": True}, {"vae_batch": 2, "vae_split": "rows"}],
     ids=["chunks of 1", "overlapped in micro-batches of 3", "rows split in chunks of 2"],
 )
-def test_decode_in_chunks_and_overlapped_shares_equal_one_process(settings):
+def test_decode_in_chunks_and_overlapped_shares_equal_one_process(single, settings):
     """vae_batch decodes a few videos per VAE call, whatever the micro-batch; with overlap_rewards each
     micro-batch (3 + 1 samples) is decoded and its shares scored by their SP ranks while the next samples.
     The rewards and gradients are still one process's on 1x2."""
-    reference = spawn(step_gradients, 1, args=(tiny_config(),), timeout=300)[0]
+    reference = single
     config = tiny_config(ulysses=2, **({"vae_split": "samples"} | settings))
     for result in spawn(step_gradients, 2, args=(config,), timeout=300):
         torch.testing.assert_close(result["rewards"], reference["rewards"], atol=1e-6, rtol=0)
@@ -172,19 +179,26 @@ def test_data_parallel_fsdp_step_equals_single_process(single):
         assert_grads_equal(result["grads"], single["grads"], f"rank {result['rank']}")
 
 
+@pytest.fixture(scope="module")
+def one_process_evaluation(tmp_path_factory):
+    """The held-out evaluation in one process: (its report, the video it wrote)."""
+    video = tmp_path_factory.mktemp("evaluation") / "one.mp4"
+    return spawn(evaluation, 1, args=(tiny_config(), str(video)), timeout=300)[0], video
+
+
 @pytest.mark.parametrize("split", ["rows", "samples", None], ids=["rows split", "samples split", "one process decodes"])
-def test_evaluation_on_ulysses_2_equals_one_process(tmp_path, split):
+def test_evaluation_on_ulysses_2_equals_one_process(one_process_evaluation, tmp_path, split):
     """Held-out evaluation decodes its ODE samples split over the SP ranks (or on rank 0 alone): the reward and
     the written video are those of one process."""
     import imageio.v3 as iio
 
-    one = spawn(evaluation, 1, args=(tiny_config(), str(tmp_path / "one.mp4")), timeout=300)[0]
+    one, one_video = one_process_evaluation
     cfg = tiny_config(ulysses=2, parallel_vae=split is not None, vae_split=split or "rows")
     two = spawn(evaluation, 2, args=(cfg, str(tmp_path / "two.mp4")), timeout=300)
     assert 0 < one["reward"] < 1
     for result in two:
         assert abs(result["reward"] - one["reward"]) < 1e-5, (result, one)
-    assert abs(iio.imread(tmp_path / "two.mp4").astype(int) - iio.imread(tmp_path / "one.mp4").astype(int)).max() <= 2
+    assert abs(iio.imread(tmp_path / "two.mp4").astype(int) - iio.imread(one_video).astype(int)).max() <= 2
 
 
 def test_wandb_offline_run_gets_the_metrics_and_the_eval_videos(tmp_path):

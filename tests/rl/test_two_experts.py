@@ -4,6 +4,7 @@ GRPO trains both (or the configured one) on every layout alike, and the export l
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 
 import numpy as np
@@ -109,12 +110,16 @@ def test_a_two_expert_run_resumes_exactly(tmp_path):
         assert result.returncode == 0, result.stderr[-3000:]
         return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
-    full = train(tmp_path / "full", "--max-steps", "3")
-    train(tmp_path / "cut", "--max-steps", "1")
-    resumed = train(tmp_path / "cut", "--max-steps", "3", "--resume")
-    assert [r["step"] for r in resumed] == [0, 1, 2]
+    cut = tmp_path / "cut"
+    full = train(cut, "--max-steps", "2", "--checkpoint-every", "1")  # uninterrupted: the steps to compare to
+    # stopped after step 1: no later checkpoint, metrics line or export
+    shutil.rmtree(cut / "checkpoints" / "step_00000002")
+    shutil.rmtree(cut / "final")
+    (cut / "metrics.jsonl").write_text((cut / "metrics.jsonl").read_text().splitlines(keepends=True)[0])
+    resumed = train(cut, "--max-steps", "2", "--resume")
+    assert [r["step"] for r in resumed] == [0, 1]
     for a, b in zip(resumed[1:], full[1:]):
         for key in ("loss", "reward_mean", "grad_norm"):
             assert abs(a[key] - b[key]) <= 1e-5 * max(1.0, abs(b[key])), (key, a, b)
-    assert full[1]["grad_norm"] > 0 and full[1]["reward_mean"] != full[2]["reward_mean"]
-    assert (tmp_path / "cut" / "final" / "transformer_2" / "config.json").is_file()
+    assert full[1]["grad_norm"] > 0 and full[0]["reward_mean"] != full[1]["reward_mean"]
+    assert (cut / "final" / "transformer_2" / "config.json").is_file()

@@ -123,6 +123,11 @@ def each_step_gradients(configs: list[TrainConfig]) -> list[dict]:
     return [step_gradients(cfg) for cfg in configs]
 
 
+def each_moved_window_gradients(configs: list[TrainConfig], step: int) -> list[dict]:
+    """``moved_window_gradients`` of several runs in turn, on one world (one spawn instead of several)."""
+    return [moved_window_gradients(cfg, step) for cfg in configs]
+
+
 def remote_reward_run(url: str, out: str) -> dict:
     """The rewards of one rollout scored locally and through the reward server at ``url`` (overlapped,
     micro-batches of one); then a step and a second one with the server unreachable."""

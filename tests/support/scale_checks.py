@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -52,6 +53,12 @@ def setup_and_step(config: TrainConfig, lean: bool = True) -> dict:
             "text_encoder": pipe.text_encoder is not None, "vae": pipe.vae is not None,
             "embeddings": sorted(p.name for p in trainer.embeddings.directory.glob("*.pt")),
             "peak_mb": peak_rss_mb()}  # fmt: skip
+
+
+def lean_and_whole_setup_and_step(config: TrainConfig) -> tuple[dict, dict]:
+    """``setup_and_step`` lean, then whole (into the same output directory, overwritten), on one world: one
+    spawn instead of two."""
+    return setup_and_step(config), setup_and_step(dataclasses.replace(config, overwrite=True), False)
 
 
 def sharded_transformer(directory: str, checkpoint: bool) -> dict:

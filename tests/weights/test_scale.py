@@ -10,7 +10,7 @@ import pytest
 import torch
 from cli_run import run_python
 from grpo_checks import tiny_config
-from scale_checks import filled_shards, setup_and_step, sharded_transformer
+from scale_checks import filled_shards, lean_and_whole_setup_and_step, setup_and_step, sharded_transformer
 
 from dit_sp import spawn
 from dit_sp.errors import MissingFileError
@@ -163,8 +163,7 @@ def test_lean_setup_equals_the_whole_pipeline_setup(checkpoint, settings):
     not decode (with the parallel VAE all do; toy-wan's VAE compresses unlike diffusers' defaults): the same
     step, exactly."""
     config = tiny_config(**{"model": str(checkpoint)} | settings)
-    lean = spawn(setup_and_step, 2, args=(config,), timeout=600)
-    whole = spawn(setup_and_step, 2, args=(dataclasses.replace(config, overwrite=True), False), timeout=600)
+    lean, whole = zip(*spawn(lean_and_whole_setup_and_step, 2, args=(config,), timeout=600))
     prompts = len(set(config.prompts and open_prompts(config.prompts)))
     for a, b in zip(lean, whole):
         assert torch.equal(a["rewards"], b["rewards"])
