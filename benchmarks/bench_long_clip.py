@@ -93,6 +93,7 @@ def main() -> None:
             results = spawn(worker, world, args=(config, args.warmup, args.iters), threads=1, timeout=7200)
             rows.append({"processes": world, "layout": args.layout if world > 1 else "-",
                          **{key: max(r[key] for r in results) for key in ("peak", "first", "growth")},
+                         "growth_by_rank": [r["growth"] for r in results],
                          "before": results[0]["before"], "after": results[0]["after"],
                          "rewards": results[0]["rewards"]})  # fmt: skip
     base = rows[0] if rows[0]["processes"] == 1 else None
@@ -108,6 +109,9 @@ def main() -> None:
         trend = " ".join(f"{r:.4f}" for r in row["rewards"])
         print(f"{label:>12} {cells[0]:>14} {cells[1]:>16} {cells[2]:>18}  {trend:<30} {row['before']:>11.4f}"
               f" {row['after']:>10.4f}")  # fmt: skip
+    print("iteration growth by rank (rank 0 also gathers and scores one decode chunk's frames):")
+    for row in rows:
+        print(f"{row['processes']:>12}  " + "  ".join(f"{g:.0f}" for g in row["growth_by_rank"]))
     if args.json:
         Path(args.json).write_text(json.dumps({"tokens": tokens, "rows": rows}, indent=1))
 
