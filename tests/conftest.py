@@ -18,6 +18,8 @@ LONGEST_FIRST = (
     "tests/test_howto.py",
     "tests/cache/test_cache.py",
     "tests/memory/test_planner.py",
+    "tests/pipelines/test_generate_edit_variants.py",
+    "tests/pipelines/test_generate_animate_latte.py",
     "tests/pipelines/test_generate_wan_hunyuan_variants.py",
     "tests/pipelines/test_generate_families.py",
 )
