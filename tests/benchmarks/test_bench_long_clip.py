@@ -20,7 +20,8 @@ PAGE = REPO / "docs" / "sde-recipes.md"
 def test_long_clip_benchmark_runs_and_its_layouts_agree(tmp_path):
     out = tmp_path / "rows.json"
     argv = [sys.executable, str(REPO / "benchmarks" / "bench_long_clip.py"), "--frames", "5", "--height", "32",
-            "--width", "32", "--warmup", "1", "--iters", "1", "--steps", "2", "--worlds", "1", "2", "--json", str(out)]  # fmt: skip
+            "--width", "32", "--warmup", "1", "--iters", "1", "--steps", "2", "--worlds", "1", "2",
+            "--json", str(out)]  # fmt: skip
     result = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=REPO / "benchmarks")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
