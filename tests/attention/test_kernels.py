@@ -78,9 +78,10 @@ def _autograd_functions(module) -> set[str]:
 def test_every_autograd_function_has_a_backward_test():
     """Each Function's backward runs in a test (the wrong-gradient-count crash cannot come back):
     AllToAll, AllGather, ScatterHeads and GatherHeads in test_comm (Ulysses' pair also in test_usp_parity),
-    RingAttention in test_usp_parity and gradcheck here.
+    RingAttention in test_usp_parity and gradcheck here, AllReduce and Halo (Sana-Video's token sums and frame
+    halos) in tests/families/test_sana_video.py against one process.
     A new Function must be added to this list together with its backward test."""
     found = set()
     for info in pkgutil.walk_packages(dit_sp.__path__, prefix="dit_sp."):
         found |= _autograd_functions(importlib.import_module(info.name))
-    assert found == {"AllToAll", "AllGather", "ScatterHeads", "GatherHeads", "RingAttention"}
+    assert found == {"AllToAll", "AllGather", "ScatterHeads", "GatherHeads", "RingAttention", "AllReduce", "Halo"}
