@@ -14,7 +14,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from dit_sp import GenerateConfig, generate
 
@@ -79,14 +78,10 @@ def _settings(tmp, model: str, name: str, **flags) -> GenerateConfig:
 @pytest.fixture(scope="module")
 def videos(tmp_path_factory):
     """{(model, layout): the sample leader's report}, "single" being one process."""
-    from variant_generate_checks import layout_reports
+    from variant_generate_checks import layout_reports, write_random_inputs
 
     tmp = tmp_path_factory.mktemp("edit_variants")
-    rng = np.random.RandomState(0)
-    Image.fromarray((rng.rand(40, 30, 3) * 255).astype("uint8")).save(tmp / "image.png")
-    (tmp / "clip").mkdir()
-    for i in range(9):  # a 9-frame input video as a directory of frames
-        Image.fromarray((rng.rand(48, 32, 3) * 255).astype("uint8")).save(tmp / "clip" / f"{i:02d}.png")
+    write_random_inputs(tmp, 9, (48, 32))  # image.png and a 9-frame clip/
     reports = {(model, "single"): generate(_settings(tmp, model, "single"), True) for model in MODELS}
     jobs = [((model, layout), _settings(tmp, model, layout, **flags)) for layout, flags in LAYOUTS.items()
             for model in MODELS if not (layout == "cfg2" and model in CFG_REFUSED | CFG_SAME_AS_FAMILY)]  # fmt: skip

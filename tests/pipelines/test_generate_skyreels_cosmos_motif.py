@@ -11,7 +11,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from dit_sp import GenerateConfig, generate
 
@@ -50,14 +49,10 @@ def _settings(tmp, model: str, name: str, **flags) -> GenerateConfig:
 @pytest.fixture(scope="module")
 def videos(tmp_path_factory):
     """{(model, layout): the sample leader's report}, "single" being one process."""
-    from variant_generate_checks import layout_reports
+    from variant_generate_checks import layout_reports, write_random_inputs
 
     tmp = tmp_path_factory.mktemp("skyreels_cosmos_motif")
-    rng = np.random.RandomState(0)
-    Image.fromarray((rng.rand(40, 30, 3) * 255).astype("uint8")).save(tmp / "image.png")
-    (tmp / "clip").mkdir()
-    for i in range(5):  # a 5-frame input video as a directory of frames
-        Image.fromarray((rng.rand(32, 32, 3) * 255).astype("uint8")).save(tmp / "clip" / f"{i:02d}.png")
+    write_random_inputs(tmp, 5, (32, 32))  # image.png and a 5-frame clip/
     reports = {(model, "single"): generate(_settings(tmp, model, "single"), True) for model in MODELS}
     jobs = [((model, layout), _settings(tmp, model, layout, **flags)) for layout, flags in LAYOUTS.items()
             for model in MODELS if not (layout == "cfg2" and model in CFG_REFUSED)]  # fmt: skip

@@ -40,10 +40,6 @@ def model_inputs(family: str, batch: int = 2) -> dict:
     inputs = ltx_mochi_inputs_of(family, batch)  # LTX-Video, Mochi, LTX-2, ...: tests/support/ltx_mochi_inputs.py
     if inputs is not None:
         return inputs
-    from animate_latte_inputs import animate_latte_inputs_of  # Wan Animate, Latte
-
-    if (inputs := animate_latte_inputs_of(family, batch)) is not None:
-        return inputs
     raise ValueError(family)
 
 

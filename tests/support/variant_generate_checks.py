@@ -3,6 +3,8 @@ sequence-parallel attention modules got (so a test sees that the sequence really
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from dit_sp import GenerateConfig, generate, spawn
@@ -38,3 +40,16 @@ def layout_reports(jobs: list[tuple[object, GenerateConfig]]) -> dict[object, di
         assert len(leaders) == 1, f"{key}: exactly one rank writes the output"
         reports[key] = leaders[0] | {"lengths": [rank_reports[i]["attention_lengths"] for rank_reports in by_rank]}
     return reports
+
+
+def write_random_inputs(tmp: Path, clip_frames: int, clip_size: tuple[int, int]) -> None:
+    """The matrices' input files, of random pixels (seed 0): ``tmp/image.png`` (40 x 30) and ``tmp/clip/``, a video
+    of ``clip_frames`` PNG frames of ``clip_size`` (height, width)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.RandomState(0)
+    Image.fromarray((rng.rand(40, 30, 3) * 255).astype("uint8")).save(tmp / "image.png")
+    (tmp / "clip").mkdir()
+    for i in range(clip_frames):
+        Image.fromarray((rng.rand(*clip_size, 3) * 255).astype("uint8")).save(tmp / "clip" / f"{i:02d}.png")

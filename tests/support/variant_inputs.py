@@ -1,6 +1,6 @@
 """Transformer inputs of the tiny models of SkyReels-V2, Wan VACE, ChronoEdit, HunyuanVideo-1.5, Framepack, Wan
-Animate and AnyFlow (``model_checks.model_inputs`` asks here first): 18 video tokens (uneven over 4 ranks), text
-of a few tokens, and each family's conditioning (per-frame timesteps, control latents, history latents, ...)."""
+Animate, AnyFlow and Latte (``model_checks.model_inputs`` asks here first): 18 video tokens (uneven over 4 ranks),
+text of a few tokens, and each family's conditioning (per-frame timesteps, control latents, history latents, ...)."""
 
 from __future__ import annotations
 
@@ -53,4 +53,18 @@ def variant_inputs_of(model: str, batch: int = 2) -> dict | None:
                 "timestep": torch.tensor([[900.0, 600.0, 300.0], [500.0, 500.0, 20.0]][:batch]),
                 "r_timestep": torch.tensor([[600.0, 300.0, 0.0], [20.0, 20.0, 0.0]][:batch]),
                 "encoder_hidden_states": rand(batch, 8, 16)}  # fmt: skip
+    if model == "tiny-wan-animate":
+        # 3 latent frames (the reference frame and 2 of the segment) of 6 tokens: 18 video tokens (a split over 2 or 4
+        # ranks cuts frames); the segment's pose latents; 5 face frames (2 motion frames after the face encoder's
+        # strides, and the reference frame's zero motion); 512 text tokens (the processor's image branch takes the
+        # tokens before the last 512 as the image's) and 5 CLIP image tokens
+        return {"hidden_states": rand(batch, 12, 3, 6, 4), "timestep": torch.tensor([500.0, 20.0][:batch]),
+                "encoder_hidden_states": rand(batch, 512, 16), "encoder_hidden_states_image": rand(batch, 5, 16),
+                "pose_hidden_states": rand(batch, 4, 2, 6, 4),
+                "face_pixel_values": rand(batch, 3, 5, 16, 16)}  # fmt: skip
+    if model == "tiny-latte":
+        # 5 frames of 15 patches (over 2 ranks uneven: 8 and 7), 7 text tokens without a mask (Latte's pipeline
+        # passes none, and its model cannot take one: the mask is not repeated per frame)
+        return {"hidden_states": rand(batch, 4, 5, 6, 10), "timestep": torch.tensor([500, 20][:batch]),
+                "encoder_hidden_states": rand(batch, 7, 16)}  # fmt: skip
     return None
