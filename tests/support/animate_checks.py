@@ -17,19 +17,24 @@ from dit_sp.zoo import build_tiny
 MODEL = "tiny-wan-animate"
 
 
-def adapter_inputs(model: torch.nn.Module, inputs: dict, parallel) -> list[tuple[int, int]]:
-    """Per face adapter call of one parallelized forward: ``(video tokens, motion frames)`` it got, after dit-sp's
-    hooks (a forward pre-hook installed after them)."""
+def recorded_inputs(model: torch.nn.Module, inputs: dict, parallel, modules, sizes) -> list[tuple[int, int]]:
+    """Per call of any of ``modules`` in one parallelized forward: ``sizes(args)``, the sizes of the inputs it got
+    after dit-sp's hooks (a forward pre-hook installed after them)."""
     seen: list[tuple[int, int]] = []
-    hook = lambda module, args: seen.append((args[0].shape[1], args[1].shape[1]))
+    record = lambda module, args: seen.append(sizes(args))
     with torch.no_grad(), parallelize(model, parallel):
-        handles = [adapter.register_forward_pre_hook(hook) for adapter in model.face_adapter]
+        handles = [module.register_forward_pre_hook(record) for module in modules]
         try:
             model(**inputs, return_dict=False)
         finally:
             for h in handles:
                 h.remove()
     return seen
+
+
+def adapter_inputs(model: torch.nn.Module, inputs: dict, parallel) -> list[tuple[int, int]]:
+    """Per face adapter call: ``(video tokens, motion frames)`` it got on this rank."""
+    return recorded_inputs(model, inputs, parallel, model.face_adapter, lambda a: (a[0].shape[1], a[1].shape[1]))
 
 
 def check_animate(layouts: list[tuple[int, int, int]], tokens: int) -> dict:
@@ -46,18 +51,10 @@ def check_animate(layouts: list[tuple[int, int, int]], tokens: int) -> dict:
 
 
 def temporal_inputs(model: torch.nn.Module, inputs: dict, parallel) -> list[tuple[int, int]]:
-    """Per temporal block call of one parallelized Latte forward: the rows ``(B x positions)`` of its hidden states and
-    of its timestep, after dit-sp's hooks."""
-    seen: list[tuple[int, int]] = []
-    hook = lambda module, args: seen.append((args[0].shape[0], args[4].shape[0]))
-    with torch.no_grad(), parallelize(model, parallel):
-        handles = [block.register_forward_pre_hook(hook) for block in model.temporal_transformer_blocks]
-        try:
-            model(**inputs, return_dict=False)
-        finally:
-            for h in handles:
-                h.remove()
-    return seen
+    """Per temporal block call of a Latte forward: the rows ``(B x positions)`` of its hidden states and of its
+    timestep on this rank."""
+    blocks = model.temporal_transformer_blocks
+    return recorded_inputs(model, inputs, parallel, blocks, lambda a: (a[0].shape[0], a[4].shape[0]))
 
 
 def check_latte(layouts: list[tuple[int, int, int]], tokens: int) -> dict:
