@@ -126,15 +126,12 @@ _ARCHITECTURES = {
         "patch_size_t": 1, "qk_norm": "rms_norm", "guidance_embeds": True, "text_embed_dim": 4096,
         "pooled_projection_dim": 768, "rope_theta": 256.0, "rope_axes_dim": [16, 56, 56]})},
         "text_encoders": 7.5e9 + 123e6, "vae": 246e6, "compression": (4, 8), "text_tokens": 256, "joint": True},
-    # SkyReels-V1 I2V (Skywork/SkyReels-V1-Hunyuan-I2V): HunyuanVideo with the image's 16 latent channels in front too
-    "skyreels-v1-hunyuan-i2v": {"transformers": {"transformer": ("HunyuanVideoTransformer3DModel", {
-        "in_channels": 32, "out_channels": 16, "num_attention_heads": 24, "attention_head_dim": 128,
-        "num_layers": 20, "num_single_layers": 40, "num_refiner_layers": 2, "mlp_ratio": 4.0, "patch_size": 2,
-        "patch_size_t": 1, "qk_norm": "rms_norm", "guidance_embeds": True, "text_embed_dim": 4096,
-        "pooled_projection_dim": 768, "rope_theta": 256.0, "rope_axes_dim": [16, 56, 56]})},
-        "text_encoders": 7.5e9 + 123e6, "vae": 246e6, "compression": (4, 8), "text_tokens": 256, "joint": True},
 }  # fmt: skip
 """The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
+# SkyReels-V1 I2V (Skywork/SkyReels-V1-Hunyuan-I2V): HunyuanVideo with the image's 16 latent channels in front too
+_ARCHITECTURES["skyreels-v1-hunyuan-i2v"] = _ARCHITECTURES["hunyuanvideo"] | {"transformers": {"transformer": (
+    "HunyuanVideoTransformer3DModel", _ARCHITECTURES["hunyuanvideo"]["transformers"]["transformer"][1] | {
+        "in_channels": 32})}}  # fmt: skip
 
 HUNYUAN_VIDEO = ModelFamily(
     name="hunyuan_video",
