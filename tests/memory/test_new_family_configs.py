@@ -1,4 +1,5 @@
-"""The bundled generate configs of EasyAnimate V5.1 12B, Allegro, HunyuanVideo-1.5 480p and Helios 14B: each loads as
+"""The bundled generate configs of EasyAnimate V5.1 12B, Allegro, HunyuanVideo-1.5 480p, Helios 14B and the variant
+pipelines' checkpoints (Lucy Edit Dev, SkyReels-V1 HunyuanVideo I2V, Kandinsky 5.0 I2V Pro): each loads as
 a generate config, names its architecture for the planner (the longest key in its name: HunyuanVideo-1.5's holds
 HunyuanVideo's), holds a transformer of the published size, and plans on its own layout."""
 
@@ -12,7 +13,8 @@ from dit_sp.memory.sampling import SamplingSettings, plan_sampling
 
 # config: (published transformer parameters, heads)
 CONFIGS = {"easyanimate-v5.1-12b": (12e9, 48), "allegro": (2.8e9, 24), "hunyuanvideo-1.5-480p-t2v": (8.3e9, 16),
-           "helios-14b": (14e9, 40)}  # fmt: skip
+           "helios-14b": (14e9, 40), "lucy-edit-dev": (5e9, 24), "skyreels-v1-hunyuan-i2v": (13e9, 24),
+           "kandinsky5-i2v-pro": (19e9, 32)}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
