@@ -17,10 +17,11 @@ MINIMAX_H3 = ModelFamily(
     step_cache=False,
     class_names=("MiniMaxH3Transformer3DModel",),
     modular_pipelines=("MiniMaxH3ModularPipeline",),
+    tiny_models=("tiny-minimax-h3",),
     plan=model_cp_plan,
     attention_modules=("transformer_blocks.*.attn",),
     cfg_refused=(
-        "MiniMax-H3's modular denoise step runs its guidance inside the Modular Diffusers guider, not as two "
-        "transformer calls dit-sp can pair; use cfg=1"
+        "MiniMax-H3 is guidance-distilled: its modular denoise step makes one transformer call a step (no guider, "
+        "no unconditional branch), so there is no guidance pair to split; use cfg=1"
     ),
 )

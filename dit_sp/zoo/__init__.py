@@ -18,7 +18,7 @@ from dit_sp.families.family import no_grad
 from dit_sp.io.bundled import ASSET_DIR, asset_path
 from dit_sp.zoo.hub import cached_snapshot, is_hub_id
 from dit_sp.zoo.sample import read_sample_settings
-from dit_sp.zoo.tokenizers import clip_byte_vocab, llama3_byte_tokenizer, qwen_byte_tokenizer
+from dit_sp.zoo.tokenizers import clip_byte_vocab, llama3_byte_tokenizer, qwen3_vl_processor, qwen_byte_tokenizer
 
 if TYPE_CHECKING:
     import torch
@@ -102,6 +102,8 @@ def _component(spec: dict[str, Any]) -> Any:
         return llama3_byte_tokenizer(config, image_to_video=spec["vocab"] == "llama3-bytes-i2v")
     if spec.get("vocab") == "qwen-bytes":
         return qwen_byte_tokenizer(config)
+    if spec.get("vocab") == "qwen-vl-bytes":  # Qwen3-VL's tokenizer, with its vision markers, or its processor
+        return qwen3_vl_processor(config) if cls_name.endswith("Processor") else qwen_byte_tokenizer(config, True)
     if spec.get("vocab") == "clip-bytes":
         return cls(**clip_byte_vocab(), **config)
     if cls_name.endswith("Tokenizer"):
@@ -138,6 +140,10 @@ def build_tiny(name: str, component: str | None = None) -> Any:
         return components[component]
     import diffusers
 
+    if "blocks" in spec:  # a Modular Diffusers pipeline (MiniMax-H3): its blocks' pipeline, holding the components
+        pipe = getattr(diffusers, spec["blocks"])().init_pipeline()
+        pipe.update_components(**components)
+        return pipe
     return _tile_if_needed(getattr(diffusers, spec["pipeline"])(**components, **spec.get("pipeline_config", {})))
 
 

@@ -63,10 +63,15 @@ _QWEN_CHAT_TEMPLATE = (
 )
 
 
-def qwen_byte_tokenizer(config: dict[str, Any]) -> Any:
+QWEN_VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+"""Qwen-VL's vision markers, ids 259-262 of ``qwen_byte_tokenizer(vision=True)`` (a tiny Qwen3-VL config names them)."""
+
+
+def qwen_byte_tokenizer(config: dict[str, Any], vision: bool = False) -> Any:
     """A Qwen2 style byte-level tokenizer with Qwen2-VL's chat template (text messages), built here (nothing to
     download): every byte a token (ids 0-255), then ``<|endoftext|>`` (the padding), ``<|im_start|>`` and
-    ``<|im_end|>``; so its ids fit a tiny text encoder's vocabulary of 259 or more."""
+    ``<|im_end|>``; so its ids fit a tiny text encoder's vocabulary of 259 or more. ``vision``: then Qwen-VL's
+    vision markers (``QWEN_VISION_TOKENS``, ids 259-262), as a Qwen3-VL processor looks them up."""
     from tokenizers import Tokenizer, decoders, pre_tokenizers
     from tokenizers.models import BPE
     from transformers import PreTrainedTokenizerFast
@@ -75,6 +80,26 @@ def qwen_byte_tokenizer(config: dict[str, Any]) -> Any:
     tokenizer = Tokenizer(BPE(vocab={t: i for i, t in enumerate(alphabet)}, merges=[], ignore_merges=True))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    tokenizer.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>", *(QWEN_VISION_TOKENS * vision)])
     settings = {"pad_token": "<|endoftext|>", "eos_token": "<|im_end|>", "chat_template": _QWEN_CHAT_TEMPLATE} | config
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **settings)
+
+
+def qwen3_vl_processor(config: dict[str, Any]) -> Any:
+    """A ``Qwen3VLProcessor`` over ``qwen_byte_tokenizer(config, vision=True)`` and Qwen2-VL's PIL image processor
+    (its defaults), built here: nothing to download. It has no video processor: transformers' video processors need
+    torchvision, which dit-sp does not install; MiniMax-H3 uses one only for video references (``ref2va``)."""
+    from transformers import Qwen3VLProcessor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    class TextImageQwen3VLProcessor(Qwen3VLProcessor):
+        def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
+            # the one argument left out: transformers would look up the video processor's base class, which it
+            # defines only with torchvision installed
+            if argument_name == "video_processor" and argument is None:
+                return None
+            return super().check_argument_for_proper_class(argument_name, argument)
+
+    tokenizer = qwen_byte_tokenizer(config, vision=True)
+    return TextImageQwen3VLProcessor(image_processor=Qwen2VLImageProcessorPil(), tokenizer=tokenizer,
+                                     video_processor=None)  # fmt: skip
