@@ -9,7 +9,7 @@ import inspect
 from typing import Any
 
 from dit_sp.errors import ConfigError, MissingFileError
-from dit_sp.families import family_of
+from dit_sp.families import FAMILIES, family_of
 from dit_sp.inference.config import GenerateConfig
 from dit_sp.io.video import check_output, check_writable
 
@@ -37,6 +37,13 @@ def guidance_arguments(pipe: Any, config: GenerateConfig) -> dict[str, float]:
         if config.embedded_guidance is not None or config.guidance_2 is not None:
             raise ConfigError(f"{type(pipe).__name__} guides through its guider: use --guidance only")
         pipe.guider = guider.new(guidance_scale=config.guidance)
+        return {}
+    blocks = getattr(pipe, "blocks", None)  # a Modular Diffusers pipeline: it takes its blocks' inputs
+    if blocks is not None and guider is None and cfg_argument not in {param.name for param in blocks.inputs}:
+        # MiniMax-H3: guidance-distilled, one transformer call a step (no guider, no guidance argument)
+        if config.guidance != 1 or config.embedded_guidance is not None or config.guidance_2 is not None:
+            raise ConfigError(f"{type(pipe).__name__} takes no guidance (its model is guidance-distilled: one "
+                              "transformer call a step, no guider): drop --guidance or set it to 1")  # fmt: skip
         return {}
     if parameters and cfg_argument not in parameters and not takes_any and hasattr(guider, "new"):
         # Motif-Video guides through its guider (a Modular Diffusers BaseGuidance): the scale goes there, and <= 1
@@ -90,6 +97,22 @@ def check_before_loading(config: GenerateConfig) -> None:
     check_image_inputs(config, info)
 
 
+def check_modular(config: GenerateConfig, name: str) -> bool:
+    """For a Modular Diffusers pipeline ``name`` (MiniMax-H3): ``--cfg-parallel`` refused with its family's reason,
+    and image or video inputs refused (``generate`` runs its text-only workflow); ``False`` for other pipelines."""
+    family = next((f for f in FAMILIES if name in f.modular_pipelines), None)
+    if family is None:
+        return False
+    if config.cfg_parallel and family.cfg_refused:
+        raise ConfigError(f"--cfg-parallel for {name}: {family.cfg_refused}")
+    inputs = ("image", "last_image", "video", "control_video", *MOTION_VIDEOS)
+    given = [flag for flag in inputs if getattr(config, flag, None)]
+    if given:
+        raise ConfigError(f"--{given[0].replace('_', '-')}: generate runs {name} from text only (its text-to-video "
+                          "workflow); for its keyframe or reference workflows, call it from Python")  # fmt: skip
+    return True
+
+
 def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
     """``--image`` / ``--last-image`` against what the model's pipeline takes, and the files readable
     (``ConfigError`` saying which flag to add or drop)."""
@@ -102,6 +125,8 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
     name = pipeline_class_name(config.model, image=bool(config.image))
     if name is None or not hasattr(diffusers, name):
         return  # the full load reports what the model is
+    if check_modular(config, name):
+        return
     takes = inspect.signature(getattr(diffusers, name).__call__).parameters
     check_control_video(config, name, takes)
     if takes_conditions(takes):

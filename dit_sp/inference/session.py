@@ -147,13 +147,16 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
     )
     if "pyramid_num_inference_steps_list" in inspect.signature(stock.__call__).parameters:  # Helios pyramid
         arguments["pyramid_num_inference_steps_list"] = [config.steps] * pipe.scheduler.config.stages  # per stage
-    arguments = _taken(pipe, arguments)
+    modular = _is_modular(pipe)
+    arguments = _modular_inputs(pipe, arguments) if modular else _taken(pipe, arguments)
     start = time.perf_counter()
     with _steps_recorded(pipe, on_step_end, "callback_on_step_end" not in arguments):
         result = pipe(**arguments)
     steps = [b - a for a, b in zip([start, *step_times[:-1]], step_times)]
-    # a text-to-image pipeline (Cosmos-Predict2 Text2Image) returns images: its image is a one-frame video
-    frames = result.frames[0] if hasattr(result, "frames") else result.images[0][None]
+    if modular:  # its outputs by name: the decoded videos and the final (unpacked) latents
+        frames, final["latents"] = result["videos"][0], result["latents"].detach().cpu()
+    else:  # a text-to-image pipeline (Cosmos-Predict2 Text2Image) returns images: its image is a one-frame video
+        frames = result.frames[0] if hasattr(result, "frames") else result.images[0][None]
     return {"frames": frames, "latents": final["latents"], "seconds": time.perf_counter() - start,
             "seconds_per_step": sum(steps) / max(len(steps), 1), "first_step_seconds": steps[0] if steps else 0.0,
             "later_seconds_per_step": sum(steps[1:]) / max(len(steps) - 1, 1)}  # fmt: skip
@@ -193,6 +196,21 @@ def _steps_recorded(pipe: Any, on_step_end: Callable, needed: bool) -> Iterator[
         yield
     finally:
         del scheduler.step
+
+
+def _is_modular(pipe: Any) -> bool:
+    """Whether ``pipe`` is a Modular Diffusers pipeline (MiniMax-H3): called with its blocks' inputs by name, and
+    asked for its outputs by name."""
+    from diffusers import ModularPipeline
+
+    return isinstance(pipe, ModularPipeline)
+
+
+def _modular_inputs(pipe: Any, arguments: dict[str, Any]) -> dict[str, Any]:
+    """The ``arguments`` a modular pipeline's blocks take (no step callback: ``_steps_recorded`` times its scheduler's
+    steps), and the outputs ``sample`` reads: ``videos`` and ``latents``."""
+    names = {param.name for param in pipe.blocks.inputs}
+    return {key: value for key, value in arguments.items() if key in names} | {"output": ["videos", "latents"]}
 
 
 def _taken(pipe: Any, arguments: dict[str, Any]) -> dict[str, Any]:
