@@ -12,12 +12,29 @@ masked.
 from dit_sp._compat import model_cp_plan
 from dit_sp.families.family import ModelFamily
 
+_ARCHITECTURES = {
+    # MiniMax-H3's t2va/fl2va partition (transformer/): diffusers' defaults, the conversion script's config: 3.31e10
+    # parameters counted on meta (61.7 GiB in bfloat16, as published). Its Qwen3-VL conditioner: 62.1 GiB in
+    # bfloat16 (3.33e10); the video VAE (a 36-layer ViT decoder: 2.60e9) and the audio VAE (1.5e8). VAE x16 in space;
+    # in time 17 n + 5 frames -> 5 n + 2 latent frames. Beside the video rows the one packed sequence holds the
+    # prompt's text rows and the stereo audio rows (40 a second per channel): 256 + 2 x 600 at the longest, 15 s.
+    "minimax-h3": {"transformers": {"transformer": ("MiniMaxH3Transformer3DModel", {
+        "num_attention_heads": 56, "attention_head_dim": 128, "hidden_size": 5376, "num_layers": 50,
+        "num_refiner_layers": 2, "ffn_dim": 14336, "in_channels": 24, "audio_in_channels": 32, "patch_size": [1, 2, 2],
+        "text_dim": 5120, "freq_dim": 256, "time_embed_hidden_dim": 5376, "time_embed_dim": 2688,
+        "rope_freq_dim": 16})},
+        "text_encoders": 33.3e9, "vae": 2.75e9, "compression": (4, 16, 17, 5), "text_tokens": 256 + 2 * 600,
+        "joint": True},
+}  # fmt: skip
+"""The real checkpoint, for the memory planner (``ModelFamily.architectures``)."""
+
 MINIMAX_H3 = ModelFamily(
     name="minimax_h3",
     step_cache=False,
     class_names=("MiniMaxH3Transformer3DModel",),
     modular_pipelines=("MiniMaxH3ModularPipeline",),
     tiny_models=("tiny-minimax-h3",),
+    architectures=_ARCHITECTURES,
     plan=model_cp_plan,
     attention_modules=("transformer_blocks.*.attn",),
     cfg_refused=(

@@ -85,10 +85,16 @@ class TransformerShape:
 _SHAPES: dict[tuple[str, str], TransformerShape] = {}
 
 
-def tokens(shape: TransformerShape, frames: int, height: int, width: int, compression: tuple[int, int]) -> int:
-    """Video tokens of one sample: latent frames x the patch grid."""
-    temporal, spatial = compression
-    latent_frames = (frames - 1) // temporal + 1
+def tokens(shape: TransformerShape, frames: int, height: int, width: int, compression: tuple[int, ...]) -> int:
+    """Video tokens of one sample: latent frames x the patch grid. ``compression``: the VAE's ``(temporal, spatial)``,
+    or ``(temporal, spatial, clip, kept)`` for a VAE that encodes clips of ``clip`` frames to ``kept`` latent frames
+    after ``kept`` leading ones (MiniMax-H3: ``17 n + 5`` frames, the count rounded up to that, to ``5 n + 2``)."""
+    temporal, spatial, *clips = compression
+    if clips:
+        clip, kept = clips
+        latent_frames = math.ceil(max(frames - kept, 0) / clip) * kept + 2
+    else:
+        latent_frames = (frames - 1) // temporal + 1
     pt, ph, pw = shape.patch
     return math.ceil(latent_frames / pt) * (height // spatial // ph) * (width // spatial // pw)
 

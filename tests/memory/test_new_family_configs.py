@@ -1,5 +1,6 @@
 """The bundled generate configs of EasyAnimate V5.1 12B, Allegro, HunyuanVideo-1.5 480p, Helios 14B and the variant
-pipelines' checkpoints (Lucy Edit Dev, SkyReels-V1 HunyuanVideo I2V, Kandinsky 5.0 I2V Pro): each loads as
+pipelines' checkpoints (Lucy Edit Dev, SkyReels-V1 HunyuanVideo I2V, Kandinsky 5.0 I2V Pro) and MiniMax-H3 (Modular
+Diffusers; its packed sequence counted with MiniMax-H3's 17 n + 5 -> 5 n + 2 frames): each loads as
 a generate config, names its architecture for the planner (the longest key in its name: HunyuanVideo-1.5's holds
 HunyuanVideo's), holds a transformer of the published size, and plans on its own layout."""
 
@@ -14,7 +15,7 @@ from dit_sp.memory.sampling import SamplingSettings, plan_sampling
 # config: (published transformer parameters, heads)
 CONFIGS = {"easyanimate-v5.1-12b": (12e9, 48), "allegro": (2.8e9, 24), "hunyuanvideo-1.5-480p-t2v": (8.3e9, 16),
            "helios-14b": (14e9, 40), "lucy-edit-dev": (5e9, 24), "skyreels-v1-hunyuan-i2v": (13e9, 24),
-           "kandinsky5-i2v-pro": (19e9, 32)}  # fmt: skip
+           "kandinsky5-i2v-pro": (19e9, 32), "minimax-h3": (33.1e9, 56)}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -27,7 +28,8 @@ def test_config_names_its_architecture_of_the_published_size_and_plans(name):
     assert abs(shape.params - published) <= 0.05 * published, shape.params
     assert shape.heads == heads and heads % config.ulysses == 0
     video = {"frames": config.frames, "height": config.height, "width": config.width, "dtype": config.dtype}
-    settings = SamplingSettings(name, **video, ring=config.ring, ulysses=config.ulysses, guidance=True)
+    settings = SamplingSettings(name, **video, ring=config.ring, ulysses=config.ulysses,
+                                guidance=config.guidance > 1, shard_weights=config.shard_weights)  # fmt: skip
     plan = plan_sampling(settings, config.ulysses * config.ring, 141)
     assert plan.fits, plan
 
@@ -35,3 +37,14 @@ def test_config_names_its_architecture_of_the_published_size_and_plans(name):
 def test_framepack_config_is_not_taken_for_hunyuanvideo():
     assert architecture_name("hunyuanvideo-framepack-i2v") == "hunyuanvideo-framepack-i2v"
     assert architecture_name("HunyuanVideo-Diffusers") == "hunyuanvideo"
+
+
+def test_minimax_h3_counts_the_latent_frames_of_its_vae_clips():
+    """MiniMax-H3's VAE encodes 17 n + 5 frames to 5 n + 2 latent frames (other counts are rounded up to that)."""
+    from dit_sp.memory.planner import tokens
+
+    spec = ARCHITECTURES["minimax-h3"]
+    shape = TransformerShape.of(*spec["transformers"]["transformer"])
+    per_frame = (768 // 16 // 2) * (1344 // 16 // 2)
+    assert tokens(shape, 124, 768, 1344, spec["compression"]) == 37 * per_frame
+    assert tokens(shape, 125, 768, 1344, spec["compression"]) == 42 * per_frame  # 141 frames
