@@ -49,6 +49,11 @@ LEADER_DECODE_REASONS: dict[str, str] = {
         "attend over the whole frame with linear attention (SanaMultiscaleLinearAttention); no row-split plan is "
         "written for it"
     ),
+    "AutoencoderKLMiniMaxH3": (
+        "no row-split plan is written yet: its decoder is a ViT (MiniMaxH3VideoTransformerBlock) whose attention "
+        "spans every latent voxel of a temporal clip (with register and class tokens), and it decodes tiled by "
+        "default (tiles blended, clips cross-faded in time), for which no tile protocol (dit_sp.vae.tiles) is written"
+    ),
     "AutoencoderKL": (
         "an image VAE (Kandinsky 5's text-to-image and image-to-image pipelines): one frame, with attention over "
         "the whole frame in its mid-block; no row-split plan is written for it"

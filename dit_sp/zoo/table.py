@@ -59,9 +59,20 @@ def diffusers_pipelines() -> dict[str, tuple[str, ...]]:
 
 
 def family_vaes(family: ModelFamily) -> list[str]:
-    """The VAE classes of the family's diffusers pipelines (as their ``__init__`` annotates them), sorted."""
+    """The VAE classes of the family's diffusers pipelines (as their ``__init__`` annotates them, or a modular
+    pipeline's blocks expect them), sorted."""
     pipelines = {p for cls in family.class_names for p in diffusers_pipelines().get(cls, ())}
-    return sorted({v for p in pipelines for v in _components()[p].get("vae", ()) if v != "NoneType"})
+    vaes = {v for p in pipelines for v in _components()[p].get("vae", ()) if v != "NoneType"}
+    return sorted(vaes | {v for p in family.modular_pipelines for v in _modular_vaes(p)})
+
+
+@cache
+def _modular_vaes(pipeline: str) -> tuple[str, ...]:
+    """The ``vae`` class that a Modular Diffusers pipeline's default blocks expect (MiniMax-H3's)."""
+    import diffusers
+
+    blocks = getattr(diffusers, getattr(diffusers, pipeline).default_blocks_name)()
+    return tuple(spec.type_hint.__name__ for spec in blocks.expected_components if spec.name == "vae")
 
 
 def _vaes(family: ModelFamily) -> str:

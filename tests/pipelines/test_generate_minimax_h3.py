@@ -97,3 +97,20 @@ def test_the_tiny_processor_finds_the_encoders_vision_markers():
     assert processor.tokenizer.convert_tokens_to_ids(list(tokens)) == [getattr(config, f"{n}_token_id") for n in names]
     ids = processor.tokenizer("a<|image_pad|>b", add_special_tokens=False).input_ids
     assert processor.create_mm_token_type_ids([ids]) == [[0, 1, 0]]
+
+
+def test_the_pages_commands_are_the_tested_ones():
+    """docs/minimax-h3.md's commands: its generate layouts are the ones the matrix above runs (through ``generate``, as
+    the CLI's workers do), and its plan command is the plan that tests/memory/test_new_family_configs.py checks fits
+    (the config's layout on 8 GPUs of 141 GiB)."""
+    from pathlib import Path
+
+    from doc_blocks import blocks, commands
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "minimax-h3.md").read_text()
+    found = [command for block in blocks(text, "bash") for command in commands(block)]
+    generate_flags = {"--ulysses 2": "1x2", "--ring 2": "2x1"}
+    generate = [f"python -m pipelines.generate --model {MODEL} {flag} --out minimax.mp4" for flag in generate_flags]
+    assert found == [*generate, "python -m pipelines.plan --generate --config minimax-h3 --gpus 8 --gpu-memory 141"]
+    assert set(generate_flags.values()) == set(LAYOUTS)
+    assert GenerateConfig.load("minimax-h3").ulysses == 8
