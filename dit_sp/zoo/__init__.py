@@ -227,6 +227,10 @@ def check_checkpoint(model: str | Path) -> dict[str, Any]:
     if path is None:
         return {}
     file = path / "model_index.json"
+    if not file.is_file() and (path / "modular_model_index.json").is_file():
+        raise ConfigError(f"{path} is a Modular Diffusers repository (modular_model_index.json), which generate does "
+                          "not load: load it with ModularPipeline.from_pretrained and call parallelize(pipe, layout) "
+                          "from Python")  # fmt: skip
     if not file.is_file():
         raise MissingFileError(f"{path} is not a diffusers pipeline directory: model_index.json is missing "
                                "(save one with pipeline.save_pretrained(DIR))")  # fmt: skip
