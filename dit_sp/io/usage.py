@@ -39,6 +39,12 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     its help (``with_default``); a required flag says so instead. argparse's ``ArgumentDefaultsHelpFormatter``
     prints ``None`` and ``False``, which a reader has to translate."""
 
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        import textwrap
+
+        # names stay whole (toy-wan, tiny-minimax-h3): argparse's wrapping would break them at a hyphen
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
         if not action.option_strings or action.default is argparse.SUPPRESS or "%(default)" in text:
