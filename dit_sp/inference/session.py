@@ -106,8 +106,8 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
     def on_step_end(pipeline, step, timestep, tensors):
         step_times.append(time.perf_counter())
         final["latents"] = tensors["latents"].detach().cpu()
-        if on_step is not None:
-            on_step(step + 1, config.steps)
+        if on_step is not None:  # MiniMax-H3's steps count its sigmas with the terminal 0: one call fewer
+            on_step(step + 1, len(pipe.scheduler.timesteps) if modular else config.steps)
         return tensors
 
     images = {key: read_image(path, "--" + key.replace("_", "-"))
