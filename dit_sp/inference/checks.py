@@ -103,7 +103,12 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
     if name is None or not hasattr(diffusers, name):
         return  # the full load reports what the model is
     takes = inspect.signature(getattr(diffusers, name).__call__).parameters
+    if "cond_image" in takes and "image" not in takes:  # LTX-Video long multi-prompt: --image is its cond_image
+        takes = {**takes, "image": takes["cond_image"]}
     check_control_video(config, name, takes)
+    if "reference_conditions" in takes:
+        check_reference_input(config, name, takes)
+        return
     if takes_conditions(takes):
         check_condition_inputs(config, name)
         return
@@ -152,6 +157,21 @@ def check_condition_inputs(config: GenerateConfig, name: str) -> None:
             read_image(path, flag)
     if config.video:
         read_video(config.video)
+
+
+def check_reference_input(config: GenerateConfig, name: str, takes: Any) -> None:
+    """``--video`` of a pipeline that takes a reference video (``reference_conditions``: LTX-2's HDR and IC-LoRA
+    pipelines), which it needs, and ``--image`` / ``--last-image`` where it also takes frame conditions; the files."""
+    check_motion_videos(config, name, takes)
+    if not config.video:
+        raise ConfigError(f"{config.model} follows a reference video ({name}): give it with --video PATH")
+    read_video(config.video)
+    if not takes_conditions(takes) and (config.image or config.last_image):
+        raise ConfigError(f"--image/--last-image: {config.model} ({name}) takes a reference video (--video) and no "
+                          "images; drop --image/--last-image")  # fmt: skip
+    for flag, path in (("--image", config.image), ("--last-image", config.last_image)):
+        if path is not None:
+            read_image(path, flag)
 
 
 def check_control_video(config: GenerateConfig, name: str, takes: Any) -> None:

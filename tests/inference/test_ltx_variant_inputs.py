@@ -1,0 +1,41 @@
+"""The inputs of the LTX variant pipelines are checked before anything loads, in one line: LTX-2's HDR and IC-LoRA
+pipelines need their reference video (``--video``), and only IC-LoRA also takes frame conditions (``--image``,
+``--last-image``)."""
+
+from __future__ import annotations
+
+import pytest
+from PIL import Image
+
+from dit_sp import GenerateConfig
+from dit_sp.errors import ConfigError, MissingFileError
+from dit_sp.inference.checks import check_before_loading
+
+
+def _config(tmp_path, **overrides) -> GenerateConfig:
+    return GenerateConfig.load(overrides={"out": str(tmp_path / "out.mp4"), **overrides})
+
+
+@pytest.fixture
+def inputs(tmp_path):
+    Image.new("RGB", (32, 32)).save(tmp_path / "a.png")
+    (tmp_path / "clip").mkdir()
+    Image.new("RGB", (32, 32)).save(tmp_path / "clip" / "0.png")
+    return {"image": str(tmp_path / "a.png"), "video": str(tmp_path / "clip")}
+
+
+@pytest.mark.parametrize("model", ["tiny-ltx2-hdr", "tiny-ltx2-in-context"])
+def test_ltx2_reference_pipelines_need_their_reference_video(tmp_path, inputs, model):
+    with pytest.raises(ConfigError, match=rf"^{model} follows a reference video \(LTX2\w+Pipeline\): give it with "
+                                          r"--video PATH$"):  # fmt: skip
+        check_before_loading(_config(tmp_path, model=model))
+    with pytest.raises(MissingFileError, match=r"^--video .*missing: no such file or directory$"):
+        check_before_loading(_config(tmp_path, model=model, video=str(tmp_path / "missing")))
+    check_before_loading(_config(tmp_path, model=model, video=inputs["video"]))
+
+
+def test_only_the_in_context_pipeline_takes_frame_conditions_beside_its_reference(tmp_path, inputs):
+    refused = r"^--image/--last-image: tiny-ltx2-hdr \(LTX2HDRPipeline\) takes a reference video \(--video\) and no "
+    with pytest.raises(ConfigError, match=refused + r"images; drop --image/--last-image$"):
+        check_before_loading(_config(tmp_path, model="tiny-ltx2-hdr", **inputs))
+    check_before_loading(_config(tmp_path, model="tiny-ltx2-in-context", **inputs, last_image=inputs["image"]))
