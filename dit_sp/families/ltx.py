@@ -46,6 +46,19 @@ def _plan(model: torch.nn.Module) -> dict:
     }
 
 
+def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
+    """Before the plan's split: a per-token timestep ``(B, S, 1)`` (``LTXI2VLongMultiPromptPipeline``'s) as the
+    ``(B, S)`` the plan splits; the transformer flattens either the same way."""
+
+    def per_token_timestep(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        timestep = kwargs.get("timestep")
+        if timestep is not None and timestep.dim() == 3 and timestep.shape[-1] == 1:
+            return args, kwargs | {"timestep": timestep.squeeze(-1)}
+        return None
+
+    return [model.register_forward_pre_hook(per_token_timestep, with_kwargs=True, prepend=True)]
+
+
 def _teacache_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict) -> tuple[torch.Tensor, bool]:
     """The first block's modulated video input (``norm1`` with the shift and scale of ``temb``), ``(B, S_local,
     C)``; ``temb`` is ``(B, 1 or S_local, 6 C)``."""
@@ -79,17 +92,21 @@ _ARCHITECTURES = {
 """The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
 
 _PIPELINES = ("LTXPipeline", "LTXImageToVideoPipeline", "LTXConditionPipeline")
+_DISTILLED = ("LTXI2VLongMultiPromptPipeline",)
+"""Pipelines run with a distilled checkpoint (LTX-Video 0.9.8 13B distilled): 8 steps without guidance."""
 
 LTX = ModelFamily(
     name="ltx",
     class_names=("LTXVideoTransformer3DModel",),
     plan=_plan,
+    hooks=_hooks,
     attention_modules=("transformer_blocks.*.attn1",),
     cfg_mode="batched",
     cfg_batched_args=("hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask", "video_coords"),
     teacache_probe=_teacache_probe,
-    tiny_models=("tiny-ltx", "tiny-ltx-i2v", "tiny-ltx-condition"),
-    checkpoint_defaults=dict.fromkeys(_PIPELINES, generation_defaults(161, 512, 704, 50, 3.0, 128) | {"fps": 24}),
-    vae_factors=dict.fromkeys(_PIPELINES, ltx_vae_factors),
+    tiny_models=("tiny-ltx", "tiny-ltx-i2v", "tiny-ltx-condition", "tiny-ltx-long"),
+    checkpoint_defaults=dict.fromkeys(_PIPELINES, generation_defaults(161, 512, 704, 50, 3.0, 128) | {"fps": 24})
+    | dict.fromkeys(_DISTILLED, generation_defaults(161, 512, 704, 8, 1.0, 128) | {"fps": 25}),
+    vae_factors=dict.fromkeys(_PIPELINES + _DISTILLED, ltx_vae_factors),
     architectures=_ARCHITECTURES,
 )

@@ -30,6 +30,12 @@ from dit_sp.parallel import ParallelState, check_ranks_agree, init_layout
 from dit_sp.sp import parallelize
 from dit_sp.zoo import TRANSFORMERS
 
+STALE_CALLBACK_LATENTS = ("LTXI2VLongMultiPromptPipeline",)
+"""Pipelines whose ``callback_on_step_end`` gets other latents than those it denoises, and writes what it returns
+into them: diffusers 0.42.1's LTX-Video long pipeline hands the whole video's initial latents (``locals()``'s
+``latents``) and puts them in place of the window's packed latents, which breaks the next step. ``sample`` records
+their scheduler's steps instead."""
+
 
 def save_latents(latents: torch.Tensor, path: Path) -> Path:
     """``torch.save`` under a temporary name, read back, then renamed into place."""
@@ -156,6 +162,8 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
     )
     if "pyramid_num_inference_steps_list" in inspect.signature(stock.__call__).parameters:  # Helios pyramid
         arguments["pyramid_num_inference_steps_list"] = [config.steps] * pipe.scheduler.config.stages  # per stage
+    if stock.__name__ in STALE_CALLBACK_LATENTS:  # the scheduler's steps are recorded instead (_steps_recorded)
+        del arguments["callback_on_step_end"]
     arguments = _taken(pipe, arguments)
     start = time.perf_counter()
     with _steps_recorded(pipe, on_step_end, "callback_on_step_end" not in arguments):

@@ -1,6 +1,6 @@
 """The inputs of the LTX variant pipelines are checked before anything loads, in one line: LTX-2's HDR and IC-LoRA
 pipelines need their reference video (``--video``), and only IC-LoRA also takes frame conditions (``--image``,
-``--last-image``)."""
+``--last-image``); LTX-Video's long pipeline takes ``--image`` (its ``cond_image``) and no last image."""
 
 from __future__ import annotations
 
@@ -39,3 +39,13 @@ def test_only_the_in_context_pipeline_takes_frame_conditions_beside_its_referenc
     with pytest.raises(ConfigError, match=refused + r"images; drop --image/--last-image$"):
         check_before_loading(_config(tmp_path, model="tiny-ltx2-hdr", **inputs))
     check_before_loading(_config(tmp_path, model="tiny-ltx2-in-context", **inputs, last_image=inputs["image"]))
+
+
+def test_the_ltx_long_pipeline_takes_its_first_frame_only(tmp_path, inputs):
+    with pytest.raises(
+        ConfigError, match=r"^--last-image: tiny-ltx-long takes the first frame only; drop --last-image$"
+    ):
+        check_before_loading(
+            _config(tmp_path, model="tiny-ltx-long", image=inputs["image"], last_image=inputs["image"])
+        )
+    check_before_loading(_config(tmp_path, model="tiny-ltx-long", image=inputs["image"]))

@@ -2,8 +2,10 @@
 reference video, whose latent tokens are appended to the noisy ones, clean; linear HDR frames) and its IC-LoRA
 in-context pipeline (``--video`` the reference, ``--image`` / ``--last-image`` frame conditions) give the same frames
 and latents on Ulysses 2, ring 2 and (HDR: guidance is its one batched call) CFG parallel as on one process, with the
-attention of each rank holding half of the video tokens. IC-LoRA's attention-strength mode (a video self-attention
-mask) is refused in one line. One spawn runs them all."""
+attention of each rank holding half of the video tokens; so does LTX-Video's long multi-prompt image-to-video
+pipeline (``--image``: its first frame; a temporal window per transformer call, conditioning frames appended), CFG
+parallel included. IC-LoRA's attention-strength mode (a video self-attention mask) is refused in one line. One spawn
+runs them all."""
 
 from __future__ import annotations
 
@@ -23,6 +25,9 @@ MODELS = {
     "tiny-ltx2-hdr": (384, {"video": "clip"}),
     # and the first frame's tokens replaced by the image's, the last image's 8 x 8 tokens appended (a keyframe)
     "tiny-ltx2-in-context": (448, {"video": "clip", "image": "image.png", "last_image": "image.png"}),
+    # LTX-Video long (VAE x4, patch 1): one temporal window of 3 latent frames and its negative-index frame, 4 x 8 x 8
+    # tokens; a prompt per window (the bar splits them); 3 steps: its schedule's last sigma is not stepped
+    "tiny-ltx-long": (256, {"image": "image.png", "prompt": "a red cat | a blue dog", "steps": 3}),
 }
 INPUTS = ("video", "image", "last_image")  # settings that are files in the test's directory
 LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}  # cfg2: a branch per rank
