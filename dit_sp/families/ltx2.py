@@ -22,7 +22,11 @@ At strength 1 without a mask (what ``generate`` runs) the pipeline passes no mas
 Pipelines: ``LTX2Pipeline``, ``LTX2ImageToVideoPipeline``, ``LTX2ConditionPipeline`` (images and videos as frame
 conditions), ``LTX2HDRPipeline`` (HDR IC-LoRA: a reference video's latent tokens appended to the noisy ones, clean;
 linear HDR output) and ``LTX2InContextPipeline`` (IC-LoRA: a reference video appended the same way, with frame
-conditions) split their whole token sequence, appended tokens included.
+conditions) and ``LTX2DFRPipeline`` (one DFR pass: the canvas padded to whole keyframe segments, a generated
+single-frame keyframe slot per segment appended, marked by ``video_keyframes_mask``, split with the tokens; distilled,
+no guidance) split their whole token sequence, appended tokens included. Not run: ``LTX2DFRTemporalRefinePipeline``
+takes the latent baton of a previous DFR pass (latents, keyframe latents and positions, frozen audio), which
+``generate`` does not chain; its transformer calls are the DFR pass's, one per temporal tile.
 
 diffusers' ``_cp_plan`` for LTX-2 splits the text too (its ring attention gathers keys for cross-attention) and
 not the audio; dit-sp keeps the text whole, so it uses its own plan.
@@ -168,7 +172,7 @@ def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
 
 
 _PIPELINES = ("LTX2Pipeline", "LTX2ImageToVideoPipeline", "LTX2ConditionPipeline", "LTX2InContextPipeline")
-_DISTILLED = ("LTX2HDRPipeline",)
+_DISTILLED = ("LTX2HDRPipeline", "LTX2DFRPipeline")
 """Pipelines whose checkpoints are distilled: 8 steps without guidance (their pipelines' defaults)."""
 
 LTX2 = ModelFamily(
@@ -187,7 +191,14 @@ LTX2 = ModelFamily(
     ),
     pipelines=("LTX2Pipeline",),
     policy=LTX2Policy,
-    tiny_models=("tiny-ltx2", "tiny-ltx2-i2v", "tiny-ltx2-condition", "tiny-ltx2-hdr", "tiny-ltx2-in-context"),
+    tiny_models=(
+        "tiny-ltx2",
+        "tiny-ltx2-i2v",
+        "tiny-ltx2-condition",
+        "tiny-ltx2-hdr",
+        "tiny-ltx2-in-context",
+        "tiny-ltx2-dfr",
+    ),
     checkpoint_defaults=dict.fromkeys(_PIPELINES, generation_defaults(121, 512, 768, 30, 3.0, 1024) | {"fps": 24})
     | dict.fromkeys(_DISTILLED, generation_defaults(121, 512, 768, 8, 1.0, 1024) | {"fps": 24}),
     vae_factors=dict.fromkeys(_PIPELINES + _DISTILLED, _vae_factors),

@@ -1,6 +1,7 @@
 """The inputs of the LTX variant pipelines are checked before anything loads, in one line: LTX-2's HDR and IC-LoRA
 pipelines need their reference video (``--video``), and only IC-LoRA also takes frame conditions (``--image``,
-``--last-image``); LTX-Video's long pipeline takes ``--image`` (its ``cond_image``) and no last image."""
+``--last-image``); LTX-Video's long pipeline takes ``--image`` (its ``cond_image``) and no last image; LTX-2's DFR
+pass, a distilled pipeline without guidance, runs at ``--guidance 1`` and refuses another scale in one line."""
 
 from __future__ import annotations
 
@@ -49,3 +50,13 @@ def test_the_ltx_long_pipeline_takes_its_first_frame_only(tmp_path, inputs):
             _config(tmp_path, model="tiny-ltx-long", image=inputs["image"], last_image=inputs["image"])
         )
     check_before_loading(_config(tmp_path, model="tiny-ltx-long", image=inputs["image"]))
+
+
+def test_the_dfr_pass_runs_without_guidance_and_refuses_a_scale(tmp_path):
+    from dit_sp.inference.checks import guidance_arguments
+    from dit_sp.zoo import build_tiny
+
+    pipe = build_tiny("tiny-ltx2-dfr")
+    assert guidance_arguments(pipe, _config(tmp_path, model="tiny-ltx2-dfr")) == {}  # its default: 1.0, none
+    with pytest.raises(ConfigError, match=r"^LTX2DFRPipeline takes no guidance_scale \(its guidance is set elsewhere"):
+        guidance_arguments(pipe, _config(tmp_path, model="tiny-ltx2-dfr", guidance=3.0))

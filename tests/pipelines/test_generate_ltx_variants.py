@@ -1,6 +1,7 @@
 """The remaining LTX-2 and LTX-Video pipelines, through ``generate``: LTX-2's HDR IC-LoRA pipeline (``--video``: the
 reference video, whose latent tokens are appended to the noisy ones, clean; linear HDR frames) and its IC-LoRA
-in-context pipeline (``--video`` the reference, ``--image`` / ``--last-image`` frame conditions) give the same frames
+in-context pipeline (``--video`` the reference, ``--image`` / ``--last-image`` frame conditions) and its DFR pass
+(generated keyframe slots appended, ``--image`` / ``--last-image`` frame conditions; no guidance) give the same frames
 and latents on Ulysses 2, ring 2 and (HDR: guidance is its one batched call) CFG parallel as on one process, with the
 attention of each rank holding half of the video tokens; so does LTX-Video's long multi-prompt image-to-video
 pipeline (``--image``: its first frame; a temporal window per transformer call, conditioning frames appended), CFG
@@ -25,6 +26,9 @@ MODELS = {
     "tiny-ltx2-hdr": (384, {"video": "clip"}),
     # and the first frame's tokens replaced by the image's, the last image's 8 x 8 tokens appended (a keyframe)
     "tiny-ltx2-in-context": (448, {"video": "clip", "image": "image.png", "last_image": "image.png"}),
+    # DFR: the 9 frames' canvas padded to a segment of 12 (4 latent frames), one generated keyframe slot (a latent
+    # frame's tokens) appended, and the last image's; its 8 distilled steps, no guidance
+    "tiny-ltx2-dfr": (384, {"image": "image.png", "last_image": "image.png", "steps": 8, "guidance": 1.0}),
     # LTX-Video long (VAE x4, patch 1): one temporal window of 3 latent frames and its negative-index frame, 4 x 8 x 8
     # tokens; a prompt per window (the bar splits them); 3 steps: its schedule's last sigma is not stepped
     "tiny-ltx-long": (256, {"image": "image.png", "prompt": "a red cat | a blue dog", "steps": 3}),
@@ -32,8 +36,10 @@ MODELS = {
 INPUTS = ("video", "image", "last_image")  # settings that are files in the test's directory
 LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}  # cfg2: a branch per rank
 # LTX-2's IC-LoRA pipeline adds unbatched spatio-temporal and modality guidance passes, which CFG parallelism refuses
-CFG_REFUSED = {"tiny-ltx2-in-context"}
-AUDIO = {"tiny-ltx2-hdr", "tiny-ltx2-in-context"}  # video-to-audio attention (queries: the whole audio) is routed too
+# (DFR runs no guidance at all)
+CFG_REFUSED = {"tiny-ltx2-in-context", "tiny-ltx2-dfr"}
+# LTX-2: the video-to-audio attention (queries: the whole audio) is routed too
+AUDIO = {"tiny-ltx2-hdr", "tiny-ltx2-in-context", "tiny-ltx2-dfr"}
 HDR = {"tiny-ltx2-hdr"}
 SP = {"1x2": 2, "2x1": 2, "cfg2": 1}  # processes per guidance branch
 SETTINGS = {"steps": 2, "height": 32, "width": 32, "frames": 9, "verify_inputs": True}
