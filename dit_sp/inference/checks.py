@@ -107,6 +107,7 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
     takes = inspect.signature(getattr(diffusers, name).__call__).parameters
     if "cond_image" in takes and "image" not in takes:  # LTX-Video long multi-prompt: --image is its cond_image
         takes = {**takes, "image": takes["cond_image"]}
+    check_fixed_schedule(config, name, takes)
     check_control_video(config, name, takes)
     if "reference_conditions" in takes:
         check_reference_input(config, name, takes)
@@ -159,6 +160,15 @@ def check_condition_inputs(config: GenerateConfig, name: str) -> None:
             read_image(path, flag)
     if config.video:
         read_video(config.video)
+
+
+def check_fixed_schedule(config: GenerateConfig, name: str, takes: Any) -> None:
+    """``--steps`` of a pipeline that takes no step count but a fixed schedule of sigmas (LTX-2's DFR pass: its
+    distilled 8): the steps must be the schedule's, since the pipeline would run those whatever ``--steps`` said."""
+    sigmas = takes["sigmas"].default if "sigmas" in takes and "num_inference_steps" not in takes else None
+    if isinstance(sigmas, (list, tuple)) and config.steps != len(sigmas):
+        raise ConfigError(f"--steps {config.steps}: {config.model} ({name}) runs its fixed distilled schedule of "
+                          f"{len(sigmas)} steps; use --steps {len(sigmas)}")  # fmt: skip
 
 
 def check_reference_input(config: GenerateConfig, name: str, takes: Any) -> None:

@@ -1,7 +1,8 @@
 """The inputs of the LTX variant pipelines are checked before anything loads, in one line: LTX-2's HDR and IC-LoRA
 pipelines need their reference video (``--video``), and only IC-LoRA also takes frame conditions (``--image``,
 ``--last-image``); LTX-Video's long pipeline takes ``--image`` (its ``cond_image``) and no last image; LTX-2's DFR
-pass, a distilled pipeline without guidance, runs at ``--guidance 1`` and refuses another scale in one line."""
+pass, a distilled pipeline without guidance, runs its 8 steps at ``--guidance 1`` and refuses other steps or another
+scale in one line."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from PIL import Image
 
 from dit_sp import GenerateConfig
 from dit_sp.errors import ConfigError, MissingFileError
-from dit_sp.inference.checks import check_before_loading
+from dit_sp.inference.checks import check_before_loading, guidance_arguments
+from dit_sp.zoo import build_tiny
 
 
 def _config(tmp_path, **overrides) -> GenerateConfig:
@@ -52,10 +54,11 @@ def test_the_ltx_long_pipeline_takes_its_first_frame_only(tmp_path, inputs):
     check_before_loading(_config(tmp_path, model="tiny-ltx-long", image=inputs["image"]))
 
 
-def test_the_dfr_pass_runs_without_guidance_and_refuses_a_scale(tmp_path):
-    from dit_sp.inference.checks import guidance_arguments
-    from dit_sp.zoo import build_tiny
-
+def test_the_dfr_pass_runs_its_fixed_schedule_without_guidance(tmp_path, inputs):
+    with pytest.raises(ConfigError, match=r"^--steps 2: tiny-ltx2-dfr \(LTX2DFRPipeline\) runs its fixed distilled "
+                                          r"schedule of 8 steps; use --steps 8$"):  # fmt: skip
+        check_before_loading(_config(tmp_path, model="tiny-ltx2-dfr", steps=2))
+    check_before_loading(_config(tmp_path, model="tiny-ltx2-dfr", image=inputs["image"]))  # its default: 8
     pipe = build_tiny("tiny-ltx2-dfr")
     assert guidance_arguments(pipe, _config(tmp_path, model="tiny-ltx2-dfr")) == {}  # its default: 1.0, none
     with pytest.raises(ConfigError, match=r"^LTX2DFRPipeline takes no guidance_scale \(its guidance is set elsewhere"):
