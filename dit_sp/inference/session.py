@@ -28,7 +28,7 @@ from dit_sp.inference.config import GenerateConfig
 from dit_sp.io.console import plain_tracebacks, quiet_followers
 from dit_sp.parallel import ParallelState, check_ranks_agree, init_layout
 from dit_sp.sp import parallelize
-from dit_sp.zoo import TRANSFORMERS
+from dit_sp.zoo import TRANSFORMERS, call_arguments
 
 STALE_CALLBACK_LATENTS = ("LTXI2VLongMultiPromptPipeline",)
 """Pipelines whose ``callback_on_step_end`` gets other latents than those it denoises, and writes what it returns
@@ -162,6 +162,7 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
     )
     if "pyramid_num_inference_steps_list" in inspect.signature(stock.__call__).parameters:  # Helios pyramid
         arguments["pyramid_num_inference_steps_list"] = [config.steps] * pipe.scheduler.config.stages  # per stage
+    arguments |= call_arguments(config.model)  # a built-in model's fixed call arguments (its spec's ``call:``)
     if stock.__name__ in STALE_CALLBACK_LATENTS:  # the scheduler's steps are recorded instead (_steps_recorded)
         del arguments["callback_on_step_end"]
     arguments = _taken(pipe, arguments)

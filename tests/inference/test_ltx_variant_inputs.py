@@ -63,3 +63,11 @@ def test_the_dfr_pass_runs_its_fixed_schedule_without_guidance(tmp_path, inputs)
     assert guidance_arguments(pipe, _config(tmp_path, model="tiny-ltx2-dfr")) == {}  # its default: 1.0, none
     with pytest.raises(ConfigError, match=r"^LTX2DFRPipeline takes no guidance_scale \(its guidance is set elsewhere"):
         guidance_arguments(pipe, _config(tmp_path, model="tiny-ltx2-dfr", guidance=3.0))
+
+
+def test_a_built_in_model_fixes_only_the_call_arguments_its_spec_names(tmp_path):
+    from dit_sp.zoo import call_arguments
+
+    assert call_arguments("tiny-ltx-long") == {"decode_horizontal_tiles": 1, "decode_vertical_tiles": 1}
+    assert call_arguments("tiny-ltx") == {}
+    assert call_arguments(str(tmp_path)) == {}  # a checkpoint directory: the pipeline's own defaults
