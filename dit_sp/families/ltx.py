@@ -1,4 +1,5 @@
-"""LTX-Video (``LTXVideoTransformer3DModel``): ``LTXPipeline``, ``LTXImageToVideoPipeline``, ``LTXConditionPipeline``.
+"""LTX-Video (``LTXVideoTransformer3DModel``): ``LTXPipeline``, ``LTXImageToVideoPipeline``, ``LTXConditionPipeline``,
+``LTXI2VLongMultiPromptPipeline``.
 
 The pipelines hand the transformer packed latents ``(B, S, C)``; self-attention (``attn1``) runs over the video
 tokens through USP, cross-attention to the (masked) text (``attn2``) keeps the stock processor: local queries
@@ -9,6 +10,11 @@ Conditioning frames: image-to-video and the condition pipeline give each token i
 (clean conditioning tokens have timestep 0), split with the tokens; the condition pipeline appends its extra
 conditioning latents to the token sequence, so they are split like any other token. Without conditioning the
 condition pipeline passes ``(B, 1)``, one timestep broadcast over every token (``dit_sp.sp.plan``).
+
+The long multi-prompt pipeline denoises temporal windows one after another, each one transformer call over the
+window's tokens with its previous window's tail and a negative-index latent frame appended (all split); it passes
+its per-token timesteps as ``(B, S, 1)``, which a hook makes the ``(B, S)`` the plan splits, and its window
+coordinates ``video_coords`` with batch 1 under guidance, which CFG parallelism gives both branches whole.
 
 diffusers' ``_cp_plan`` for LTX also splits the text (``encoder_hidden_states`` and its mask), since its ring
 attention gathers keys for cross-attention too; dit-sp keeps the text whole on every rank, so it uses its own plan.
