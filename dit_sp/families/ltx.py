@@ -1,4 +1,5 @@
-"""LTX-Video (``LTXVideoTransformer3DModel``): ``LTXPipeline``, ``LTXImageToVideoPipeline``, ``LTXConditionPipeline``.
+"""LTX-Video (``LTXVideoTransformer3DModel``): ``LTXPipeline``, ``LTXImageToVideoPipeline``, ``LTXConditionPipeline``,
+``LTXI2VLongMultiPromptPipeline``.
 
 The pipelines hand the transformer packed latents ``(B, S, C)``; self-attention (``attn1``) runs over the video
 tokens through USP, cross-attention to the (masked) text (``attn2``) keeps the stock processor: local queries
@@ -9,6 +10,11 @@ Conditioning frames: image-to-video and the condition pipeline give each token i
 (clean conditioning tokens have timestep 0), split with the tokens; the condition pipeline appends its extra
 conditioning latents to the token sequence, so they are split like any other token. Without conditioning the
 condition pipeline passes ``(B, 1)``, one timestep broadcast over every token (``dit_sp.sp.plan``).
+
+The long multi-prompt pipeline denoises temporal windows one after another, each one transformer call over the
+window's tokens with its previous window's tail and a negative-index latent frame appended (all split); it passes
+its per-token timesteps as ``(B, S, 1)``, which a hook makes the ``(B, S)`` the plan splits, and its window
+coordinates ``video_coords`` with batch 1 under guidance, which CFG parallelism gives both branches whole.
 
 diffusers' ``_cp_plan`` for LTX also splits the text (``encoder_hidden_states`` and its mask), since its ring
 attention gathers keys for cross-attention too; dit-sp keeps the text whole on every rank, so it uses its own plan.
@@ -46,6 +52,19 @@ def _plan(model: torch.nn.Module) -> dict:
     }
 
 
+def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
+    """Before the plan's split: a per-token timestep ``(B, S, 1)`` (``LTXI2VLongMultiPromptPipeline``'s) as the
+    ``(B, S)`` the plan splits; the transformer flattens either the same way."""
+
+    def per_token_timestep(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        timestep = kwargs.get("timestep")
+        if timestep is not None and timestep.dim() == 3 and timestep.shape[-1] == 1:
+            return args, kwargs | {"timestep": timestep.squeeze(-1)}
+        return None
+
+    return [model.register_forward_pre_hook(per_token_timestep, with_kwargs=True, prepend=True)]
+
+
 def _teacache_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict) -> tuple[torch.Tensor, bool]:
     """The first block's modulated video input (``norm1`` with the shift and scale of ``temb``), ``(B, S_local,
     C)``; ``temb`` is ``(B, 1 or S_local, 6 C)``."""
@@ -79,17 +98,21 @@ _ARCHITECTURES = {
 """The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
 
 _PIPELINES = ("LTXPipeline", "LTXImageToVideoPipeline", "LTXConditionPipeline")
+_DISTILLED = ("LTXI2VLongMultiPromptPipeline",)
+"""Pipelines run with a distilled checkpoint (LTX-Video 0.9.8 13B distilled): 8 steps without guidance."""
 
 LTX = ModelFamily(
     name="ltx",
     class_names=("LTXVideoTransformer3DModel",),
     plan=_plan,
+    hooks=_hooks,
     attention_modules=("transformer_blocks.*.attn1",),
     cfg_mode="batched",
     cfg_batched_args=("hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask", "video_coords"),
     teacache_probe=_teacache_probe,
-    tiny_models=("tiny-ltx", "tiny-ltx-i2v", "tiny-ltx-condition"),
-    checkpoint_defaults=dict.fromkeys(_PIPELINES, generation_defaults(161, 512, 704, 50, 3.0, 128) | {"fps": 24}),
-    vae_factors=dict.fromkeys(_PIPELINES, ltx_vae_factors),
+    tiny_models=("tiny-ltx", "tiny-ltx-i2v", "tiny-ltx-condition", "tiny-ltx-long"),
+    checkpoint_defaults=dict.fromkeys(_PIPELINES, generation_defaults(161, 512, 704, 50, 3.0, 128) | {"fps": 24})
+    | dict.fromkeys(_DISTILLED, generation_defaults(161, 512, 704, 8, 1.0, 128) | {"fps": 25}),
+    vae_factors=dict.fromkeys(_PIPELINES + _DISTILLED, ltx_vae_factors),
     architectures=_ARCHITECTURES,
 )

@@ -14,7 +14,19 @@ video token, so each rank keeps the whole audio sequence and runs the audio path
 
 The video output is gathered at ``proj_out``; the audio output is whole on every rank. The pipelines' guidance
 batch ``[unconditional, conditional]`` is one call (CFG parallel exchanges both outputs). Refused: a video
-self-attention mask (``video_self_attention_mask``, IC-LoRA) is not a key-padding mask, so USP refuses it.
+self-attention mask (``video_self_attention_mask``: ``LTX2InContextPipeline``'s IC-LoRA mode with
+``conditioning_attention_strength`` < 1 or a ``conditioning_attention_mask``) weights pairs of tokens, not a padding
+of keys, so USP cannot split it: the transformer refuses such a call in one line (``SELF_ATTENTION_MASK_REFUSED``).
+At strength 1 without a mask (what ``generate`` runs) the pipeline passes no mask and runs split exactly.
+
+Pipelines: ``LTX2Pipeline``, ``LTX2ImageToVideoPipeline``, ``LTX2ConditionPipeline`` (images and videos as frame
+conditions), ``LTX2HDRPipeline`` (HDR IC-LoRA: a reference video's latent tokens appended to the noisy ones, clean;
+linear HDR output) and ``LTX2InContextPipeline`` (IC-LoRA: a reference video appended the same way, with frame
+conditions) and ``LTX2DFRPipeline`` (one DFR pass: the canvas padded to whole keyframe segments, a generated
+single-frame keyframe slot per segment appended, marked by ``video_keyframes_mask``, split with the tokens; distilled,
+no guidance) split their whole token sequence, appended tokens included. Not run: ``LTX2DFRTemporalRefinePipeline``
+takes the latent baton of a previous DFR pass (latents, keyframe latents and positions, frozen audio), which
+``generate`` does not chain; its transformer calls are the DFR pass's, one per temporal tile.
 
 diffusers' ``_cp_plan`` for LTX-2 splits the text too (its ring attention gathers keys for cross-attention) and
 not the audio; dit-sp keeps the text whole, so it uses its own plan.
@@ -125,6 +137,23 @@ def _plan(model: torch.nn.Module) -> dict:
     }
 
 
+SELF_ATTENTION_MASK_REFUSED = (
+    "LTX-2's video self-attention mask (video_self_attention_mask: LTX2InContextPipeline's IC-LoRA "
+    "conditioning_attention_strength < 1 or conditioning_attention_mask) weights each pair of video tokens, which "
+    "sequence-parallel attention cannot split (it takes only a padding of keys); run it with strength 1 and no mask, "
+    "or on one process"
+)
+"""Why ``parallelize`` refuses a call with a video self-attention mask (one line, raised before the forward)."""
+
+
+def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
+    def refuse_self_attention_mask(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        if kwargs.get("video_self_attention_mask") is not None:
+            raise ConfigError(SELF_ATTENTION_MASK_REFUSED)
+
+    return [model.register_forward_pre_hook(refuse_self_attention_mask, with_kwargs=True)]
+
+
 _ARCHITECTURES = {
     "ltx-2-19b": {"transformers": {"transformer": ("LTX2VideoTransformer3DModel", {
         "in_channels": 128, "out_channels": 128, "patch_size": 1, "patch_size_t": 1, "num_attention_heads": 32,
@@ -142,13 +171,16 @@ def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
     return ltx_vae_factors(vae, scaling=(True, True, True, True))  # AutoencoderKLLTX2Video's default scaling
 
 
-_PIPELINES = ("LTX2Pipeline", "LTX2ImageToVideoPipeline", "LTX2ConditionPipeline")
+_PIPELINES = ("LTX2Pipeline", "LTX2ImageToVideoPipeline", "LTX2ConditionPipeline", "LTX2InContextPipeline")
+_DISTILLED = ("LTX2HDRPipeline", "LTX2DFRPipeline")
+"""Pipelines whose checkpoints are distilled: 8 steps without guidance (their pipelines' defaults)."""
 
 LTX2 = ModelFamily(
     name="ltx2",
     step_cache=False,
     class_names=("LTX2VideoTransformer3DModel",),
     plan=_plan,
+    hooks=_hooks,
     attention_modules=("transformer_blocks.*.attn1",),
     gathered_key_modules=("transformer_blocks.*.video_to_audio_attn",),
     cfg_mode="batched",
@@ -159,8 +191,16 @@ LTX2 = ModelFamily(
     ),
     pipelines=("LTX2Pipeline",),
     policy=LTX2Policy,
-    tiny_models=("tiny-ltx2", "tiny-ltx2-i2v", "tiny-ltx2-condition"),
-    checkpoint_defaults=dict.fromkeys(_PIPELINES, generation_defaults(121, 512, 768, 30, 3.0, 1024) | {"fps": 24}),
-    vae_factors=dict.fromkeys(_PIPELINES, _vae_factors),
+    tiny_models=(
+        "tiny-ltx2",
+        "tiny-ltx2-i2v",
+        "tiny-ltx2-condition",
+        "tiny-ltx2-hdr",
+        "tiny-ltx2-in-context",
+        "tiny-ltx2-dfr",
+    ),
+    checkpoint_defaults=dict.fromkeys(_PIPELINES, generation_defaults(121, 512, 768, 30, 3.0, 1024) | {"fps": 24})
+    | dict.fromkeys(_DISTILLED, generation_defaults(121, 512, 768, 8, 1.0, 1024) | {"fps": 24}),
+    vae_factors=dict.fromkeys(_PIPELINES + _DISTILLED, _vae_factors),
     architectures=_ARCHITECTURES,
 )

@@ -51,6 +51,8 @@ def guidance_arguments(pipe: Any, config: GenerateConfig) -> dict[str, float]:
         pipe.register_modules(guider=guider.new(guidance_scale=config.guidance))
         return {}
     if parameters and cfg_argument not in parameters and not takes_any:
+        if config.guidance <= 1 and guider is None:  # a distilled pipeline without guidance (LTX-2 DFR): none asked
+            return {}
         raise ConfigError(f"{type(pipe).__name__} takes no {cfg_argument} (its guidance is set elsewhere, e.g. its "
                           "guider), so generate cannot run it; call the pipeline from Python")  # fmt: skip
     arguments = {cfg_argument: config.guidance}
@@ -128,7 +130,13 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
     if check_modular(config, name):
         return
     takes = inspect.signature(getattr(diffusers, name).__call__).parameters
+    if "cond_image" in takes and "image" not in takes:  # LTX-Video long multi-prompt: --image is its cond_image
+        takes = {**takes, "image": takes["cond_image"]}
+    check_fixed_schedule(config, name, takes)
     check_control_video(config, name, takes)
+    if "reference_conditions" in takes:
+        check_reference_input(config, name, takes)
+        return
     if takes_conditions(takes):
         check_condition_inputs(config, name)
         return
@@ -177,6 +185,30 @@ def check_condition_inputs(config: GenerateConfig, name: str) -> None:
             read_image(path, flag)
     if config.video:
         read_video(config.video)
+
+
+def check_fixed_schedule(config: GenerateConfig, name: str, takes: Any) -> None:
+    """``--steps`` of a pipeline that takes no step count but a fixed schedule of sigmas (LTX-2's DFR pass: its
+    distilled 8): the steps must be the schedule's, since the pipeline would run those whatever ``--steps`` said."""
+    sigmas = takes["sigmas"].default if "sigmas" in takes and "num_inference_steps" not in takes else None
+    if isinstance(sigmas, (list, tuple)) and config.steps != len(sigmas):
+        raise ConfigError(f"--steps {config.steps}: {config.model} ({name}) runs its fixed distilled schedule of "
+                          f"{len(sigmas)} steps; use --steps {len(sigmas)}")  # fmt: skip
+
+
+def check_reference_input(config: GenerateConfig, name: str, takes: Any) -> None:
+    """``--video`` of a pipeline that takes a reference video (``reference_conditions``: LTX-2's HDR and IC-LoRA
+    pipelines), which it needs, and ``--image`` / ``--last-image`` where it also takes frame conditions; the files."""
+    check_motion_videos(config, name, takes)
+    if not config.video:
+        raise ConfigError(f"{config.model} follows a reference video ({name}): give it with --video PATH")
+    read_video(config.video)
+    if not takes_conditions(takes) and (config.image or config.last_image):
+        raise ConfigError(f"--image/--last-image: {config.model} ({name}) takes a reference video (--video) and no "
+                          "images; drop --image/--last-image")  # fmt: skip
+    for flag, path in (("--image", config.image), ("--last-image", config.last_image)):
+        if path is not None:
+            read_image(path, flag)
 
 
 def check_control_video(config: GenerateConfig, name: str, takes: Any) -> None:

@@ -28,7 +28,13 @@ from dit_sp.inference.config import GenerateConfig
 from dit_sp.io.console import plain_tracebacks, quiet_followers
 from dit_sp.parallel import ParallelState, check_ranks_agree, init_layout
 from dit_sp.sp import parallelize
-from dit_sp.zoo import TRANSFORMERS
+from dit_sp.zoo import TRANSFORMERS, call_arguments
+
+STALE_CALLBACK_LATENTS = ("LTXI2VLongMultiPromptPipeline",)
+"""Pipelines whose ``callback_on_step_end`` gets other latents than those it denoises, and writes what it returns
+into them: diffusers 0.42.1's LTX-Video long pipeline hands the whole video's initial latents (``locals()``'s
+``latents``) and puts them in place of the window's packed latents, which breaks the next step. ``sample`` records
+their scheduler's steps instead."""
 
 
 def save_latents(latents: torch.Tensor, path: Path) -> Path:
@@ -125,8 +131,16 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
         images["mode"] = "replace"
     if config.control_video:  # CogVideoX-Fun Control: its latents join the noise in channels
         images["control_video"] = read_video(config.control_video, "--control-video")
-    if takes_conditions(inspect.signature(stock.__call__).parameters):
+    takes = inspect.signature(stock.__call__).parameters
+    references = {}
+    if "reference_conditions" in takes and "video" in images:  # LTX-2 HDR and IC-LoRA: --video is the reference
+        images = dict(images)
+        references = _as_references(stock, images.pop("video"))
+    if takes_conditions(takes):
         images = _as_conditions(stock, images)
+    images |= references
+    if "cond_image" in takes and "image" in images:  # LTX-Video long multi-prompt: its first frame
+        images["cond_image"] = images.pop("image")
     arguments = dict(
         **images,
         prompt=config.prompt,
@@ -137,6 +151,7 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
         video_length=config.frames,  # Latte's name for it (each pipeline gets the names it takes: _taken)
         num_inference_steps=config.steps,
         generator=torch.Generator(device).manual_seed(seed),
+        seed=seed,  # LTX-Video long multi-prompt: each temporal window's noise is drawn from seed + its first frame
         max_sequence_length=config.max_sequence_length,
         output_type="np",
         # Sana-Video: the size asked, not the 480p/720p bucket its binning would move it to (and the shape checks
@@ -147,6 +162,9 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
     )
     if "pyramid_num_inference_steps_list" in inspect.signature(stock.__call__).parameters:  # Helios pyramid
         arguments["pyramid_num_inference_steps_list"] = [config.steps] * pipe.scheduler.config.stages  # per stage
+    arguments |= call_arguments(config.model)  # a built-in model's fixed call arguments (its spec's ``call:``)
+    if stock.__name__ in STALE_CALLBACK_LATENTS:  # the scheduler's steps are recorded instead (_steps_recorded)
+        del arguments["callback_on_step_end"]
     modular = _is_modular(pipe)
     arguments = _modular_inputs(pipe, arguments) if modular else _taken(pipe, arguments)
     start = time.perf_counter()
@@ -174,6 +192,16 @@ def _as_conditions(stock: type, images: dict[str, Any]) -> dict[str, Any]:
     if "last_image" in images:
         conditions.append(condition(frames=images["last_image"], index=-1))
     return {"conditions": conditions}
+
+
+def _as_references(stock: type, video: list[Any]) -> dict[str, Any]:
+    """The input video of a pipeline that takes it as ``reference_conditions`` (LTX-2's HDR and IC-LoRA pipelines:
+    its latent tokens are appended to the noisy ones, clean), with the condition class of the pipeline's module."""
+    import importlib
+
+    module = importlib.import_module(stock.__module__)
+    reference = next(getattr(module, n) for n in dir(module) if n.endswith("ReferenceCondition"))
+    return {"reference_conditions": [reference(frames=video)]}
 
 
 @contextlib.contextmanager

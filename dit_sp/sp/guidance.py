@@ -72,9 +72,13 @@ class GuidancePair:
 
     def batched(self, forward, args: tuple, kwargs: dict) -> Any:
         bound = inspect.signature(forward).bind(*args, **kwargs)
+        hidden = bound.arguments.get("hidden_states")
+        batch = hidden.shape[0] if isinstance(hidden, torch.Tensor) else 0
         for name in self.family.cfg_batched_args:
             value = bound.arguments.get(name)
             if isinstance(value, torch.Tensor) and value.dim() > 0:
+                if value.shape[0] == 1 and batch > 1:
+                    continue  # one entry broadcast over the guidance batch (LTX long's video_coords): both take it
                 if value.shape[0] % 2:
                     raise ValueError(f"cfg parallelism needs an even guidance batch; {name} has {value.shape[0]}")
                 bound.arguments[name] = value.chunk(2)[self.parallel.cfg_rank]

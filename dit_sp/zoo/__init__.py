@@ -68,6 +68,14 @@ def random_weights_note(model: str | Path) -> str | None:
     return f"note: {model} has random weights (for checking layouts): its video is noise; {trained} is trained"
 
 
+def call_arguments(model: str | Path) -> dict[str, Any]:
+    """Pipeline call arguments a built-in model's spec fixes (its ``call:`` table; e.g. ``tiny-ltx-long``'s decode
+    tiles, which a 32 x 32 video does not need), ``{}`` for any other model."""
+    if Path(model).exists() or str(model) not in builtin_models():
+        return {}
+    return dict(model_spec(str(model)).get("call", {}))
+
+
 def default_model() -> str:
     """The trained tiny model when it is shipped, else the random tiny Wan."""
     return "toy-wan" if (ASSET_DIR / "toy-wan" / "model_index.json").is_file() else "tiny-wan"

@@ -3,16 +3,19 @@ sequence-parallel attention modules got (so a test sees that the sequence really
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from dit_sp import GenerateConfig, generate, spawn
 
 
-def generate_recording(jobs: list[GenerateConfig]) -> list[dict]:
+def generate_recording(jobs: list[GenerateConfig], then: Callable[[], Any] | None = None) -> list[Any]:
     """``generate`` per job; each report gains ``attention_lengths``: the sorted distinct ``hidden_states``
-    lengths of the modules whose processor dit-sp made sequence-parallel."""
+    lengths of the modules whose processor dit-sp made sequence-parallel. ``then``: a check run after the jobs in
+    the same workers, its result last."""
     reports = []
     for settings in jobs:
         seen: set[int] = set()
@@ -27,18 +30,21 @@ def generate_recording(jobs: list[GenerateConfig]) -> list[dict]:
         finally:
             handle.remove()
         reports.append(report | {"attention_lengths": sorted(seen)})
-    return reports
+    return reports if then is None else [*reports, then()]
 
 
-def layout_reports(jobs: list[tuple[object, GenerateConfig]]) -> dict[object, dict]:
+def layout_reports(jobs: list[tuple[object, GenerateConfig]], then: Callable[[], Any] | None = None) -> dict:
     """Each ``(key, settings)`` job run on 2 workers (one spawn for all): per key, the report of the one rank
-    that wrote the output, with every rank's attention lengths under ``"lengths"``."""
-    by_rank = spawn(generate_recording, 2, args=([settings for _, settings in jobs],), timeout=300)
+    that wrote the output, with every rank's attention lengths under ``"lengths"``; with ``then`` (a module-level
+    check run after the jobs in the same workers), its result on each rank under ``"then"``."""
+    by_rank = spawn(generate_recording, 2, args=([settings for _, settings in jobs], then), timeout=300)
     reports = {}
     for i, (key, _) in enumerate(jobs):
         leaders = [rank_reports[i] for rank_reports in by_rank if "out" in rank_reports[i]]
         assert len(leaders) == 1, f"{key}: exactly one rank writes the output"
         reports[key] = leaders[0] | {"lengths": [rank_reports[i]["attention_lengths"] for rank_reports in by_rank]}
+    if then is not None:
+        reports["then"] = [rank_reports[-1] for rank_reports in by_rank]
     return reports
 
 
