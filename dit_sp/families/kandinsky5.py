@@ -74,9 +74,12 @@ _CONFIG = {"in_visual_dim": 16, "in_text_dim": 3584, "in_text_dim2": 768, "out_v
 _QWEN25_VL_7B, _CLIP_L, _VAE = 8.29e9, 123e6, 246e6  # the text encoders, HunyuanVideo's VAE
 
 
-def _architecture(config: dict[str, Any]) -> dict[str, Any]:
+_FLUX_VAE = 84e6  # the image models' VAE (FLUX.1's AutoencoderKL)
+
+
+def _architecture(config: dict[str, Any], vae: float = _VAE) -> dict[str, Any]:
     return {"transformers": {"transformer": ("Kandinsky5Transformer3DModel", _CONFIG | config)},
-            "text_encoders": _QWEN25_VL_7B + _CLIP_L, "vae": _VAE, "compression": (4, 8), "text_tokens": 512,
+            "text_encoders": _QWEN25_VL_7B + _CLIP_L, "vae": vae, "compression": (4, 8), "text_tokens": 512,
             "joint": False}  # fmt: skip
 
 
@@ -90,10 +93,16 @@ _ARCHITECTURES = {
     # Kandinsky 5.0 I2V Pro: the Pro transformer (visual_cond: the image's latents and mask in channels too)
     "kandinsky5-i2v-pro": _architecture({"time_dim": 1024, "model_dim": 4096, "ff_dim": 16384, "num_text_blocks": 4,
                                          "num_visual_blocks": 60, "axes_dims": [32, 48, 48]}),
+    # Kandinsky 5.0 Image Lite text-to-image (6B): its transformer config (the meta-device count is 6.02e9), one frame
+    # of FLUX.1's VAE
+    "kandinsky5-t2i-lite": _architecture({"time_dim": 512, "model_dim": 2560, "ff_dim": 10240, "num_text_blocks": 2,
+                                          "num_visual_blocks": 50, "axes_dims": [32, 48, 48], "visual_cond": False},
+                                         vae=_FLUX_VAE),
 }  # fmt: skip
 """The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
 
 PIPELINES = ("Kandinsky5T2VPipeline", "Kandinsky5I2VPipeline")
+IMAGE_PIPELINES = ("Kandinsky5T2IPipeline", "Kandinsky5I2IPipeline")  # one frame, an image VAE (AutoencoderKL)
 
 KANDINSKY5 = ModelFamily(
     name="kandinsky5",
@@ -105,8 +114,9 @@ KANDINSKY5 = ModelFamily(
     channels_last=True,
     check=_check,
     shape_check=_shape_check,
-    tiny_models=("tiny-kandinsky5", "tiny-kandinsky5-i2v"),
-    checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(121, 512, 768, 50, 5.0, 512) | {"fps": 24}),
-    vae_factors=dict.fromkeys(PIPELINES, _vae_factors),
+    tiny_models=("tiny-kandinsky5", "tiny-kandinsky5-i2v", "tiny-kandinsky5-t2i"),
+    checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(121, 512, 768, 50, 5.0, 512) | {"fps": 24})
+    | dict.fromkeys(IMAGE_PIPELINES, generation_defaults(1, 1024, 1024, 50, 3.5, 512)),
+    vae_factors=dict.fromkeys((*PIPELINES, *IMAGE_PIPELINES), _vae_factors),
     architectures=_ARCHITECTURES,
 )

@@ -152,8 +152,10 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
     with _steps_recorded(pipe, on_step_end, "callback_on_step_end" not in arguments):
         result = pipe(**arguments)
     steps = [b - a for a, b in zip([start, *step_times[:-1]], step_times)]
-    # a text-to-image pipeline (Cosmos-Predict2 Text2Image) returns images: its image is a one-frame video
-    frames = result.frames[0] if hasattr(result, "frames") else result.images[0][None]
+    # a text-to-image pipeline (Cosmos-Predict2 Text2Image; Kandinsky 5's, as ``image``) returns images: its image
+    # is a one-frame video
+    images_out = result.images if hasattr(result, "images") else getattr(result, "image", None)
+    frames = result.frames[0] if hasattr(result, "frames") else images_out[0][None]
     return {"frames": frames, "latents": final["latents"], "seconds": time.perf_counter() - start,
             "seconds_per_step": sum(steps) / max(len(steps), 1), "first_step_seconds": steps[0] if steps else 0.0,
             "later_seconds_per_step": sum(steps[1:]) / max(len(steps) - 1, 1)}  # fmt: skip

@@ -138,7 +138,10 @@ def build_tiny(name: str, component: str | None = None) -> Any:
         return components[component]
     import diffusers
 
-    return _tile_if_needed(getattr(diffusers, spec["pipeline"])(**components, **spec.get("pipeline_config", {})))
+    pipe = getattr(diffusers, spec["pipeline"])(**components, **spec.get("pipeline_config", {}))
+    for key, value in spec.get("pipeline_attributes", {}).items():  # set after building (Kandinsky 5's resolutions)
+        setattr(pipe, key, [tuple(v) for v in value] if isinstance(value, list) else value)
+    return _tile_if_needed(pipe)
 
 
 CHECKPOINT_DEFAULTS = families.checkpoint_defaults()
