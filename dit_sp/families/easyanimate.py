@@ -47,6 +47,14 @@ def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
     return vae.get("temporal_compression_ratio", 4), vae.get("spatial_compression_ratio", 8)
 
 
+CONTROL_BROKEN = (
+    "diffusers 0.42.1's stock pipeline fails on one process too: calling it passes text_encoder_index to its own "
+    "encode_prompt, which takes no such argument (TypeError: unexpected keyword argument 'text_encoder_index'), so "
+    "there is nothing to match; use EasyAnimatePipeline, or a diffusers that fixes it"
+)
+"""Why ``EasyAnimateControlPipeline`` is refused (``tests/pipelines/test_generate_inpaint_image_transfer.py`` checks
+that the stock pipeline still fails so)."""
+
 _PIPELINES = ("EasyAnimatePipeline", "EasyAnimateInpaintPipeline", "EasyAnimateControlPipeline")
 
 EASYANIMATE = ModelFamily(
@@ -66,6 +74,7 @@ EASYANIMATE = ModelFamily(
         "control_latents",
     ),  # fmt: skip
     tiny_models=("tiny-easyanimate",),
+    refused_pipelines={"EasyAnimateControlPipeline": CONTROL_BROKEN},
     checkpoint_defaults=dict.fromkeys(_PIPELINES, generation_defaults(49, 512, 512, 50, 5.0, 256) | {"fps": 8}),
     vae_factors=dict.fromkeys(_PIPELINES, _vae_factors),
     architectures=_ARCHITECTURES,

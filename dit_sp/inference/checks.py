@@ -9,7 +9,7 @@ import inspect
 from typing import Any
 
 from dit_sp.errors import ConfigError, MissingFileError
-from dit_sp.families import family_of
+from dit_sp.families import family_of, refused_pipelines
 from dit_sp.inference.config import GenerateConfig
 from dit_sp.io.video import check_output, check_writable
 
@@ -102,6 +102,8 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
     name = pipeline_class_name(config.model, image=bool(config.image))
     if name is None or not hasattr(diffusers, name):
         return  # the full load reports what the model is
+    if name in refused_pipelines():
+        raise ConfigError(f"{config.model} ({name}): {refused_pipelines()[name]}")
     takes = inspect.signature(getattr(diffusers, name).__call__).parameters
     check_control_video(config, name, takes)
     if takes_conditions(takes):

@@ -63,3 +63,39 @@ def test_every_layout_gives_the_same_frames_from_a_split_sequence(videos, model,
 
 def test_an_image_pipeline_writes_one_frame(videos):
     assert videos[("tiny-kandinsky5-t2i", "single")]["frames"].shape == (1, 64, 64, 3)
+
+
+@pytest.fixture(scope="module")
+def easyanimate_control():
+    """A tiny ``EasyAnimateControlPipeline``: tiny-easyanimate's components (the control pipeline takes the same)."""
+    import diffusers
+
+    from dit_sp.zoo import build_tiny
+
+    return diffusers.EasyAnimateControlPipeline(**build_tiny("tiny-easyanimate").components)
+
+
+def test_the_stock_easyanimate_control_pipeline_still_fails_on_one_process(easyanimate_control):
+    """The reason EasyAnimateControlPipeline is refused holds in this diffusers (when it no longer does, lift the
+    refusal in dit_sp/families/easyanimate.py and give the pipeline a tiny model)."""
+    from PIL import Image
+
+    video = [Image.new("RGB", (32, 48))] * 9
+    with pytest.raises(TypeError, match="unexpected keyword argument 'text_encoder_index'"):
+        easyanimate_control(prompt="a ball", control_video=video, num_frames=9, height=48, width=32,
+                            num_inference_steps=1)  # fmt: skip
+
+
+def test_easyanimate_control_is_refused_by_parallelize_and_generate_in_one_line(easyanimate_control, tmp_path):
+    from types import SimpleNamespace
+
+    from dit_sp import parallelize
+    from dit_sp.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^EasyAnimateControlPipeline: diffusers 0\.42\.1's stock pipeline fails on "
+                       r"one process too: .*text_encoder_index[^\n]*$"):  # fmt: skip
+        parallelize(easyanimate_control, SimpleNamespace(cfg=1))
+    easyanimate_control.save_pretrained(tmp_path / "control")  # a checkpoint directory of the control pipeline
+    settings = GenerateConfig.load(overrides={"model": str(tmp_path / "control"), "out": str(tmp_path / "out.mp4")})
+    with pytest.raises(ConfigError, match=r"control \(EasyAnimateControlPipeline\): diffusers 0\.42\.1's [^\n]*$"):
+        generate(settings)
