@@ -25,6 +25,7 @@ from dit_sp.inference.checks import (
     takes_conditions,
 )
 from dit_sp.inference.config import GenerateConfig
+from dit_sp.inference.inpaint import inpaint_inputs, takes_inpaint
 from dit_sp.io.console import plain_tracebacks, quiet_followers
 from dit_sp.parallel import ParallelState, check_ranks_agree, init_layout
 from dit_sp.sp import parallelize
@@ -125,6 +126,8 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
         images["mode"] = "replace"
     if config.control_video:  # CogVideoX-Fun Control: its latents join the noise in channels
         images["control_video"] = read_video(config.control_video, "--control-video")
+    if takes_inpaint(inspect.signature(stock.__call__).parameters):  # the video and mask as the tensors it takes
+        images = inpaint_inputs(images, config.frames, config.height, config.width)
     if takes_conditions(inspect.signature(stock.__call__).parameters):
         images = _as_conditions(stock, images)
     arguments = dict(

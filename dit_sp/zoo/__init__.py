@@ -108,6 +108,8 @@ def _component(spec: dict[str, Any]) -> Any:
         return cls(**config)
     if hasattr(cls, "from_config"):
         model = cls.from_config(config) if not issubclass(cls, torch.nn.Module) else cls(**config)
+        if "extra_config" in spec:  # a config key a pipeline reads that the class does not take (cache_mag_vae)
+            model.register_to_config(**spec["extra_config"])
         if "redraw_zeros" in spec:  # weights a family initialises to zero (adaLN modulation): re-drawn, seeded
             _redraw_zeros(model, spec["redraw_zeros"])
         return model.eval() if isinstance(model, torch.nn.Module) else model
