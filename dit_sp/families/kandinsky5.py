@@ -57,8 +57,19 @@ I2V_LATENT_FRAMES = 5
 after them (``normalize_first_frame``), and with none after them the statistics are NaN (so is the video)."""
 
 
+def _image_vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
+    return 1, 8  # the image pipelines' AutoencoderKL: no frames to compress (the pipelines fix x8 in space)
+
+
 def _shape_check(config: Any, settings: dict[str, Any], name: Any, vae: tuple[int, int]) -> None:
-    if "in_visual_dim" not in config or not settings.get("image"):  # another family's model, or text-to-video
+    if "in_visual_dim" not in config:  # another family's model
+        return
+    if vae[0] == 1:  # an image pipeline (its VAE compresses no frames): one frame
+        if settings["frames"] != 1:
+            raise ConfigError(f"{name('frames')} {settings['frames']}: Kandinsky 5's image pipelines make one image; "
+                              f"use {name('frames')} 1")  # fmt: skip
+        return
+    if not settings.get("image"):  # text-to-video
         return
     temporal, frames = vae[0], settings["frames"]
     if (frames - 1) // temporal + 1 < I2V_LATENT_FRAMES:
@@ -98,6 +109,11 @@ _ARCHITECTURES = {
     "kandinsky5-t2i-lite": _architecture({"time_dim": 512, "model_dim": 2560, "ff_dim": 10240, "num_text_blocks": 2,
                                           "num_visual_blocks": 50, "axes_dims": [32, 48, 48], "visual_cond": False},
                                          vae=_FLUX_VAE),
+    # Kandinsky 5.0 Image Lite image-to-image (editing): the same transformer, the input image's latents and their mask
+    # in channels too (visual_cond, the original's instruct_type "channel")
+    "kandinsky5-i2i-lite": _architecture({"time_dim": 512, "model_dim": 2560, "ff_dim": 10240, "num_text_blocks": 2,
+                                          "num_visual_blocks": 50, "axes_dims": [32, 48, 48], "visual_cond": True},
+                                         vae=_FLUX_VAE),
 }  # fmt: skip
 """The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
 
@@ -114,9 +130,9 @@ KANDINSKY5 = ModelFamily(
     channels_last=True,
     check=_check,
     shape_check=_shape_check,
-    tiny_models=("tiny-kandinsky5", "tiny-kandinsky5-i2v", "tiny-kandinsky5-t2i"),
+    tiny_models=("tiny-kandinsky5", "tiny-kandinsky5-i2v", "tiny-kandinsky5-t2i", "tiny-kandinsky5-i2i"),
     checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(121, 512, 768, 50, 5.0, 512) | {"fps": 24})
     | dict.fromkeys(IMAGE_PIPELINES, generation_defaults(1, 1024, 1024, 50, 3.5, 512)),
-    vae_factors=dict.fromkeys((*PIPELINES, *IMAGE_PIPELINES), _vae_factors),
+    vae_factors=dict.fromkeys(PIPELINES, _vae_factors) | dict.fromkeys(IMAGE_PIPELINES, _image_vae_factors),
     architectures=_ARCHITECTURES,
 )

@@ -18,7 +18,7 @@ from dit_sp.families.family import no_grad
 from dit_sp.io.bundled import ASSET_DIR, asset_path
 from dit_sp.zoo.hub import cached_snapshot, is_hub_id
 from dit_sp.zoo.sample import read_sample_settings
-from dit_sp.zoo.tokenizers import clip_byte_vocab, llama3_byte_tokenizer, qwen_byte_tokenizer
+from dit_sp.zoo.tokenizers import clip_byte_vocab, llama3_byte_tokenizer, qwen_byte_tokenizer, qwen_vl_byte_processor
 
 if TYPE_CHECKING:
     import torch
@@ -102,6 +102,8 @@ def _component(spec: dict[str, Any]) -> Any:
         return llama3_byte_tokenizer(config, image_to_video=spec["vocab"] == "llama3-bytes-i2v")
     if spec.get("vocab") == "qwen-bytes":
         return qwen_byte_tokenizer(config)
+    if spec.get("vocab") == "qwen-vl-bytes":  # a processor: the tokenizer and an image processor
+        return qwen_vl_byte_processor(config)
     if spec.get("vocab") == "clip-bytes":
         return cls(**clip_byte_vocab(), **config)
     if cls_name.endswith("Tokenizer"):

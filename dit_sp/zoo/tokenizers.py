@@ -78,3 +78,25 @@ def qwen_byte_tokenizer(config: dict[str, Any]) -> Any:
     tokenizer.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
     settings = {"pad_token": "<|endoftext|>", "eos_token": "<|im_end|>", "chat_template": _QWEN_CHAT_TEMPLATE} | config
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **settings)
+
+
+_VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+"""Qwen2-VL's vision tokens, after ``qwen_byte_tokenizer``'s: ids 259-262 (a tiny encoder's config names them)."""
+
+
+def qwen_vl_byte_processor(config: dict[str, Any]) -> Any:
+    """A Qwen2.5-VL processor for images, built here (nothing to download): ``qwen_byte_tokenizer`` with Qwen2-VL's
+    vision tokens (``<|vision_start|>`` 259, ``<|vision_end|>`` 260, ``<|image_pad|>`` 261, ``<|video_pad|>`` 262) and
+    a PIL image processor whose patches fit a tiny vision tower (``config``: its ``patch_size``, ``merge_size``,
+    ``temporal_patch_size``, ``min_pixels``, ``max_pixels``). Images only: transformers' video processor needs
+    torchvision, which this toolkit does not."""
+    from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessorPil
+
+    class ImageQwenVLProcessor(Qwen2_5_VLProcessor):
+        @classmethod
+        def get_attributes(cls) -> list[str]:
+            return ["image_processor", "tokenizer"]  # no video processor
+
+    tokenizer = qwen_byte_tokenizer({})
+    tokenizer.add_special_tokens({"additional_special_tokens": _VISION_TOKENS})
+    return ImageQwenVLProcessor(image_processor=Qwen2VLImageProcessorPil(**config), tokenizer=tokenizer)

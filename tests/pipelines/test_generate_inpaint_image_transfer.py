@@ -1,9 +1,10 @@
-"""Kandinsky 5's text-to-image pipeline (one frame, an image VAE) and EasyAnimate's inpaint pipeline (``--image``, or
-``--video`` with ``--mask-video``: the kept video's latents and the mask join the noise in channels) through
-``generate`` give the same frames and latents on Ulysses 2, ring 2 and CFG parallel (a guidance branch per process) as
-on one process, with the attention of each rank holding half of the image or video tokens; one spawn runs them all.
-Bad inpaint inputs are one-line errors before anything loads, and EasyAnimate's control pipeline (broken in diffusers
-0.42.1) is refused in one line saying why."""
+"""Kandinsky 5's text-to-image and image-to-image pipelines (one frame, an image VAE; ``--image``: its latents join
+the noise in channels, and the text encoder sees it through a Qwen2.5-VL processor built in code) and EasyAnimate's
+inpaint pipeline (``--image``, or ``--video`` with ``--mask-video``: the kept video's latents and the mask join the
+noise in channels) through ``generate`` give the same frames and latents on Ulysses 2, ring 2 and CFG parallel (a
+guidance branch per process) as on one process, with the attention of each rank holding half of the image or video
+tokens; one spawn runs them all. Bad inputs are one-line errors before anything loads, and EasyAnimate's control
+pipeline (broken in diffusers 0.42.1) is refused in one line saying why."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ CASES_BY_NAME = {
     # one 64 x 64 frame: 8 x 8 latents (AutoencoderKL, x8), 4 x 4 patches. Guidance 2, as for tiny-kandinsky5-i2v:
     # the routed attention rounds differently from the stock one, and guidance 4 scales that past 1e-4
     "kandinsky5-t2i": ("tiny-kandinsky5-t2i", 16, {"guidance": 2.0}),
+    # the image (40 x 30, resized to 64 x 64) joins the noise in channels, and the text encoder sees it (half size)
+    "kandinsky5-i2i": ("tiny-kandinsky5-i2i", 16, {"image": "image.png", "guidance": 2.0}),
     # 9 frames of 48 x 32: 3 x 6 x 4 latents, patch 2: 18 tokens (the text in front, whole on every rank); the kept
     # video's latents and the mask join the noise in channels. An image to animate, or a video under a mask
     "easyanimate-inpaint-image": ("tiny-easyanimate-inpaint", 18, {"image": "image.png", "height": 48, "width": 32}),
@@ -34,8 +37,9 @@ CASES_BY_NAME = {
 INPUTS = ("video", "image", "control_video", "mask_video")  # settings that are files in the test's directory
 LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}  # cfg2: a branch per rank
 CFG_REFUSED: set[str] = set()  # the families that refuse CFG parallelism
-# the same batched guidance call as the image case's: its CFG run adds no new path (CI time)
-CFG_SAME = {"easyanimate-inpaint-video"}
+# the same guidance calls as another case's (EasyAnimate inpaint's batched call, Kandinsky 5's two calls a step): their
+# CFG run adds no new path (CI time)
+CFG_SAME = {"easyanimate-inpaint-video", "kandinsky5-i2i"}
 SP = {"1x2": 2, "2x1": 2, "cfg2": 1}  # processes per guidance branch
 SETTINGS = {"steps": 2, "verify_inputs": True}
 
@@ -89,7 +93,9 @@ def test_every_layout_gives_the_same_frames_from_a_split_sequence(videos, case, 
 
 
 def test_an_image_pipeline_writes_one_frame(videos):
-    assert videos[("kandinsky5-t2i", "single")]["frames"].shape == (1, 64, 64, 3)
+    for case in ("kandinsky5-t2i", "kandinsky5-i2i"):
+        assert videos[(case, "single")]["frames"].shape == (1, 64, 64, 3)
+        assert videos[(case, "single")]["out"].endswith(".mp4")
 
 
 def test_the_inpaint_inputs_change_the_video(videos):
@@ -120,13 +126,24 @@ def test_the_inpaint_inputs_change_the_video(videos):
             r"^--video .*clip: 9 frames, fewer than the 13 to make; give a longer video or --frames 9 or fewer$",
         ),
         (
+            {"model": "tiny-kandinsky5-i2i", "image": "image.png", "frames": 5},
+            r"^--frames 5: Kandinsky 5's image pipelines make one image; use --frames 1$",
+        ),
+        (
             {"model": "tiny-wan", "mask_video": "clip"},
             r"^--mask-video: tiny-wan \(WanPipeline\) takes no mask video; .*tiny-easyanimate-inpaint\), or drop",
         ),
     ],
-    ids=["video-without-mask", "unreadable-mask", "image-and-video", "short-video", "wrong-kind-of-model"],
+    ids=[
+        "video-without-mask",
+        "unreadable-mask",
+        "image-and-video",
+        "short-video",
+        "image-frames",
+        "wrong-kind-of-model",
+    ],
 )
-def test_bad_inpaint_inputs_are_one_line_errors(tmp_path, flags, message):
+def test_bad_inputs_are_one_line_errors(tmp_path, flags, message):
     """Before anything loads: each a one-line error naming the flag and what to do."""
     from variant_generate_checks import write_random_inputs
 
