@@ -173,6 +173,18 @@ def test_cosmos_transfer_controlnet_residuals_are_split_with_the_video(matrix, l
     assert errors["restored_bit_identical"] == 1.0
 
 
+def test_generate_says_in_one_line_that_it_does_not_run_cosmos_transfer(tmp_path):
+    import json
+
+    from dit_sp.errors import ConfigError
+    from dit_sp.inference.checks import check_image_inputs
+
+    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "Cosmos2_5_TransferPipeline"}))
+    settings = GenerateConfig.load(overrides={"model": str(tmp_path), "out": str(tmp_path / "out.mp4")})
+    with pytest.raises(ConfigError, match=r"\(Cosmos2_5_TransferPipeline\): generate does not run it yet: .*vision"):
+        check_image_inputs(settings)
+
+
 @pytest.fixture(scope="module")
 def easyanimate_control():
     """A tiny ``EasyAnimateControlPipeline``: tiny-easyanimate's components (the control pipeline takes the same)."""
