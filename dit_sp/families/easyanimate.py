@@ -40,11 +40,11 @@ _ARCHITECTURES = {
         "add_norm_text_encoder": True, "after_norm": True})},
         "text_encoders": 8.3e9, "vae": 244e6, "compression": (4, 8), "text_tokens": 256, "joint": True},
 }  # fmt: skip
+"""The real checkpoints, for the memory planner (``ModelFamily.architectures``): V5.1 12B with its Qwen2-VL-7B."""
 # V5.1 12B InP (the inpaint pipeline's): the kept video's 16 latent channels and the 1-channel mask join the noise
 _BASE = _ARCHITECTURES["easyanimate-v5.1-12b"]
 _ARCHITECTURES["easyanimate-v5.1-12b-inp"] = _BASE | {"transformers": {"transformer": (
     "EasyAnimateTransformer3DModel", _BASE["transformers"]["transformer"][1] | {"in_channels": 33})}}  # fmt: skip
-"""The real checkpoints, for the memory planner (``ModelFamily.architectures``): V5.1 12B with its Qwen2-VL-7B."""
 
 
 def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:

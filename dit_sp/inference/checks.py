@@ -105,11 +105,11 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
         return  # the full load reports what the model is
     if name in refused_pipelines():
         raise ConfigError(f"{config.model} ({name}): {refused_pipelines()[name]}")
-    if "controls" in inspect.signature(getattr(diffusers, name).__call__).parameters:  # Cosmos-Transfer2.5
+    takes = inspect.signature(getattr(diffusers, name).__call__).parameters
+    if "controls" in takes:  # Cosmos-Transfer2.5
         raise ConfigError(f"{config.model} ({name}): generate does not run it yet: its ControlNet resizes a padding "
                           "mask with torchvision, which this toolkit does not install; call the pipeline from Python "
                           "(parallelize splits its transformer with the ControlNet's residuals)")  # fmt: skip
-    takes = inspect.signature(getattr(diffusers, name).__call__).parameters
     check_control_video(config, name, takes)
     if takes_inpaint(takes):  # EasyAnimate's inpaint pipeline: --image, or --video with --mask-video
         check_inpaint_inputs(config, name)

@@ -144,7 +144,9 @@ def build_tiny(name: str, component: str | None = None) -> Any:
 
     pipe = getattr(diffusers, spec["pipeline"])(**components, **spec.get("pipeline_config", {}))
     for key, value in spec.get("pipeline_attributes", {}).items():  # set after building (Kandinsky 5's resolutions)
-        setattr(pipe, key, [tuple(v) for v in value] if isinstance(value, list) else value)
+        # YAML lists of pairs as the tuples the pipeline compares against
+        is_list = isinstance(value, list)
+        setattr(pipe, key, [tuple(v) if isinstance(v, list) else v for v in value] if is_list else value)
     return _tile_if_needed(pipe)
 
 
