@@ -98,6 +98,11 @@ def vae_factors() -> dict[str, VAEFactors]:
     return {pipeline: read for family in FAMILIES for pipeline, read in family.vae_factors.items()}
 
 
+def refused_pipelines() -> dict[str, str]:
+    """The pipeline classes ``parallelize`` and ``generate`` refuse, with the reason, over all families."""
+    return {pipeline: why for family in FAMILIES for pipeline, why in family.refused_pipelines.items()}
+
+
 def architectures() -> dict[str, dict[str, Any]]:
     """The real checkpoints the memory planner knows, over all families."""
     return {name: arch for family in FAMILIES for name, arch in family.architectures.items()}

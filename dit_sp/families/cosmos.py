@@ -5,8 +5,9 @@ also to image tokens): local queries against replicated keys, no communication. 
 tables, its learnable positional embedding and, with per-frame timesteps (video-to-world's conditioning frames,
 ``timestep`` of shape ``(B, 1, T, 1, 1)``), its per-token modulation for the whole video and hands them to every
 block: the plan splits the rotary tables and the positional embedding where their modules return them, the video
-tokens at the first block, the per-token modulation where each block and the output norm take it, and gathers at
-``proj_out``. diffusers ships no ``_cp_plan`` for this model.
+tokens at the first block, the per-token modulation (and Cosmos-Transfer2.5's ControlNet residual, added to the
+block's output) where each block and the output norm take it, and gathers at ``proj_out``. diffusers ships no
+``_cp_plan`` for this model.
 
 The stock Cosmos 2 / 2.5 pipelines compute with the conditional prediction before they make the unconditional call,
 so the two branches cannot run at once on two process groups: CFG parallelism is refused for them. (The Cosmos
@@ -28,7 +29,9 @@ def _plan(model: torch.nn.Module) -> dict:
     cp_input, cp_output = context_parallel_types()
     per_token = cp_input(split_dim=1, expected_dims=3)  # per-frame timesteps' modulation, (B, S, C); else (B, C)
     modulation = {"embedded_timestep": per_token, "temb": per_token}
-    plan: dict[str, Any] = {f"transformer_blocks.{i}": dict(modulation) for i in range(len(model.transformer_blocks))}
+    # Cosmos-Transfer2.5: a ControlNet's residual for a block, (B, S, C) per token as the block's hidden states
+    per_block = modulation | {"controlnet_residual": cp_input(split_dim=1, expected_dims=3)}
+    plan: dict[str, Any] = {f"transformer_blocks.{i}": dict(per_block) for i in range(len(model.transformer_blocks))}
     plan["transformer_blocks.0"]["hidden_states"] = cp_input(split_dim=1, expected_dims=3)
     plan["rope"] = {i: cp_input(split_dim=0, expected_dims=2, split_output=True) for i in (0, 1)}
     if model.learnable_pos_embed is not None:

@@ -41,11 +41,23 @@ _ARCHITECTURES = {
         "text_encoders": 8.3e9, "vae": 244e6, "compression": (4, 8), "text_tokens": 256, "joint": True},
 }  # fmt: skip
 """The real checkpoints, for the memory planner (``ModelFamily.architectures``): V5.1 12B with its Qwen2-VL-7B."""
+# V5.1 12B InP (the inpaint pipeline's): the kept video's 16 latent channels and the 1-channel mask join the noise
+_BASE = _ARCHITECTURES["easyanimate-v5.1-12b"]
+_ARCHITECTURES["easyanimate-v5.1-12b-inp"] = _BASE | {"transformers": {"transformer": (
+    "EasyAnimateTransformer3DModel", _BASE["transformers"]["transformer"][1] | {"in_channels": 33})}}  # fmt: skip
 
 
 def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
     return vae.get("temporal_compression_ratio", 4), vae.get("spatial_compression_ratio", 8)
 
+
+CONTROL_BROKEN = (
+    "diffusers 0.42.1's stock pipeline fails on one process too: calling it passes text_encoder_index to its own "
+    "encode_prompt, which takes no such argument (TypeError: unexpected keyword argument 'text_encoder_index'), so "
+    "there is nothing to match; use EasyAnimatePipeline, or a diffusers that fixes it"
+)
+"""Why ``EasyAnimateControlPipeline`` is refused (``tests/pipelines/test_generate_inpaint_image_transfer.py`` checks
+that the stock pipeline still fails so)."""
 
 _PIPELINES = ("EasyAnimatePipeline", "EasyAnimateInpaintPipeline", "EasyAnimateControlPipeline")
 
@@ -65,7 +77,8 @@ EASYANIMATE = ModelFamily(
         "inpaint_latents",
         "control_latents",
     ),  # fmt: skip
-    tiny_models=("tiny-easyanimate",),
+    tiny_models=("tiny-easyanimate", "tiny-easyanimate-inpaint"),
+    refused_pipelines={"EasyAnimateControlPipeline": CONTROL_BROKEN},
     checkpoint_defaults=dict.fromkeys(_PIPELINES, generation_defaults(49, 512, 512, 50, 5.0, 256) | {"fps": 8}),
     vae_factors=dict.fromkeys(_PIPELINES, _vae_factors),
     architectures=_ARCHITECTURES,

@@ -115,6 +115,9 @@ class ModelFamily:
     refused: dict[str, str] = field(default_factory=dict, hash=False)
     """Transformer classes of the family that ``parallelize`` refuses, each with its one-line reason (``check``
     raises it)."""
+    refused_pipelines: dict[str, str] = field(default_factory=dict, hash=False)
+    """Pipeline classes of the family that ``parallelize`` and ``generate`` refuse, each with its one-line reason
+    (a stock pipeline that fails on one process too: nothing to match)."""
     step_cache: bool = True
     """Whether step caching and regional compile find the family's blocks (diffusers has block metadata for
     them); ``tests/families/test_family_table.py`` checks this against the tiny models."""

@@ -57,8 +57,19 @@ I2V_LATENT_FRAMES = 5
 after them (``normalize_first_frame``), and with none after them the statistics are NaN (so is the video)."""
 
 
+def _image_vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
+    return 1, 8  # the image pipelines' AutoencoderKL: no frames to compress (the pipelines fix x8 in space)
+
+
 def _shape_check(config: Any, settings: dict[str, Any], name: Any, vae: tuple[int, int]) -> None:
-    if "in_visual_dim" not in config or not settings.get("image"):  # another family's model, or text-to-video
+    if "in_visual_dim" not in config:  # another family's model
+        return
+    if vae[0] == 1:  # an image pipeline (its VAE compresses no frames): one frame
+        if settings["frames"] != 1:
+            raise ConfigError(f"{name('frames')} {settings['frames']}: Kandinsky 5's image pipelines make one image; "
+                              f"use {name('frames')} 1")  # fmt: skip
+        return
+    if not settings.get("image"):  # text-to-video
         return
     temporal, frames = vae[0], settings["frames"]
     if (frames - 1) // temporal + 1 < I2V_LATENT_FRAMES:
@@ -74,9 +85,12 @@ _CONFIG = {"in_visual_dim": 16, "in_text_dim": 3584, "in_text_dim2": 768, "out_v
 _QWEN25_VL_7B, _CLIP_L, _VAE = 8.29e9, 123e6, 246e6  # the text encoders, HunyuanVideo's VAE
 
 
-def _architecture(config: dict[str, Any]) -> dict[str, Any]:
+_FLUX_VAE = 84e6  # the image models' VAE (FLUX.1's AutoencoderKL)
+
+
+def _architecture(config: dict[str, Any], vae: float = _VAE) -> dict[str, Any]:
     return {"transformers": {"transformer": ("Kandinsky5Transformer3DModel", _CONFIG | config)},
-            "text_encoders": _QWEN25_VL_7B + _CLIP_L, "vae": _VAE, "compression": (4, 8), "text_tokens": 512,
+            "text_encoders": _QWEN25_VL_7B + _CLIP_L, "vae": vae, "compression": (4, 8), "text_tokens": 512,
             "joint": False}  # fmt: skip
 
 
@@ -90,10 +104,21 @@ _ARCHITECTURES = {
     # Kandinsky 5.0 I2V Pro: the Pro transformer (visual_cond: the image's latents and mask in channels too)
     "kandinsky5-i2v-pro": _architecture({"time_dim": 1024, "model_dim": 4096, "ff_dim": 16384, "num_text_blocks": 4,
                                          "num_visual_blocks": 60, "axes_dims": [32, 48, 48]}),
+    # Kandinsky 5.0 Image Lite text-to-image (6B): its transformer config (the meta-device count is 6.02e9), one frame
+    # of FLUX.1's VAE
+    "kandinsky5-t2i-lite": _architecture({"time_dim": 512, "model_dim": 2560, "ff_dim": 10240, "num_text_blocks": 2,
+                                          "num_visual_blocks": 50, "axes_dims": [32, 48, 48], "visual_cond": False},
+                                         vae=_FLUX_VAE),
+    # Kandinsky 5.0 Image Lite image-to-image (editing): the same transformer, the input image's latents and their mask
+    # in channels too (visual_cond, the original's instruct_type "channel")
+    "kandinsky5-i2i-lite": _architecture({"time_dim": 512, "model_dim": 2560, "ff_dim": 10240, "num_text_blocks": 2,
+                                          "num_visual_blocks": 50, "axes_dims": [32, 48, 48], "visual_cond": True},
+                                         vae=_FLUX_VAE),
 }  # fmt: skip
 """The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
 
 PIPELINES = ("Kandinsky5T2VPipeline", "Kandinsky5I2VPipeline")
+IMAGE_PIPELINES = ("Kandinsky5T2IPipeline", "Kandinsky5I2IPipeline")  # one frame, an image VAE (AutoencoderKL)
 
 KANDINSKY5 = ModelFamily(
     name="kandinsky5",
@@ -105,8 +130,9 @@ KANDINSKY5 = ModelFamily(
     channels_last=True,
     check=_check,
     shape_check=_shape_check,
-    tiny_models=("tiny-kandinsky5", "tiny-kandinsky5-i2v"),
-    checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(121, 512, 768, 50, 5.0, 512) | {"fps": 24}),
-    vae_factors=dict.fromkeys(PIPELINES, _vae_factors),
+    tiny_models=("tiny-kandinsky5", "tiny-kandinsky5-i2v", "tiny-kandinsky5-t2i", "tiny-kandinsky5-i2i"),
+    checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(121, 512, 768, 50, 5.0, 512) | {"fps": 24})
+    | dict.fromkeys(IMAGE_PIPELINES, generation_defaults(1, 1024, 1024, 50, 3.5, 512)),
+    vae_factors=dict.fromkeys(PIPELINES, _vae_factors) | dict.fromkeys(IMAGE_PIPELINES, _image_vae_factors),
     architectures=_ARCHITECTURES,
 )

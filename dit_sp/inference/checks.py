@@ -9,8 +9,9 @@ import inspect
 from typing import Any
 
 from dit_sp.errors import ConfigError, MissingFileError
-from dit_sp.families import FAMILIES, family_of
+from dit_sp.families import FAMILIES, family_of, refused_pipelines
 from dit_sp.inference.config import GenerateConfig
+from dit_sp.inference.inpaint import takes_inpaint
 from dit_sp.io.video import check_output, check_writable
 
 GUIDER = "ClassifierFreeGuidance"
@@ -127,15 +128,24 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
     name = pipeline_class_name(config.model, image=bool(config.image))
     if name is None or not hasattr(diffusers, name):
         return  # the full load reports what the model is
+    if name in refused_pipelines():
+        raise ConfigError(f"{config.model} ({name}): {refused_pipelines()[name]}")
     if check_modular(config, name):
         return
     takes = inspect.signature(getattr(diffusers, name).__call__).parameters
+    if "controls" in takes:  # Cosmos-Transfer2.5
+        raise ConfigError(f"{config.model} ({name}): generate does not run it yet: its ControlNet resizes a padding "
+                          "mask with torchvision, which this toolkit does not install; call the pipeline from Python "
+                          "(parallelize splits its transformer with the ControlNet's residuals)")  # fmt: skip
     if "cond_image" in takes and "image" not in takes:  # LTX-Video long multi-prompt: --image is its cond_image
         takes = {**takes, "image": takes["cond_image"]}
     check_fixed_schedule(config, name, takes)
     check_control_video(config, name, takes)
     if "reference_conditions" in takes:
         check_reference_input(config, name, takes)
+        return
+    if takes_inpaint(takes):  # EasyAnimate's inpaint pipeline: --image, or --video with --mask-video
+        check_inpaint_inputs(config, name)
         return
     if takes_conditions(takes):
         check_condition_inputs(config, name)
@@ -166,6 +176,30 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
     for flag, path in (("--image", config.image), ("--last-image", config.last_image)):
         if path is not None:
             read_image(path, flag)
+
+
+def check_inpaint_inputs(config: GenerateConfig, name: str) -> None:
+    """``--image`` or ``--video`` with ``--mask-video`` for an inpaint pipeline (``name``: its class), each file
+    readable and the videos ``frames`` long at least; the flags it takes none of are refused in one line."""
+    others = {"--last-image": config.last_image, "--pose-video": config.pose_video,
+              "--face-video": config.face_video, "--background-video": config.background_video}  # fmt: skip
+    for flag, path in others.items():
+        if path:
+            raise ConfigError(f"{flag}: {config.model} ({name}) inpaints a video under a mask and takes no "
+                              f"{flag[2:].replace('-', ' ')}; drop {flag}")  # fmt: skip
+    if config.image and config.video:
+        raise ConfigError(f"--image with --video: {config.model} ({name}) keeps either an image (its first frame) or "
+                          "the parts of a video that --mask-video leaves black; give one of them")  # fmt: skip
+    if bool(config.video) != bool(config.mask_video):
+        raise ConfigError(f"--video and --mask-video come together for {config.model} ({name}): the video and, per "
+                          "frame, what to make anew (white) or keep (black); give both, or --image PATH to animate "
+                          "an image")  # fmt: skip
+    if config.image:
+        read_image(config.image, "--image")
+    for flag, path in (("--video", config.video), ("--mask-video", config.mask_video)):
+        if path and len(frames := read_video(path, flag)) < config.frames:
+            raise ConfigError(f"{flag} {path}: {len(frames)} frames, fewer than the {config.frames} to make; give a "
+                              f"longer video or --frames {len(frames)} or fewer")  # fmt: skip
 
 
 def takes_conditions(takes: Any) -> bool:
@@ -248,14 +282,15 @@ the driving pose and face videos, and replace mode's background and mask (which 
 def check_motion_videos(config: GenerateConfig, name: str, takes: Any) -> None:
     """``--pose-video`` / ``--face-video`` (and replace mode's ``--background-video`` / ``--mask-video``) against the
     pipeline's ``__call__`` parameters ``takes``, and the files."""
-    if bool(config.background_video) != bool(config.mask_video):
+    if "background_video" in takes and bool(config.background_video) != bool(config.mask_video):
         raise ConfigError("--background-video and --mask-video come together (Wan Animate's replace mode: the video "
                           "and where its person is); give both, or neither to animate the image")  # fmt: skip
     for key in MOTION_VIDEOS:
         flag, path = "--" + key.replace("_", "-"), getattr(config, key)
         if key not in takes and path:
+            inpaint = ", or an EasyAnimate inpaint one, tiny-easyanimate-inpaint" if key == "mask_video" else ""
             raise ConfigError(f"{flag}: {config.model} ({name}) takes no {key.replace('_', ' ')}; use a Wan Animate "
-                              f"model (e.g. tiny-wan-animate), or drop {flag}")  # fmt: skip
+                              f"model (e.g. tiny-wan-animate{inpaint}), or drop {flag}")  # fmt: skip
         if key in takes and not path and takes[key].default is inspect.Parameter.empty:
             raise ConfigError(f"{config.model} animates an image by pose and face videos ({name}): give {flag} PATH")
         if path:

@@ -79,8 +79,9 @@ class GenerateConfig:
     background_video: str | None = setting(None, "Wan Animate replace mode: the video to put the character in")
     """Wan Animate's replace mode: the video whose person is replaced by the reference character (with
     ``mask_video``; as many frames as ``pose_video``)."""
-    mask_video: str | None = setting(None, "Wan Animate replace mode: where the person to replace is (white)")
-    """Wan Animate's replace mode: per frame, white where the person to replace is (read in grayscale)."""
+    mask_video: str | None = setting(None, "Wan Animate replace mode, EasyAnimate inpaint: where to make anew (white)")
+    """Wan Animate's replace mode: per frame, white where the person to replace is (read in grayscale). EasyAnimate's
+    inpaint pipeline (with ``video``): per frame, white where the video is made anew, black where it is kept."""
     save_latents: str | None = setting(None, "also save the final latents to this .pt file (default: none)")
     """Also save the final latents to this ``.pt`` file (for exact comparisons): those of the last step (Wan 2.2
     TI2V with an image: before the pipeline puts the image's latents into the first frame)."""

@@ -25,6 +25,7 @@ from dit_sp.inference.checks import (
     takes_conditions,
 )
 from dit_sp.inference.config import GenerateConfig
+from dit_sp.inference.inpaint import inpaint_inputs, takes_inpaint
 from dit_sp.io.console import plain_tracebacks, quiet_followers
 from dit_sp.parallel import ParallelState, check_ranks_agree, init_layout
 from dit_sp.sp import parallelize
@@ -136,6 +137,8 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
     if "reference_conditions" in takes and "video" in images:  # LTX-2 HDR and IC-LoRA: --video is the reference
         images = dict(images)
         references = _as_references(stock, images.pop("video"))
+    if takes_inpaint(takes):  # the video and mask as the tensors it takes
+        images = inpaint_inputs(images, config.frames, config.height, config.width)
     if takes_conditions(takes):
         images = _as_conditions(stock, images)
     images |= references
@@ -173,8 +176,11 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
     steps = [b - a for a, b in zip([start, *step_times[:-1]], step_times)]
     if modular:  # its outputs by name: the decoded videos and the final (unpacked) latents
         frames, final["latents"] = result["videos"][0], result["latents"].detach().cpu()
-    else:  # a text-to-image pipeline (Cosmos-Predict2 Text2Image) returns images: its image is a one-frame video
-        frames = result.frames[0] if hasattr(result, "frames") else result.images[0][None]
+    elif hasattr(result, "frames"):
+        frames = result.frames[0]
+    else:  # a text-to-image pipeline (Cosmos-Predict2 Text2Image; Kandinsky 5's, as ``image``) returns images: its
+        # image is a one-frame video
+        frames = (result.images if hasattr(result, "images") else result.image)[0][None]
     return {"frames": frames, "latents": final["latents"], "seconds": time.perf_counter() - start,
             "seconds_per_step": sum(steps) / max(len(steps), 1), "first_step_seconds": steps[0] if steps else 0.0,
             "later_seconds_per_step": sum(steps[1:]) / max(len(steps) - 1, 1)}  # fmt: skip

@@ -132,6 +132,8 @@ def parallelize(
                     f"{type(obj).__name__} is neither a diffusers transformer nor a pipeline with a `transformer`"
                 )
             family = family_of(transformers[0])
+            if type(obj).__name__ in family.refused_pipelines:
+                raise ConfigError(f"{type(obj).__name__}: {family.refused_pipelines[type(obj).__name__]}")
             if parallel.cfg == 2 and family.cfg_refused:
                 raise ConfigError(f"cfg parallelism (cfg=2) for {type(obj).__name__}: {family.cfg_refused}")
             guidance = GuidancePair(parallel, family) if parallel.cfg == 2 else None

@@ -18,7 +18,13 @@ from dit_sp.families.family import no_grad
 from dit_sp.io.bundled import ASSET_DIR, asset_path
 from dit_sp.zoo.hub import cached_snapshot, is_hub_id
 from dit_sp.zoo.sample import read_sample_settings
-from dit_sp.zoo.tokenizers import clip_byte_vocab, llama3_byte_tokenizer, qwen3_vl_processor, qwen_byte_tokenizer
+from dit_sp.zoo.tokenizers import (
+    clip_byte_vocab,
+    llama3_byte_tokenizer,
+    qwen2_5_vl_processor,
+    qwen3_vl_processor,
+    qwen_byte_tokenizer,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -110,14 +116,18 @@ def _component(spec: dict[str, Any]) -> Any:
         return llama3_byte_tokenizer(config, image_to_video=spec["vocab"] == "llama3-bytes-i2v")
     if spec.get("vocab") == "qwen-bytes":
         return qwen_byte_tokenizer(config)
-    if spec.get("vocab") == "qwen-vl-bytes":  # Qwen3-VL's tokenizer, with its vision markers, or its processor
-        return qwen3_vl_processor(config) if cls_name.endswith("Processor") else qwen_byte_tokenizer(config, True)
+    if spec.get("vocab") == "qwen-vl-bytes":  # Qwen-VL's tokenizer with its vision markers, or a processor over it
+        if cls_name.endswith("Processor"):
+            return qwen3_vl_processor(config) if cls_name.startswith("Qwen3") else qwen2_5_vl_processor(config)
+        return qwen_byte_tokenizer(config, vision=True)
     if spec.get("vocab") == "clip-bytes":
         return cls(**clip_byte_vocab(), **config)
     if cls_name.endswith("Tokenizer"):
         return cls(**config)
     if hasattr(cls, "from_config"):
         model = cls.from_config(config) if not issubclass(cls, torch.nn.Module) else cls(**config)
+        if "extra_config" in spec:  # a config key a pipeline reads that the class does not take (cache_mag_vae)
+            model.register_to_config(**spec["extra_config"])
         if "redraw_zeros" in spec:  # weights a family initialises to zero (adaLN modulation): re-drawn, seeded
             _redraw_zeros(model, spec["redraw_zeros"])
         return model.eval() if isinstance(model, torch.nn.Module) else model
@@ -152,7 +162,12 @@ def build_tiny(name: str, component: str | None = None) -> Any:
         pipe = getattr(diffusers, spec["blocks"])().init_pipeline()
         pipe.update_components(**components)
         return pipe
-    return _tile_if_needed(getattr(diffusers, spec["pipeline"])(**components, **spec.get("pipeline_config", {})))
+    pipe = getattr(diffusers, spec["pipeline"])(**components, **spec.get("pipeline_config", {}))
+    for key, value in spec.get("pipeline_attributes", {}).items():  # set after building (Kandinsky 5's resolutions)
+        # YAML lists of pairs as the tuples the pipeline compares against
+        is_list = isinstance(value, list)
+        setattr(pipe, key, [tuple(v) if isinstance(v, list) else v for v in value] if is_list else value)
+    return _tile_if_needed(pipe)
 
 
 CHECKPOINT_DEFAULTS = families.checkpoint_defaults()

@@ -97,6 +97,13 @@ def _leader_reasons() -> list[str]:
     return lines + [f"- `{v}`: {LEADER_DECODE_REASONS.get(v, missing)}." for v in leader_decode_vaes()]
 
 
+def _refused_reasons() -> list[str]:
+    """Under the table: the pipelines refused (``ModelFamily.refused_pipelines``), and why."""
+    refused = [(family.name, name, why) for family in FAMILIES for name, why in family.refused_pipelines.items()]
+    lines = ["", "Pipelines refused, and why:", ""] if refused else []
+    return lines + [f"- `{name}` ({family}): {why}." for family, name, why in refused]
+
+
 def _pipeline_class(model: str) -> str | None:
     """The diffusers pipeline class of a built-in model (a shipped one's from its ``model_index.json``), or None
     for a built-in transformer without a pipeline."""
@@ -113,7 +120,8 @@ def _pipelines(family: ModelFamily) -> str:
     names = {p for cls in family.class_names for p in by_transformer.get(cls, ())} | tested
     names |= set(family.modular_pipelines)
     shown = [
-        f"`{name}`" if name in tested else f"*{name}*" for name in sorted(names, key=lambda n: (n not in tested, n))
+        f"`{name}`" if name in tested else f"*{name}*" + (" (refused)" if name in family.refused_pipelines else "")
+        for name in sorted(names, key=lambda n: (n not in tested, n))
     ]
     return ", ".join(shown) or "(none in this diffusers)"
 
@@ -149,7 +157,7 @@ def family_table() -> str:
     """The Markdown table of every registered family (one row each, in registry order), between the markers."""
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(_row(family)) + " |" for family in FAMILIES]
-    return "\n".join([START, *lines, *_leader_reasons(), END])
+    return "\n".join([START, *lines, *_leader_reasons(), *_refused_reasons(), END])
 
 
 if __name__ == "__main__":

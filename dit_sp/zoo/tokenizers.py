@@ -103,3 +103,19 @@ def qwen3_vl_processor(config: dict[str, Any]) -> Any:
     tokenizer = qwen_byte_tokenizer(config, vision=True)
     return TextImageQwen3VLProcessor(image_processor=Qwen2VLImageProcessorPil(), tokenizer=tokenizer,
                                      video_processor=None)  # fmt: skip
+
+
+def qwen2_5_vl_processor(config: dict[str, Any]) -> Any:
+    """A Qwen2.5-VL processor for images (Kandinsky 5 I2I), built here (nothing to download):
+    ``qwen_byte_tokenizer(vision=True)`` and a PIL image processor whose patches fit a tiny vision tower
+    (``config``: its ``patch_size``, ``merge_size``, ``temporal_patch_size``, ``min_pixels``, ``max_pixels``). Images
+    only: transformers' video processor needs torchvision, which this toolkit does not install."""
+    from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessorPil
+
+    class ImageQwenVLProcessor(Qwen2_5_VLProcessor):
+        @classmethod
+        def get_attributes(cls) -> list[str]:
+            return ["image_processor", "tokenizer"]  # no video processor
+
+    tokenizer = qwen_byte_tokenizer({}, vision=True)
+    return ImageQwenVLProcessor(image_processor=Qwen2VLImageProcessorPil(**config), tokenizer=tokenizer)

@@ -15,7 +15,8 @@ from dit_sp.memory.sampling import SamplingSettings, plan_sampling
 # config: (published transformer parameters, heads)
 CONFIGS = {"easyanimate-v5.1-12b": (12e9, 48), "allegro": (2.8e9, 24), "hunyuanvideo-1.5-480p-t2v": (8.3e9, 16),
            "helios-14b": (14e9, 40), "lucy-edit-dev": (5e9, 24), "skyreels-v1-hunyuan-i2v": (13e9, 24),
-           "kandinsky5-i2v-pro": (19e9, 32), "minimax-h3": (33.1e9, 56)}  # fmt: skip
+           "kandinsky5-i2v-pro": (19e9, 32), "minimax-h3": (33.1e9, 56), "kandinsky5-t2i-lite": (6e9, 20),
+           "easyanimate-v5.1-12b-inp": (12e9, 48), "kandinsky5-i2i-lite": (6e9, 20)}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))

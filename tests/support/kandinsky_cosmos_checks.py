@@ -110,6 +110,10 @@ TINY: dict[str, tuple[str, dict[str, Any], Inputs]] = {
     "cosmos": ("CosmosTransformer3DModel", _COSMOS, _cosmos_inputs),
     "cosmos-frames": ("CosmosTransformer3DModel", _COSMOS | {"extra_pos_embed_type": None},
                       lambda batch: _cosmos_inputs(batch, per_frame=True)),
+    # Cosmos-Transfer2.5's transformer: a ControlNet residual (B, 18, 24) added after each block
+    "cosmos-control": ("CosmosTransformer3DModel", _COSMOS | {"controlnet_block_every_n": 1},
+                       lambda batch: _cosmos_inputs(batch) | {"block_controlnet_hidden_states": list(
+                           torch.randn(2, batch, 18, 24, generator=torch.Generator().manual_seed(5)))}),
     "helios": ("HeliosTransformer3DModel",
                {"num_attention_heads": 2, "attention_head_dim": 12, "in_channels": 4, "out_channels": 4, "text_dim": 16,
                 "freq_dim": 16, "ffn_dim": 32, "num_layers": 2, "rope_dim": (4, 4, 4), "is_amplify_history": True},
