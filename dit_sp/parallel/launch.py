@@ -321,8 +321,18 @@ class by_name:  # noqa: N801 - used like a function
         return getattr(importlib.import_module(self.__module__), self.__qualname__)(*args)
 
 
-PRELOAD = ("torch", "torch.distributed", "diffusers", "transformers")
-"""What the fork server imports once per launcher, before the module of the worker's function."""
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "diffusers",
+    "diffusers.pipelines.pipeline_utils",
+    "transformers",
+    "transformers.modeling_utils",
+    "peft",
+)
+"""What the fork server imports once per launcher, before the module of the worker's function: the packages every
+worker loads a pipeline with (diffusers and transformers import their pipeline and model machinery lazily, about 2 s
+of a worker's start-up when left to each worker; a missing optional package is skipped)."""
 
 
 SOCKET_PATH_MAX = 107

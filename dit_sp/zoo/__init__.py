@@ -4,6 +4,7 @@ diffusers checkpoints."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 from pathlib import Path
@@ -91,7 +92,13 @@ def model_spec(name: str) -> dict[str, Any]:
     path = SPEC_DIR / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError(f"unknown model {name!r}: built-in models are {builtin_models()}, or give a local directory")
-    return yaml.safe_load(path.read_text())
+    return copy.deepcopy(_parsed_spec(path))  # a copy: callers may change theirs
+
+
+@functools.cache
+def _parsed_spec(path: Path) -> dict[str, Any]:
+    """A spec, parsed once per process (a CLI's help and notes read every spec), by libyaml where PyYAML has it."""
+    return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def _component(spec: dict[str, Any]) -> Any:

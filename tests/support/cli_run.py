@@ -13,6 +13,8 @@ import tempfile
 import traceback
 from pathlib import Path
 
+from dit_sp.parallel.launch import PRELOAD
+
 
 def _run_module(module: str, argv: list[str], cwd: str, out: str, err: str) -> None:
     os.chdir(cwd)
@@ -52,7 +54,7 @@ def run_cli(module: str, argv: list[str], cwd: Path, timeout: float = 120,
     ``without``: optional packages blocked in the forked process only (what a user without ``peft`` or
     ``wandb`` sees); the fork server and the other tests keep them."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "diffusers", "dit_sp"])  # if not started yet
+    ctx.set_forkserver_preload([*PRELOAD, "dit_sp", "dit_sp.zoo"])  # if not started yet
     with tempfile.TemporaryDirectory() as tmp:
         out, err = os.path.join(tmp, "out"), os.path.join(tmp, "err")
         proc = ctx.Process(target=_run_without, args=(tuple(without), module, argv, str(cwd), out, err))
