@@ -44,7 +44,6 @@ MODELS = {
     # (patch 2), 1 step each: 9, 36 and 144 tokens behind 40 history tokens, per stage
     "tiny-helios-pyramid": ((49, 76, 184), {"frames": 33, "height": 64, "width": 64, "steps": 1}),
 }
-INPUTS = ("video", "image", "last_image", "control_video")  # settings that are files in the test's directory
 LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}  # cfg2: a branch per rank
 # LTX-2's pipelines add unbatched spatio-temporal and modality guidance passes, which CFG parallelism refuses
 CFG_REFUSED = {
@@ -68,22 +67,19 @@ SP = {"1x2": 2, "2x1": 2, "cfg2": 1}  # processes per guidance branch
 SETTINGS = {"steps": 3, "height": 48, "width": 32, "frames": 9, "verify_inputs": True}
 
 
-def _settings(tmp, model: str, name: str, **flags) -> GenerateConfig:
-    inputs = {key: str(tmp / value) if key in INPUTS else value for key, value in MODELS[model][1].items()}
-    return GenerateConfig.load(overrides={"model": model, "out": str(tmp / f"{model}-{name}.mp4"),
-                                          "save_latents": str(tmp / f"{model}-{name}.pt"), **SETTINGS, **inputs,
-                                          **flags})  # fmt: skip
-
-
 @pytest.fixture(scope="module")
 def videos(tmp_path_factory):
     """{(model, layout): the sample leader's report}, "single" being one process."""
-    from variant_generate_checks import layout_reports, write_random_inputs
+    from variant_generate_checks import layout_reports, variant_settings, write_random_inputs
 
     tmp = tmp_path_factory.mktemp("edit_variants")
     write_random_inputs(tmp, 9, (48, 32))  # image.png and a 9-frame clip/
-    reports = {(model, "single"): generate(_settings(tmp, model, "single"), True) for model in MODELS}
-    jobs = [((model, layout), _settings(tmp, model, layout, **flags)) for layout, flags in LAYOUTS.items()
+
+    def settings(model: str, name: str, **flags) -> GenerateConfig:
+        return variant_settings(tmp, model, name, MODELS[model][1], SETTINGS, **flags)
+
+    reports = {(model, "single"): generate(settings(model, "single"), True) for model in MODELS}
+    jobs = [((model, layout), settings(model, layout, **flags)) for layout, flags in LAYOUTS.items()
             for model in MODELS if not (layout == "cfg2" and model in CFG_REFUSED | CFG_SAME_AS_FAMILY)]  # fmt: skip
     return reports | layout_reports(jobs)
 

@@ -33,7 +33,6 @@ MODELS = {
     # tokens; a prompt per window (the bar splits them); 3 steps: its schedule's last sigma is not stepped
     "tiny-ltx-long": (256, {"image": "image.png", "prompt": "a red cat | a blue dog", "steps": 3}),
 }
-INPUTS = ("video", "image", "last_image")  # settings that are files in the test's directory
 LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}  # cfg2: a branch per rank
 # LTX-2's IC-LoRA pipeline adds unbatched spatio-temporal and modality guidance passes, which CFG parallelism refuses
 # (DFR runs no guidance at all)
@@ -45,13 +44,6 @@ SP = {"1x2": 2, "2x1": 2, "cfg2": 1}  # processes per guidance branch
 SETTINGS = {"steps": 2, "height": 32, "width": 32, "frames": 9, "verify_inputs": True}
 
 
-def _settings(tmp, model: str, name: str, **flags) -> GenerateConfig:
-    inputs = {key: str(tmp / value) if key in INPUTS else value for key, value in MODELS[model][1].items()}
-    return GenerateConfig.load(overrides={"model": model, "out": str(tmp / f"{model}-{name}.mp4"),
-                                          "save_latents": str(tmp / f"{model}-{name}.pt"), **SETTINGS, **inputs,
-                                          **flags})  # fmt: skip
-
-
 CASES = [(model, layout) for model in MODELS for layout in LAYOUTS if not (layout == "cfg2" and model in CFG_REFUSED)]
 
 
@@ -60,12 +52,16 @@ def videos(tmp_path_factory):
     """{(model, layout): the sample leader's report}, "single" being one process; "then": each rank's IC-LoRA
     attention-strength error."""
     from ltx_variant_checks import in_context_mask_refusal
-    from variant_generate_checks import layout_reports, write_random_inputs
+    from variant_generate_checks import layout_reports, variant_settings, write_random_inputs
 
     tmp = tmp_path_factory.mktemp("ltx_variants")
     write_random_inputs(tmp, 9, (32, 32))  # image.png and a 9-frame clip/
-    reports = {(model, "single"): generate(_settings(tmp, model, "single"), True) for model in MODELS}
-    jobs = [((model, layout), _settings(tmp, model, layout, **LAYOUTS[layout])) for model, layout in CASES]
+
+    def settings(model: str, name: str, **flags) -> GenerateConfig:
+        return variant_settings(tmp, model, name, MODELS[model][1], SETTINGS, **flags)
+
+    reports = {(model, "single"): generate(settings(model, "single"), True) for model in MODELS}
+    jobs = [((model, layout), settings(model, layout, **LAYOUTS[layout])) for model, layout in CASES]
     return reports | layout_reports(jobs, then=in_context_mask_refusal)
 
 

@@ -48,6 +48,21 @@ def layout_reports(jobs: list[tuple[object, GenerateConfig]], then: Callable[[],
     return reports
 
 
+def variant_settings(tmp: Path, model: str, name: str, inputs: dict[str, Any], base: dict[str, Any],
+                     **flags: Any) -> GenerateConfig:  # fmt: skip
+    """A matrix run's settings: ``model`` with the ``base`` settings, its ``inputs`` (a value under a file setting,
+    ``FILE_SETTINGS``, is a file in ``tmp``) and the layout's ``flags``, writing ``tmp/{model}-{name}.mp4`` and its
+    latents beside it."""
+    inputs = {key: str(tmp / value) if key in FILE_SETTINGS else value for key, value in inputs.items()}
+    return GenerateConfig.load(overrides={"model": model, "out": str(tmp / f"{model}-{name}.mp4"),
+                                          "save_latents": str(tmp / f"{model}-{name}.pt"), **base, **inputs,
+                                          **flags})  # fmt: skip
+
+
+FILE_SETTINGS = ("video", "image", "last_image", "control_video")
+"""The settings that name an input file (in the test's directory)."""
+
+
 def write_random_inputs(tmp: Path, clip_frames: int, clip_size: tuple[int, int]) -> None:
     """The matrices' input files, of random pixels (seed 0): ``tmp/image.png`` (40 x 30) and ``tmp/clip/``, a video
     of ``clip_frames`` PNG frames of ``clip_size`` (height, width)."""
