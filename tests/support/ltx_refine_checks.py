@@ -12,19 +12,18 @@ from doc_blocks import run_snippet
 TRANSFORMER = "LTX2VideoTransformer3DModel"
 
 
-def _recorder(full: set[int], local: set[int]) -> Any:
-    """A global forward pre-hook: ``full`` gets the video length each transformer call is given (before the split,
-    which the transformer's own hooks do), ``local`` the video length its blocks' self-attention (``attn1``) runs on."""
-    attn1: set[int] = set()
+def _recorder(full: set[int], seen: set[tuple[int, int]]) -> Any:
+    """A global forward hook: ``full`` gets the video length of each transformer call (its video output, gathered
+    whole), ``seen`` each module's ``(id, hidden_states length)`` on this rank."""
 
-    def record(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    def record(module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         if type(module).__name__ == TRANSFORMER:
-            full.add((args[0] if args else kwargs["hidden_states"]).shape[1])
-            attn1.update(id(block.attn1) for block in module.transformer_blocks)
-        elif id(module) in attn1:
-            local.add((args[0] if args else kwargs["hidden_states"]).shape[1])
+            full.add(output[0].shape[1])
+        hidden = args[0] if args else kwargs.get("hidden_states")
+        if isinstance(hidden, torch.Tensor) and hidden.ndim == 3:
+            seen.add((id(module), hidden.shape[1]))
 
-    return torch.nn.modules.module.register_module_forward_pre_hook(record, with_kwargs=True)
+    return torch.nn.modules.module.register_module_forward_hook(record, with_kwargs=True)
 
 
 def refine_runs(runs: dict[str, str], cwd: str) -> dict[str, dict[str, Any]]:
@@ -34,13 +33,15 @@ def refine_runs(runs: dict[str, str], cwd: str) -> dict[str, dict[str, Any]]:
     results = {}
     for name, code in runs.items():
         full: set[int] = set()
-        local: set[int] = set()
-        handle = _recorder(full, local)
+        seen: set[tuple[int, int]] = set()
+        handle = _recorder(full, seen)
         try:
-            scope = run_snippet(code, cwd, ("first", "refined", "video"))
+            scope = run_snippet(code, cwd, ("first", "refined", "video", "refine"))
         finally:
             handle.remove()
         first, refined = scope["first"], scope["refined"]
+        attn1 = {id(block.attn1) for block in scope["refine"].transformer.transformer_blocks}  # the DFR pass's too
+        local = {length for module, length in seen if module in attn1}
         results[name] = {
             "dfr": first.frames,
             "dfr_keyframes": first.keyframes,
