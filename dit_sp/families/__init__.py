@@ -103,6 +103,12 @@ def refused_pipelines() -> dict[str, str]:
     return {pipeline: why for family in FAMILIES for pipeline, why in family.refused_pipelines.items()}
 
 
+def python_only_pipelines() -> dict[str, str]:
+    """The pipeline classes ``generate`` does not run but ``parallelize`` splits (called from Python), with the
+    reason, over all families."""
+    return {pipeline: why for family in FAMILIES for pipeline, why in family.python_only.items()}
+
+
 def architectures() -> dict[str, dict[str, Any]]:
     """The real checkpoints the memory planner knows, over all families."""
     return {name: arch for family in FAMILIES for name, arch in family.architectures.items()}
@@ -124,6 +130,7 @@ __all__ = [
     "checkpoint_defaults",
     "family_of",
     "policy_for",
+    "python_only_pipelines",
     "supported_classes",
     "supported_vaes",
     "tiny_models",

@@ -118,6 +118,9 @@ class ModelFamily:
     refused_pipelines: dict[str, str] = field(default_factory=dict, hash=False)
     """Pipeline classes of the family that ``parallelize`` and ``generate`` refuse, each with its one-line reason
     (a stock pipeline that fails on one process too: nothing to match)."""
+    python_only: dict[str, str] = field(default_factory=dict, hash=False)
+    """Pipeline classes of the family that ``parallelize`` splits but ``generate`` does not run (they take another
+    pass's output, which a CLI run does not chain), each with its one-line reason: called from Python."""
     step_cache: bool = True
     """Whether step caching and regional compile find the family's blocks (diffusers has block metadata for
     them); ``tests/families/test_family_table.py`` checks this against the tiny models."""

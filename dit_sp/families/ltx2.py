@@ -24,9 +24,13 @@ conditions), ``LTX2HDRPipeline`` (HDR IC-LoRA: a reference video's latent tokens
 linear HDR output) and ``LTX2InContextPipeline`` (IC-LoRA: a reference video appended the same way, with frame
 conditions) and ``LTX2DFRPipeline`` (one DFR pass: the canvas padded to whole keyframe segments, a generated
 single-frame keyframe slot per segment appended, marked by ``video_keyframes_mask``, split with the tokens; distilled,
-no guidance) split their whole token sequence, appended tokens included. Not run: ``LTX2DFRTemporalRefinePipeline``
-takes the latent baton of a previous DFR pass (latents, keyframe latents and positions, frozen audio), which
-``generate`` does not chain; its transformer calls are the DFR pass's, one per temporal tile.
+no guidance) split their whole token sequence, appended tokens included. ``LTX2DFRTemporalRefinePipeline`` (one
+temporal refine round: a temporal latent upsampler doubles the frames of a previous DFR pass's latents, then each
+temporal tile, its carried keyframes pinned and a generated slot appended, is denoised with the pass's frozen audio)
+splits the same way: its transformer calls are the DFR pass's, one per tile, and its ancestral noise is drawn from
+seeds every rank shares. ``generate`` does not run it (``ModelFamily.python_only``: it takes the latent output of a
+previous DFR pass, which one ``generate`` run does not chain); from Python, each pass under ``parallelize``, the chain
+gives the one-process latents and frames (``tiny-ltx2-dfr-refine``, docs/families-variant-pipelines.md).
 
 diffusers' ``_cp_plan`` for LTX-2 splits the text too (its ring attention gathers keys for cross-attention) and
 not the audio; dit-sp keeps the text whole, so it uses its own plan.
@@ -171,6 +175,13 @@ def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
     return ltx_vae_factors(vae, scaling=(True, True, True, True))  # AutoencoderKLLTX2Video's default scaling
 
 
+REFINE_PYTHON_ONLY = (
+    "it refines the latent output of a previous LTX2DFRPipeline pass (video latents, keyframe latents and positions, "
+    "frozen audio), which one generate run does not chain; call the two passes from Python, each under parallelize "
+    "(docs/families-variant-pipelines.md)"
+)
+"""Why ``generate`` refuses ``LTX2DFRTemporalRefinePipeline`` (one line); ``parallelize`` splits it exactly."""
+
 _PIPELINES = ("LTX2Pipeline", "LTX2ImageToVideoPipeline", "LTX2ConditionPipeline", "LTX2InContextPipeline")
 _DISTILLED = ("LTX2HDRPipeline", "LTX2DFRPipeline")
 """Pipelines whose checkpoints are distilled: 8 steps without guidance (their pipelines' defaults)."""
@@ -198,7 +209,9 @@ LTX2 = ModelFamily(
         "tiny-ltx2-hdr",
         "tiny-ltx2-in-context",
         "tiny-ltx2-dfr",
+        "tiny-ltx2-dfr-refine",
     ),
+    python_only={"LTX2DFRTemporalRefinePipeline": REFINE_PYTHON_ONLY},
     checkpoint_defaults=dict.fromkeys(_PIPELINES, generation_defaults(121, 512, 768, 30, 3.0, 1024) | {"fps": 24})
     | dict.fromkeys(_DISTILLED, generation_defaults(121, 512, 768, 8, 1.0, 1024) | {"fps": 24}),
     vae_factors=dict.fromkeys(_PIPELINES + _DISTILLED, _vae_factors),

@@ -9,7 +9,7 @@ import inspect
 from typing import Any
 
 from dit_sp.errors import ConfigError, MissingFileError
-from dit_sp.families import FAMILIES, family_of, refused_pipelines
+from dit_sp.families import FAMILIES, family_of, python_only_pipelines, refused_pipelines
 from dit_sp.inference.config import GenerateConfig
 from dit_sp.inference.inpaint import takes_inpaint
 from dit_sp.io.video import check_output, check_writable
@@ -130,6 +130,8 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
         return  # the full load reports what the model is
     if name in refused_pipelines():
         raise ConfigError(f"{config.model} ({name}): {refused_pipelines()[name]}")
+    if name in python_only_pipelines():  # LTX-2's DFR temporal refine: it refines another pass's latent output
+        raise ConfigError(f"{config.model} ({name}): generate does not run it: {python_only_pipelines()[name]}")
     if check_modular(config, name):
         return
     takes = inspect.signature(getattr(diffusers, name).__call__).parameters

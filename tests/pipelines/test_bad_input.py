@@ -49,6 +49,9 @@ CASES = [
      r"--image: tiny-wan is a text-to-video model \(WanPipeline\) and takes no image; use an image-to-video model"),
     ("gen-i2v-no-image", "generate", ["--model", "tiny-wan-i2v"], {},
      r"tiny-wan-i2v is an image-to-video model \(WanImageToVideoPipeline\): give its first frame with --image PATH"),
+    ("gen-refine-python", "generate", ["--model", "tiny-ltx2-dfr-refine"], {},
+     r"tiny-ltx2-dfr-refine \(LTX2DFRTemporalRefinePipeline\): generate does not run it: it refines the latent output "
+     r"of a previous LTX2DFRPipeline pass .*; call the two passes from Python, each under parallelize"),
     ("gen-image-missing", "generate", ["--model", "tiny-cogvideox-i2v", "--image", "{tmp}/none.png"], {},
      r"--image .*none.png: no such file"),
     ("gen-image-unreadable", "generate", ["--model", "tiny-wan-i2v", "--image", "{tmp}/a.png"], {"a.png": "text\n"},
