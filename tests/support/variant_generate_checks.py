@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from dit_sp import GenerateConfig, generate, spawn
@@ -61,6 +62,18 @@ def variant_settings(tmp: Path, model: str, name: str, inputs: dict[str, Any], b
 
 FILE_SETTINGS = ("video", "image", "last_image", "control_video")
 """The settings that name an input file (in the test's directory)."""
+
+
+def assert_same_video(report: dict, reference: dict, frame_tolerance: float = 1e-4, frame_scale: Any = 1.0) -> None:
+    """A layout's video against one process's: its frames within ``frame_tolerance`` (relative to ``frame_scale``:
+    HDR's linear light), its saved latents within 1e-4, and a real video, not a constant."""
+    assert report["frames"].shape == reference["frames"].shape
+    difference = np.abs(report["frames"] - reference["frames"]) / frame_scale
+    assert difference.max() <= frame_tolerance
+    assert (difference > 1e-4).mean() < 0.01  # (Cosmos' uint8 frames) only values at an 8-bit step's edge
+    latents, ref_latents = torch.load(report["latents"]), torch.load(reference["latents"])
+    assert (latents - ref_latents).abs().max() <= 1e-4
+    assert reference["frames"].std() > 0.01  # a real video, not a constant
 
 
 def write_random_inputs(tmp: Path, clip_frames: int, clip_size: tuple[int, int]) -> None:
