@@ -54,6 +54,36 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor | None = N
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale).transpose(1, 2)
 
 
+def _check_mask(mask: Tensor, batch: int, heads: int, seq_len: int, parallel: ParallelState, joint_len: int,
+                kernel: str | None) -> None:  # fmt: skip
+    if parallel.ring > 1 or joint_len or kernel is not None:
+        why = "ring > 1" if parallel.ring > 1 else "joint tokens" if joint_len else f"kernel {kernel!r}"
+        raise NotImplementedError(
+            f"an attention mask over the whole sequence (not only padding) is exact under Ulysses alone, where "
+            f"every rank attends over the whole sequence of its heads; not with {why}: use ring 1 and the default "
+            "kernel"
+        )
+    shape = tuple(mask.shape)
+    if len(shape) != 4 or shape[0] not in (1, batch) or shape[1] not in (1, heads) or shape[2:] != (seq_len, seq_len):
+        raise ValueError(
+            f"mask must be (B or 1, H or 1, S, S) = ({batch} or 1, {heads} or 1, {seq_len}, {seq_len}) over the "
+            f"whole sequence; got {shape}"
+        )
+
+
+def _block_mask(mask: Tensor, block_len: int, parallel: ParallelState) -> Tensor:
+    """A whole-sequence mask ``(B|1, H|1, S, S)`` for this rank's Ulysses block: its head group, and rows for
+    the padded queries (``block_len - S`` of them, attending to every key; their outputs are dropped)."""
+    attend = True if mask.dtype == torch.bool else 0.0
+    if mask.shape[1] > 1:  # padded heads (zero queries) attend to every key, as padded queries do
+        heads = ulysses.padded_heads(mask.shape[1], parallel)
+        mask = F.pad(mask, (0, 0, 0, 0, 0, heads - mask.shape[1]), value=attend)
+        group = heads // parallel.ulysses
+        mask = mask.narrow(1, parallel.ulysses_rank * group, group)
+    pad = block_len - mask.shape[2]
+    return F.pad(mask, (0, 0, 0, pad), value=attend) if pad else mask
+
+
 def _joint_key_mask(video_keys: int, joint_len: int, joint_valid: tuple[int, ...], device) -> Tensor:
     """``(B, 1, 1, video_keys + joint_len)`` bool: every video key, and each sample's real joint keys."""
     joint = torch.arange(joint_len, device=device) < torch.tensor(joint_valid, device=device).unsqueeze(1)
@@ -73,6 +103,7 @@ def usp_attention(
     joint_valid: Sequence[int] | None = None,
     scale: float | None = None,
     kernel: str | None = None,
+    mask: Tensor | None = None,
 ) -> Tensor:
     """Sequence-parallel, non-causal attention over the whole sequence of the SP group.
 
@@ -92,6 +123,11 @@ def usp_attention(
         scale: softmax scale, default ``1/sqrt(D)``.
         kernel: local attention kernel name (``dit_sp.attention.KERNELS``); default: best for the
             device and dtype, and torch SDPA where no ring is needed.
+        mask: an attention mask over the whole sequence, as SDPA's ``attn_mask`` (boolean, ``True`` attends, or
+            additive), ``(B or 1, H or 1, S, S)`` with ``S = seq_len``, the same on every rank (e.g. SkyReels-V2's
+            block-causal frames). Ulysses only (``ring == 1``, no joint tokens, the SDPA kernel): after its
+            all-to-all every rank holds the whole sequence of its heads, so any mask applies exactly; a ring
+            holds one block of keys at a time and raises.
 
     Returns:
         This rank's output shard, ``(B, S_local, H, D)``, joint tokens in the same place. Outputs on padded
@@ -102,6 +138,8 @@ def usp_attention(
     batch, local_len, heads, head_dim = q.shape
     seq_len = true_length(seq_len, local_len - joint_len, parallel, "usp_attention")
     scale = head_dim**-0.5 if scale is None else scale
+    if mask is not None:
+        _check_mask(mask, batch, heads, seq_len, parallel, joint_len, kernel)
     if joint_valid is not None:
         joint_valid = tuple(int(n) for n in joint_valid)
         if len(joint_valid) != batch or not all(0 <= n <= joint_len for n in joint_valid):
@@ -125,7 +163,8 @@ def usp_attention(
     block_valid = tuple(min(max(seq_len - r * block_len, 0), block_len) for r in range(parallel.ring))
     if parallel.ring == 1 and kernel is None:
         keys, values = bk[:, : block_valid[0]], bv[:, : block_valid[0]]
-        mask = None
+        if mask is not None:
+            mask = _block_mask(mask, block_len, parallel)
         if joint_len:
             if joint_valid is None or len(set(joint_valid)) == 1:
                 # One count of real joint keys for the whole batch (always so for batch 1): the padding is

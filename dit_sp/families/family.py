@@ -12,6 +12,8 @@ from dit_sp.vae import VAEPlan
 if TYPE_CHECKING:
     import torch
 
+    from dit_sp.parallel.state import ParallelState
+
 Plan = dict[str, Any]
 """Where a transformer's sequence is split and gathered: a diffusers ``_cp_plan`` (``dit_sp.sp.plan``)."""
 
@@ -86,6 +88,9 @@ class ModelFamily:
     check: Callable[[torch.nn.Module], None] = lambda model: None
     """Raises for configurations of the family that are not supported (at ``parallelize`` and at every call: a
     pipeline may reconfigure its model per call)."""
+    layout_check: Callable[[torch.nn.Module, ParallelState], None] = lambda model, parallel: None
+    """Raises for configurations of the family that split exactly on some layouts only (SkyReels-V2's block-causal
+    frames: Ulysses alone); called with ``check``."""
     pipelines: tuple[str, ...] = ()
     """diffusers pipeline classes that GRPO can train (through ``policy``)."""
     policy: type | None = None

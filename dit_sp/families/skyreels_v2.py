@@ -8,8 +8,10 @@ Diffusion forcing (``enable_diffusion_forcing=True``) gives every latent frame i
 expands the per-frame modulation to one per token, ``temb`` ``(B, S, C)`` and the blocks' ``(B, 6, S, C)``.
 So the blocks' modulation is split with the tokens (a ``temb`` of 4 dimensions, at every block), and the
 sequence is gathered after ``norm_out``, before the final per-token shift and scale. Block-causal attention
-(``num_frame_per_block > 1``, the pipelines' ``causal_block_size``) is a mask over frames, not key padding:
-refused. diffusers ships no ``_cp_plan`` for this model.
+(``num_frame_per_block > 1``, the pipelines' ``causal_block_size``: asynchronous diffusion forcing) is a
+``(1, 1, S, S)`` mask over frames, built whole before the split: under Ulysses every rank attends over the whole
+sequence of its heads and applies it as it is (``usp_attention(mask=...)``), exactly; a ring, which holds one block
+of keys at a time, refuses it. diffusers ships no ``_cp_plan`` for this model.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from dit_sp.families.wan import wan_architecture, wan_vae_factors
 if TYPE_CHECKING:
     import torch
 
+    from dit_sp.parallel.state import ParallelState
+
 PIPELINES = (
     "SkyReelsV2Pipeline",
     "SkyReelsV2ImageToVideoPipeline",
@@ -32,7 +36,8 @@ PIPELINES = (
 )
 CAUSAL_REFUSAL = (
     "SkyReels-V2 with causal_block_size (num_frame_per_block) {n} > 1 attends block-causally over frames, a mask "
-    "sequence-parallel attention cannot split exactly; use causal_block_size 1 (synchronous diffusion forcing)"
+    "that only Ulysses splits exactly (every rank attends over the whole sequence of its heads), not a ring of "
+    "{ring}; use ring 1, or causal_block_size 1 (synchronous diffusion forcing)"
 )
 
 
@@ -49,10 +54,10 @@ def _plan(model: torch.nn.Module) -> dict:
     return plan
 
 
-def _check(model: torch.nn.Module) -> None:
+def _layout_check(model: torch.nn.Module, parallel: ParallelState) -> None:
     n = model.config.num_frame_per_block
-    if n > 1:
-        raise NotImplementedError(CAUSAL_REFUSAL.format(n=n))
+    if n > 1 and parallel.ring > 1:
+        raise NotImplementedError(CAUSAL_REFUSAL.format(n=n, ring=parallel.ring))
 
 
 _DF_1_3B = {"num_attention_heads": 12, "ffn_dim": 8960, "num_layers": 30, "inject_sample_info": True}
@@ -75,7 +80,7 @@ SKYREELS_V2 = ModelFamily(
     plan=_plan,
     attention_modules=("blocks.*.attn1",),
     cfg_mode="sequential",
-    check=_check,
+    layout_check=_layout_check,
     tiny_models=(
         "tiny-skyreels-v2",
         "tiny-skyreels-v2-i2v",

@@ -143,6 +143,7 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
         takes = {**takes, "image": takes["cond_image"]}
     check_fixed_schedule(config, name, takes)
     check_control_video(config, name, takes)
+    check_diffusion_forcing(config, name, takes)
     if "reference_conditions" in takes:
         check_reference_input(config, name, takes)
         return
@@ -259,6 +260,19 @@ def check_control_video(config: GenerateConfig, name: str, takes: Any) -> None:
         raise ConfigError(f"{config.model} is a control model ({name}): give its control video with "
                           "--control-video PATH")  # fmt: skip
     read_video(config.control_video, "--control-video")
+
+
+def check_diffusion_forcing(config: GenerateConfig, name: str, takes: Any) -> None:
+    """``--causal-block-size`` / ``--ar-step`` against the pipeline's ``__call__`` parameters ``takes`` (SkyReels-V2
+    diffusion forcing's), and block-causal attention against the layout: a ring cannot split it exactly."""
+    for flag in ("causal_block_size", "ar_step"):
+        if getattr(config, flag) is not None and flag not in takes:
+            raise ConfigError(f"--{flag.replace('_', '-')}: {config.model} ({name}) takes none; it is SkyReels-V2 "
+                              "diffusion forcing's (e.g. tiny-skyreels-v2-df)")  # fmt: skip
+    if (config.causal_block_size or 1) > 1 and config.ring > 1:
+        raise ConfigError(f"--causal-block-size {config.causal_block_size} attends block-causally over frames, a mask "
+                          f"that only Ulysses splits exactly, not a ring of {config.ring}: use --ulysses instead of "
+                          "--ring")  # fmt: skip
 
 
 def check_video_input(config: GenerateConfig, name: str, takes: Any) -> None:

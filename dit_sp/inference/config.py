@@ -70,6 +70,14 @@ class GenerateConfig:
     control_video: str | None = setting(None, "a control video (CogVideoX-Fun Control; default: none)")
     """A control video (an .mp4 or .gif file, or a directory of image frames) for a model whose pipeline takes one
     (CogVideoX-Fun Control: its latents join the noise in channels; its length sets the frames)."""
+    causal_block_size: int | None = setting(
+        None, "SkyReels-V2 diffusion forcing: latent frames per causal block (default: the pipeline's, 1)"
+    )
+    """SkyReels-V2 diffusion forcing, asynchronous mode (with ``ar_step`` > 0): latent frames denoised as one block,
+    each block attending to itself and the blocks before it. Exact under Ulysses; a ring refuses it."""
+    ar_step: int | None = setting(
+        None, "SkyReels-V2 diffusion forcing: steps a block lags the one before (0: synchronous; default: 0)"
+    )
     pose_video: str | None = setting(None, "Wan Animate: the pose video whose motion is copied (default: none)")
     """Wan Animate: the skeleton pose video (an .mp4 or .gif file, or a directory of image frames) that the reference
     image (``image``) is animated to follow; the video written has its frame count, made in segments of ``frames``
@@ -139,6 +147,8 @@ class GenerateConfig:
             guidance_2="finite",
             collective_timeout="finite",
             embedding_cache_mb="finite",
+            causal_block_size=">= 1",
+            ar_step=">= 0",
         )
         check_ranges(self, embedding_cache_mb=">= 0")  # fmt: skip
         if self.guidance_2 is not None and not self.guidance > 1:

@@ -163,6 +163,9 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
         callback_on_step_end=on_step_end,
         **guidance,
     )
+    for key in ("causal_block_size", "ar_step"):  # SkyReels-V2 diffusion forcing's asynchronous mode
+        if getattr(config, key) is not None:
+            arguments[key] = getattr(config, key)
     if "pyramid_num_inference_steps_list" in inspect.signature(stock.__call__).parameters:  # Helios pyramid
         arguments["pyramid_num_inference_steps_list"] = [config.steps] * pipe.scheduler.config.stages  # per stage
     arguments |= call_arguments(config.model)  # a built-in model's fixed call arguments (its spec's ``call:``)

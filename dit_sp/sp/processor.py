@@ -14,6 +14,10 @@ Attention whose queries are whole on every rank while its keys and values are th
 sequence (LTX-2's audio queries over the video, ``ModelFamily.gathered_key_modules``) gathers the keys and values
 instead (``_attend_gathered_keys``).
 
+A mask over the whole split sequence that is more than padding (SkyReels-V2's block-causal frames) goes to
+``usp_attention`` whole: exact under Ulysses, where every rank attends over the whole sequence of its heads; a ring
+refuses it.
+
 A processor call that routed no attention raises: its stock processor reached attention some other way
 (a non-native diffusers attention backend, a custom kernel, a hand-written softmax), which would have
 attended over this rank's shard of the sequence only.
@@ -49,8 +53,9 @@ def _key_padding(mask: Tensor) -> tuple[Tensor, bool]:
         if torch.equal(mask[:, 0], keys[:, :, None] & keys[:, None, :]):
             return keys, True
     raise NotImplementedError(
-        f"sequence-parallel attention supports only a boolean padding mask, (B, 1, 1, S) over keys or (B, 1, S, S) "
-        f"over keys and queries; got {tuple(mask.shape)} of {mask.dtype}"
+        f"sequence-parallel attention supports a boolean padding mask, (B, 1, 1, S) over keys or (B, 1, S, S) "
+        f"over keys and queries, and, under Ulysses without joint tokens, any mask (B|1, H|1, S, S) over the whole "
+        f"split sequence; got {tuple(mask.shape)} of {mask.dtype}"
     )
 
 
@@ -82,6 +87,23 @@ def _joint_valid(
     return result
 
 
+def _whole_sequence_mask(mask: Tensor | None, ctx: SequenceContext, joint_len: int) -> Tensor | None:
+    """``mask`` if it is a mask over the whole split sequence, ``(B|1, H|1, S, S)``, that is more than padding
+    (SkyReels-V2's block-causal frames): ``usp_attention`` takes it under Ulysses; ``None`` otherwise."""
+    if mask is None or joint_len or mask.dim() != 4 or tuple(mask.shape[2:]) != (ctx.seq_len, ctx.seq_len):
+        return None
+    key = ("whole", id(mask))
+    cached = ctx._mask_cache.get(key)
+    if cached is None or cached[0] is not mask:
+        try:
+            _key_padding(mask)
+            cached = (mask, False)
+        except NotImplementedError:
+            cached = (mask, True)
+        ctx._mask_cache[key] = cached
+    return mask if cached[1] else None
+
+
 def _attend(ctx: SequenceContext, query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None,
             scale: float | None) -> Tensor:  # fmt: skip
     """USP attention of this rank's queries, ``(B, H, S, D)`` in and out, as ``scaled_dot_product_attention``."""
@@ -92,7 +114,8 @@ def _attend(ctx: SequenceContext, query: Tensor, key: Tensor, value: Tensor, att
             f"attention over {query.shape[2]} queries and {key.shape[2]} keys does not fit this rank's "
             f"{local_len} video tokens; is this module's sequence really split?"
         )
-    joint_valid, queries_too = _joint_valid(attn_mask, local_len, joint_len, ctx)
+    whole_mask = _whole_sequence_mask(attn_mask, ctx, joint_len)
+    joint_valid, queries_too = _joint_valid(None if whole_mask is not None else attn_mask, local_len, joint_len, ctx)
     out = usp_attention(
         *(x.transpose(1, 2) for x in (query, key, value)),
         ctx.parallel,
@@ -102,6 +125,7 @@ def _attend(ctx: SequenceContext, query: Tensor, key: Tensor, value: Tensor, att
         joint_valid=joint_valid,
         scale=scale,
         kernel=ctx.kernel,
+        mask=whole_mask,
     )
     if queries_too:  # padded joint queries attend to nothing: zero, as torch gives for an empty mask row
         real = torch.arange(joint_len, device=out.device) < torch.tensor(joint_valid, device=out.device)[:, None]

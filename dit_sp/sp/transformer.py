@@ -48,7 +48,12 @@ def parallelize_transformer(
     guidance: GuidancePair | None,
 ) -> None:
     family = family_of(model)
-    family.check(model)
+
+    def check(module: torch.nn.Module, *args: object) -> None:
+        family.check(module)
+        family.layout_check(module, parallel)
+
+    check(model)
     if family.gathered_key_modules and gather_grad == "slice":
         raise NotImplementedError(
             f"gather_grad='slice' keeps each rank's share of the split output's gradient, but {type(model).__name__} "
@@ -60,7 +65,7 @@ def parallelize_transformer(
     ctx = SequenceContext(parallel, family.joint_position, gather_grad, kernel)
     handles = apply_plan(model, family.plan(model), ctx)
     # and at every call: a pipeline may reconfigure its model (SkyReels-V2's causal_block_size)
-    handles.append(model.register_forward_pre_hook(lambda module, args: family.check(module)))
+    handles.append(model.register_forward_pre_hook(check))
     if family.hooks is not None:
         handles += family.hooks(model, ctx)
     handle.add_undo(lambda: [h.remove() for h in handles])

@@ -106,6 +106,34 @@ def test_bad_input_is_a_clear_error(parallel, shapes, kwargs, match):
         usp_attention(q, k, v, parallel, **kwargs)
 
 
+@pytest.mark.parametrize(
+    ("mask", "kwargs", "error", "match"),
+    [
+        (
+            torch.ones(1, 1, 8, 7, dtype=torch.bool),
+            {},
+            ValueError,
+            r"\(B or 1, H or 1, S, S\) = \(2 or 1, 2 or 1, 8, 8\)",
+        ),
+        (torch.ones(3, 1, 8, 8, dtype=torch.bool), {}, ValueError, r"got \(3, 1, 8, 8\)"),
+        (torch.ones(1, 1, 8, 8, dtype=torch.bool), {"joint_len": 2}, NotImplementedError, "not with joint tokens"),
+        (torch.ones(1, 1, 8, 8, dtype=torch.bool), {"kernel": "math"}, NotImplementedError, "not with kernel 'math'"),
+    ],
+)
+def test_whole_sequence_mask_misuse_is_a_clear_error(parallel, mask, kwargs, error, match):
+    q = torch.randn(2, 8, 2, 4)
+    with pytest.raises(error, match=match):
+        usp_attention(q, q, q, parallel, mask=mask, **kwargs)
+
+
+def test_whole_sequence_mask_equals_sdpa(parallel):
+    q, k, v = (torch.randn(2, 9, 3, 4) for _ in range(3))
+    mask = torch.rand(2, 3, 9, 9) < 0.5
+    mask |= torch.eye(9, dtype=torch.bool)
+    expected = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)), attn_mask=mask)
+    torch.testing.assert_close(usp_attention(q, k, v, parallel, mask=mask), expected.transpose(1, 2))
+
+
 def test_dtype_mismatch_is_a_clear_error(parallel):
     q = torch.randn(1, 4, 2, 8)
     with pytest.raises(ValueError, match="dtypes differ"):

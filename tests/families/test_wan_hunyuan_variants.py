@@ -23,9 +23,9 @@ TOL = 1e-5
 
 @pytest.fixture(scope="module")
 def results():
-    from variant_checks import check_models
+    from variant_checks import check_variants
 
-    return spawn(check_models, 2, args=(list(MODELS), LAYOUTS, MODELS), timeout=300)[0]
+    return spawn(check_variants, 2, args=(list(MODELS), LAYOUTS, MODELS), timeout=300)[0]
 
 
 @pytest.mark.slow
@@ -38,24 +38,20 @@ def test_transformer_matches_single_process(results, model, layout):
     assert seen == [local], f"{model}: attention saw {seen} tokens per rank, not the {local} of a split sequence"
 
 
-def test_skyreels_block_causal_attention_is_refused_in_one_line():
-    """causal_block_size > 1 is a mask over frames: refused at parallelize, and at a call after the pipeline set it."""
-    from variant_inputs import variant_inputs_of
-
-    from dit_sp import ParallelConfig, init_parallel, parallelize
-    from dit_sp.zoo import build_tiny
-
-    model = build_tiny("tiny-skyreels-v2-df", "transformer")
-    parallel = init_parallel(ParallelConfig())
-    with parallelize(model, parallel):
-        model._set_ar_attention(3)  # what SkyReelsV2DiffusionForcingPipeline(causal_block_size=3) does
-        refusal = (
-            r"^SkyReels-V2 with causal_block_size .* 3 > 1 .*use causal_block_size 1 \(synchronous diffusion forcing\)$"
-        )
-        with pytest.raises(NotImplementedError, match=refusal):
-            model(**variant_inputs_of("tiny-skyreels-v2-df"))
-    with pytest.raises(NotImplementedError, match="block-causally over frames"):
-        parallelize(model, parallel)
+@pytest.mark.slow
+def test_skyreels_block_causal_attention_splits_under_ulysses(results):
+    """causal_block_size 2 (asynchronous diffusion forcing): a block-causal mask over 6 frames, whose blocks the
+    shards cut; Ulysses applies it whole, forward and backward as one process; a ring refuses it in one line."""
+    block_causal = results["block_causal"]
+    errors = block_causal["dp1-r1-u2"]
+    assert_matches_one_process(errors, TOL, "tiny-skyreels-v2-df causal_block_size 2, Ulysses 2")
+    assert errors["lengths"] == ([18], 18), errors["lengths"]
+    # at parallelize, and at the next call after a pipeline set it (the pipelines set it per call)
+    for when in ("parallelize", "call"):
+        refusal = block_causal["dp1-r2-u1"][when]
+        assert refusal is not None and "\n" not in refusal, (when, refusal)
+        assert refusal.startswith("SkyReels-V2 with causal_block_size (num_frame_per_block) 2 > 1"), refusal
+        assert refusal.endswith("not a ring of 2; use ring 1, or causal_block_size 1 (synchronous diffusion forcing)")
 
 
 @pytest.mark.parametrize(("name", "low", "high"), [

@@ -105,3 +105,21 @@ def test_a_built_in_model_fixes_only_the_call_arguments_its_spec_names(tmp_path)
     assert call_arguments("tiny-ltx-long") == {"decode_horizontal_tiles": 1, "decode_vertical_tiles": 1}
     assert call_arguments("tiny-ltx") == {}
     assert call_arguments(str(tmp_path)) == {}  # a checkpoint directory: the pipeline's own defaults
+
+
+def test_diffusion_forcing_flags_go_to_skyreels_df_and_block_causal_attention_to_ulysses(tmp_path):
+    """``--causal-block-size`` / ``--ar-step`` are SkyReels-V2 diffusion forcing's; its block-causal attention (more
+    than one frame per block) splits exactly under Ulysses only: a ring is refused before anything loads."""
+    df = {"model": "tiny-skyreels-v2-df", "causal_block_size": 2, "ar_step": 1}
+    check_before_loading(_config(tmp_path, **df, ulysses=2))
+    check_before_loading(_config(tmp_path, **df | {"causal_block_size": 1}, ring=2))  # synchronous: any layout
+    with pytest.raises(ConfigError, match=r"^--causal-block-size 2 attends block-causally over frames, a mask that "
+                                          r"only Ulysses splits exactly, not a ring of 2: use --ulysses instead of "
+                                          r"--ring$"):  # fmt: skip
+        check_before_loading(_config(tmp_path, **df, ring=2))
+    for flag, value in (("causal_block_size", 2), ("ar_step", 1)):
+        with pytest.raises(ConfigError, match=rf"^--{flag.replace('_', '-')}: tiny-wan \(WanPipeline\) takes none; "
+                                              r"it is SkyReels-V2 diffusion forcing's"):  # fmt: skip
+            check_before_loading(_config(tmp_path, model="tiny-wan", **{flag: value}))
+    with pytest.raises(ConfigError, match=r"causal_block_size"):
+        _config(tmp_path, **df | {"causal_block_size": 0})

@@ -25,6 +25,7 @@ MODELS = {"tiny-skyreels-v2-df": 18, "tiny-wan-vace": 18, "tiny-chronoedit": 12,
 OVERRIDES = {"tiny-chronoedit": {"image": True}, "tiny-hunyuanvideo-framepack": {"image": True, "guidance": 4.0}}
 LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}  # cfg2: a branch per rank
 SP = {"1x2": 2, "2x1": 2, "cfg2": 1}  # processes per guidance branch
+ASYNC = {"frames": 21, "causal_block_size": 2, "ar_step": 1}  # 6 latent frames of 6 tokens
 
 
 def _settings(tmp, model: str, name: str, **flags) -> GenerateConfig:
@@ -53,6 +54,12 @@ def videos(tmp_path_factory):
         _settings(tmp, "tiny-wan-vace", "single-cache", **cached), True
     )
     jobs.append((("tiny-wan-vace", "1x2+cache"), _settings(tmp, "tiny-wan-vace", "1x2-cache", ulysses=2, **cached)))
+    # SkyReels-V2 asynchronous diffusion forcing: 6 latent frames in causal blocks of 2, the blocks lagging a step
+    reports[("tiny-skyreels-v2-df", "single+async")] = generate(
+        _settings(tmp, "tiny-skyreels-v2-df", "single-async", **ASYNC), True
+    )
+    jobs.append((("tiny-skyreels-v2-df", "1x2+async"),
+                 _settings(tmp, "tiny-skyreels-v2-df", "1x2-async", ulysses=2, **ASYNC)))  # fmt: skip
     return reports | layout_reports(jobs)
 
 
@@ -71,3 +78,12 @@ def test_the_first_block_cache_decides_as_one_process(videos):
     assert 0 < reference["cache"]["saved_fraction"] < 1  # it skipped some blocks, not all
     assert np.abs(report["frames"] - reference["frames"]).max() <= 1e-4
     assert (torch.load(report["latents"]) - torch.load(reference["latents"])).abs().max() <= 1e-4
+
+
+def test_asynchronous_diffusion_forcing_splits_its_block_causal_attention_under_ulysses(videos):
+    """Blocks of 2 latent frames, each attending to itself and the blocks before it: on Ulysses 2 the shards of 18
+    tokens cut the middle block, and the video is one process's."""
+    reference, report = videos[("tiny-skyreels-v2-df", "single+async")], videos[("tiny-skyreels-v2-df", "1x2+async")]
+    assert torch.load(reference["latents"]).shape[2] == 6
+    assert_same_video(report, reference)
+    assert report["lengths"] == [[18], [18]], report["lengths"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 from ltx_mochi_inputs import ltx_mochi_inputs_of
@@ -57,12 +59,21 @@ def _run(model, inputs: dict, grad_scale: float):
     return out.detach(), grads
 
 
-def check_transformer(family: str, layouts: list[tuple[int, int, int]], relative: bool = False) -> dict[str, dict]:
+def check_transformer(
+    family: str,
+    layouts: list[tuple[int, int, int]],
+    relative: bool = False,
+    setup: Callable[[torch.nn.Module], None] | None = None,
+    inputs: dict | None = None,
+) -> dict[str, dict]:
     """Per layout: max abs errors of output, input grads and parameter grads vs. one process, and
     whether unparallelize restores bit-identical outputs. ``relative``: a gradient's error is divided by its
-    magnitude where that is above 1 (fp32 rounds a gradient of 172, Mochi's RoPE frequencies, in steps of 1.5e-5)."""
+    magnitude where that is above 1 (fp32 rounds a gradient of 172, Mochi's RoPE frequencies, in steps of 1.5e-5).
+    ``setup``: configures the built model (as a pipeline would); ``inputs``: instead of ``model_inputs``."""
     model = build_tiny(family, "transformer").float()
-    inputs = model_inputs(family)
+    if setup is not None:
+        setup(model)
+    inputs = model_inputs(family) if inputs is None else inputs
     ref_out, ref_grads = _run(model, inputs, 1.0)
     results = {}
     for dp, ring, ulysses in layouts:

@@ -22,6 +22,8 @@ class Case:
     head_dim: int = 16
     kernel: str | None = None
     joint_valid: tuple[int, ...] | None = None
+    mask: str | None = None
+    """A mask over the whole sequence (``whole_mask``): ``"block_causal"``, ``"per_head"`` or ``"additive"``."""
 
     @property
     def name(self) -> str:
@@ -29,7 +31,26 @@ class Case:
         j = f"-joint{self.joint}{self.position}" if self.joint else ""
         k = f"-{self.kernel}" if self.kernel else ""
         jv = "-valid" + "_".join(map(str, self.joint_valid)) if self.joint_valid else ""
-        return f"S{self.seq}-H{self.heads}{j}{jv}-{dt}{k}"
+        m = f"-{self.mask}" if self.mask else ""
+        return f"S{self.seq}-H{self.heads}{j}{jv}{m}-{dt}{k}"
+
+
+def whole_mask(case: Case) -> torch.Tensor | None:
+    """The case's mask over the whole sequence, the same on every rank: block-causal frames of 8 tokens
+    ``(1, 1, S, S)`` (SkyReels-V2's diffusion forcing), a random boolean one per sample and head
+    ``(B, H, S, S)`` (the diagonal kept, so no query attends to nothing), or a random additive one ``(1, 1, S, S)``."""
+    if case.mask is None:
+        return None
+    g = torch.Generator().manual_seed(99)
+    if case.mask == "block_causal":
+        block = torch.arange(case.seq) // 8
+        return (block[:, None] >= block[None, :])[None, None]
+    if case.mask == "per_head":
+        keep = torch.rand(case.batch, case.heads, case.seq, case.seq, generator=g) < 0.5
+        return keep | torch.eye(case.seq, dtype=torch.bool)
+    if case.mask == "additive":
+        return torch.randn(1, 1, case.seq, case.seq, generator=g).to(case.dtype)
+    raise ValueError(case.mask)
 
 
 def reference(case: Case, seed: int):
@@ -43,7 +64,9 @@ def reference(case: Case, seed: int):
         (torch.cat([j, x], 1) if case.position == "front" else torch.cat([x, j], 1)).double().requires_grad_()
         for x, j in zip(video, joint)
     ]
-    mask = None
+    mask = whole_mask(case)
+    if mask is not None and mask.is_floating_point():
+        mask = mask.double()
     if case.joint_valid is not None:  # per-sample real joint keys; the rest is padding
         real_joint = torch.arange(case.joint) < torch.tensor(case.joint_valid).unsqueeze(1)
         video_keys = torch.ones(case.batch, case.seq, dtype=torch.bool)
@@ -74,7 +97,7 @@ def run_case(case: Case, parallel) -> dict[str, float]:
             (torch.cat([j, shard], 1) if case.position == "front" else torch.cat([shard, j], 1)).requires_grad_()
         )
     out = usp_attention(*local, parallel, seq_len=case.seq, joint_len=case.joint, joint_position=case.position,
-                        joint_valid=case.joint_valid, kernel=case.kernel)  # fmt: skip
+                        joint_valid=case.joint_valid, kernel=case.kernel, mask=whole_mask(case))  # fmt: skip
     out_video, out_joint = _split(out, case)
     # Every rank holds the joint output: count it once over the SP group, as the reference does.
     loss = (out_video.float() * shard_sequence(grad_video, parallel).float()).sum()
@@ -100,12 +123,21 @@ def run_case(case: Case, parallel) -> dict[str, float]:
 
 
 def check_layouts(layouts: list[tuple[int, int, int]], cases: list[Case]) -> dict[str, dict[str, float]]:
-    """Run every case under every ``(dp, ring, ulysses)`` layout in this world; errors keyed by name."""
+    """Run every case under every ``(dp, ring, ulysses)`` layout in this world; errors keyed by name. A case
+    with a whole-sequence mask on a ring records the refusal's message instead (``{"refusal": ...}``)."""
     torch.manual_seed(0)
     results = {}
     for dp, ring, ulysses in layouts:
         parallel = init_parallel(ParallelConfig(dp=dp, ring=ring, ulysses=ulysses))
         for case in cases:
+            if case.mask and ring > 1:
+                try:
+                    run_case(case, parallel)
+                    refusal = None
+                except NotImplementedError as error:
+                    refusal = str(error)
+                results[f"dp{dp}-r{ring}-u{ulysses}/{case.name}"] = {"refusal": refusal}
+                continue
             errors = run_case(case, parallel)
             # Report the worst rank so that every rank's shard is checked.
             worst = torch.tensor([errors[k] for k in sorted(errors)], dtype=torch.float64)
