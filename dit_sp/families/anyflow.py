@@ -7,7 +7,9 @@ modulation is split with the tokens at every block, as are its rotary tables (``
 ``(1, 1, S, D/2)``, complex), and the sequence is gathered after ``norm_out``, before the final per-token shift
 and scale. Its VAE is Wan's. diffusers ships no ``_cp_plan`` for this model.
 
-AnyFlow FAR (``AnyFlowFARTransformer3DModel``) attends causally over frame chunks with a KV cache: refused.
+AnyFlow FAR (``AnyFlowFARTransformer3DModel``) attends causally over frame chunks with a KV cache: refused (its
+flex-attention block mask and its whole-sequence cache, written inside the processor, have no split here; a
+Ulysses split could apply the mask whole, as it does SkyReels-V2's, once the cache held each rank's head group).
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ if TYPE_CHECKING:
     import torch
 
 FAR_REFUSAL = (
-    "AnyFlow FAR (AnyFlowFARTransformer3DModel) attends causally over frame chunks with a KV cache, which "
-    "sequence-parallel attention cannot split exactly; use the bidirectional AnyFlowTransformer3DModel"
+    "AnyFlow FAR (AnyFlowFARTransformer3DModel) attends causally over frame chunks with a KV cache: its processor "
+    "calls flex attention with a block mask (not torch SDPA, which dit-sp routes) and writes every layer's keys and "
+    "values into a cache its pipeline allocates whole, neither of which dit-sp splits; use the bidirectional "
+    "AnyFlowTransformer3DModel"
 )
 
 
