@@ -143,9 +143,9 @@ def _plan(model: torch.nn.Module) -> dict:
 
 SELF_ATTENTION_MASK_REFUSED = (
     "LTX-2's video self-attention mask (video_self_attention_mask: LTX2InContextPipeline's IC-LoRA "
-    "conditioning_attention_strength < 1 or conditioning_attention_mask) weights each pair of video tokens, which "
-    "sequence-parallel attention cannot split (it takes only a padding of keys); run it with strength 1 and no mask, "
-    "or on one process"
+    "conditioning_attention_strength < 1 or conditioning_attention_mask) weights each pair of video tokens, and "
+    "LTX-2's attention processor sizes it by each rank's shard of the queries, so dit-sp does not split it; run it "
+    "with strength 1 and no mask, or on one process"
 )
 """Why ``parallelize`` refuses a call with a video self-attention mask (one line, raised before the forward)."""
 
