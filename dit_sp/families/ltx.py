@@ -30,10 +30,69 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import block_argument, context_parallel_types
-from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.families.family import ModelFamily, generation_defaults, no_grad
+from dit_sp.families.policy import DiffusersPolicy
 
 if TYPE_CHECKING:
     import torch
+
+    Tensor = torch.Tensor
+
+FRAME_RATE = 25.0
+"""The frame rate LTX-Video's rotary positions are scaled by (``rope_interpolation_scale``): ``LTXPipeline``'s
+default ``frame_rate``, at which ``generate`` samples too."""
+
+
+class LTXPolicy(DiffusersPolicy):
+    """LTX-Video text-to-video (``LTXPipeline``; flow matching, velocity prediction): T5 text tokens with their
+    mask, as the pipeline encodes them. Latents are ``(B, C, F, H, W)`` here and packed ``(B, F*H*W, C)`` for the
+    transformer, whose rotary positions are scaled as the pipeline scales them at ``FRAME_RATE``. Guidance is
+    classifier-free guidance on the velocity, as the pipeline's (its guidance rescale is not part of the policy).
+
+    A timestep-conditioned VAE (LTX-Video 0.9.1 and later) decodes at the pipeline's default ``decode_timestep`` 0,
+    where the decoder adds no noise: decoding is deterministic, as the rewards need."""
+
+    def _compression(self, pipe: Any) -> tuple[int, int]:
+        return pipe.vae_temporal_compression_ratio, pipe.vae_spatial_compression_ratio
+
+    @no_grad
+    def _encode(self, prompts: list[str]) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor] | None]:
+        embeds, mask, negative, negative_mask = self.pipe.encode_prompt(
+            prompt=prompts,
+            negative_prompt=[self.negative_prompt] * len(prompts),
+            do_classifier_free_guidance=self.guided,
+            max_sequence_length=self.max_sequence_length,
+            device=self.device,
+        )
+        return (embeds, mask), (negative, negative_mask) if self.guided else None
+
+    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: tuple[Tensor, Tensor]) -> Tensor:
+        text, mask = cond
+        _, _, frames, height, width = hidden.shape
+        patch, patch_t = model.config.patch_size, model.config.patch_size_t
+        grid = (frames // patch_t, height // patch, width // patch)
+        temporal, spatial = self._compression(self.pipe)
+        rope_scale = (temporal / FRAME_RATE, spatial, spatial)
+        packed = self.pipe._pack_latents(hidden, patch, patch_t)
+        out = model(hidden_states=packed, encoder_hidden_states=text.to(hidden.dtype), timestep=timestep,
+                    encoder_attention_mask=mask, num_frames=grid[0], height=grid[1], width=grid[2],
+                    rope_interpolation_scale=rope_scale, return_dict=False)[0]  # fmt: skip
+        return self.pipe._unpack_latents(out, *grid, patch, patch_t)
+
+    def _unscale(self, latents: Tensor) -> Tensor:
+        vae = self.pipe.vae
+        return self.pipe._denormalize_latents(latents, vae.latents_mean, vae.latents_std, vae.config.scaling_factor)
+
+    @no_grad
+    def decode(self, latents: Tensor, cond: tuple[Any, Any | None] | None = None) -> Tensor:
+        import torch
+
+        vae = self.pipe.vae
+        decode_timestep = None  # the pipeline's default decode_timestep 0: no noise added
+        if vae.config.timestep_conditioning:
+            decode_timestep = torch.zeros(latents.shape[0], device=latents.device, dtype=vae.dtype)
+        video = vae.decode(self._unscale(latents).to(vae.dtype), decode_timestep, return_dict=False)[0]
+        return ((video.float() + 1) / 2).clamp(0, 1).permute(0, 2, 1, 3, 4)
 
 
 def _plan(model: torch.nn.Module) -> dict:
@@ -115,4 +174,6 @@ LTX = ModelFamily(
     | dict.fromkeys(_DISTILLED, generation_defaults(161, 512, 704, 8, 1.0, 128) | {"fps": 25}),
     vae_factors=dict.fromkeys(_PIPELINES + _DISTILLED, ltx_vae_factors),
     architectures=_ARCHITECTURES,
+    pipelines=("LTXPipeline",),
+    policy=LTXPolicy,
 )
