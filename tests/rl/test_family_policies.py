@@ -1,4 +1,4 @@
-"""GRPO policies of CogVideoX (v-prediction as a flow velocity), LTX-2 (video stream, audio isolated) and
+"""GRPO policies of CogVideoX (v-prediction as a flow velocity), LTX-2 (video stream, audio isolated), LTX-Video and
 HunyuanVideo-1.5 T2V: their ODE is the stock pipeline's sampler, one step's gradients and log-probs on 1x2 and 2x1
 (FSDP2 over the SP ranks) are one process's, a tiny run goes through the CLI, and the real checkpoints' configs load
 and plan."""
@@ -16,6 +16,7 @@ from train_runs import assert_grads_equal, metrics_rows
 from dit_sp import TrainConfig, spawn
 from dit_sp.families.cogvideox import CogVideoXPolicy
 from dit_sp.families.hunyuan_video15 import HunyuanVideo15Policy
+from dit_sp.families.ltx import LTXPolicy
 from dit_sp.memory.planner import architecture_name, plan_training
 from dit_sp.zoo import build_tiny
 
@@ -102,6 +103,29 @@ def test_hunyuanvideo15_policy_ode_is_the_pipelines(hunyuanvideo15):
     torch.testing.assert_close(ours, stock, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow  # runs the stock pipeline
+@torch.no_grad()
+def test_ltx_policy_ode_and_decode_are_the_pipelines():
+    """The policy's Euler ODE through the scheduler's sigmas is the stock LTXPipeline's sampling (packed latents,
+    guidance, its RoPE scale), and its decode is the pipeline's video, with a timestep-conditioned VAE too (at the
+    pipeline's default decode_timestep 0)."""
+    from diffusers import AutoencoderKLLTXVideo
+
+    pipe = build_tiny("tiny-ltx")
+    policy = LTXPolicy(pipe, pipe.transformer, frames=9, height=32, width=32, guidance=3.0, max_sequence_length=16)
+    noise = torch.randn(1, *policy.latent_shape(), generator=torch.Generator().manual_seed(1))
+    settings = {"prompt": "a red circle", "negative_prompt": "", "num_frames": 9, "height": 32, "width": 32,
+                "num_inference_steps": 3, "guidance_scale": 3.0, "max_sequence_length": 16}  # fmt: skip
+    stock = pipe(latents=pipe._pack_latents(noise), output_type="latent", **settings).frames
+    ours = euler(policy, noise, pipe.scheduler.sigmas[:-1].tolist(), "a red circle")
+    assert stock.abs().max() > 1
+    torch.testing.assert_close(pipe._pack_latents(ours), stock, atol=1e-5, rtol=0)
+    torch.manual_seed(0)
+    pipe.vae = AutoencoderKLLTXVideo.from_config(dict(pipe.vae.config) | {"timestep_conditioning": True})
+    video = pipe(latents=pipe._pack_latents(noise), output_type="pt", **settings).frames  # (B, F, C, H, W)
+    torch.testing.assert_close(policy.decode(ours), video, atol=1e-5, rtol=0)
+
+
 @pytest.mark.slow
 def test_policy_steps_equal_single_process_on_1x2_and_2x1(hunyuanvideo15, prompts):
     """One GRPO step per family (guided, joint or isolated attention, 2 or 3 heads over 2 ranks): the rollout's
@@ -111,7 +135,8 @@ def test_policy_steps_equal_single_process_on_1x2_and_2x1(hunyuanvideo15, prompt
     layouts = family_configs(hunyuanvideo15, prompts=prompts, ulysses=2)
     layouts += family_configs(hunyuanvideo15, prompts=prompts, ring=2)
     results = spawn(family_steps, 2, args=(layouts,), timeout=600)
-    assert [r["policy"] for r in single] == ["CogVideoXPolicy", "LTX2Policy", "HunyuanVideo15Policy"]
+    policies = ["CogVideoXPolicy", "LTX2Policy", "LTXPolicy", "HunyuanVideo15Policy"]
+    assert [r["policy"] for r in single] == policies
     for one in single:
         assert one["ratio"] == (1.0, 1.0) and (one["log_probs"] != 0).all(), one["policy"]
         assert max(g.abs().max().item() for g in one["grads"].values()) > 0
@@ -121,7 +146,8 @@ def test_policy_steps_equal_single_process_on_1x2_and_2x1(hunyuanvideo15, prompt
     moved = [name for name in audio if name in ltx2["grads"] and ltx2["grads"][name].abs().max() > 0]
     assert not moved, moved
     for rank in results:
-        for layout, (result, one) in zip(("1x2", "1x2", "1x2", "2x1", "2x1", "2x1"), zip(rank, single * 2)):
+        assert len(rank) == 2 * len(policies)
+        for layout, (result, one) in zip(["1x2"] * len(policies) + ["2x1"] * len(policies), zip(rank, single * 2)):
             what = f"{one['policy']} {layout}"
             assert result["ratio"] == (1.0, 1.0), what
             torch.testing.assert_close(result["log_probs"], one["log_probs"], atol=1e-5, rtol=0, msg=what)
@@ -135,6 +161,7 @@ def test_tiny_grpo_runs_through_the_cli(hunyuanvideo15, prompts, tmp_path):
     runs = {
         "tiny-cogvideox": "sample: {frames: 5, height: 32, width: 32, max_sequence_length: 8}\n",
         "tiny-ltx2": "sample: {frames: 5, height: 16, width: 16}\nparallel_vae: false\n",
+        "tiny-ltx": "sample: {frames: 5, height: 32, width: 32, max_sequence_length: 16}\nparallel_vae: false\n",
         hunyuanvideo15: "sample: {frames: 5, height: 32, width: 48, max_sequence_length: 32}\nparallel_vae: false\n",
     }
     for i, (model, sample) in enumerate(runs.items()):
@@ -152,7 +179,7 @@ def test_tiny_grpo_runs_through_the_cli(hunyuanvideo15, prompts, tmp_path):
 
 @pytest.mark.parametrize(
     ("name", "arch", "gpus"),
-    [("grpo_cogvideox_5b", "cogvideox-5b", 8), ("grpo_ltx2", "ltx-2-19b", 32),
+    [("grpo_cogvideox_5b", "cogvideox-5b", 8), ("grpo_ltx2", "ltx-2-19b", 32), ("grpo_ltx_video_2b", "ltx-video-2b", 8),
      ("grpo_hunyuanvideo15", "hunyuanvideo-1.5-480p-t2v", 16)],
 )  # fmt: skip
 def test_real_checkpoint_configs_load_and_fit_their_plan(name, arch, gpus):
