@@ -54,11 +54,16 @@ class _BlendReached(Exception):
     """Raised in the record pass where the stock method starts blending tiles."""
 
 
+_HEADS = ("conv_out", "proj_out")
+"""A part's last layer, whose output channels a call that did not run answers with (Mochi's is a linear)."""
+
+
 def _out_channels(part: nn.Module) -> int:
     from torch import nn
 
-    convs = [m for m in part.conv_out.modules() if isinstance(m, (nn.Conv2d, nn.Conv3d))]
-    return convs[-1].out_channels
+    head = next(getattr(part, name) for name in _HEADS if hasattr(part, name))
+    layers = [m for m in head.modules() if isinstance(m, (nn.Conv2d, nn.Conv3d, nn.Linear))]
+    return layers[-1].out_features if isinstance(layers[-1], nn.Linear) else layers[-1].out_channels
 
 
 class _Record:
@@ -101,7 +106,7 @@ def _exchange(record: _Record, group: dist.ProcessGroup, gather_to: int | None) 
     outputs, ops = [], []
     for call, owner in enumerate(record.owners):
         if owner == record.rank:
-            out = record.outputs[call]
+            out = record.outputs[call].contiguous()  # gloo sends contiguous buffers (Mochi: a permuted output)
         else:
             shape, dtype = tables[owner][call]
             out = torch.zeros(shape, dtype=dtype, device=record.device)
@@ -172,8 +177,8 @@ def share_tiles(vae: nn.Module, protocol: TileProtocol, group: dist.ProcessGroup
             continue
         if method in vae.__dict__:
             raise ValueError(f"the VAE's {method} is already replaced; undo that first")
-        if not hasattr(part, "conv_out"):
-            raise NotImplementedError(f"parallel VAE tiles: {type(part).__name__} has no conv_out")
+        if not any(hasattr(part, name) for name in _HEADS):
+            raise NotImplementedError(f"parallel VAE tiles: {type(part).__name__} has no {' or '.join(_HEADS)}")
         # encoded latents condition every rank's sampling: only decoded frames stay on gather_to
         undos.append(_share(vae, part, method, protocol, group, gather_to if part_name == "decoder" else None))
     return lambda: [undo() for undo in reversed(undos)]
