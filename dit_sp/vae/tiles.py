@@ -39,6 +39,9 @@ class TileProtocol:
     looking used, so that the tile's next call is not taken for a new tile."""
     methods: tuple[tuple[str, str], ...] = (("decoder", "tiled_decode"), ("encoder", "tiled_encode"))
     """(part, the VAE's tiled method that calls it)."""
+    tile_end: str | None = None
+    """A VAE method that the tiled methods call after each tile, for a cache kept on the modules (no call
+    argument shows a tile's start): the first call, and each call after it, start a tile."""
 
 
 def check_inference(x: torch.Tensor) -> None:
@@ -73,14 +76,15 @@ class _Record:
 
         self.part, self.protocol, self.rank, self.ranks = part, protocol, rank, ranks
         self.tile = -1
+        self.ended = protocol.tile_end is not None
         self.owners: list[int] = []
         self.outputs: dict[int, torch.Tensor] = {}
         self.device: torch.device | None = None
         self.channels = _out_channels(part)
 
     def __call__(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if self.protocol.starts_tile(kwargs):
-            self.tile += 1
+        if self.ended or self.protocol.starts_tile(kwargs):
+            self.tile, self.ended = self.tile + 1, False
         if self.tile < 0:
             raise RuntimeError("parallel VAE tiles: a call came before any call that starts a tile")
         call, owner = len(self.owners), self.tile % self.ranks
@@ -149,7 +153,13 @@ def _share(vae: nn.Module, part: nn.Module, method: str, protocol: TileProtocol,
         def reached(*_: Any, **__: Any) -> None:
             raise _BlendReached
 
+        def ended(*args: Any, **kwargs: Any) -> Any:
+            record.ended = True
+            return getattr(type(vae), protocol.tile_end)(vae, *args, **kwargs)
+
         vae.blend_v = vae.blend_h = reached
+        if protocol.tile_end:
+            setattr(vae, protocol.tile_end, ended)
         try:
             with torch.no_grad():
                 with_part(record, x, *args, **kwargs)
@@ -157,6 +167,8 @@ def _share(vae: nn.Module, part: nn.Module, method: str, protocol: TileProtocol,
             pass
         finally:
             del vae.blend_v, vae.blend_h
+            if protocol.tile_end:
+                delattr(vae, protocol.tile_end)
         outputs = iter(_exchange(record, group, gather_to))
         with torch.no_grad():
             return with_part(lambda _, *a, **kw: protocol.answer(kw, next(outputs)), x, *args, **kwargs)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 
+import diffusers
 import torch
-from diffusers import AutoencoderKLCogVideoX, AutoencoderKLHunyuanVideo, AutoencoderKLMochi, AutoencoderKLWan
+from diffusers import AutoencoderKLCogVideoX, AutoencoderKLHunyuanVideo, AutoencoderKLWan
 
 from dit_sp import ParallelConfig, init_parallel, parallelize_vae
 
@@ -23,12 +24,16 @@ VAES = {
                                                 layers_per_block=1, norm_num_groups=2, temporal_compression_ratio=4),
     # its norms have 32 groups (fixed): 32 channels; x4 in time (the cases' pixel frames) and space, attention over
     # time in the encoder
-    "mochi": lambda: AutoencoderKLMochi(latent_channels=4, encoder_block_out_channels=(32, 32, 32),
-                                        decoder_block_out_channels=(32, 32, 32), layers_per_block=(1, 1, 1, 1),
-                                        temporal_expansions=(2, 2), spatial_expansions=(2, 2),
-                                        add_attention_block=(False, True, True, True)),
+    "mochi": lambda: diffusers.AutoencoderKLMochi(latent_channels=4, encoder_block_out_channels=(32, 32, 32),
+                                                  decoder_block_out_channels=(32, 32, 32),
+                                                  layers_per_block=(1, 1, 1, 1), temporal_expansions=(2, 2),
+                                                  spatial_expansions=(2, 2),
+                                                  add_attention_block=(False, True, True, True)),
+    # EasyAnimate's: per-frame group norms (the real config's); frame by frame, with causal caches on the modules
+    "magvit": lambda: diffusers.AutoencoderKLMagvit(block_out_channels=(8, 8, 8, 8), latent_channels=4,
+                                                    layers_per_block=1, norm_num_groups=2),
 }  # fmt: skip
-SPATIAL = {"wan2.1": 8, "wan2.2": 16, "hunyuan_video": 8, "cogvideox": 8, "mochi": 4}
+SPATIAL = {"wan2.1": 8, "wan2.2": 16, "hunyuan_video": 8, "cogvideox": 8, "mochi": 4, "magvit": 8}
 CASES = [(3, 7, 5), (1, 5, 6), (2, 9, 4)]
 """(latent frames, latent height, latent width): odd heights and widths, one or more latent frames."""
 
