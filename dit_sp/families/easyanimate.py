@@ -6,8 +6,13 @@ full sequence (inpaint and control latents join the noise in channels before it)
 the blocks start, with the rotary table (``rope_embedding`` outputs, ``(S, D)``), and gathered at ``proj_out``. The
 pipelines run guidance as one call on a batch of ``[unconditional, conditional]``. diffusers ships no ``_cp_plan``.
 
-VAE: ``AutoencoderKLMagvit`` decodes on the sample's leader (the others receive the frames): no row-split plan in
-``dit_sp.vae`` for its causal convolutions and spatial group norms yet.
+VAE: ``AutoencoderKLMagvit`` runs split by rows (``MAGVIT_VAE``), decoder and encoder, exact. Its causal
+convolutions (``EasyAnimateCausalConv3d``, an ``nn.Conv3d`` that pads height itself) get halos and keep each rank's
+own rows as the previous chunk's frames (``prev_features``), its downsamplers pad one zero row below before their
+strided convolution (declared in ``padded_inputs``), its group norms (per frame with ``spatial_group_norm``, else
+over the call's frames) take whole-frame statistics, and its upsampling is nearest in space (local to the rows);
+it has no attention. Tiled decode and encode share whole tiles: a tile's start shows in no call argument (the
+cache lives on the modules), so ``_clear_conv_cache``, which the tiled methods call after each tile, marks it.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
 from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.vae import Padding, VAEPlan
+from dit_sp.vae.tiles import TileProtocol
 
 if TYPE_CHECKING:
     import torch
@@ -31,6 +38,21 @@ def _plan(model: torch.nn.Module) -> dict:
         "transformer_blocks.0": {"hidden_states": cp_input(split_dim=1, expected_dims=3)},
         "proj_out": cp_output(gather_dim=1, expected_dims=3),
     }
+
+
+def _vae_padded_inputs(part: torch.nn.Module) -> dict[torch.nn.Module, Padding]:
+    """``EasyAnimateDownsampler3D`` pads one zero row below (``F.pad``) before its strided convolution; the other
+    causal convolutions pad height through their own ``padding``."""
+    return {module.conv: (0, 1, "constant") for module in part.modules()
+            if type(module).__name__ == "EasyAnimateDownsampler3D"}  # fmt: skip
+
+
+MAGVIT_VAE = VAEPlan(
+    class_names=("AutoencoderKLMagvit",),
+    padded_inputs=_vae_padded_inputs,
+    # a part call returns a tensor; the tiled methods clear the modules' causal caches after each tile
+    tiles=TileProtocol(starts_tile=lambda kwargs: False, answer=lambda _, out: out, tile_end="_clear_conv_cache"),
+)
 
 
 _ARCHITECTURES = {
@@ -77,6 +99,7 @@ EASYANIMATE = ModelFamily(
         "inpaint_latents",
         "control_latents",
     ),  # fmt: skip
+    vae=MAGVIT_VAE,
     tiny_models=("tiny-easyanimate", "tiny-easyanimate-inpaint"),
     refused_pipelines={"EasyAnimateControlPipeline": CONTROL_BROKEN},
     checkpoint_defaults=dict.fromkeys(_PIPELINES, generation_defaults(49, 512, 512, 50, 5.0, 256) | {"fps": 8}),

@@ -7,9 +7,14 @@ where the blocks start, with the rotary table (``rope`` outputs, ``(S, heads, D 
 ``proj_out``. The pipeline runs guidance as one call on a batch of ``[unconditional, conditional]``.
 diffusers ships no ``_cp_plan`` for this model.
 
-VAE: ``AutoencoderKLMochi`` decodes on the sample's leader (the others receive the frames): its decoder
-normalises with ``MochiChunkedGroupNorm3D`` and pads its causal convolutions inside ``CogVideoXCausalConv3d``-like
-modules of its own, for which ``dit_sp.vae`` has no split plan yet.
+VAE: ``AutoencoderKLMochi`` runs split by rows (``MOCHI_VAE``), decoder and encoder, exact. Its causal
+convolutions (diffusers' ``CogVideoXCausalConv3d`` in replicate mode) pad height by replicating edge rows before the
+convolution, so the caller's padding is declared (``padded_inputs``); ``MochiChunkedGroupNorm3D`` folds the frames
+into the batch of an ``nn.GroupNorm`` (in chunks of 8 frames), so the generic group-norm adapter normalises each
+frame with its whole-frame statistics; the decoder upsamples by a per-pixel linear and a depth-to-space reshape,
+which maps each rank's rows ``[s*a, s*b)`` to ``[2s*a, 2s*b)`` and so stays local; the encoder's attention runs
+over the frames of each pixel (``(B*H*W, T, C)``, causal in time), local to its rows too. Tiled decode and encode
+share whole tiles (``TileProtocol``, as CogVideoX's: a call passes no ``conv_cache`` when it starts a tile).
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import block_argument, context_parallel_types
 from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.vae import Padding, VAEPlan
+from dit_sp.vae.tiles import TileProtocol
 
 if TYPE_CHECKING:
     import torch
@@ -33,6 +40,23 @@ def _plan(model: torch.nn.Module) -> dict:
         "transformer_blocks.0": {"hidden_states": cp_input(split_dim=1, expected_dims=3)},
         "proj_out": cp_output(gather_dim=1, expected_dims=3),
     }
+
+
+def _vae_padded_inputs(part: torch.nn.Module) -> dict[torch.nn.Module, Padding]:
+    """A causal convolution in replicate mode pads its input before the convolution (``F.pad``, replicate; its
+    convolution pads nothing). In constant mode (``_enable_framewise_decoding``) it pads no rows at all: diffusers'
+    decode fails on one process too, and the split refuses it (the rows would not stay aligned)."""
+    return {module.conv: (module.height_pad, module.height_pad, "replicate") for module in part.modules()
+            if type(module).__name__ == "CogVideoXCausalConv3d" and module.pad_mode == "replicate"}  # fmt: skip
+
+
+MOCHI_VAE = VAEPlan(
+    class_names=("AutoencoderKLMochi",),
+    padded_inputs=_vae_padded_inputs,
+    unchunked=("CogVideoXSafeConv3d",),
+    # a tile's part call passes a conv_cache only after its first frame batch (framewise decoding); (out, cache)
+    tiles=TileProtocol(starts_tile=lambda kwargs: kwargs.get("conv_cache") is None, answer=lambda _, out: (out, {})),
+)
 
 
 def _teacache_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict) -> tuple[torch.Tensor, bool]:
@@ -60,6 +84,7 @@ MOCHI = ModelFamily(
     cfg_mode="batched",
     cfg_batched_args=("hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask"),
     teacache_probe=_teacache_probe,
+    vae=MOCHI_VAE,
     tiny_models=("tiny-mochi",),
     # the MochiPipeline's VAE factors are fixed (x6 in time, x8 in space), whatever the VAE's config
     checkpoint_defaults={"MochiPipeline": generation_defaults(85, 480, 848, 64, 4.5, 256) | {"fps": 30}},

@@ -20,16 +20,6 @@ LEADER_DECODE_REASONS: dict[str, str] = {
         "the row split's halo exchange does not reproduce at the frame's edges (it takes zero padding only); and "
         + _NOISE.format(module="autoencoder_kl_ltx2.py")
     ),
-    "AutoencoderKLMochi": (
-        "no row-split plan is written yet: its causal convolutions (CogVideoXCausalConv3d, pad_mode replicate) pad "
-        "the frame's edges by replication before the convolution, and its group norm folds the frames into the "
-        "batch in chunks of 8 (MochiChunkedGroupNorm3D); neither is adapted or tested split"
-    ),
-    "AutoencoderKLMagvit": (
-        "no row-split plan is written yet: its causal convolutions keep the previous chunk's frames on the module "
-        "(EasyAnimateCausalConv3d.prev_features) and its decode runs frame chunk by chunk with them; a split of it "
-        "is not adapted or tested"
-    ),
     "AutoencoderKLAllegro": (
         "it decodes and encodes only tiled (its _decode raises without use_tiling), in overlapping 3D tiles that "
         "are blended, and no tile protocol (dit_sp.vae.tiles) is written for its tiled_decode yet"

@@ -39,6 +39,9 @@ class TileProtocol:
     looking used, so that the tile's next call is not taken for a new tile."""
     methods: tuple[tuple[str, str], ...] = (("decoder", "tiled_decode"), ("encoder", "tiled_encode"))
     """(part, the VAE's tiled method that calls it)."""
+    tile_end: str | None = None
+    """A VAE method that the tiled methods call after each tile, for a cache kept on the modules (no call
+    argument shows a tile's start): the first call, and each call after it, start a tile."""
 
 
 def check_inference(x: torch.Tensor) -> None:
@@ -54,11 +57,16 @@ class _BlendReached(Exception):
     """Raised in the record pass where the stock method starts blending tiles."""
 
 
+_HEADS = ("conv_out", "proj_out")
+"""A part's last layer, whose output channels a call that did not run answers with (Mochi's is a linear)."""
+
+
 def _out_channels(part: nn.Module) -> int:
     from torch import nn
 
-    convs = [m for m in part.conv_out.modules() if isinstance(m, (nn.Conv2d, nn.Conv3d))]
-    return convs[-1].out_channels
+    head = next(getattr(part, name) for name in _HEADS if hasattr(part, name))
+    layers = [m for m in head.modules() if isinstance(m, (nn.Conv2d, nn.Conv3d, nn.Linear))]
+    return layers[-1].out_features if isinstance(layers[-1], nn.Linear) else layers[-1].out_channels
 
 
 class _Record:
@@ -68,14 +76,15 @@ class _Record:
 
         self.part, self.protocol, self.rank, self.ranks = part, protocol, rank, ranks
         self.tile = -1
+        self.ended = protocol.tile_end is not None
         self.owners: list[int] = []
         self.outputs: dict[int, torch.Tensor] = {}
         self.device: torch.device | None = None
         self.channels = _out_channels(part)
 
     def __call__(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if self.protocol.starts_tile(kwargs):
-            self.tile += 1
+        if self.ended or self.protocol.starts_tile(kwargs):
+            self.tile, self.ended = self.tile + 1, False
         if self.tile < 0:
             raise RuntimeError("parallel VAE tiles: a call came before any call that starts a tile")
         call, owner = len(self.owners), self.tile % self.ranks
@@ -101,7 +110,7 @@ def _exchange(record: _Record, group: dist.ProcessGroup, gather_to: int | None) 
     outputs, ops = [], []
     for call, owner in enumerate(record.owners):
         if owner == record.rank:
-            out = record.outputs[call]
+            out = record.outputs[call].contiguous()  # gloo sends contiguous buffers (Mochi: a permuted output)
         else:
             shape, dtype = tables[owner][call]
             out = torch.zeros(shape, dtype=dtype, device=record.device)
@@ -144,7 +153,13 @@ def _share(vae: nn.Module, part: nn.Module, method: str, protocol: TileProtocol,
         def reached(*_: Any, **__: Any) -> None:
             raise _BlendReached
 
+        def ended(*args: Any, **kwargs: Any) -> Any:
+            record.ended = True
+            return getattr(type(vae), protocol.tile_end)(vae, *args, **kwargs)
+
         vae.blend_v = vae.blend_h = reached
+        if protocol.tile_end:
+            setattr(vae, protocol.tile_end, ended)
         try:
             with torch.no_grad():
                 with_part(record, x, *args, **kwargs)
@@ -152,6 +167,8 @@ def _share(vae: nn.Module, part: nn.Module, method: str, protocol: TileProtocol,
             pass
         finally:
             del vae.blend_v, vae.blend_h
+            if protocol.tile_end:
+                delattr(vae, protocol.tile_end)
         outputs = iter(_exchange(record, group, gather_to))
         with torch.no_grad():
             return with_part(lambda _, *a, **kw: protocol.answer(kw, next(outputs)), x, *args, **kwargs)
@@ -172,8 +189,8 @@ def share_tiles(vae: nn.Module, protocol: TileProtocol, group: dist.ProcessGroup
             continue
         if method in vae.__dict__:
             raise ValueError(f"the VAE's {method} is already replaced; undo that first")
-        if not hasattr(part, "conv_out"):
-            raise NotImplementedError(f"parallel VAE tiles: {type(part).__name__} has no conv_out")
+        if not any(hasattr(part, name) for name in _HEADS):
+            raise NotImplementedError(f"parallel VAE tiles: {type(part).__name__} has no {' or '.join(_HEADS)}")
         # encoded latents condition every rank's sampling: only decoded frames stay on gather_to
         undos.append(_share(vae, part, method, protocol, group, gather_to if part_name == "decoder" else None))
     return lambda: [undo() for undo in reversed(undos)]

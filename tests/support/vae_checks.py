@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+import diffusers
 import torch
 from diffusers import AutoencoderKLCogVideoX, AutoencoderKLHunyuanVideo, AutoencoderKLWan
 
@@ -21,8 +22,18 @@ VAES = {
                                                        layers_per_block=1, norm_num_groups=4),
     "cogvideox": lambda: AutoencoderKLCogVideoX(block_out_channels=(8, 8, 16, 16), latent_channels=4,
                                                 layers_per_block=1, norm_num_groups=2, temporal_compression_ratio=4),
+    # its norms have 32 groups (fixed): 32 channels; x4 in time (the cases' pixel frames) and space, attention over
+    # time in the encoder
+    "mochi": lambda: diffusers.AutoencoderKLMochi(latent_channels=4, encoder_block_out_channels=(32, 32, 32),
+                                                  decoder_block_out_channels=(32, 32, 32),
+                                                  layers_per_block=(1, 1, 1, 1), temporal_expansions=(2, 2),
+                                                  spatial_expansions=(2, 2),
+                                                  add_attention_block=(False, True, True, True)),
+    # EasyAnimate's: per-frame group norms (the real config's); frame by frame, with causal caches on the modules
+    "magvit": lambda: diffusers.AutoencoderKLMagvit(block_out_channels=(8, 8, 8, 8), latent_channels=4,
+                                                    layers_per_block=1, norm_num_groups=2),
 }  # fmt: skip
-SPATIAL = {"wan2.1": 8, "wan2.2": 16, "hunyuan_video": 8, "cogvideox": 8}
+SPATIAL = {"wan2.1": 8, "wan2.2": 16, "hunyuan_video": 8, "cogvideox": 8, "mochi": 4, "magvit": 8}
 CASES = [(3, 7, 5), (1, 5, 6), (2, 9, 4)]
 """(latent frames, latent height, latent width): odd heights and widths, one or more latent frames."""
 
