@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
 from dit_sp.families.family import ModelFamily, generation_defaults
-from dit_sp.families.wan import wan_architecture, wan_vae_factors
+from dit_sp.families.wan import WanPolicy, wan_architecture, wan_vae_factors
 
 if TYPE_CHECKING:
     import torch
@@ -39,6 +39,12 @@ CAUSAL_REFUSAL = (
     "that only Ulysses splits exactly (every rank attends over the whole sequence of its heads), not a ring of "
     "{ring}; use ring 1, or causal_block_size 1 (synchronous diffusion forcing)"
 )
+
+
+class SkyReelsV2Policy(WanPolicy):
+    """SkyReels-V2 text-to-video (``SkyReelsV2Pipeline``): a Wan 2.1 transformer with Wan's UMT5 text and VAE, so
+    GRPO samples and trains it as ``WanPolicy`` does Wan 2.1 T2V (flow matching, velocity prediction, guidance on the
+    velocity). The diffusion-forcing and image-to-video pipelines are not trained."""
 
 
 def _plan(model: torch.nn.Module) -> dict:
@@ -65,6 +71,7 @@ _14B = {"num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40}
 _ARCHITECTURES = {
     "skyreels-v2-df-1.3b-540p": wan_architecture({"transformer": _DF_1_3B}, "SkyReelsV2Transformer3DModel"),
     "skyreels-v2-t2v-14b-720p": wan_architecture({"transformer": _14B}, "SkyReelsV2Transformer3DModel"),
+    "skyreels-v2-t2v-14b-540p": wan_architecture({"transformer": _14B}, "SkyReelsV2Transformer3DModel"),
     # image-to-video: the image's latents and mask in channels, CLIP ViT-H image tokens in cross-attention
     "skyreels-v2-i2v-14b-720p": wan_architecture(
         {"transformer": _14B | {"in_channels": 36, "image_dim": 1280, "added_kv_proj_dim": 5120}},
@@ -95,4 +102,6 @@ SKYREELS_V2 = ModelFamily(
     },
     vae_factors=dict.fromkeys(PIPELINES, wan_vae_factors),
     architectures=_ARCHITECTURES,
+    pipelines=("SkyReelsV2Pipeline",),
+    policy=SkyReelsV2Policy,
 )

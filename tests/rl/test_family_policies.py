@@ -1,7 +1,7 @@
-"""GRPO policies of CogVideoX (v-prediction as a flow velocity), LTX-2 (video stream, audio isolated), LTX-Video and
-HunyuanVideo-1.5 T2V: their ODE is the stock pipeline's sampler, one step's gradients and log-probs on 1x2 and 2x1
-(FSDP2 over the SP ranks) are one process's, a tiny run goes through the CLI, and the real checkpoints' configs load
-and plan."""
+"""GRPO policies of CogVideoX (v-prediction as a flow velocity), LTX-2 (video stream, audio isolated), LTX-Video,
+SkyReels-V2 T2V and HunyuanVideo-1.5 T2V: their ODE is the stock pipeline's sampler, one step's gradients and
+log-probs on 1x2 and 2x1 (FSDP2 over the SP ranks) are one process's, a tiny run goes through the CLI, and the real
+checkpoints' configs load and plan."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from dit_sp import TrainConfig, spawn
 from dit_sp.families.cogvideox import CogVideoXPolicy
 from dit_sp.families.hunyuan_video15 import HunyuanVideo15Policy
 from dit_sp.families.ltx import LTXPolicy
+from dit_sp.families.skyreels_v2 import SkyReelsV2Policy
 from dit_sp.memory.planner import architecture_name, plan_training
 from dit_sp.zoo import build_tiny
 
@@ -126,6 +127,26 @@ def test_ltx_policy_ode_and_decode_are_the_pipelines():
     torch.testing.assert_close(policy.decode(ours), video, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow  # runs the stock pipeline
+@torch.no_grad()
+def test_skyreels_v2_policy_ode_is_the_pipelines():
+    """SkyReels-V2 T2V is sampled as Wan: the policy's Euler ODE is the stock SkyReelsV2Pipeline's sampling with an
+    Euler flow scheduler (the same velocity, timesteps and guidance its UniPC scheduler integrates)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    pipe = build_tiny("tiny-skyreels-v2")
+    pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=8.0)
+    policy = SkyReelsV2Policy(pipe, pipe.transformer, frames=9, height=48, width=32, guidance=6.0,
+                              max_sequence_length=16)  # fmt: skip
+    noise = torch.randn(1, *policy.latent_shape(), generator=torch.Generator().manual_seed(1))
+    settings = {"num_frames": 9, "height": 48, "width": 32, "num_inference_steps": 3, "guidance_scale": 6.0}
+    stock = pipe(prompt="a red circle", negative_prompt="", latents=noise.clone(), output_type="latent",
+                 max_sequence_length=16, **settings).frames  # fmt: skip
+    ours = euler(policy, noise, pipe.scheduler.sigmas[:-1].tolist(), "a red circle")
+    assert stock.abs().max() > 1
+    torch.testing.assert_close(ours, stock, atol=1e-5, rtol=0)
+
+
 @pytest.mark.slow
 def test_policy_steps_equal_single_process_on_1x2_and_2x1(hunyuanvideo15, prompts):
     """One GRPO step per family (guided, joint or isolated attention, 2 or 3 heads over 2 ranks): the rollout's
@@ -135,7 +156,7 @@ def test_policy_steps_equal_single_process_on_1x2_and_2x1(hunyuanvideo15, prompt
     layouts = family_configs(hunyuanvideo15, prompts=prompts, ulysses=2)
     layouts += family_configs(hunyuanvideo15, prompts=prompts, ring=2)
     results = spawn(family_steps, 2, args=(layouts,), timeout=600)
-    policies = ["CogVideoXPolicy", "LTX2Policy", "LTXPolicy", "HunyuanVideo15Policy"]
+    policies = ["CogVideoXPolicy", "LTX2Policy", "LTXPolicy", "SkyReelsV2Policy", "HunyuanVideo15Policy"]
     assert [r["policy"] for r in single] == policies
     for one in single:
         assert one["ratio"] == (1.0, 1.0) and (one["log_probs"] != 0).all(), one["policy"]
@@ -162,6 +183,7 @@ def test_tiny_grpo_runs_through_the_cli(hunyuanvideo15, prompts, tmp_path):
         "tiny-cogvideox": "sample: {frames: 5, height: 32, width: 32, max_sequence_length: 8}\n",
         "tiny-ltx2": "sample: {frames: 5, height: 16, width: 16}\nparallel_vae: false\n",
         "tiny-ltx": "sample: {frames: 5, height: 32, width: 32, max_sequence_length: 16}\nparallel_vae: false\n",
+        "tiny-skyreels-v2": "sample: {frames: 5, height: 48, width: 32, max_sequence_length: 16}\n",
         hunyuanvideo15: "sample: {frames: 5, height: 32, width: 48, max_sequence_length: 32}\nparallel_vae: false\n",
     }
     for i, (model, sample) in enumerate(runs.items()):
@@ -180,6 +202,7 @@ def test_tiny_grpo_runs_through_the_cli(hunyuanvideo15, prompts, tmp_path):
 @pytest.mark.parametrize(
     ("name", "arch", "gpus"),
     [("grpo_cogvideox_5b", "cogvideox-5b", 8), ("grpo_ltx2", "ltx-2-19b", 32), ("grpo_ltx_video_2b", "ltx-video-2b", 8),
+     ("grpo_skyreels_v2_t2v_14b", "skyreels-v2-t2v-14b-540p", 32),
      ("grpo_hunyuanvideo15", "hunyuanvideo-1.5-480p-t2v", 16)],
 )  # fmt: skip
 def test_real_checkpoint_configs_load_and_fit_their_plan(name, arch, gpus):

@@ -1,7 +1,7 @@
-"""Worker-side checks of the GRPO policies of CogVideoX, LTX-2, LTX-Video and HunyuanVideo-1.5: the gradients and
-log-probs of one training step through the library's ``GRPOTrainer``, and a tiny HunyuanVideo-1.5 text-to-video
-pipeline (the zoo's ``tiny-hunyuanvideo15`` is a transformer only) built offline, as diffusers' fast tests build
-theirs."""
+"""Worker-side checks of the GRPO policies of CogVideoX, LTX-2, LTX-Video, SkyReels-V2 and HunyuanVideo-1.5: the
+gradients and log-probs of one training step through the library's ``GRPOTrainer``, and a tiny HunyuanVideo-1.5
+text-to-video pipeline (the zoo's ``tiny-hunyuanvideo15`` is a transformer only) built offline, as diffusers' fast
+tests build theirs."""
 
 from __future__ import annotations
 
@@ -81,6 +81,7 @@ def family_configs(hunyuanvideo15: str, **layout) -> list:
         tiny_config(
             model="tiny-ltx", height=32, width=32, parallel_vae=False, **{"sample.max_sequence_length": 16}, **common
         ),
+        tiny_config(model="tiny-skyreels-v2", height=48, width=32, **{"sample.max_sequence_length": 16}, **common),
         tiny_config(
             model=hunyuanvideo15,
             height=32,
