@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dit_sp._compat import context_parallel_types
+from dit_sp._compat import context_parallel_types, install_cosmos_resize
 from dit_sp.families.family import ModelFamily, generation_defaults
 
 if TYPE_CHECKING:
@@ -92,6 +92,12 @@ _ARCHITECTURES = {
 }
 """The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
 
+def _prepare(pipe: Any) -> None:
+    # the ControlNet (always) and the transformer (with concat_padding_mask) resize a padding mask with torchvision,
+    # which this toolkit does not install: torch's nearest interpolation stands in, where it is missing
+    install_cosmos_resize()
+
+
 PIPELINES = ("CosmosTextToWorldPipeline", "CosmosVideoToWorldPipeline", "Cosmos2VideoToWorldPipeline",
              "Cosmos2_5_PredictBasePipeline")  # fmt: skip
 
@@ -102,13 +108,17 @@ COSMOS = ModelFamily(
     plan=_plan,
     attention_modules=("transformer_blocks.*.attn1",),
     cfg_mode="sequential",
+    prepare_pipeline=_prepare,
     cfg_refused=(
         "the Cosmos pipelines compute with the conditional prediction before they make the unconditional call, so "
         "the two guidance branches cannot run at once on two process groups; use cfg=1"
     ),
-    tiny_models=("tiny-cosmos1-t2w", "tiny-cosmos1-v2w", "tiny-cosmos2-v2w", "tiny-cosmos2-t2i", "tiny-cosmos2.5"),
+    tiny_models=("tiny-cosmos1-t2w", "tiny-cosmos1-v2w", "tiny-cosmos2-v2w", "tiny-cosmos2-t2i", "tiny-cosmos2.5",
+                 "tiny-cosmos2.5-transfer"),
     checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(93, 704, 1280, 35, 7.0, 512) | {"fps": 16})
-    | {"Cosmos2TextToImagePipeline": generation_defaults(1, 768, 1360, 35, 7.0, 512)},  # one image
-    vae_factors=dict.fromkeys((*PIPELINES, "Cosmos2TextToImagePipeline"), _vae_factors),
+    | {"Cosmos2TextToImagePipeline": generation_defaults(1, 768, 1360, 35, 7.0, 512)}  # one image
+    # Cosmos-Transfer2.5: its call's defaults (36 steps, guidance 3; its chunk of 93 frames)
+    | {"Cosmos2_5_TransferPipeline": generation_defaults(93, 704, 1280, 36, 3.0, 512)},
+    vae_factors=dict.fromkeys((*PIPELINES, "Cosmos2TextToImagePipeline", "Cosmos2_5_TransferPipeline"), _vae_factors),
     architectures=_ARCHITECTURES,
 )

@@ -86,6 +86,9 @@ class ModelFamily:
     check: Callable[[torch.nn.Module], None] = lambda model: None
     """Raises for configurations of the family that are not supported (at ``parallelize`` and at every call: a
     pipeline may reconfigure its model per call)."""
+    prepare_pipeline: Callable[[Any], None] = lambda pipe: None
+    """Readies a loaded pipeline of the family for this install, on one process too (Cosmos: a torch-only stand-in
+    for torchvision's resize, where torchvision is missing); ``dit_sp.zoo``'s loading and ``parallelize`` call it."""
     pipelines: tuple[str, ...] = ()
     """diffusers pipeline classes that GRPO can train (through ``policy``)."""
     policy: type | None = None

@@ -132,6 +132,7 @@ def parallelize(
                     f"{type(obj).__name__} is neither a diffusers transformer nor a pipeline with a `transformer`"
                 )
             family = family_of(transformers[0])
+            family.prepare_pipeline(obj)  # a pipeline built outside dit_sp.zoo (Cosmos: a resize without torchvision)
             if type(obj).__name__ in family.refused_pipelines:
                 raise ConfigError(f"{type(obj).__name__}: {family.refused_pipelines[type(obj).__name__]}")
             if parallel.cfg == 2 and family.cfg_refused:
