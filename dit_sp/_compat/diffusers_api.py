@@ -196,7 +196,10 @@ def wan_conv_padding(module: torch.nn.Module) -> tuple[int, ...]:
 # modules get a ``transforms`` of one function: torchvision's tensor path exactly, for the one call they make
 # (torchvision/transforms/_functional_tensor.py: NEAREST is ``interpolate(img, size, mode="nearest")`` on float32 or
 # float64, other dtypes cast there and back, no antialias; functional.resize returns the input when the size is equal).
-COSMOS_RESIZE_MODULES = ("diffusers.models.controlnets.controlnet_cosmos", "diffusers.models.transformers.transformer_cosmos")
+COSMOS_RESIZE_MODULES = (
+    "diffusers.models.controlnets.controlnet_cosmos",
+    "diffusers.models.transformers.transformer_cosmos",
+)
 """The diffusers modules that call torchvision's resize (``transforms``, bound when torchvision imports)."""
 
 
@@ -211,7 +214,8 @@ def nearest_resize(img: torch.Tensor, size: list[int], interpolation: Any = _Int
     import torch
 
     if getattr(interpolation, "value", interpolation) != "nearest":
-        raise ValueError(f"resize without torchvision: only InterpolationMode.NEAREST is implemented, not {interpolation}")
+        raise ValueError(f"resize without torchvision: only InterpolationMode.NEAREST is implemented, not "
+                         f"{interpolation}; install torchvision for other modes")  # fmt: skip
     if not isinstance(img, torch.Tensor) or img.ndim != 4 or not img.is_floating_point():
         what = f"a {img.ndim}-D {img.dtype} tensor" if isinstance(img, torch.Tensor) else type(img).__name__
         raise ValueError(f"resize without torchvision: only a 4-D float tensor (B, C, H, W) is implemented, not {what}")

@@ -92,6 +92,7 @@ _ARCHITECTURES = {
 }
 """The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
 
+
 def _prepare(pipe: Any) -> None:
     # the ControlNet (always) and the transformer (with concat_padding_mask) resize a padding mask with torchvision,
     # which this toolkit does not install: torch's nearest interpolation stands in, where it is missing
@@ -113,8 +114,14 @@ COSMOS = ModelFamily(
         "the Cosmos pipelines compute with the conditional prediction before they make the unconditional call, so "
         "the two guidance branches cannot run at once on two process groups; use cfg=1"
     ),
-    tiny_models=("tiny-cosmos1-t2w", "tiny-cosmos1-v2w", "tiny-cosmos2-v2w", "tiny-cosmos2-t2i", "tiny-cosmos2.5",
-                 "tiny-cosmos2.5-transfer"),
+    tiny_models=(
+        "tiny-cosmos1-t2w",
+        "tiny-cosmos1-v2w",
+        "tiny-cosmos2-v2w",
+        "tiny-cosmos2-t2i",
+        "tiny-cosmos2.5",
+        "tiny-cosmos2.5-transfer",
+    ),
     checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(93, 704, 1280, 35, 7.0, 512) | {"fps": 16})
     | {"Cosmos2TextToImagePipeline": generation_defaults(1, 768, 1360, 35, 7.0, 512)}  # one image
     # Cosmos-Transfer2.5: its call's defaults (36 steps, guidance 3; its chunk of 93 frames)

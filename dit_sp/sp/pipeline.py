@@ -132,11 +132,11 @@ def parallelize(
                     f"{type(obj).__name__} is neither a diffusers transformer nor a pipeline with a `transformer`"
                 )
             family = family_of(transformers[0])
-            family.prepare_pipeline(obj)  # a pipeline built outside dit_sp.zoo (Cosmos: a resize without torchvision)
             if type(obj).__name__ in family.refused_pipelines:
                 raise ConfigError(f"{type(obj).__name__}: {family.refused_pipelines[type(obj).__name__]}")
             if parallel.cfg == 2 and family.cfg_refused:
                 raise ConfigError(f"cfg parallelism (cfg=2) for {type(obj).__name__}: {family.cfg_refused}")
+            family.prepare_pipeline(obj)  # a pipeline built outside dit_sp.zoo (Cosmos: a resize without torchvision)
             guidance = GuidancePair(parallel, family) if parallel.cfg == 2 else None
             for transformer in transformers:
                 parallelize_transformer(transformer, parallel, handle, guidance=guidance, **options)
