@@ -10,8 +10,10 @@ block's output) where each block and the output norm take it, and gathers at ``p
 ``_cp_plan`` for this model.
 
 The stock Cosmos 2 / 2.5 pipelines compute with the conditional prediction before they make the unconditional call,
-so the two branches cannot run at once on two process groups: CFG parallelism is refused for them. (The Cosmos
-pipelines and the padding-mask channel, ``concat_padding_mask``, call torchvision.)
+so the two branches cannot run at once on two process groups: CFG parallelism is refused for them. The ControlNet
+(``CosmosControlNetModel``) runs whole on every rank; its residuals are split where the transformer's blocks take
+them. The ControlNet and the transformer's padding-mask channel (``concat_padding_mask``) resize a mask with
+torchvision: where it is missing, ``prepare_pipeline`` puts torch's nearest interpolation in its place.
 """
 
 from __future__ import annotations
