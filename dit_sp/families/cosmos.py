@@ -70,6 +70,16 @@ _7B = {"in_channels": 16, "out_channels": 16, "num_attention_heads": 32, "attent
 _V2W_2B = _7B | {"in_channels": 17, "num_attention_heads": 16, "rope_scale": [1.0, 3.0, 3.0],
                  "extra_pos_embed_type": None}  # fmt: skip
 
+_TEXT_PROJECTION = {"use_crossattn_projection": True, "crossattn_proj_in_channels": 100352,
+                    "encoder_hidden_states_channels": 1024}  # fmt: skip
+_PREDICT25_2B = _V2W_2B | _TEXT_PROJECTION
+_TRANSFER_IMAGE_CONTEXT = {"img_context_dim_in": 1152, "img_context_dim_out": 2048, "img_context_num_tokens": 256}
+_TRANSFER_CONTROLNET = {"n_controlnet_blocks": 4, "model_channels": 2048, "in_channels": 130, "latent_channels": 18,
+                        "num_attention_heads": 16, "attention_head_dim": 128, "mlp_ratio": 4.0, "text_embed_dim": 1024,
+                        "adaln_lora_dim": 256, "patch_size": [1, 2, 2], "max_size": [128, 240, 240],
+                        "rope_scale": [1.0, 3.0, 3.0], "extra_pos_embed_type": None, "img_context_dim_in": 1152,
+                        "img_context_dim_out": 2048} | _TEXT_PROJECTION  # fmt: skip
+
 _ARCHITECTURES = {
     # Cosmos-1.0-Diffusion-7B / 14B-Text2World (diffusers' defaults are the 7B; counted on meta: 7.24e9, 1.43e10)
     "cosmos1-7b-text2world": _architecture(_7B),
@@ -81,18 +91,18 @@ _ARCHITECTURES = {
     "cosmos-predict2-14b-video2world": _architecture(
         _V2W_2B | {"num_attention_heads": 40, "num_layers": 36, "rope_scale": [20 / 24, 2.0, 2.0]}, wan_vae=True
     ),
-    "cosmos-predict2.5-2b": _architecture(
-        _V2W_2B
-        | {
-            "use_crossattn_projection": True,
-            "crossattn_proj_in_channels": 100352,
-            "encoder_hidden_states_channels": 1024,
-        },
-        text=_QWEN25_VL_7B,
-        wan_vae=True,
-    ),  # fmt: skip
+    "cosmos-predict2.5-2b": _architecture(_PREDICT25_2B, text=_QWEN25_VL_7B, wan_vae=True),
+    # Cosmos-Transfer2.5-2B (general: edge, depth, seg, blur ControlNets of one shape), as diffusers' conversion script
+    # configures it: Predict2.5-2B's transformer with image-context keys and values in every block and a residual
+    # after every 7th, and a 4-block ControlNet of the same width (its own copies of the embeddings and the 100352 ->
+    # 1024 text projection); counted on meta: 2.41e9 + 0.47e9
+    "cosmos-transfer2.5-2b": _architecture(
+        _PREDICT25_2B | _TRANSFER_IMAGE_CONTEXT | {"controlnet_block_every_n": 7}, text=_QWEN25_VL_7B, wan_vae=True
+    )
+    | {"controlnet": ("CosmosControlNetModel", _TRANSFER_CONTROLNET)},
 }
-"""The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
+"""The real checkpoints, for the memory planner (``ModelFamily.architectures``); an architecture's ``controlnet``
+runs whole beside the split transformer (``dit_sp.memory.sampling``)."""
 
 
 def _prepare(pipe: Any) -> None:

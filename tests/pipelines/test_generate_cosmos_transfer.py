@@ -109,3 +109,29 @@ def test_bad_inputs_are_one_line_errors(tmp_path, flags, message):
     with pytest.raises((ConfigError, MissingFileError), match=message) as error:
         generate(variant_settings(tmp_path, flags.pop("model", MODEL), "bad", flags, {}))
     assert "\n" not in str(error.value)
+
+
+def test_the_planner_knows_the_real_checkpoint_with_its_controlnet():
+    """Cosmos-Transfer2.5-2B, as diffusers' conversion script configures it: published as "2B" (the base model's size;
+    no total is published): Predict2.5-2B's 2.06e9 with image-context keys and values in every block, 2.41e9, and a
+    4-block ControlNet of 0.47e9. Its bundled config plans: the transformer's tokens split over Ulysses 8, the
+    ControlNet whole on every rank (weights and its whole-video working set)."""
+    from dit_sp.inference.config import GenerateConfig
+    from dit_sp.memory.planner import ARCHITECTURES, TransformerShape, architecture_name
+    from dit_sp.memory.sampling import SamplingSettings, plan_sampling
+
+    spec = ARCHITECTURES["cosmos-transfer2.5-2b"]
+    transformer = TransformerShape.of(*spec["transformers"]["transformer"])
+    controlnet = TransformerShape.of(*spec["controlnet"])
+    assert 2.3e9 <= transformer.params <= 2.5e9 and transformer.layers == 28 and transformer.heads == 16
+    assert 0.4e9 <= controlnet.params <= 0.55e9 and controlnet.layers == 4 and controlnet.dim == transformer.dim
+    assert 2.8e9 <= transformer.params + controlnet.params <= 3.0e9
+    generate = GenerateConfig.load("cosmos-transfer2.5-2b")
+    assert architecture_name("/ckpt/Cosmos-Transfer2.5-2B-Diffusers") == "cosmos-transfer2.5-2b"
+    settings = SamplingSettings("cosmos-transfer2.5-2b", frames=generate.frames, height=generate.height,
+                                width=generate.width, dtype=generate.dtype, ulysses=generate.ulysses)  # fmt: skip
+    denoising = plan_sampling(settings, 8, 80.0).phases["denoising"]
+    video = 24 * 44 * 80  # 93 frames of 704 x 1280: 24 x 88 x 160 latents, patch 1 x 2 x 2
+    assert any(part.endswith(f"x {video // 8} tokens)") for part in denoising), list(denoising)
+    assert denoising["ControlNet weights (bfloat16, whole)"] == controlnet.params * 2
+    assert denoising[f"ControlNet working set (whole, {video} tokens)"] > 0
