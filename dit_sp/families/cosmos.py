@@ -10,10 +10,11 @@ block's output) where each block and the output norm take it, and gathers at ``p
 ``_cp_plan`` for this model.
 
 The stock Cosmos 2 / 2.5 pipelines compute with the conditional prediction before they make the unconditional call,
-so the two branches cannot run at once on two process groups: CFG parallelism is refused for them. The ControlNet
-(``CosmosControlNetModel``) runs whole on every rank; its residuals are split where the transformer's blocks take
-them. The ControlNet and the transformer's padding-mask channel (``concat_padding_mask``) resize a mask with
-torchvision: where it is missing, ``prepare_pipeline`` puts torch's nearest interpolation in its place.
+so the two branches cannot run at once on two process groups: CFG parallelism is refused for them.
+Cosmos-Transfer2.5's ControlNet (``CosmosControlNetModel``) is split as the transformer is (``CONTROLNET``: its
+control and base tokens at its first block), its residuals gathered whole and split again where the transformer's
+blocks take them. The ControlNet and the transformer's padding-mask channel (``concat_padding_mask``) resize a mask
+with torchvision: where it is missing, ``prepare_pipeline`` puts torch's nearest interpolation in its place.
 """
 
 from __future__ import annotations
@@ -41,6 +42,33 @@ def _plan(model: torch.nn.Module) -> dict:
     plan["norm_out"] = dict(modulation)
     plan["proj_out"] = cp_output(gather_dim=1, expected_dims=3)
     return plan
+
+
+def _controlnet_plan(model: torch.nn.Module) -> dict:
+    """Cosmos-Transfer2.5's ControlNet: its control tokens and the base latents' tokens split at the first block (the
+    one that adds them), its rotary tables, positional embedding and per-token modulation as the transformer's, and
+    each block's residual (its ``after_proj``) gathered whole, which the transformer's plan splits where its blocks
+    take it (``controlnet_residual``)."""
+    cp_input, cp_output = context_parallel_types()
+    per_token = cp_input(split_dim=1, expected_dims=3)
+    plan: dict[str, Any] = {f"control_blocks.{i}": {"embedded_timestep": per_token, "temb": per_token}
+                            for i in range(len(model.control_blocks))}  # fmt: skip
+    plan["control_blocks.0"] |= {"hidden_states": per_token, "latents": per_token}
+    plan["control_blocks.*.after_proj"] = cp_output(gather_dim=1, expected_dims=3)
+    plan["rope"] = {i: cp_input(split_dim=0, expected_dims=2, split_output=True) for i in (0, 1)}
+    if model.learnable_pos_embed is not None:
+        plan["learnable_pos_embed"] = {0: cp_input(split_dim=1, expected_dims=3, split_output=True)}
+    return plan
+
+
+CONTROLNET = ModelFamily(
+    name="cosmos-controlnet",
+    class_names=("CosmosControlNetModel",),
+    plan=_controlnet_plan,
+    attention_modules=("control_blocks.*.attn1",),
+    step_cache=False,
+)
+"""How ``parallelize`` splits a Cosmos pipeline's ControlNet (``ModelFamily.controlnet``)."""
 
 
 def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
@@ -122,6 +150,7 @@ COSMOS = ModelFamily(
     attention_modules=("transformer_blocks.*.attn1",),
     cfg_mode="sequential",
     prepare_pipeline=_prepare,
+    controlnet=CONTROLNET,
     cfg_refused=(
         "the Cosmos pipelines compute with the conditional prediction before they make the unconditional call, so "
         "the two guidance branches cannot run at once on two process groups; use cfg=1"

@@ -124,6 +124,10 @@ class ModelFamily:
     python_only: dict[str, str] = field(default_factory=dict, hash=False)
     """Pipeline classes of the family that ``parallelize`` splits but ``generate`` does not run (they take another
     pass's output, which a CLI run does not chain), each with its one-line reason: called from Python."""
+    controlnet: ModelFamily | None = None
+    """How ``parallelize`` splits a pipeline's ``controlnet`` component of the family (Cosmos-Transfer2.5's
+    ``CosmosControlNetModel``): its class names, plan and attention modules; its outputs are gathered whole for the
+    transformer's plan to split where the blocks take them. None: a ControlNet runs whole on every rank."""
     step_cache: bool = True
     """Whether step caching and regional compile find the family's blocks (diffusers has block metadata for
     them); ``tests/families/test_family_table.py`` checks this against the tiny models."""

@@ -140,6 +140,12 @@ def parallelize(
             guidance = GuidancePair(parallel, family) if parallel.cfg == 2 else None
             for transformer in transformers:
                 parallelize_transformer(transformer, parallel, handle, guidance=guidance, **options)
+            controlnet = getattr(obj, "controlnet", None)
+            if family.controlnet is not None and type(controlnet).__name__ in family.controlnet.class_names:
+                # (a family with a ControlNet refuses cfg=2: no guidance pair; its input is the transformer's, which
+                # verify_inputs checks)
+                parallelize_transformer(controlnet, parallel, handle, guidance=None, family=family.controlnet,
+                                        **(options | {"verify": False}))  # fmt: skip
             if shard_weights:
                 for transformer in transformers:
                     _shard_weights(transformer, parallel, handle)

@@ -1,11 +1,11 @@
 """Cosmos-Transfer2.5 (``Cosmos2_5_TransferPipeline``: a ControlNet reads a control video, edges, depth, segmentation
 or blur, and adds its residual after each transformer block) through ``generate`` with ``--control-video`` gives the
 same frames and latents on Ulysses 2 and ring 2 as on one process, each rank's attention holding half of the video
-tokens (the ControlNet runs whole on every rank; its residuals are split with the video tokens, the Cosmos plan's
-``controlnet_residual``). Both Cosmos models resize a padding mask with torchvision, which is not installed here: the
-torch-only resize stands in (``tests/families/test_cosmos_resize.py``). One spawn runs both layouts; CFG parallelism is
-refused (the Cosmos pipelines compute with the conditional prediction before the unconditional call), and bad inputs
-are one-line errors before anything loads."""
+tokens, in the transformer and in the ControlNet (whose residuals are gathered whole and split again where the
+transformer's blocks take them, the Cosmos plan's ``controlnet_residual``). Both Cosmos models resize a padding mask
+with torchvision, not installed here: the torch-only resize stands in (``tests/families/test_cosmos_resize.py``).
+One spawn runs both layouts; CFG parallelism is refused (the Cosmos pipelines compute with the conditional prediction
+before the unconditional call), and bad inputs are one-line errors before anything loads."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ BASE = {"steps": 2, "verify_inputs": True}
 def videos(tmp_path_factory):
     """{layout: the sample leader's report}: "single" is one process, "reversed" one process with the control video's
     frames in reverse order."""
+    from cosmos_transfer_checks import controlnet_split
     from variant_generate_checks import layout_reports, write_random_inputs
 
     tmp = tmp_path_factory.mktemp("cosmos_transfer")
@@ -40,7 +41,7 @@ def videos(tmp_path_factory):
     reports = {name: generate(variant_settings(tmp, MODEL, name, {"control_video": clip}, BASE), True)
                for name, clip in (("single", "clip"), ("reversed", "reversed"))}  # fmt: skip
     jobs = [(layout, variant_settings(tmp, MODEL, layout, inputs, BASE, **flags)) for layout, flags in LAYOUTS.items()]
-    return reports | layout_reports(jobs)
+    return reports | layout_reports(jobs, then=controlnet_split)
 
 
 @pytest.mark.slow  # spawns worker processes
@@ -49,6 +50,16 @@ def test_every_layout_gives_the_same_video_from_a_split_sequence(videos, layout)
     assert_same_video(videos[layout], videos["single"], FRAME_TOLERANCE)
     local = TOKENS // 2
     assert videos[layout]["lengths"] == [[local], [local]], f"each rank's attention saw {videos[layout]['lengths']}"
+
+
+@pytest.mark.slow
+def test_the_controlnet_is_split_too(videos):
+    """Its self-attention holds half of the control tokens on each rank, and its residuals, gathered whole, equal
+    the whole ControlNet's on the same inputs (Ulysses 2; the generate runs above cover ring 2)."""
+    for rank in videos["then"]:
+        assert rank["lengths"] == [TOKENS // 2], rank["lengths"]
+        assert rank["shapes"] == [(1, TOKENS, 32)] * 2  # one residual per ControlNet block, every token
+        assert rank["difference"] <= 1e-5 and rank["scale"] > 0.1, rank
 
 
 @pytest.mark.slow
@@ -114,8 +125,8 @@ def test_bad_inputs_are_one_line_errors(tmp_path, flags, message):
 def test_the_planner_knows_the_real_checkpoint_with_its_controlnet():
     """Cosmos-Transfer2.5-2B, as diffusers' conversion script configures it: published as "2B" (the base model's size;
     no total is published): Predict2.5-2B's 2.06e9 with image-context keys and values in every block, 2.41e9, and a
-    4-block ControlNet of 0.47e9. Its bundled config plans: the transformer's tokens split over Ulysses 8, the
-    ControlNet whole on every rank (weights and its whole-video working set)."""
+    4-block ControlNet of 0.47e9. Its bundled config plans: the tokens of the transformer and the ControlNet split over
+    Ulysses 8, the ControlNet's weights whole, and its residuals whole (gathered for the transformer's blocks)."""
     from dit_sp.inference.config import GenerateConfig
     from dit_sp.memory.planner import ARCHITECTURES, TransformerShape, architecture_name
     from dit_sp.memory.sampling import SamplingSettings, plan_sampling
@@ -134,4 +145,8 @@ def test_the_planner_knows_the_real_checkpoint_with_its_controlnet():
     video = 24 * 44 * 80  # 93 frames of 704 x 1280: 24 x 88 x 160 latents, patch 1 x 2 x 2
     assert any(part.endswith(f"x {video // 8} tokens)") for part in denoising), list(denoising)
     assert denoising["ControlNet weights (bfloat16, whole)"] == controlnet.params * 2
-    assert denoising[f"ControlNet working set (whole, {video} tokens)"] > 0
+    # one of its blocks at the transformer's tokens per rank, its control and base tokens and 4 residuals whole
+    per_token = (24 * controlnet.dim + 2 * controlnet.ffn) * 2
+    whole = (4 + 2) * controlnet.dim * 2 * video
+    held = denoising[f"ControlNet (one block at {video // 8} tokens; residuals whole)"]
+    assert held == per_token * video // 8 + whole
