@@ -4,6 +4,7 @@ model internals."""
 from __future__ import annotations
 
 import dataclasses
+import enum
 import importlib
 import importlib.metadata
 from collections.abc import Callable
@@ -184,6 +185,66 @@ def wan_conv_padding(module: torch.nn.Module) -> tuple[int, ...]:
     if padding is None:
         raise _error("diffusers", "WanCausalConv3d._padding")
     return padding
+
+
+# --- torchvision's NEAREST resize, for the Cosmos models -----------------------------------------
+# diffusers 0.42.1's Cosmos ControlNet (Cosmos-Transfer2.5) resizes its padding mask with
+# ``torchvision.transforms.functional.resize(mask, size, interpolation=InterpolationMode.NEAREST)`` on every call, and
+# the Cosmos transformer does so with ``concat_padding_mask``; both modules bind ``transforms`` only when torchvision
+# imports. This toolkit does not depend on torchvision (its wheels pin one torch build, and installing it switches
+# transformers' image processors to their torchvision backends for every other pipeline), so where it is missing these
+# modules get a ``transforms`` of one function: torchvision's tensor path exactly, for the one call they make
+# (torchvision/transforms/_functional_tensor.py: NEAREST is ``interpolate(img, size, mode="nearest")`` on float32 or
+# float64, other dtypes cast there and back, no antialias; functional.resize returns the input when the size is equal).
+COSMOS_RESIZE_MODULES = (
+    "diffusers.models.controlnets.controlnet_cosmos",
+    "diffusers.models.transformers.transformer_cosmos",
+)
+"""The diffusers modules that call torchvision's resize (``transforms``, bound when torchvision imports)."""
+
+
+class _InterpolationMode(enum.Enum):
+    NEAREST = "nearest"
+
+
+def nearest_resize(img: torch.Tensor, size: list[int], interpolation: Any = _InterpolationMode.NEAREST) -> torch.Tensor:
+    """torchvision's ``functional.resize(img, size, interpolation=InterpolationMode.NEAREST)`` of a float image batch
+    ``(B, C, H, W)`` to ``size = [height, width]``: output pixel ``i`` is input pixel ``floor(i * in / out)`` per axis.
+    Other modes, shapes and dtypes raise (the Cosmos models make no other call)."""
+    import torch
+
+    if getattr(interpolation, "value", interpolation) != "nearest":
+        raise ValueError(f"resize without torchvision: only InterpolationMode.NEAREST is implemented, not "
+                         f"{interpolation}; install torchvision for other modes")  # fmt: skip
+    if not isinstance(img, torch.Tensor) or img.ndim != 4 or not img.is_floating_point():
+        what = f"a {img.ndim}-D {img.dtype} tensor" if isinstance(img, torch.Tensor) else type(img).__name__
+        raise ValueError(f"resize without torchvision: only a 4-D float tensor (B, C, H, W) is implemented, not {what}")
+    if len(size) != 2:
+        raise ValueError(f"resize without torchvision: size must be [height, width], not {size!r}")
+    if list(img.shape[-2:]) == list(size):
+        return img
+    work = img if img.dtype in (torch.float32, torch.float64) else img.float()
+    return torch.nn.functional.interpolate(work, size=list(size), mode="nearest").to(img.dtype)
+
+
+def install_cosmos_resize() -> list[str]:
+    """Give the Cosmos modules that lack it (torchvision not importable) a ``transforms`` with ``nearest_resize`` as
+    ``functional.resize`` and ``InterpolationMode.NEAREST``; the names of the modules given one (none where
+    torchvision is installed: its own resize stays). Idempotent."""
+    import types
+
+    shim = types.SimpleNamespace(functional=types.SimpleNamespace(resize=nearest_resize),
+                                 InterpolationMode=_InterpolationMode)  # fmt: skip
+    installed = []
+    for name in COSMOS_RESIZE_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as e:
+            raise _error("diffusers", f"the module {name}", f" ({e})") from e
+        if getattr(module, "transforms", None) is None:  # diffusers found no torchvision when it imported the module
+            module.transforms = shim
+            installed.append(name)
+    return installed
 
 
 def _check_hooks() -> None:

@@ -63,6 +63,17 @@ def family_of(model: torch.nn.Module) -> ModelFamily:
     )
 
 
+def prepare_pipeline(pipe: Any) -> None:
+    """Ready ``pipe`` for this install with its transformer's family's ``prepare_pipeline`` (nothing for a pipeline
+    of no supported family)."""
+    found = (getattr(pipe, name, None) for name in PARALLELIZED_TRANSFORMERS)
+    transformer = next((t for t in found if t is not None), None)
+    names = {cls.__name__ for cls in type(transformer).__mro__} if transformer is not None else set()
+    family = next((f for f in FAMILIES if names & set(f.class_names)), None)
+    if family is not None:
+        family.prepare_pipeline(pipe)
+
+
 def vae_plan_of(vae: torch.nn.Module) -> VAEPlan | None:
     """How a diffusers VAE runs split (``dit_sp.vae``), or None for a VAE of no supported family."""
     names = {cls.__name__ for cls in type(vae).__mro__}

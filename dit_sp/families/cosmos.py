@@ -10,15 +10,18 @@ block's output) where each block and the output norm take it, and gathers at ``p
 ``_cp_plan`` for this model.
 
 The stock Cosmos 2 / 2.5 pipelines compute with the conditional prediction before they make the unconditional call,
-so the two branches cannot run at once on two process groups: CFG parallelism is refused for them. (The Cosmos
-pipelines and the padding-mask channel, ``concat_padding_mask``, call torchvision.)
+so the two branches cannot run at once on two process groups: CFG parallelism is refused for them.
+Cosmos-Transfer2.5's ControlNet (``CosmosControlNetModel``) is split as the transformer is (``CONTROLNET``: its
+control and base tokens at its first block), its residuals gathered whole and split again where the transformer's
+blocks take them. The ControlNet and the transformer's padding-mask channel (``concat_padding_mask``) resize a mask
+with torchvision: where it is missing, ``prepare_pipeline`` puts torch's nearest interpolation in its place.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dit_sp._compat import context_parallel_types
+from dit_sp._compat import context_parallel_types, install_cosmos_resize
 from dit_sp.families.family import ModelFamily, generation_defaults
 
 if TYPE_CHECKING:
@@ -39,6 +42,33 @@ def _plan(model: torch.nn.Module) -> dict:
     plan["norm_out"] = dict(modulation)
     plan["proj_out"] = cp_output(gather_dim=1, expected_dims=3)
     return plan
+
+
+def _controlnet_plan(model: torch.nn.Module) -> dict:
+    """Cosmos-Transfer2.5's ControlNet: its control tokens and the base latents' tokens split at the first block (the
+    one that adds them), its rotary tables, positional embedding and per-token modulation as the transformer's, and
+    each block's residual (its ``after_proj``) gathered whole, which the transformer's plan splits where its blocks
+    take it (``controlnet_residual``)."""
+    cp_input, cp_output = context_parallel_types()
+    per_token = cp_input(split_dim=1, expected_dims=3)
+    plan: dict[str, Any] = {f"control_blocks.{i}": {"embedded_timestep": per_token, "temb": per_token}
+                            for i in range(len(model.control_blocks))}  # fmt: skip
+    plan["control_blocks.0"] |= {"hidden_states": per_token, "latents": per_token}
+    plan["control_blocks.*.after_proj"] = cp_output(gather_dim=1, expected_dims=3)
+    plan["rope"] = {i: cp_input(split_dim=0, expected_dims=2, split_output=True) for i in (0, 1)}
+    if model.learnable_pos_embed is not None:
+        plan["learnable_pos_embed"] = {0: cp_input(split_dim=1, expected_dims=3, split_output=True)}
+    return plan
+
+
+CONTROLNET = ModelFamily(
+    name="cosmos-controlnet",
+    class_names=("CosmosControlNetModel",),
+    plan=_controlnet_plan,
+    attention_modules=("control_blocks.*.attn1",),
+    step_cache=False,
+)
+"""How ``parallelize`` splits a Cosmos pipeline's ControlNet (``ModelFamily.controlnet``)."""
 
 
 def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
@@ -68,6 +98,16 @@ _7B = {"in_channels": 16, "out_channels": 16, "num_attention_heads": 32, "attent
 _V2W_2B = _7B | {"in_channels": 17, "num_attention_heads": 16, "rope_scale": [1.0, 3.0, 3.0],
                  "extra_pos_embed_type": None}  # fmt: skip
 
+_TEXT_PROJECTION = {"use_crossattn_projection": True, "crossattn_proj_in_channels": 100352,
+                    "encoder_hidden_states_channels": 1024}  # fmt: skip
+_PREDICT25_2B = _V2W_2B | _TEXT_PROJECTION
+_TRANSFER_IMAGE_CONTEXT = {"img_context_dim_in": 1152, "img_context_dim_out": 2048, "img_context_num_tokens": 256}
+_TRANSFER_CONTROLNET = {"n_controlnet_blocks": 4, "model_channels": 2048, "in_channels": 130, "latent_channels": 18,
+                        "num_attention_heads": 16, "attention_head_dim": 128, "mlp_ratio": 4.0, "text_embed_dim": 1024,
+                        "adaln_lora_dim": 256, "patch_size": [1, 2, 2], "max_size": [128, 240, 240],
+                        "rope_scale": [1.0, 3.0, 3.0], "extra_pos_embed_type": None, "img_context_dim_in": 1152,
+                        "img_context_dim_out": 2048} | _TEXT_PROJECTION  # fmt: skip
+
 _ARCHITECTURES = {
     # Cosmos-1.0-Diffusion-7B / 14B-Text2World (diffusers' defaults are the 7B; counted on meta: 7.24e9, 1.43e10)
     "cosmos1-7b-text2world": _architecture(_7B),
@@ -79,18 +119,25 @@ _ARCHITECTURES = {
     "cosmos-predict2-14b-video2world": _architecture(
         _V2W_2B | {"num_attention_heads": 40, "num_layers": 36, "rope_scale": [20 / 24, 2.0, 2.0]}, wan_vae=True
     ),
-    "cosmos-predict2.5-2b": _architecture(
-        _V2W_2B
-        | {
-            "use_crossattn_projection": True,
-            "crossattn_proj_in_channels": 100352,
-            "encoder_hidden_states_channels": 1024,
-        },
-        text=_QWEN25_VL_7B,
-        wan_vae=True,
-    ),  # fmt: skip
+    "cosmos-predict2.5-2b": _architecture(_PREDICT25_2B, text=_QWEN25_VL_7B, wan_vae=True),
+    # Cosmos-Transfer2.5-2B (general: edge, depth, seg, blur ControlNets of one shape), as diffusers' conversion script
+    # configures it: Predict2.5-2B's transformer with image-context keys and values in every block and a residual
+    # after every 7th, and a 4-block ControlNet of the same width (its own copies of the embeddings and the 100352 ->
+    # 1024 text projection); counted on meta: 2.41e9 + 0.47e9
+    "cosmos-transfer2.5-2b": _architecture(
+        _PREDICT25_2B | _TRANSFER_IMAGE_CONTEXT | {"controlnet_block_every_n": 7}, text=_QWEN25_VL_7B, wan_vae=True
+    )
+    | {"controlnet": ("CosmosControlNetModel", _TRANSFER_CONTROLNET)},
 }
-"""The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
+"""The real checkpoints, for the memory planner (``ModelFamily.architectures``); an architecture's ``controlnet``
+runs whole beside the split transformer (``dit_sp.memory.sampling``)."""
+
+
+def _prepare(pipe: Any) -> None:
+    # the ControlNet (always) and the transformer (with concat_padding_mask) resize a padding mask with torchvision,
+    # which this toolkit does not install: torch's nearest interpolation stands in, where it is missing
+    install_cosmos_resize()
+
 
 PIPELINES = ("CosmosTextToWorldPipeline", "CosmosVideoToWorldPipeline", "Cosmos2VideoToWorldPipeline",
              "Cosmos2_5_PredictBasePipeline")  # fmt: skip
@@ -102,13 +149,24 @@ COSMOS = ModelFamily(
     plan=_plan,
     attention_modules=("transformer_blocks.*.attn1",),
     cfg_mode="sequential",
+    prepare_pipeline=_prepare,
+    controlnet=CONTROLNET,
     cfg_refused=(
         "the Cosmos pipelines compute with the conditional prediction before they make the unconditional call, so "
         "the two guidance branches cannot run at once on two process groups; use cfg=1"
     ),
-    tiny_models=("tiny-cosmos1-t2w", "tiny-cosmos1-v2w", "tiny-cosmos2-v2w", "tiny-cosmos2-t2i", "tiny-cosmos2.5"),
+    tiny_models=(
+        "tiny-cosmos1-t2w",
+        "tiny-cosmos1-v2w",
+        "tiny-cosmos2-v2w",
+        "tiny-cosmos2-t2i",
+        "tiny-cosmos2.5",
+        "tiny-cosmos2.5-transfer",
+    ),
     checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(93, 704, 1280, 35, 7.0, 512) | {"fps": 16})
-    | {"Cosmos2TextToImagePipeline": generation_defaults(1, 768, 1360, 35, 7.0, 512)},  # one image
-    vae_factors=dict.fromkeys((*PIPELINES, "Cosmos2TextToImagePipeline"), _vae_factors),
+    | {"Cosmos2TextToImagePipeline": generation_defaults(1, 768, 1360, 35, 7.0, 512)}  # one image
+    # Cosmos-Transfer2.5: its call's defaults (36 steps, guidance 3; its chunk of 93 frames)
+    | {"Cosmos2_5_TransferPipeline": generation_defaults(93, 704, 1280, 36, 3.0, 512)},
+    vae_factors=dict.fromkeys((*PIPELINES, "Cosmos2TextToImagePipeline", "Cosmos2_5_TransferPipeline"), _vae_factors),
     architectures=_ARCHITECTURES,
 )

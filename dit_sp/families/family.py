@@ -91,6 +91,9 @@ class ModelFamily:
     layout_check: Callable[[torch.nn.Module, ParallelState], None] = lambda model, parallel: None
     """Raises for configurations of the family that split exactly on some layouts only (SkyReels-V2's block-causal
     frames: Ulysses alone); called with ``check``."""
+    prepare_pipeline: Callable[[Any], None] = lambda pipe: None
+    """Readies a loaded pipeline of the family for this install, on one process too (Cosmos: a torch-only stand-in
+    for torchvision's resize, where torchvision is missing); ``dit_sp.zoo``'s loading and ``parallelize`` call it."""
     pipelines: tuple[str, ...] = ()
     """diffusers pipeline classes that GRPO can train (through ``policy``)."""
     policy: type | None = None
@@ -126,6 +129,10 @@ class ModelFamily:
     python_only: dict[str, str] = field(default_factory=dict, hash=False)
     """Pipeline classes of the family that ``parallelize`` splits but ``generate`` does not run (they take another
     pass's output, which a CLI run does not chain), each with its one-line reason: called from Python."""
+    controlnet: ModelFamily | None = None
+    """How ``parallelize`` splits a pipeline's ``controlnet`` component of the family (Cosmos-Transfer2.5's
+    ``CosmosControlNetModel``): its class names, plan and attention modules; its outputs are gathered whole for the
+    transformer's plan to split where the blocks take them. None: a ControlNet runs whole on every rank."""
     step_cache: bool = True
     """Whether step caching and regional compile find the family's blocks (diffusers has block metadata for
     them); ``tests/families/test_family_table.py`` checks this against the tiny models."""

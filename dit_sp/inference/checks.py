@@ -135,10 +135,6 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
     if check_modular(config, name):
         return
     takes = inspect.signature(getattr(diffusers, name).__call__).parameters
-    if "controls" in takes:  # Cosmos-Transfer2.5
-        raise ConfigError(f"{config.model} ({name}): generate does not run it yet: its ControlNet resizes a padding "
-                          "mask with torchvision, which this toolkit does not install; call the pipeline from Python "
-                          "(parallelize splits its transformer with the ControlNet's residuals)")  # fmt: skip
     if "cond_image" in takes and "image" not in takes:  # LTX-Video long multi-prompt: --image is its cond_image
         takes = {**takes, "image": takes["cond_image"]}
     check_fixed_schedule(config, name, takes)
@@ -250,16 +246,23 @@ def check_reference_input(config: GenerateConfig, name: str, takes: Any) -> None
 
 def check_control_video(config: GenerateConfig, name: str, takes: Any) -> None:
     """``--control-video`` against the pipeline's ``__call__`` parameters ``takes`` (``name``: its class), and the
-    file: a control pipeline needs one (it takes its length from it), the others take none."""
-    if "control_video" not in takes:
+    file: a control pipeline needs one (it takes its length from it), the others take none. Cosmos-Transfer2.5 takes
+    it as ``controls`` (edge, depth, segmentation or blur frames, made beforehand) and makes no more frames than it
+    has: it must hold ``--frames`` frames."""
+    if "control_video" not in takes and "controls" not in takes:
         if config.control_video:
             raise ConfigError(f"--control-video: {config.model} ({name}) takes no control video; use a control model "
-                              "(e.g. tiny-cogvideox-fun-control), or drop --control-video")  # fmt: skip
+                              "(e.g. tiny-cogvideox-fun-control, tiny-cosmos2.5-transfer), or drop "
+                              "--control-video")  # fmt: skip
         return
     if not config.control_video:
         raise ConfigError(f"{config.model} is a control model ({name}): give its control video with "
                           "--control-video PATH")  # fmt: skip
-    read_video(config.control_video, "--control-video")
+    frames = read_video(config.control_video, "--control-video")
+    if "controls" in takes and len(frames) < config.frames:
+        raise ConfigError(f"--control-video {config.control_video}: {len(frames)} frames, fewer than the "
+                          f"{config.frames} to make ({name} makes no more than its control video has); give a longer "
+                          f"video or --frames {len(frames)} or fewer")  # fmt: skip
 
 
 def check_diffusion_forcing(config: GenerateConfig, name: str, takes: Any) -> None:

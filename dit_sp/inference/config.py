@@ -67,9 +67,12 @@ class GenerateConfig:
     pipeline takes one (SkyReels-V2 diffusion-forcing video-to-video: its last frames, up to 17, are the history the
     ``frames`` new ones continue; the written video is the input followed by them. Wan and CogVideoX
     video-to-video: the video is noised and denoised again, SDEdit-like; its length sets the frames)."""
-    control_video: str | None = setting(None, "a control video (CogVideoX-Fun Control; default: none)")
+    control_video: str | None = setting(
+        None, "a control video (CogVideoX-Fun Control, Cosmos-Transfer2.5; default: none)"
+    )
     """A control video (an .mp4 or .gif file, or a directory of image frames) for a model whose pipeline takes one
-    (CogVideoX-Fun Control: its latents join the noise in channels; its length sets the frames)."""
+    (CogVideoX-Fun Control: its latents join the noise in channels; its length sets the frames. Cosmos-Transfer2.5:
+    edge, depth, segmentation or blur frames, made beforehand, for its ControlNet; it holds ``frames`` at least)."""
     causal_block_size: int | None = setting(
         None, "SkyReels-V2 diffusion forcing: latent frames per causal block (default: the pipeline's, 1)"
     )

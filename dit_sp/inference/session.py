@@ -130,8 +130,9 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
             images["segment_frame_length"] = config.frames
     if config.background_video:  # and mask_video (checked): the character replaces the video's person
         images["mode"] = "replace"
-    if config.control_video:  # CogVideoX-Fun Control: its latents join the noise in channels
-        images["control_video"] = read_video(config.control_video, "--control-video")
+    if config.control_video:  # CogVideoX-Fun Control: its latents join the noise in channels; Cosmos-Transfer2.5's
+        # ControlNet takes it as `controls` (each pipeline gets the name it takes: _taken)
+        images["control_video"] = images["controls"] = read_video(config.control_video, "--control-video")
     takes = inspect.signature(stock.__call__).parameters
     references = {}
     if "reference_conditions" in takes and "video" in images:  # LTX-2 HDR and IC-LoRA: --video is the reference

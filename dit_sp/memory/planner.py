@@ -59,15 +59,11 @@ class TransformerShape:
 
     @classmethod
     def _count(cls, class_name: str, config: dict[str, Any]) -> TransformerShape:
-        import diffusers
-        import torch
-
         from dit_sp.train.fsdp import BLOCK_LISTS
-        from dit_sp.weights import parameters_on_meta
 
-        with parameters_on_meta(), torch.device("meta"):
-            model = getattr(diffusers, class_name).from_config(config)
-        blocks = [b for name in BLOCK_LISTS for b in getattr(model, name, [])]
+        model = _meta_model(class_name, config)
+        # (Cosmos-Transfer2.5's ControlNet holds its blocks as control_blocks)
+        blocks = [b for name in (*BLOCK_LISTS, "control_blocks") for b in getattr(model, name, [])]
         if "num_attention_heads" in config:
             heads, head_dim = config["num_attention_heads"], config["attention_head_dim"]
         else:  # Kandinsky 5: the width is model_dim, a head the rotary axes' sum
@@ -83,6 +79,17 @@ class TransformerShape:
 
 
 _SHAPES: dict[tuple[str, str], TransformerShape] = {}
+
+
+def _meta_model(class_name: str, config: dict[str, Any]) -> Any:
+    """The diffusers model ``class_name`` built from ``config`` with its parameters on the meta device (no memory)."""
+    import diffusers
+    import torch
+
+    from dit_sp.weights import parameters_on_meta
+
+    with parameters_on_meta(), torch.device("meta"):
+        return getattr(diffusers, class_name).from_config(config)
 
 
 def tokens(shape: TransformerShape, frames: int, height: int, width: int, compression: tuple[int, ...]) -> int:

@@ -20,6 +20,10 @@ resident weights plus that phase's working set:
   two guidance branches one after the other, exact for those that batch them);
 - **VAE decode activations** (``vae_decode_bytes``): an estimate from the decoder's full-resolution width and
   the decoded size, rows split over a sample's processes with the parallel VAE.
+- **a ControlNet** (Cosmos-Transfer2.5, an architecture's ``controlnet``): its weights whole; it is split as the
+  transformer is, so its working set is one of its blocks at the transformer's tokens per rank, one guidance branch
+  at a time, plus what it holds whole: its control and base tokens before the split and its blocks' residuals,
+  gathered whole and held through the transformer's call.
 
     plan = plan_sampling(SamplingSettings("wan2.1-t2v-14b", frames=81, height=720, width=1280, ulysses=8), 8, 80)
     print(plan.report())
@@ -189,6 +193,9 @@ def plan_sampling(
     else:
         resident[f"{' + '.join(experts)} weights ({s.dtype}, whole)"] = len(experts) * shape.params * size
     resident[f"VAE weights ({s.dtype})"] = int(spec["vae"] * size)
+    controlnet = TransformerShape.of(*spec["controlnet"]) if "controlnet" in spec else None
+    if controlnet is not None:  # Cosmos-Transfer2.5: its ControlNet runs whole on every rank of a sample
+        resident[f"ControlNet weights ({s.dtype}, whole)"] = controlnet.params * size
     share = f"1/{n}" if sharded else "whole"
     kept = "kept through sampling" if not s.free_text_encoders else "freed before denoising"
     encoders = {
@@ -205,9 +212,14 @@ def plan_sampling(
     chunk = spec["compression"][0] + 2 if s.arch.startswith(CAUSAL_CHUNK_VAES) else None
     decode = vae_decode_bytes(s.frames, s.height, s.width, size, split, chunk)
     at_once = "all frames" if chunk is None or chunk >= s.frames else f"{chunk} frames"
+    working = {f"activations (one block, {sequences} seq x {per_rank} tokens)": block}
+    if controlnet is not None:  # one of its blocks split, its inputs and residuals whole: one branch at a time
+        per_token = SAVED_PER_TOKEN["dim"] * controlnet.dim + SAVED_PER_TOKEN["ffn"] * controlnet.ffn
+        whole = (controlnet.layers + 2) * controlnet.dim * size * video
+        working[f"ControlNet (one block at {per_rank} tokens; residuals whole)"] = per_token * size * per_rank + whole
     phases = {
         ENCODING: resident | encoders,
-        DENOISING: resident | {f"activations (one block, {sequences} seq x {per_rank} tokens)": block},
+        DENOISING: resident | working,
         DECODING: resident | {f"VAE decode activations ({at_once} at once, rows 1/{split})": decode},
     }
     plan = SamplingPlan(f"Sampling ({s.arch})", s, phases, int(gpu_memory_gb * GiB))

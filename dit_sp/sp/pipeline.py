@@ -136,9 +136,16 @@ def parallelize(
                 raise ConfigError(f"{type(obj).__name__}: {family.refused_pipelines[type(obj).__name__]}")
             if parallel.cfg == 2 and family.cfg_refused:
                 raise ConfigError(f"cfg parallelism (cfg=2) for {type(obj).__name__}: {family.cfg_refused}")
+            family.prepare_pipeline(obj)  # a pipeline built outside dit_sp.zoo (Cosmos: a resize without torchvision)
             guidance = GuidancePair(parallel, family) if parallel.cfg == 2 else None
             for transformer in transformers:
                 parallelize_transformer(transformer, parallel, handle, guidance=guidance, **options)
+            controlnet = getattr(obj, "controlnet", None)
+            if family.controlnet is not None and type(controlnet).__name__ in family.controlnet.class_names:
+                # (a family with a ControlNet refuses cfg=2: no guidance pair; its input is the transformer's, which
+                # verify_inputs checks)
+                parallelize_transformer(controlnet, parallel, handle, guidance=None, family=family.controlnet,
+                                        **(options | {"verify": False}))  # fmt: skip
             if shard_weights:
                 for transformer in transformers:
                     _shard_weights(transformer, parallel, handle)

@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from dit_sp._compat import model_parallel_config
 from dit_sp.cache import SEQUENCE_ATTR
-from dit_sp.families import family_of
+from dit_sp.families import ModelFamily, family_of
 from dit_sp.parallel.comm import GatherGrad
 from dit_sp.parallel.state import ParallelState
 from dit_sp.sp.context import SequenceContext
@@ -46,8 +46,9 @@ def parallelize_transformer(
     kernel: str | None,
     verify: bool,
     guidance: GuidancePair | None,
+    family: ModelFamily | None = None,
 ) -> None:
-    family = family_of(model)
+    family = family or family_of(model)  # given: a pipeline's ControlNet, split by its transformer family's plan
 
     def check(module: torch.nn.Module, *args: object) -> None:
         family.check(module)

@@ -40,6 +40,7 @@ TILED_ONLY_VAES = ("AutoencoderKLAllegro",)
 
 
 def _tile_if_needed(pipe: Any) -> Any:
+    families.prepare_pipeline(pipe)  # what the family needs of this install (Cosmos: a resize without torchvision)
     vae = getattr(pipe, "vae", None)
     if type(vae).__name__ in TILED_ONLY_VAES:
         vae.enable_tiling()

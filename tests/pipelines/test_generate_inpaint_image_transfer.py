@@ -3,9 +3,9 @@ the noise in channels, and the text encoder sees it through a Qwen2.5-VL process
 inpaint pipeline (``--image``, or ``--video`` with ``--mask-video``: the kept video's latents and the mask join the
 noise in channels) through ``generate`` give the same frames and latents on Ulysses 2, ring 2 and CFG parallel (a
 guidance branch per process) as on one process, with the attention of each rank holding half of the image or video
-tokens; one spawn runs them all. Bad inputs are one-line errors before anything loads, EasyAnimate's control pipeline
-(broken in diffusers 0.42.1) is refused in one line saying why, and so is Cosmos-Transfer2.5 by ``generate`` (its
-ControlNet needs torchvision; its transformer's split is checked in test_kandinsky_cosmos_helios_minimax.py)."""
+tokens; one spawn runs them all. Bad inputs are one-line errors before anything loads, and EasyAnimate's control
+pipeline (broken in diffusers 0.42.1) is refused in one line saying why. (Cosmos-Transfer2.5 runs through ``generate``
+in test_generate_cosmos_transfer.py.)"""
 
 from __future__ import annotations
 
@@ -152,18 +152,6 @@ def test_bad_inputs_are_one_line_errors(tmp_path, flags, message):
     with pytest.raises((ConfigError, MissingFileError), match=message) as error:
         generate(settings)
     assert "\n" not in str(error.value)
-
-
-def test_generate_says_in_one_line_that_it_does_not_run_cosmos_transfer(tmp_path):
-    import json
-
-    from dit_sp.errors import ConfigError
-    from dit_sp.inference.checks import check_image_inputs
-
-    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "Cosmos2_5_TransferPipeline"}))
-    settings = GenerateConfig.load(overrides={"model": str(tmp_path), "out": str(tmp_path / "out.mp4")})
-    with pytest.raises(ConfigError, match=r"\(Cosmos2_5_TransferPipeline\): generate does not run it yet: .*vision"):
-        check_image_inputs(settings)
 
 
 @pytest.fixture(scope="module")
