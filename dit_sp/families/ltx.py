@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import block_argument, context_parallel_types
 from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.vae import VAEPlan
+from dit_sp.vae.tiles import TileProtocol
 
 if TYPE_CHECKING:
     import torch
@@ -84,6 +86,36 @@ def ltx_vae_factors(vae: dict[str, Any], scaling: tuple[bool, ...] = (True, True
     return temporal, spatial
 
 
+def _vae_noise(part: torch.nn.Module) -> list[torch.nn.Module]:
+    """The residual blocks that inject noise (LTX-Video 0.9.1's decoder): ``torch.randn`` of the activation's
+    ``(H, W)``, from the global generator, scaled per channel."""
+    return [m for m in part.modules() if getattr(m, "per_channel_scale1", None) is not None]
+
+
+def _vae_downsampling(part: torch.nn.Module) -> int:
+    """The encoder's patchify (``patch_size``) and space-to-depth downsamplers (``LTXVideoDownsampler3d``, 0.9.5);
+    its strided-convolution downsampling is counted by ``dit_sp.vae``. The decoder takes latent rows."""
+    if type(part).__name__ != "LTXVideoEncoder3d":
+        return 1
+    factor = part.patch_size
+    for module in part.modules():
+        if type(module).__name__ == "LTXVideoDownsampler3d":
+            factor *= module.stride[1]
+    return factor
+
+
+LTX_VAE = VAEPlan(
+    class_names=("AutoencoderKLLTXVideo",),
+    noise=_vae_noise,
+    downsampling=_vae_downsampling,
+    # every decoder/encoder call is one tile; a decoder that injects noise draws it tile after tile from one
+    # generator, so its tiles are split by rows rather than shared out
+    tiles=TileProtocol(
+        starts_tile=lambda kwargs: True, answer=lambda kwargs, out: out, shares=lambda part: not _vae_noise(part)
+    ),  # fmt: skip
+)
+
+
 _T5_XXL = 4.76e9
 _ARCHITECTURES = {
     "ltx-video-2b": {"transformers": {"transformer": ("LTXVideoTransformer3DModel", {
@@ -113,6 +145,7 @@ LTX = ModelFamily(
     tiny_models=("tiny-ltx", "tiny-ltx-i2v", "tiny-ltx-condition", "tiny-ltx-long"),
     checkpoint_defaults=dict.fromkeys(_PIPELINES, generation_defaults(161, 512, 704, 50, 3.0, 128) | {"fps": 24})
     | dict.fromkeys(_DISTILLED, generation_defaults(161, 512, 704, 8, 1.0, 128) | {"fps": 25}),
+    vae=LTX_VAE,
     vae_factors=dict.fromkeys(_PIPELINES + _DISTILLED, ltx_vae_factors),
     architectures=_ARCHITECTURES,
 )

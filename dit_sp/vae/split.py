@@ -7,7 +7,9 @@ op runs on its own rows given:
 - convolutions: the rows of the neighbours that the kernel reaches (a halo, ``dit_sp.parallel.rows``), in
   place of the padding at the inner edges; the image's own edges keep the convolution's padding;
 - group normalisation: statistics of the whole frame, summed over the processes;
-- whole-frame modules (attention): the frame gathered, run whole, and the output's own rows kept.
+- whole-frame modules (attention): the frame gathered, run whole, and the output's own rows kept;
+- modules that draw per-pixel noise (``torch.randn`` of an activation's height): the whole frame's noise
+  drawn on every rank, group rank 0's taken, and the own rows kept.
 
 Each process then holds 1/N of every activation (the decode's memory peak) and does 1/N of the work. While a
 split call runs, the modules get instance-level adapters, removed after the call; the stock code does the
@@ -50,6 +52,12 @@ class VAEPlan:
     unchunked: tuple[str, ...] = ()
     """Convolution classes that cut big inputs into chunks by their own size: while split they run in
     one piece, so that every process makes the same calls (each input is 1/N as big)."""
+    noise: Callable[[nn.Module], list[nn.Module]] = lambda part: []
+    """The modules of a decoder or encoder that draw per-pixel noise (``torch.randn`` whose last two dims are
+    their activation's rows and columns), drawn for the whole frame while split."""
+    downsampling: Callable[[nn.Module], int] = lambda part: 1
+    """How many times a part's reshapes (patchify, space-to-depth) shrink its height, beyond its strided
+    convolutions: the part's input is split in blocks of rows of both factors."""
     parts: tuple[str, ...] = ("decoder", "encoder")
     """The VAE's attributes that run split."""
     tiles: TileProtocol | None = None
@@ -206,6 +214,43 @@ def _whole_frame(module: nn.Module) -> Adapter:
     return adapter
 
 
+def _whole_noise(module: nn.Module) -> Adapter:
+    """A module whose ``torch.randn`` calls of shape ``(..., rows, W)`` (its activation's own rows) draw the
+    whole frame's noise instead: every rank draws it, so that its generator advances as one process's does,
+    takes group rank 0's draw (the ranks' generators may differ) and keeps its own rows."""
+    import torch
+    import torch.distributed as dist
+    from torch.overrides import TorchFunctionMode
+
+    class WholeNoise(TorchFunctionMode):
+        def __init__(self, run: _Run):
+            super().__init__()
+            self.run = run
+
+        def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+            kwargs = kwargs or {}
+            if func is not torch.randn or self.run.bypass:
+                return func(*args, **kwargs)
+            size = kwargs.pop("size", None) or (args[0] if len(args) == 1 and not isinstance(args[0], int) else args)
+            size = tuple(size)
+            scale = self.run.scale(size[-2])
+            noise = func((*size[:-2], scale * self.run.split.height, size[-1]), **kwargs)
+            dist.broadcast(noise, src=dist.get_global_rank(self.run.group, 0), group=self.run.group)
+            start, stop = self.run.split.bounds(self.run.rank, scale)
+            return noise[..., start:stop, :].contiguous()
+
+    def adapter(run: _Run):
+        original = module.forward
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            with WholeNoise(run):
+                return original(*args, **kwargs)
+
+        return module, "forward", forward
+
+    return adapter
+
+
 def _unchunked(conv: nn.Module) -> Adapter:
     from torch import nn
 
@@ -217,7 +262,7 @@ def _adapters(part: nn.Module, plan: VAEPlan) -> list[Adapter]:
     from torch import nn
 
     padded = plan.padded_inputs(part)
-    adapters = []
+    adapters = [_whole_noise(module) for module in plan.noise(part)]
     for module in part.modules():
         names = {cls.__name__ for cls in type(module).__mro__}
         if names & set(plan.whole_frame):
@@ -271,7 +316,7 @@ def split_forward(part: nn.Module, plan: VAEPlan, group: dist.ProcessGroup, gath
     if "forward" in part.__dict__:
         raise ValueError(f"the VAE's {type(part).__name__} is already split (or its forward replaced); undo that first")
     adapters = _adapters(part, plan)
-    factor = _downsampling(part)
+    factor = _downsampling(part) * plan.downsampling(part)
     ranks = dist.get_world_size(group)
     original = part.forward
 

@@ -39,6 +39,9 @@ class TileProtocol:
     looking used, so that the tile's next call is not taken for a new tile."""
     methods: tuple[tuple[str, str], ...] = (("decoder", "tiled_decode"), ("encoder", "tiled_encode"))
     """(part, the VAE's tiled method that calls it)."""
+    shares: Callable[[nn.Module], bool] = lambda part: True
+    """Whether a part's tiles can be shared out; if not (a part that draws noise tile after tile from one
+    generator), each tile runs split by rows."""
 
 
 def check_inference(x: torch.Tensor) -> None:
@@ -168,7 +171,7 @@ def share_tiles(vae: nn.Module, protocol: TileProtocol, group: dist.ProcessGroup
     undos = []
     for part_name, method in protocol.methods:
         part = getattr(vae, part_name, None)
-        if part is None or not hasattr(vae, method):
+        if part is None or not hasattr(vae, method) or not protocol.shares(part):
             continue
         if method in vae.__dict__:
             raise ValueError(f"the VAE's {method} is already replaced; undo that first")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 import torch
-from diffusers import AutoencoderKLCogVideoX, AutoencoderKLHunyuanVideo, AutoencoderKLWan
+from diffusers import AutoencoderKLCogVideoX, AutoencoderKLHunyuanVideo, AutoencoderKLLTXVideo, AutoencoderKLWan
 
 from dit_sp import ParallelConfig, init_parallel, parallelize_vae
 
@@ -21,8 +21,32 @@ VAES = {
                                                        layers_per_block=1, norm_num_groups=4),
     "cogvideox": lambda: AutoencoderKLCogVideoX(block_out_channels=(8, 8, 16, 16), latent_channels=4,
                                                 layers_per_block=1, norm_num_groups=2, temporal_compression_ratio=4),
+    # LTX-Video 0.9.1's kind: timestep-conditioned decoder that injects noise, residual pixel-shuffle upsampling,
+    # strided-convolution encoder; patchify 2
+    "ltx0.9.1": lambda: AutoencoderKLLTXVideo(latent_channels=4, block_out_channels=(8, 8, 8, 8),
+                                              decoder_block_out_channels=(8, 16), layers_per_block=(1, 1, 1, 1, 1),
+                                              decoder_layers_per_block=(1, 1, 1),
+                                              spatio_temporal_scaling=(True, True, False, False),
+                                              decoder_spatio_temporal_scaling=(True, True),
+                                              decoder_inject_noise=(True, True, True), upsample_residual=(True, True),
+                                              upsample_factor=(2, 2), timestep_conditioning=True, patch_size=2),
+    # LTX-Video 0.9.5's kind: space-to-depth encoder (spatial, temporal, spatio-temporal), no timestep
+    "ltx0.9.5": lambda: AutoencoderKLLTXVideo(latent_channels=4, block_out_channels=(8, 8, 16, 16),
+                                              down_block_types=("LTXVideo095DownBlock3D",) * 3,
+                                              downsample_type=("spatial", "temporal", "spatiotemporal"),
+                                              spatio_temporal_scaling=(True, True, True),
+                                              layers_per_block=(1, 1, 1, 1), decoder_block_out_channels=(8, 8, 16),
+                                              decoder_layers_per_block=(1, 1, 1, 1),
+                                              decoder_spatio_temporal_scaling=(True, True, False),
+                                              decoder_inject_noise=(False,) * 4, upsample_residual=(False,) * 3,
+                                              upsample_factor=(1,) * 3, patch_size=2, spatial_compression_ratio=8,
+                                              temporal_compression_ratio=4),
 }  # fmt: skip
-SPATIAL = {"wan2.1": 8, "wan2.2": 16, "hunyuan_video": 8, "cogvideox": 8}
+SPATIAL = {"wan2.1": 8, "wan2.2": 16, "hunyuan_video": 8, "cogvideox": 8, "ltx0.9.1": 8, "ltx0.9.5": 8}
+DECODE_ARGS = {"ltx0.9.1": lambda latents: {"temb": torch.full((latents.shape[0],), 0.05)}}
+"""Arguments of a VAE's decode besides the latents (a timestep-conditioned decoder's timestep)."""
+TILES_SPLIT = {"ltx0.9.1": ("decoder",)}
+"""Parts whose tiles are split by rows, not shared out (a decoder that draws noise tile after tile)."""
 CASES = [(3, 7, 5), (1, 5, 6), (2, 9, 4)]
 """(latent frames, latent height, latent width): odd heights and widths, one or more latent frames."""
 
@@ -44,6 +68,11 @@ def _inputs(name: str, frames: int, height: int, width: int) -> tuple[torch.Tens
     return latents, pixels
 
 
+def decode(vae: torch.nn.Module, name: str, latents: torch.Tensor) -> torch.Tensor:
+    """``vae.decode(latents).sample``, with the VAE's other decode arguments (``DECODE_ARGS``)."""
+    return vae.decode(latents, **DECODE_ARGS.get(name, lambda _: {})(latents)).sample
+
+
 def _run(vae: torch.nn.Module, name: str, tiled: bool) -> dict[str, torch.Tensor]:
     if tiled:  # tiles of 4 latent rows and columns, overlapping by one
         size = 4 * SPATIAL[name]
@@ -60,7 +89,8 @@ def _run(vae: torch.nn.Module, name: str, tiled: bool) -> dict[str, torch.Tensor
         for frames, height, width in CASES:
             latents, pixels = _inputs(name, frames, height, width)
             key = f"{frames}x{height}x{width}" + (" tiled" if tiled else "")
-            out["decode " + key] = vae.decode(latents).sample
+            torch.manual_seed(frames)  # the same noise (a decoder that injects it) on one process and split
+            out["decode " + key] = decode(vae, name, latents)
             out["encode " + key] = vae.encode(pixels).latent_dist.mean
     return out
 
@@ -88,7 +118,9 @@ def check_vae(name: str, parallel) -> dict:
     shapes = {key: split[key].shape == reference[key].shape for key in reference}
     handle.undo()
     vae.disable_tiling()
-    undone = vae.decode(_inputs(name, *CASES[0])[0]).sample - reference[f"decode {'x'.join(map(str, CASES[0]))}"]
+    latents = _inputs(name, *CASES[0])[0]
+    torch.manual_seed(CASES[0][0])
+    undone = decode(vae, name, latents) - reference[f"decode {'x'.join(map(str, CASES[0]))}"]
     return {"errors": errors, "shapes": shapes, "rows": rows, "undone": undone.abs().max().item(),
             "tiled_calls": {part: len(c) for part, c in split_tiled_calls.items()},
             "one_process_tiled_calls": {part: len(c) for part, c in tiled_calls.items()}}  # fmt: skip
