@@ -19,10 +19,14 @@ coordinates ``video_coords`` with batch 1 under guidance, which CFG parallelism 
 diffusers' ``_cp_plan`` for LTX also splits the text (``encoder_hidden_states`` and its mask), since its ring
 attention gathers keys for cross-attention too; dit-sp keeps the text whole on every rank, so it uses its own plan.
 
-VAE: ``AutoencoderKLLTXVideo`` decodes on the sample's leader (the others receive the frames): its decoder
-normalises with ``PerChannelRMSNorm`` and upsamples by pixel shuffle, which a row split could take, but its
-causal convolutions pad rows by replication inside ``LTXVideoCausalConv3d`` and the decoder's timestep
-conditioning and noise injection have no split plan in ``dit_sp.vae`` yet.
+VAE: ``AutoencoderKLLTXVideo`` runs split by rows (``LTX_VAE``, ``dit_sp.vae``): its causal convolutions replicate
+frames in time only and pad rows with zeros (the halo convolution's case), its norms (``RMSNorm``, ``LayerNorm``)
+are per pixel, and its pixel shuffle (upsamplers, unpatchify) and space-to-depth (patchify, 0.9.5's downsamplers)
+keep each rank's rows contiguous at every height, the encoder's input split in blocks of its whole downsampling.
+The decoder's timestep conditioning (0.9.1+) is per sample. Its noise injection (0.9.1: ``torch.randn`` of the
+activation's ``(H, W)`` in each residual block) is drawn for the whole frame on every rank and group rank 0's rows
+are kept, so a split decode equals one process's; with tiling on, such a decoder's tiles are split by rows
+(tile after tile from one generator), the others' tiles are shared out.
 """
 
 from __future__ import annotations

@@ -39,7 +39,8 @@ def parallelize_vae(vae: torch.nn.Module, group: dist.ProcessGroup | ParallelSta
     one-process run (``dit_sp.vae``). Every rank of the group calls ``decode``/``encode`` with the same input.
 
     Args:
-        vae: ``AutoencoderKLWan``, ``AutoencoderKLHunyuanVideo`` or ``AutoencoderKLCogVideoX``; with tiling
+        vae: a VAE of a family with a plan (``dit_sp.families.supported_vaes()``: ``AutoencoderKLWan``,
+            ``AutoencoderKLHunyuanVideo``, ``AutoencoderKLCogVideoX``, ``AutoencoderKLLTXVideo``, ...); with tiling
             (``vae.enable_tiling()``) the tiles are shared out whole, tile ``t`` on group rank ``t % N``.
         group: the processes that share the work.
         gather_to: assemble the decoded frames only on this rank of the group (the others get their own

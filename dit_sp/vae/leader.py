@@ -14,7 +14,6 @@ _NOISE = (
 )
 
 LEADER_DECODE_REASONS: dict[str, str] = {
-    "AutoencoderKLLTXVideo": "no row-split plan is written yet, and " + _NOISE.format(module="autoencoder_kl_ltx.py"),
     "AutoencoderKLLTX2Video": (
         "its decoder's convolutions pad with reflection (decoder_spatial_padding_mode, reflect by default), which "
         "the row split's halo exchange does not reproduce at the frame's edges (it takes zero padding only); and "
