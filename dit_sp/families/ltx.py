@@ -90,33 +90,37 @@ def ltx_vae_factors(vae: dict[str, Any], scaling: tuple[bool, ...] = (True, True
     return temporal, spatial
 
 
-def _vae_noise(part: torch.nn.Module) -> list[torch.nn.Module]:
-    """The residual blocks that inject noise (LTX-Video 0.9.1's decoder): ``torch.randn`` of the activation's
-    ``(H, W)``, from the global generator, scaled per channel."""
+def ltx_vae_noise(part: torch.nn.Module) -> list[torch.nn.Module]:
+    """The residual blocks that inject noise (LTX-Video 0.9.1's decoder; LTX-2's with ``decoder_inject_noise``):
+    ``torch.randn`` of the activation's ``(H, W)``, from the global generator, scaled per channel."""
     return [m for m in part.modules() if getattr(m, "per_channel_scale1", None) is not None]
 
 
-def _vae_downsampling(part: torch.nn.Module) -> int:
-    """The encoder's patchify (``patch_size``) and space-to-depth downsamplers (``LTXVideoDownsampler3d``, 0.9.5);
-    its strided-convolution downsampling is counted by ``dit_sp.vae``. The decoder takes latent rows."""
-    if type(part).__name__ != "LTXVideoEncoder3d":
+def ltx_vae_downsampling(part: torch.nn.Module) -> int:
+    """An LTX-Video or LTX-2 encoder's patchify (``patch_size``) and space-to-depth downsamplers (0.9.5's and
+    LTX-2's ``spatial`` / ``spatiotemporal``); its strided-convolution downsampling is counted by ``dit_sp.vae``.
+    The decoder takes latent rows."""
+    if type(part).__name__ not in ("LTXVideoEncoder3d", "LTX2VideoEncoder3d"):
         return 1
     factor = part.patch_size
     for module in part.modules():
-        if type(module).__name__ == "LTXVideoDownsampler3d":
+        if type(module).__name__ in ("LTXVideoDownsampler3d", "LTX2VideoDownsampler3d"):
             factor *= module.stride[1]
     return factor
 
 
+def ltx_vae_tiles() -> TileProtocol:
+    """Every decoder/encoder call of LTX's tiled methods is one tile; a decoder that injects noise draws it tile
+    after tile from one generator, so its tiles are split by rows rather than shared out."""
+    return TileProtocol(starts_tile=lambda kwargs: True, answer=lambda kwargs, out: out,
+                        shares=lambda part: not ltx_vae_noise(part))  # fmt: skip
+
+
 LTX_VAE = VAEPlan(
     class_names=("AutoencoderKLLTXVideo",),
-    noise=_vae_noise,
-    downsampling=_vae_downsampling,
-    # every decoder/encoder call is one tile; a decoder that injects noise draws it tile after tile from one
-    # generator, so its tiles are split by rows rather than shared out
-    tiles=TileProtocol(
-        starts_tile=lambda kwargs: True, answer=lambda kwargs, out: out, shares=lambda part: not _vae_noise(part)
-    ),  # fmt: skip
+    noise=ltx_vae_noise,
+    downsampling=ltx_vae_downsampling,
+    tiles=ltx_vae_tiles(),
 )
 
 

@@ -8,17 +8,7 @@ checks that every leader-decode VAE of the table has one (and that none is left 
 
 from __future__ import annotations
 
-_NOISE = (
-    "a decoder that injects noise (decoder_inject_noise) draws it over the whole frame from one generator "
-    "(torch.randn of (H, W) in each resnet block of {module}), which processes holding rows would draw differently"
-)
-
 LEADER_DECODE_REASONS: dict[str, str] = {
-    "AutoencoderKLLTX2Video": (
-        "its decoder's convolutions pad with reflection (decoder_spatial_padding_mode, reflect by default), which "
-        "the row split's halo exchange does not reproduce at the frame's edges (it takes zero padding only); and "
-        + _NOISE.format(module="autoencoder_kl_ltx2.py")
-    ),
     "AutoencoderKLMochi": (
         "no row-split plan is written yet: its causal convolutions (CogVideoXCausalConv3d, pad_mode replicate) pad "
         "the frame's edges by replication before the convolution, and its group norm folds the frames into the "

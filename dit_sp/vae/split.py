@@ -91,22 +91,30 @@ def _conv(conv: nn.Module, padded: Padding | None) -> Adapter:
     a stride-1 convolution that keeps the height runs as it is while the halo travels (its rows at inner
     edges come out of the module's padding, wrong), then recomputes those edge rows from a small slab (halo
     plus ``k-1`` own rows); a strided one overwrites its module's padding rows at inner edges with the halo
-    in place (the padded input is the module's own temporary) before it runs."""
+    in place (the padded input is the module's own temporary) before it runs. A convolution that pads by
+    reflection or replication (``padding_mode``: ``_conv_forward`` pads with ``F.pad``) gets its rows with the
+    halo and the image's edges padded that way, and its other dims padded as it pads them."""
     import torch
     import torch.nn.functional as F
 
     pre_top, pre_bottom, mode = padded or (0, 0, "constant")
     kernel, stride, own = conv.kernel_size[-2], conv.stride[-2], conv.padding[-2]
-    if conv.padding_mode != "zeros" or conv.dilation[-2] != 1 or isinstance(conv.padding, str):
+    pads_itself = conv.padding_mode in ("reflect", "replicate")
+    if (conv.padding_mode != "zeros" and not pads_itself) or conv.dilation[-2] != 1 or isinstance(conv.padding, str) \
+            or (pads_itself and padded):  # fmt: skip
         raise NotImplementedError(f"parallel VAE: {type(conv).__name__} with padding_mode={conv.padding_mode}, "
                                   f"dilation={conv.dilation}, padding={conv.padding}")  # fmt: skip
     top, bottom = pre_top + own, pre_bottom + own
-    mode = mode if pre_top or pre_bottom else "constant"
+    mode = conv.padding_mode if pads_itself else mode if pre_top or pre_bottom else "constant"
     padding = (*conv.padding[:-2], 0, conv.padding[-1])
-    same = stride == 1 and kernel == top + bottom + 1 and kernel > 1
+    same = stride == 1 and kernel == top + bottom + 1 and kernel > 1 and not pads_itself
     op = F.conv2d if conv.weight.dim() == 4 else F.conv3d
+    # F.pad's order: the last dim first; the rows (0, 0): they come padded
+    other_pads = sum(((p, p) for p in reversed(padding)), ())
 
     def run_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if pads_itself:
+            return op(F.pad(x, other_pads, mode=mode), weight, bias, conv.stride, 0, conv.dilation, conv.groups)
         return op(x, weight, bias, conv.stride, padding, conv.dilation, conv.groups)
 
     def adapter(run: _Run):

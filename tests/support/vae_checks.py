@@ -6,7 +6,13 @@ from __future__ import annotations
 import os
 
 import torch
-from diffusers import AutoencoderKLCogVideoX, AutoencoderKLHunyuanVideo, AutoencoderKLLTXVideo, AutoencoderKLWan
+from diffusers import (
+    AutoencoderKLCogVideoX,
+    AutoencoderKLHunyuanVideo,
+    AutoencoderKLLTX2Video,
+    AutoencoderKLLTXVideo,
+    AutoencoderKLWan,
+)
 
 from dit_sp import ParallelConfig, init_parallel, parallelize_vae
 
@@ -41,12 +47,26 @@ VAES = {
                                               decoder_inject_noise=(False,) * 4, upsample_residual=(False,) * 3,
                                               upsample_factor=(1,) * 3, patch_size=2, spatial_compression_ratio=8,
                                               temporal_compression_ratio=4),
+    # LTX-2's: a decoder that pads by reflection, timestep-conditioned; space-to-depth and strided encoder
+    "ltx2": lambda: AutoencoderKLLTX2Video(latent_channels=4, block_out_channels=(8, 16, 16),
+                                           down_block_types=("LTX2VideoDownBlock3D",) * 3, layers_per_block=(1,) * 4,
+                                           spatio_temporal_scaling=(True, True, True),
+                                           downsample_type=("spatial", "temporal", "conv"),
+                                           decoder_block_out_channels=(8, 16, 16), decoder_layers_per_block=(1,) * 4,
+                                           decoder_spatio_temporal_scaling=(True, True, False),
+                                           upsample_type=("spatiotemporal",) * 3, upsample_residual=(True, True, False),
+                                           upsample_factor=(2, 2, 1), timestep_conditioning=True,
+                                           decoder_inject_noise=(False,) * 4, patch_size=2, spatial_compression_ratio=8,
+                                           temporal_compression_ratio=4),
 }  # fmt: skip
-SPATIAL = {"wan2.1": 8, "wan2.2": 16, "hunyuan_video": 8, "cogvideox": 8, "ltx0.9.1": 8, "ltx0.9.5": 8}
-DECODE_ARGS = {"ltx0.9.1": lambda latents: {"temb": torch.full((latents.shape[0],), 0.05)}}
+SPATIAL = {"wan2.1": 8, "wan2.2": 16, "hunyuan_video": 8, "cogvideox": 8, "ltx0.9.1": 8, "ltx0.9.5": 8, "ltx2": 8}
+DECODE_ARGS = dict.fromkeys(("ltx0.9.1", "ltx2"), lambda latents: {"temb": torch.full((latents.shape[0],), 0.05)})
 """Arguments of a VAE's decode besides the latents (a timestep-conditioned decoder's timestep)."""
 TILES_SPLIT = {"ltx0.9.1": ("decoder",)}
 """Parts whose tiles are split by rows, not shared out (a decoder that draws noise tile after tile)."""
+UNTILED = {"ltx2"}
+"""VAEs checked untiled only: LTX-2's reflection-padded decoder fails on one process on a last tile of one latent row
+or column, which these sizes' tiles of 4 (stride 3) leave (its tiles are LTX-Video's, shared out the same way)."""
 CASES = [(3, 7, 5), (1, 5, 6), (2, 9, 4)]
 """(latent frames, latent height, latent width): odd heights and widths, one or more latent frames."""
 
@@ -74,6 +94,8 @@ def decode(vae: torch.nn.Module, name: str, latents: torch.Tensor) -> torch.Tens
 
 
 def _run(vae: torch.nn.Module, name: str, tiled: bool) -> dict[str, torch.Tensor]:
+    if tiled and name in UNTILED:
+        return {}
     if tiled:  # tiles of 4 latent rows and columns, overlapping by one
         size = 4 * SPATIAL[name]
         if name == "cogvideox":
