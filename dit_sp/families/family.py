@@ -121,6 +121,10 @@ class ModelFamily:
     python_only: dict[str, str] = field(default_factory=dict, hash=False)
     """Pipeline classes of the family that ``parallelize`` splits but ``generate`` does not run (they take another
     pass's output, which a CLI run does not chain), each with its one-line reason: called from Python."""
+    frames_used: tuple[str, ...] = ()
+    """Pipeline classes of the family whose own code computes with the decoded frames (LTX's long multi-prompt
+    pipeline blends its decoded tiles): ``parallelize`` assembles their split VAE's frames on every rank, even
+    with ``frames_on="leader"``."""
     step_cache: bool = True
     """Whether step caching and regional compile find the family's blocks (diffusers has block metadata for
     them); ``tests/families/test_family_table.py`` checks this against the tiny models."""

@@ -154,6 +154,7 @@ LTX = ModelFamily(
     checkpoint_defaults=dict.fromkeys(_PIPELINES, generation_defaults(161, 512, 704, 50, 3.0, 128) | {"fps": 24})
     | dict.fromkeys(_DISTILLED, generation_defaults(161, 512, 704, 8, 1.0, 128) | {"fps": 25}),
     vae=LTX_VAE,
+    frames_used=("LTXI2VLongMultiPromptPipeline",),  # it blends the tiles of its own tiled decode
     vae_factors=dict.fromkeys(_PIPELINES + _DISTILLED, ltx_vae_factors),
     architectures=_ARCHITECTURES,
 )
