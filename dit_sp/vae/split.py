@@ -317,7 +317,7 @@ def split_forward(part: nn.Module, plan: VAEPlan, group: dist.ProcessGroup, gath
     """Replace ``part.forward`` (a VAE's ``decoder`` or ``encoder``, input ``(B, C, T, H, W)`` first) by a
     split one: each rank runs its rows, and the output is assembled on every rank (or only on the group
     rank ``gather_to``; the others get their own rows). An input too small to give every rank a row at the
-    output's height runs whole on every rank. Returns the undo."""
+    output's height runs whole on every rank (a part that draws noise: group rank 0's output). Returns the undo."""
     import torch
     import torch.distributed as dist
 
@@ -327,11 +327,18 @@ def split_forward(part: nn.Module, plan: VAEPlan, group: dist.ProcessGroup, gath
     factor = _downsampling(part) * plan.downsampling(part)
     ranks = dist.get_world_size(group)
     original = part.forward
+    noisy = bool(plan.noise(part))
 
     def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         rows = x.shape[-2]
         if rows % factor or rows // factor < ranks:
-            return original(x, *args, **kwargs)
+            out = original(x, *args, **kwargs)
+            if not noisy:
+                return out
+            # each rank drew its own noise: take group rank 0's output, as a split call does
+            first = (out[0] if isinstance(out, tuple) else out).contiguous()
+            dist.broadcast(first, src=dist.get_global_rank(group, 0), group=group)
+            return (first, *out[1:]) if isinstance(out, tuple) else first
         check_inference(x)
         run = _Run(RowSplit.even(rows // factor, ranks), group)
         start, stop = run.split.bounds(run.rank, factor)
