@@ -100,8 +100,8 @@ def _conv(conv: nn.Module, padded: Padding | None) -> Adapter:
     pre_top, pre_bottom, mode = padded or (0, 0, "constant")
     kernel, stride, own = conv.kernel_size[-2], conv.stride[-2], conv.padding[-2]
     pads_itself = conv.padding_mode in ("reflect", "replicate")
-    if (conv.padding_mode != "zeros" and not pads_itself) or conv.dilation[-2] != 1 or isinstance(conv.padding, str) \
-            or (pads_itself and padded):  # fmt: skip
+    supported = conv.padding_mode == "zeros" or (pads_itself and not padded)
+    if not supported or conv.dilation[-2] != 1 or isinstance(conv.padding, str):
         raise NotImplementedError(f"parallel VAE: {type(conv).__name__} with padding_mode={conv.padding_mode}, "
                                   f"dilation={conv.dilation}, padding={conv.padding}")  # fmt: skip
     top, bottom = pre_top + own, pre_bottom + own
@@ -332,9 +332,11 @@ def split_forward(part: nn.Module, plan: VAEPlan, group: dist.ProcessGroup, gath
     def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         rows = x.shape[-2]
         if rows % factor or rows // factor < ranks:
-            out = original(x, *args, **kwargs)
             if not noisy:
-                return out
+                return original(x, *args, **kwargs)
+            check_inference(x)
+            with torch.no_grad():
+                out = original(x, *args, **kwargs)
             # each rank drew its own noise: take group rank 0's output, as a split call does
             first = (out[0] if isinstance(out, tuple) else out).contiguous()
             dist.broadcast(first, src=dist.get_global_rank(group, 0), group=group)
