@@ -133,6 +133,10 @@ class ModelFamily:
     """How ``parallelize`` splits a pipeline's ``controlnet`` component of the family (Cosmos-Transfer2.5's
     ``CosmosControlNetModel``): its class names, plan and attention modules; its outputs are gathered whole for the
     transformer's plan to split where the blocks take them. None: a ControlNet runs whole on every rank."""
+    frames_used: tuple[str, ...] = ()
+    """Pipeline classes of the family whose own code computes with the decoded frames (LTX's long multi-prompt
+    pipeline blends its decoded tiles): ``parallelize`` assembles their split VAE's frames on every rank, even
+    with ``frames_on="leader"``."""
     step_cache: bool = True
     """Whether step caching and regional compile find the family's blocks (diffusers has block metadata for
     them); ``tests/families/test_family_table.py`` checks this against the tiny models."""

@@ -19,10 +19,14 @@ coordinates ``video_coords`` with batch 1 under guidance, which CFG parallelism 
 diffusers' ``_cp_plan`` for LTX also splits the text (``encoder_hidden_states`` and its mask), since its ring
 attention gathers keys for cross-attention too; dit-sp keeps the text whole on every rank, so it uses its own plan.
 
-VAE: ``AutoencoderKLLTXVideo`` decodes on the sample's leader (the others receive the frames): its decoder
-normalises with ``PerChannelRMSNorm`` and upsamples by pixel shuffle, which a row split could take, but its
-causal convolutions pad rows by replication inside ``LTXVideoCausalConv3d`` and the decoder's timestep
-conditioning and noise injection have no split plan in ``dit_sp.vae`` yet.
+VAE: ``AutoencoderKLLTXVideo`` runs split by rows (``LTX_VAE``, ``dit_sp.vae``): its causal convolutions replicate
+frames in time only and pad rows with zeros (the halo convolution's case), its norms (``RMSNorm``, ``LayerNorm``)
+are per pixel, and its pixel shuffle (upsamplers, unpatchify) and space-to-depth (patchify, 0.9.5's downsamplers)
+keep each rank's rows contiguous at every height, the encoder's input split in blocks of its whole downsampling.
+The decoder's timestep conditioning (0.9.1+) is per sample. Its noise injection (0.9.1: ``torch.randn`` of the
+activation's ``(H, W)`` in each residual block) is drawn for the whole frame on every rank and group rank 0's rows
+are kept, so a split decode equals one process's; with tiling on, such a decoder's tiles are split by rows
+(tile after tile from one generator), the others' tiles are shared out.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from typing import TYPE_CHECKING, Any
 from dit_sp._compat import block_argument, context_parallel_types
 from dit_sp.families.family import ModelFamily, generation_defaults, no_grad
 from dit_sp.families.policy import DiffusersPolicy
+from dit_sp.vae import VAEPlan
+from dit_sp.vae.tiles import TileProtocol
 
 if TYPE_CHECKING:
     import torch
@@ -143,6 +149,40 @@ def ltx_vae_factors(vae: dict[str, Any], scaling: tuple[bool, ...] = (True, True
     return temporal, spatial
 
 
+def ltx_vae_noise(part: torch.nn.Module) -> list[torch.nn.Module]:
+    """The residual blocks that inject noise (LTX-Video 0.9.1's decoder; LTX-2's with ``decoder_inject_noise``):
+    ``torch.randn`` of the activation's ``(H, W)``, from the global generator, scaled per channel."""
+    return [m for m in part.modules() if getattr(m, "per_channel_scale1", None) is not None]
+
+
+def ltx_vae_downsampling(part: torch.nn.Module) -> int:
+    """An LTX-Video or LTX-2 encoder's patchify (``patch_size``) and space-to-depth downsamplers (0.9.5's and
+    LTX-2's ``spatial`` / ``spatiotemporal``); its strided-convolution downsampling is counted by ``dit_sp.vae``.
+    The decoder takes latent rows."""
+    if type(part).__name__ not in ("LTXVideoEncoder3d", "LTX2VideoEncoder3d"):
+        return 1
+    factor = part.patch_size
+    for module in part.modules():
+        if type(module).__name__ in ("LTXVideoDownsampler3d", "LTX2VideoDownsampler3d"):
+            factor *= module.stride[1]
+    return factor
+
+
+def ltx_vae_tiles() -> TileProtocol:
+    """Every decoder/encoder call of LTX's tiled methods is one tile; a decoder that injects noise draws it tile
+    after tile from one generator, so its tiles are split by rows rather than shared out."""
+    return TileProtocol(starts_tile=lambda kwargs: True, answer=lambda kwargs, out: out,
+                        shares=lambda part: not ltx_vae_noise(part))  # fmt: skip
+
+
+LTX_VAE = VAEPlan(
+    class_names=("AutoencoderKLLTXVideo",),
+    noise=ltx_vae_noise,
+    downsampling=ltx_vae_downsampling,
+    tiles=ltx_vae_tiles(),
+)
+
+
 _T5_XXL = 4.76e9
 _ARCHITECTURES = {
     "ltx-video-2b": {"transformers": {"transformer": ("LTXVideoTransformer3DModel", {
@@ -172,6 +212,8 @@ LTX = ModelFamily(
     tiny_models=("tiny-ltx", "tiny-ltx-i2v", "tiny-ltx-condition", "tiny-ltx-long"),
     checkpoint_defaults=dict.fromkeys(_PIPELINES, generation_defaults(161, 512, 704, 50, 3.0, 128) | {"fps": 24})
     | dict.fromkeys(_DISTILLED, generation_defaults(161, 512, 704, 8, 1.0, 128) | {"fps": 25}),
+    vae=LTX_VAE,
+    frames_used=("LTXI2VLongMultiPromptPipeline",),  # it blends the tiles of its own tiled decode
     vae_factors=dict.fromkeys(_PIPELINES + _DISTILLED, ltx_vae_factors),
     architectures=_ARCHITECTURES,
     pipelines=("LTXPipeline",),

@@ -35,8 +35,13 @@ gives the one-process latents and frames (``tiny-ltx2-dfr-refine``, docs/familie
 diffusers' ``_cp_plan`` for LTX-2 splits the text too (its ring attention gathers keys for cross-attention) and
 not the audio; dit-sp keeps the text whole, so it uses its own plan.
 
-VAE: ``AutoencoderKLLTX2Video`` and the audio VAE / vocoder decode on the sample's leader (the others receive the
-frames); no row-split plan in ``dit_sp.vae`` yet.
+VAE: ``AutoencoderKLLTX2Video`` runs split by rows (``LTX2_VAE``, ``dit_sp.vae``), as LTX-Video's does: causal in
+time only, per-pixel norms, pixel shuffle and space-to-depth that keep each rank's rows contiguous, per-sample
+timestep conditioning, noise injection drawn for the whole frame; its decoder's convolutions pad rows and columns by
+reflection (``decoder_spatial_padding_mode``), which the halo convolution reproduces at the frame's edges. The audio
+VAE and the vocoder are not split: every rank holds the whole audio stream and decodes it itself, without
+communication (a mel spectrogram of about 25 latent frames a second and a 1D vocoder over time, small beside the
+video decode; they have no rows to split).
 
 GRPO (``LTX2Policy``) trains the video stream alone: the audio is refused (see the class).
 """
@@ -48,8 +53,9 @@ from typing import TYPE_CHECKING, Any
 from dit_sp._compat import context_parallel_types
 from dit_sp.errors import ConfigError
 from dit_sp.families.family import ModelFamily, generation_defaults, no_grad
-from dit_sp.families.ltx import ltx_vae_factors
+from dit_sp.families.ltx import ltx_vae_downsampling, ltx_vae_factors, ltx_vae_noise, ltx_vae_tiles
 from dit_sp.families.policy import DiffusersPolicy
+from dit_sp.vae import VAEPlan
 
 if TYPE_CHECKING:
     import torch
@@ -175,6 +181,13 @@ def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
     return ltx_vae_factors(vae, scaling=(True, True, True, True))  # AutoencoderKLLTX2Video's default scaling
 
 
+LTX2_VAE = VAEPlan(
+    class_names=("AutoencoderKLLTX2Video",),
+    noise=ltx_vae_noise,
+    downsampling=ltx_vae_downsampling,
+    tiles=ltx_vae_tiles(),
+)
+
 REFINE_PYTHON_ONLY = (
     "it refines the latent output of a previous LTX2DFRPipeline pass (video latents, keyframe latents and positions, "
     "frozen audio), which one generate run does not chain; call the two passes from Python, each under parallelize "
@@ -214,6 +227,7 @@ LTX2 = ModelFamily(
     python_only={"LTX2DFRTemporalRefinePipeline": REFINE_PYTHON_ONLY},
     checkpoint_defaults=dict.fromkeys(_PIPELINES, generation_defaults(121, 512, 768, 30, 3.0, 1024) | {"fps": 24})
     | dict.fromkeys(_DISTILLED, generation_defaults(121, 512, 768, 8, 1.0, 1024) | {"fps": 24}),
+    vae=LTX2_VAE,
     vae_factors=dict.fromkeys(_PIPELINES + _DISTILLED, _vae_factors),
     architectures=_ARCHITECTURES,
 )

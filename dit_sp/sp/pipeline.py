@@ -152,7 +152,8 @@ def parallelize(
             vae = getattr(obj, "vae", None)
             if vae is not None and parallel.sample_group is not None:
                 if parallel_vae and vae_plan_of(vae) is not None:
-                    gather_to = 0 if frames_on == "leader" else None
+                    used = type(obj).__name__ in family.frames_used  # the pipeline computes with its frames
+                    gather_to = 0 if frames_on == "leader" and not used else None
                     handle.add_undo(parallelize_vae(vae, parallel.sample_group, gather_to=gather_to).undo)
                 else:
                     decode_once_per_sample(vae, parallel, handle, send=frames_on == "every_rank")

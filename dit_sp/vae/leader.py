@@ -8,18 +8,7 @@ checks that every leader-decode VAE of the table has one (and that none is left 
 
 from __future__ import annotations
 
-_NOISE = (
-    "a decoder that injects noise (decoder_inject_noise) draws it over the whole frame from one generator "
-    "(torch.randn of (H, W) in each resnet block of {module}), which processes holding rows would draw differently"
-)
-
 LEADER_DECODE_REASONS: dict[str, str] = {
-    "AutoencoderKLLTXVideo": "no row-split plan is written yet, and " + _NOISE.format(module="autoencoder_kl_ltx.py"),
-    "AutoencoderKLLTX2Video": (
-        "its decoder's convolutions pad with reflection (decoder_spatial_padding_mode, reflect by default), which "
-        "the row split's halo exchange does not reproduce at the frame's edges (it takes zero padding only); and "
-        + _NOISE.format(module="autoencoder_kl_ltx2.py")
-    ),
     "AutoencoderKLAllegro": (
         "it decodes and encodes only tiled (its _decode raises without use_tiling), in overlapping 3D tiles that "
         "are blended, and no tile protocol (dit_sp.vae.tiles) is written for its tiled_decode yet"

@@ -7,7 +7,9 @@ op runs on its own rows given:
 - convolutions: the rows of the neighbours that the kernel reaches (a halo, ``dit_sp.parallel.rows``), in
   place of the padding at the inner edges; the image's own edges keep the convolution's padding;
 - group normalisation: statistics of the whole frame, summed over the processes;
-- whole-frame modules (attention): the frame gathered, run whole, and the output's own rows kept.
+- whole-frame modules (attention): the frame gathered, run whole, and the output's own rows kept;
+- modules that draw per-pixel noise (``torch.randn`` of an activation's height): the whole frame's noise
+  drawn on every rank, group rank 0's taken, and the own rows kept.
 
 Each process then holds 1/N of every activation (the decode's memory peak) and does 1/N of the work. While a
 split call runs, the modules get instance-level adapters, removed after the call; the stock code does the
@@ -50,6 +52,12 @@ class VAEPlan:
     unchunked: tuple[str, ...] = ()
     """Convolution classes that cut big inputs into chunks by their own size: while split they run in
     one piece, so that every process makes the same calls (each input is 1/N as big)."""
+    noise: Callable[[nn.Module], list[nn.Module]] = lambda part: []
+    """The modules of a decoder or encoder that draw per-pixel noise (``torch.randn`` whose last two dims are
+    their activation's rows and columns), drawn for the whole frame while split."""
+    downsampling: Callable[[nn.Module], int] = lambda part: 1
+    """How many times a part's reshapes (patchify, space-to-depth) shrink its height, beyond its strided
+    convolutions: the part's input is split in blocks of rows of both factors."""
     parts: tuple[str, ...] = ("decoder", "encoder")
     """The VAE's attributes that run split."""
     tiles: TileProtocol | None = None
@@ -83,22 +91,30 @@ def _conv(conv: nn.Module, padded: Padding | None) -> Adapter:
     a stride-1 convolution that keeps the height runs as it is while the halo travels (its rows at inner
     edges come out of the module's padding, wrong), then recomputes those edge rows from a small slab (halo
     plus ``k-1`` own rows); a strided one overwrites its module's padding rows at inner edges with the halo
-    in place (the padded input is the module's own temporary) before it runs."""
+    in place (the padded input is the module's own temporary) before it runs. A convolution that pads by
+    reflection or replication (``padding_mode``: ``_conv_forward`` pads with ``F.pad``) gets its rows with the
+    halo and the image's edges padded that way, and its other dims padded as it pads them."""
     import torch
     import torch.nn.functional as F
 
     pre_top, pre_bottom, mode = padded or (0, 0, "constant")
     kernel, stride, own = conv.kernel_size[-2], conv.stride[-2], conv.padding[-2]
-    if conv.padding_mode != "zeros" or conv.dilation[-2] != 1 or isinstance(conv.padding, str):
+    pads_itself = conv.padding_mode in ("reflect", "replicate")
+    supported = conv.padding_mode == "zeros" or (pads_itself and not padded)
+    if not supported or conv.dilation[-2] != 1 or isinstance(conv.padding, str):
         raise NotImplementedError(f"parallel VAE: {type(conv).__name__} with padding_mode={conv.padding_mode}, "
                                   f"dilation={conv.dilation}, padding={conv.padding}")  # fmt: skip
     top, bottom = pre_top + own, pre_bottom + own
-    mode = mode if pre_top or pre_bottom else "constant"
+    mode = conv.padding_mode if pads_itself else mode if pre_top or pre_bottom else "constant"
     padding = (*conv.padding[:-2], 0, conv.padding[-1])
-    same = stride == 1 and kernel == top + bottom + 1 and kernel > 1
+    same = stride == 1 and kernel == top + bottom + 1 and kernel > 1 and not pads_itself
     op = F.conv2d if conv.weight.dim() == 4 else F.conv3d
+    # F.pad's order: the last dim first; the rows (0, 0): they come padded
+    other_pads = sum(((p, p) for p in reversed(padding)), ())
 
     def run_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if pads_itself:
+            return op(F.pad(x, other_pads, mode=mode), weight, bias, conv.stride, 0, conv.dilation, conv.groups)
         return op(x, weight, bias, conv.stride, padding, conv.dilation, conv.groups)
 
     def adapter(run: _Run):
@@ -206,6 +222,43 @@ def _whole_frame(module: nn.Module) -> Adapter:
     return adapter
 
 
+def _whole_noise(module: nn.Module) -> Adapter:
+    """A module whose ``torch.randn`` calls of shape ``(..., rows, W)`` (its activation's own rows) draw the
+    whole frame's noise instead: every rank draws it, so that its generator advances as one process's does,
+    takes group rank 0's draw (the ranks' generators may differ) and keeps its own rows."""
+    import torch
+    import torch.distributed as dist
+    from torch.overrides import TorchFunctionMode
+
+    class WholeNoise(TorchFunctionMode):
+        def __init__(self, run: _Run):
+            super().__init__()
+            self.run = run
+
+        def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+            kwargs = kwargs or {}
+            if func is not torch.randn or self.run.bypass:
+                return func(*args, **kwargs)
+            size = kwargs.pop("size", None) or (args[0] if len(args) == 1 and not isinstance(args[0], int) else args)
+            size = tuple(size)
+            scale = self.run.scale(size[-2])
+            noise = func((*size[:-2], scale * self.run.split.height, size[-1]), **kwargs)
+            dist.broadcast(noise, src=dist.get_global_rank(self.run.group, 0), group=self.run.group)
+            start, stop = self.run.split.bounds(self.run.rank, scale)
+            return noise[..., start:stop, :].contiguous()
+
+    def adapter(run: _Run):
+        original = module.forward
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            with WholeNoise(run):
+                return original(*args, **kwargs)
+
+        return module, "forward", forward
+
+    return adapter
+
+
 def _unchunked(conv: nn.Module) -> Adapter:
     from torch import nn
 
@@ -217,7 +270,7 @@ def _adapters(part: nn.Module, plan: VAEPlan) -> list[Adapter]:
     from torch import nn
 
     padded = plan.padded_inputs(part)
-    adapters = []
+    adapters = [_whole_noise(module) for module in plan.noise(part)]
     for module in part.modules():
         names = {cls.__name__ for cls in type(module).__mro__}
         if names & set(plan.whole_frame):
@@ -264,21 +317,30 @@ def split_forward(part: nn.Module, plan: VAEPlan, group: dist.ProcessGroup, gath
     """Replace ``part.forward`` (a VAE's ``decoder`` or ``encoder``, input ``(B, C, T, H, W)`` first) by a
     split one: each rank runs its rows, and the output is assembled on every rank (or only on the group
     rank ``gather_to``; the others get their own rows). An input too small to give every rank a row at the
-    output's height runs whole on every rank. Returns the undo."""
+    output's height runs whole on every rank (a part that draws noise: group rank 0's output). Returns the undo."""
     import torch
     import torch.distributed as dist
 
     if "forward" in part.__dict__:
         raise ValueError(f"the VAE's {type(part).__name__} is already split (or its forward replaced); undo that first")
     adapters = _adapters(part, plan)
-    factor = _downsampling(part)
+    factor = _downsampling(part) * plan.downsampling(part)
     ranks = dist.get_world_size(group)
     original = part.forward
+    noisy = bool(plan.noise(part))
 
     def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         rows = x.shape[-2]
         if rows % factor or rows // factor < ranks:
-            return original(x, *args, **kwargs)
+            if not noisy:
+                return original(x, *args, **kwargs)
+            check_inference(x)
+            with torch.no_grad():
+                out = original(x, *args, **kwargs)
+            # each rank drew its own noise: take group rank 0's output, as a split call does
+            first = (out[0] if isinstance(out, tuple) else out).contiguous()
+            dist.broadcast(first, src=dist.get_global_rank(group, 0), group=group)
+            return (first, *out[1:]) if isinstance(out, tuple) else first
         check_inference(x)
         run = _Run(RowSplit.even(rows // factor, ranks), group)
         start, stop = run.split.bounds(run.rank, factor)

@@ -42,6 +42,9 @@ class TileProtocol:
     tile_end: str | None = None
     """A VAE method that the tiled methods call after each tile, for a cache kept on the modules (no call
     argument shows a tile's start): the first call, and each call after it, start a tile."""
+    shares: Callable[[nn.Module], bool] = lambda part: True
+    """Whether a part's tiles can be shared out; if not (a part that draws noise tile after tile from one
+    generator), each tile runs split by rows."""
 
 
 def check_inference(x: torch.Tensor) -> None:
@@ -185,7 +188,7 @@ def share_tiles(vae: nn.Module, protocol: TileProtocol, group: dist.ProcessGroup
     undos = []
     for part_name, method in protocol.methods:
         part = getattr(vae, part_name, None)
-        if part is None or not hasattr(vae, method):
+        if part is None or not hasattr(vae, method) or not protocol.shares(part):
             continue
         if method in vae.__dict__:
             raise ValueError(f"the VAE's {method} is already replaced; undo that first")

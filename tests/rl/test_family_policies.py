@@ -182,7 +182,7 @@ def test_tiny_grpo_runs_through_the_cli(hunyuanvideo15, prompts, tmp_path):
     runs = {
         "tiny-cogvideox": "sample: {frames: 5, height: 32, width: 32, max_sequence_length: 8}\n",
         "tiny-ltx2": "sample: {frames: 5, height: 16, width: 16}\nparallel_vae: false\n",
-        "tiny-ltx": "sample: {frames: 5, height: 32, width: 32, max_sequence_length: 16}\nparallel_vae: false\n",
+        "tiny-ltx": "sample: {frames: 5, height: 32, width: 32, max_sequence_length: 16}\n",
         "tiny-skyreels-v2": "sample: {frames: 5, height: 48, width: 32, max_sequence_length: 16}\n",
         hunyuanvideo15: "sample: {frames: 5, height: 32, width: 48, max_sequence_length: 32}\nparallel_vae: false\n",
     }

@@ -172,6 +172,17 @@ def record_local_tokens(seen: list[int]):
     return torch.nn.modules.module.register_module_forward_hook(hook)
 
 
+def record_vae_rows(seen: list[int]):
+    """A global forward pre-hook: the input height of every convolution of an LTX-Video or LTX-2 VAE
+    (``LTXVideoCausalConv3d``, ``LTX2VideoCausalConv3d``), to tell a decode or encode split by rows from a whole one."""
+
+    def hook(module, args):
+        if type(module).__name__ in ("LTXVideoCausalConv3d", "LTX2VideoCausalConv3d"):
+            seen.append(args[0].shape[-2])
+
+    return torch.nn.modules.module.register_module_forward_pre_hook(hook)
+
+
 def record_attention_tokens(model: torch.nn.Module, seen: list[int]) -> list:
     """Forward hooks on the family's split attention modules (``attention_modules``, not LTX-2's gathered-key
     ones, whose queries are the whole audio): their query lengths. Returns the hook handles."""
@@ -239,13 +250,14 @@ def check_ltx_mochi(models: tuple[str, ...], jobs: list[Any], image: str | None 
     from dit_sp import generate
 
     for i, settings in enumerate(jobs):
-        seen = []
-        handle = record_local_tokens(seen)
+        seen, rows = [], []
+        handles = [record_local_tokens(seen), record_vae_rows(rows)]
         try:
             report = generate(settings, True)
         finally:
-            handle.remove()
-        results[f"job{i}"] = report | {"local_tokens": sorted(set(seen))}
+            for handle in handles:
+                handle.remove()
+        results[f"job{i}"] = report | {"local_tokens": sorted(set(seen)), "vae_rows": min(rows, default=None)}
     results["cpu_seconds"] = time.process_time()  # this worker's CPU time: what the check costs on a quiet machine
     return results
 

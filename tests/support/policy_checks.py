@@ -78,9 +78,7 @@ def family_configs(hunyuanvideo15: str, **layout) -> list:
     return [
         tiny_config(model="tiny-cogvideox", height=32, width=32, **{"sample.max_sequence_length": 8}, **common),
         tiny_config(model="tiny-ltx2", height=16, width=16, parallel_vae=False, **common),
-        tiny_config(
-            model="tiny-ltx", height=32, width=32, parallel_vae=False, **{"sample.max_sequence_length": 16}, **common
-        ),
+        tiny_config(model="tiny-ltx", height=32, width=32, **{"sample.max_sequence_length": 16}, **common),
         tiny_config(model="tiny-skyreels-v2", height=48, width=32, **{"sample.max_sequence_length": 16}, **common),
         tiny_config(
             model=hunyuanvideo15,
