@@ -80,4 +80,4 @@ def test_every_layout_gives_the_same_video_from_a_split_sequence(videos, model, 
 def test_in_context_attention_strength_is_refused_in_one_line(videos):
     for error in videos["then"]:
         assert error.startswith("LTX-2's video self-attention mask (video_self_attention_mask")
-        assert "\n" not in error and "cannot split" in error
+        assert "\n" not in error and "so dit-sp does not split it" in error
