@@ -24,7 +24,12 @@ def _verify_identical_inputs(parallel: ParallelState, ctx: SequenceContext):
     """Pre-hook that checks, by a checksum collective, that every rank of a sample got the same input."""
 
     def hook(module, args, kwargs):
-        hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        if "hidden_states" in kwargs or args:
+            hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        else:  # no hidden_states (Cosmos 3 takes its latents as lists per modality): every float tensor given
+            tensors = [t for v in kwargs.values() for t in (v if isinstance(v, (list, tuple)) else [v])]
+            floats = [t for t in tensors if torch.is_tensor(t) and t.is_floating_point()]
+            hidden = torch.stack([t.detach().double().sum() for t in floats])
         local = hidden.detach().double().sum().reshape(1).to(parallel.device)
         sums = [torch.empty_like(local) for _ in range(dist.get_world_size(parallel.sp_group))]
         dist.all_gather(sums, local, group=parallel.sp_group)

@@ -1,0 +1,83 @@
+"""Cosmos 3 (``Cosmos3OmniTransformer``), parallelized, against one process: forward and backward (every parameter's
+gradient) on 1x2 (Ulysses), 2x1 (ring) in one 2-process spawn and 2x2 in one 4-process spawn, with a causal prefix of
+7 prompt tokens, 27 gen tokens (uneven), 3-axis mRoPE positions, grouped-query attention and a clean conditioning
+frame; each rank's attention gets the whole prefix and its share of the gen tokens. CFG parallelism and the step
+caches are refused in one line."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from cosmos3_checks import GEN_TOKENS, MODEL, UND_TOKENS, build, check_layouts
+
+from dit_sp import spawn
+
+TOL = 1e-5
+WORLDS = {2: [(1, 1, 2), (1, 2, 1)], 4: [(1, 2, 2)]}
+
+
+@pytest.fixture(scope="module")
+def errors():
+    results = {}
+    for world, layouts in WORLDS.items():
+        results |= spawn(check_layouts, world, args=(layouts,), timeout=180)[0]
+    return results
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [layout for layouts in WORLDS.values() for layout in layouts],
+                         ids=lambda layout: "dp{}-r{}-u{}".format(*layout))  # fmt: skip
+def test_transformer_matches_single_process_forward_and_backward(errors, layout):
+    dp, ring, ulysses = layout
+    result = errors[f"dp{dp}-r{ring}-u{ulysses}"]
+    assert result["ref_scale"] > 0.1  # a real output
+    assert result["out"] <= TOL, f"output error {result['out']:.2e}"
+    assert result["grads"] <= TOL, f"gradient error {result['grads']:.2e} ({result['grads_worst']})"
+    # every trained weight of both pathways got its gradient (the und stream's through the gen queries' keys)
+    assert result["grad_names"] == result["ref_grad_names"]
+    assert {"param.layers.0.self_attn.to_q.weight", "param.embed_tokens.weight", "param.proj_in.weight",
+            "input.latents"} <= set(result["ref_grad_names"])  # fmt: skip
+    local = math.ceil(GEN_TOKENS / (ring * ulysses))
+    assert result["lengths"] == [(UND_TOKENS, local)], f"each attention call got {result['lengths']}"
+    assert result["restored_bit_identical"]
+
+
+def test_cfg_parallelism_is_refused_in_one_line():
+    """The pipeline masks the conditional prediction before its unconditional call: cfg=2 is refused with the
+    family's reason, before any hook or collective."""
+    import dataclasses
+
+    from dit_sp import ParallelConfig, parallelize
+    from dit_sp.errors import ConfigError
+    from dit_sp.parallel import single_process_state
+    from dit_sp.zoo import build_tiny
+
+    pipe = build_tiny(MODEL)
+    parallel = dataclasses.replace(single_process_state(), config=ParallelConfig(cfg=2))
+    with pytest.raises(ConfigError, match=r"^cfg parallelism \(cfg=2\) for Cosmos3OmniPipeline: .*masks the cond"):
+        parallelize(pipe, parallel)
+    assert pipe.transformer._cp_shard_fn is None  # nothing left installed
+    assert type(pipe.transformer.layers[0].self_attn.processor).__name__ == "Cosmos3AttnProcessor"
+
+
+def test_step_caches_are_refused_in_one_line():
+    from dit_sp.cache import enable_cache
+    from dit_sp.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^step caching is not supported for Cosmos3OmniTransformer \(cosmos3"):
+        enable_cache(build(), "first_block:0.1")
+
+
+def test_seams_set_by_another_parallelism_are_refused():
+    from dit_sp import parallelize
+    from dit_sp.parallel import single_process_state
+
+    model = build()
+    model._cp_shard_fn = lambda und, gen, rotary: (und, gen, rotary)
+    with pytest.raises(ValueError, match="already has context-parallel seams set"):
+        parallelize(model, single_process_state())
+    del model._cp_shard_fn
+    with parallelize(model, single_process_state()):  # one process: nothing split, the seams restored after
+        assert model._cp_shard_fn is not None
+    assert "_cp_shard_fn" not in model.__dict__
