@@ -103,3 +103,24 @@ def check_layouts(layouts: list[tuple[int, int, int]]) -> dict[str, dict[str, An
             "lengths": sorted(seen), "restored_bit_identical": torch.equal(restored, ref_out),
         }  # fmt: skip
     return results
+
+
+def generate_recording(jobs: list[Any]) -> list[dict[str, Any]]:
+    """``generate`` per job (a ``GenerateConfig``) on this worker; each report gains ``lengths``: the distinct
+    ``(und tokens, gen tokens)`` of the attention calls of the sequence-parallel Cosmos 3 layers."""
+    from dit_sp import generate
+
+    reports = []
+    for settings in jobs:
+        seen: set = set()
+
+        def record(module, args, seen=seen):
+            if type(getattr(module, "processor", None)).__name__.startswith("SequenceParallel"):
+                seen.add((args[0].shape[0], args[1].shape[0]))
+
+        handle = torch.nn.modules.module.register_module_forward_pre_hook(record)
+        try:
+            reports.append(generate(settings, True) | {"lengths": sorted(seen)})
+        finally:
+            handle.remove()
+    return reports
