@@ -155,6 +155,28 @@ def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
     return vae.get("scale_factor_temporal", 4), vae.get("scale_factor_spatial", 8)
 
 
+_NANO = {"hidden_size": 4096, "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
+         "head_dim": 128, "intermediate_size": 12288, "latent_channel": 48, "latent_patch_size": 2,
+         "patch_latent_dim": 192, "rope_axes_dim": [24, 20, 20], "vocab_size": 151936}  # fmt: skip
+
+
+def _architecture(config: dict[str, Any]) -> dict[str, Any]:
+    # no text encoder (the transformer embeds the prompt's tokens itself); Wan 2.2's VAE (x16 in space, 705e6); the
+    # und prefix counted as joint tokens (whole on every rank): an upsampled JSON prompt of about 512 tokens
+    return {"transformers": {"transformer": ("Cosmos3OmniTransformer", config)}, "text_encoders": 0.0,
+            "vae": 705e6, "compression": (4, 16), "text_tokens": 512, "joint": True}  # fmt: skip
+
+
+_ARCHITECTURES = {
+    # nvidia/Cosmos3-Nano (16B: two towers of Qwen3-VL-8B's text model, diffusers' defaults; 1.52e10 counted on meta)
+    # and nvidia/Cosmos3-Super (64B: two of Qwen3-VL-32B's; 6.40e10 counted on meta)
+    "cosmos3-nano": _architecture(_NANO),
+    "cosmos3-super": _architecture(
+        _NANO | {"hidden_size": 5120, "num_hidden_layers": 64, "num_attention_heads": 64, "intermediate_size": 25600}
+    ),
+}
+"""The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
+
 COSMOS3 = ModelFamily(
     name="cosmos3",
     step_cache=False,
@@ -171,4 +193,5 @@ COSMOS3 = ModelFamily(
     tiny_models=("tiny-cosmos3",),
     checkpoint_defaults={"Cosmos3OmniPipeline": generation_defaults(189, 720, 1280, 35, 6.0, 512) | {"fps": 24}},
     vae_factors={"Cosmos3OmniPipeline": _vae_factors},
+    architectures=_ARCHITECTURES,
 )

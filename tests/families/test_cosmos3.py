@@ -81,3 +81,35 @@ def test_seams_set_by_another_parallelism_are_refused():
     with parallelize(model, single_process_state()):  # one process: nothing split, the seams restored after
         assert model._cp_shard_fn is not None
     assert "_cp_shard_fn" not in model.__dict__
+
+
+# published: Cosmos3-Nano 16B and Super 64B, each two towers of a Qwen3 text model (Qwen3-VL-8B's: 8.19e9 parameters,
+# Qwen3-VL-32B's: 32.8e9) that share one token embedding and one LM head (vocabulary x width each)
+TOWERS = {"cosmos3-nano": (16e9, 8.19e9, 4096), "cosmos3-super": (64e9, 32.8e9, 5120)}
+
+
+@pytest.mark.parametrize("name", list(TOWERS))
+def test_the_real_architectures_have_their_published_sizes(name):
+    from dit_sp.memory.planner import ARCHITECTURES, TransformerShape
+
+    headline, tower, width = TOWERS[name]
+    shape = TransformerShape.of(*ARCHITECTURES[name]["transformers"]["transformer"])
+    shared = 2 * 151936 * width
+    assert abs(shape.params - (2 * tower - shared)) <= 0.01 * (2 * tower - shared), shape.params
+    assert abs(shape.params - headline) <= 0.06 * headline
+    assert shape.layers == {"cosmos3-nano": 36, "cosmos3-super": 64}[name]
+
+
+def test_the_nano_config_names_its_architecture_and_plans_on_its_layout():
+    from dit_sp import GenerateConfig
+    from dit_sp.memory.planner import architecture_name
+    from dit_sp.memory.sampling import SamplingSettings, plan_sampling
+
+    config = GenerateConfig.load("cosmos3-nano")
+    assert architecture_name("cosmos3-nano") == "cosmos3-nano"
+    assert architecture_name("/models/nvidia/Cosmos3-Nano") == "cosmos3-nano"
+    settings = SamplingSettings("cosmos3-nano", frames=config.frames, height=config.height, width=config.width,
+                                dtype=config.dtype, ulysses=config.ulysses, guidance=True)  # fmt: skip
+    plan = plan_sampling(settings, config.ulysses, 141)
+    assert plan.fits, plan
+    assert 32 % config.ulysses == 0  # the query heads split evenly
