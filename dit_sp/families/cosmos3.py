@@ -13,8 +13,8 @@ the und tokens as joint tokens in front: the key/value heads repeated to the que
 outputs are dropped: their output gradient is zero, so they add nothing to any gradient. The und stream is computed
 on every rank from this rank's gen queries' gradients only, so its gradients (and those of the und projections, the
 token embedding) are per-rank partials whose sum over the SP group is the full gradient, as for any replicated text.
-Cost beyond the halved gen work: every rank repeats the und stream, and the und queries ride along the gen
-attention (``und_len`` extra queries over the whole gen sequence).
+Cost beyond the halved gen work: every rank repeats the und stream, the und queries ride along the gen attention
+(``und_len`` extra queries over the whole gen sequence), and the key/value heads travel repeated to the query heads.
 
 The stock pipeline masks the conditional prediction before it makes the unconditional call (and the two branches
 pack prompts of different lengths), so CFG parallelism is refused; step caches are refused too (none was checked on
