@@ -1,15 +1,15 @@
 """Cosmos 3 (``Cosmos3OmniTransformer``), parallelized, against one process: forward and backward (every parameter's
 gradient) on 1x2 (Ulysses), 2x1 (ring) in one 2-process spawn and 2x2 in one 4-process spawn, with a causal prefix of
 7 prompt tokens, 27 gen tokens (uneven), 3-axis mRoPE positions, grouped-query attention and a clean conditioning
-frame; each rank's attention gets the whole prefix and its share of the gen tokens. CFG parallelism and the step
-caches are refused in one line."""
+frame, and with sound and action tokens joining the gen tokens (the omni heads); each rank's attention gets the whole
+prefix and its share of the gen tokens. CFG parallelism and the step caches are refused in one line."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
-from cosmos3_checks import GEN_TOKENS, MODEL, UND_TOKENS, build, check_layouts
+from cosmos3_checks import ACTION_TOKENS, GEN_TOKENS, MODEL, SOUND_TOKENS, UND_TOKENS, build, check_layouts
 
 from dit_sp import spawn
 
@@ -28,9 +28,12 @@ def errors():
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", [layout for layouts in WORLDS.values() for layout in layouts],
                          ids=lambda layout: "dp{}-r{}-u{}".format(*layout))  # fmt: skip
-def test_transformer_matches_single_process_forward_and_backward(errors, layout):
+@pytest.mark.parametrize("model", ["video", "omni"])
+def test_transformer_matches_single_process_forward_and_backward(errors, model, layout):
+    """``video``: the built-in model; ``omni``: with sound and action heads, 5 sound and 3 action tokens behind the
+    video's 27 (35 gen tokens)."""
     dp, ring, ulysses = layout
-    result = errors[f"dp{dp}-r{ring}-u{ulysses}"]
+    result = errors[f"{model} dp{dp}-r{ring}-u{ulysses}"]
     assert result["ref_scale"] > 0.1  # a real output
     assert result["out"] <= TOL, f"output error {result['out']:.2e}"
     assert result["grads"] <= TOL, f"gradient error {result['grads']:.2e} ({result['grads_worst']})"
@@ -38,7 +41,12 @@ def test_transformer_matches_single_process_forward_and_backward(errors, layout)
     assert result["grad_names"] == result["ref_grad_names"]
     assert {"param.layers.0.self_attn.to_q.weight", "param.embed_tokens.weight", "param.proj_in.weight",
             "input.latents"} <= set(result["ref_grad_names"])  # fmt: skip
-    local = math.ceil(GEN_TOKENS / (ring * ulysses))
+    if model == "omni":  # the sound and action heads and modality embeddings are trained too
+        assert {"param.audio_proj_in.weight", "param.action_proj_out.fc.weight", "param.audio_modality_embed"} <= set(
+            result["ref_grad_names"]
+        )
+    gen = GEN_TOKENS + (SOUND_TOKENS + ACTION_TOKENS if model == "omni" else 0)
+    local = math.ceil(gen / (ring * ulysses))
     assert result["lengths"] == [(UND_TOKENS, local)], f"each attention call got {result['lengths']}"
     assert result["restored_bit_identical"]
 

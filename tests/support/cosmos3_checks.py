@@ -53,12 +53,62 @@ def transformer_inputs() -> dict[str, Any]:
             "vision_noisy_frame_indexes": [noisy]}  # fmt: skip
 
 
+SOUND_TOKENS, ACTION_TOKENS = 5, 3
+OMNI = {"sound_gen": True, "sound_dim": 6, "action_gen": True, "action_dim": 5, "num_embodiment_domains": 4}
+"""The omni variant of the tiny transformer: sound and action heads (their tokens join the gen tokens)."""
+
+
+def build_omni() -> torch.nn.Module:
+    """``tiny-cosmos3``'s transformer with sound and action heads (seeded; zero modality embeddings re-drawn)."""
+    import diffusers
+
+    from dit_sp.zoo import model_spec
+
+    torch.manual_seed(0)
+    model = diffusers.Cosmos3OmniTransformer(**model_spec(MODEL)["components"]["transformer"]["config"] | OMNI)
+    with torch.no_grad():
+        model.audio_modality_embed.normal_(0.0, 0.1)
+        model.action_modality_embed.normal_(0.0, 0.1)
+    return model.float()
+
+
+def omni_inputs() -> dict[str, Any]:
+    """``transformer_inputs`` with 5 sound tokens (all noisy) and 3 action tokens (the first a condition) behind the
+    video: 35 gen tokens, as the pipeline packs them (the sound and action positions from the video's start)."""
+    from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import get_3d_mrope_ids_vae_tokens
+
+    g = torch.Generator().manual_seed(9)
+    inputs = transformer_inputs()
+    start = UND_TOKENS + GEN_TOKENS
+    offset = float(inputs["position_ids"][0, UND_TOKENS])
+    sound_positions, _ = get_3d_mrope_ids_vae_tokens(SOUND_TOKENS, 1, 1, offset, fps=25.0, base_fps=24.0,
+                                                     temporal_compression_factor=1)  # fmt: skip
+    action_positions, _ = get_3d_mrope_ids_vae_tokens(ACTION_TOKENS, 1, 1, offset, fps=24.0, base_fps=24.0,
+                                                      temporal_compression_factor=1, base_temporal_compression_factor=4,
+                                                      start_frame_offset=1)  # fmt: skip
+    sound = torch.arange(start, start + SOUND_TOKENS)
+    action = torch.arange(start + SOUND_TOKENS, start + SOUND_TOKENS + ACTION_TOKENS)
+    positions = torch.cat([inputs["position_ids"].float(), sound_positions, action_positions], 1)
+    return inputs | {
+        "position_ids": positions, "sequence_length": start + SOUND_TOKENS + ACTION_TOKENS,
+        "sound_tokens": [torch.randn(6, SOUND_TOKENS, generator=g)], "sound_token_shapes": [(SOUND_TOKENS, 1, 1)],
+        "sound_sequence_indexes": sound, "sound_mse_loss_indexes": sound,
+        "sound_timesteps": torch.full((SOUND_TOKENS,), 700.0),
+        "sound_noisy_frame_indexes": [torch.arange(SOUND_TOKENS)],
+        "action_tokens": [torch.randn(ACTION_TOKENS, 5, generator=g)], "action_token_shapes": [(ACTION_TOKENS, 1, 1)],
+        "action_sequence_indexes": action, "action_mse_loss_indexes": action[1:],
+        "action_timesteps": torch.full((ACTION_TOKENS - 1,), 700.0),
+        "action_noisy_frame_indexes": [torch.arange(1, ACTION_TOKENS)], "action_domain_ids": [torch.tensor(2)],
+    }  # fmt: skip
+
+
 def _run(model: torch.nn.Module, kwargs: dict, grad_scale: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The velocity ``(1, 4, 3, 6, 5)`` and the gradients of ``sum(out * w) * grad_scale`` w.r.t. the latents and
-    every parameter."""
+    """The predictions, flattened into one tensor (the video's velocity ``(1, 4, 3, 6, 5)``, then any sound's and
+    action's), and the gradients of ``sum(out * w) * grad_scale`` w.r.t. the latents and every parameter."""
     model.zero_grad(set_to_none=True)
     latents = kwargs["vision_tokens"][0].clone().requires_grad_()
-    out = model(**(kwargs | {"vision_tokens": [latents]}), return_dict=False)[0][0]
+    predictions = model(**(kwargs | {"vision_tokens": [latents]}), return_dict=False)
+    out = torch.cat([x.flatten() for modality in predictions if modality is not None for x in modality])
     weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
     ((out * weight).sum() * grad_scale).backward()
     grads = {"input.latents": latents.grad}
@@ -74,12 +124,22 @@ def _record_lengths(model: torch.nn.Module, seen: set) -> list:
     return [layer.self_attn.register_forward_pre_hook(hook) for layer in model.layers]
 
 
+MODELS = {"video": (build, transformer_inputs), "omni": (build_omni, omni_inputs)}
+"""The checked transformers: the built-in one on a video, and the omni variant on a video, sound and actions."""
+
+
 def check_layouts(layouts: list[tuple[int, int, int]]) -> dict[str, dict[str, Any]]:
-    """Per layout ``(dp, ring, ulysses)``: max abs errors of the output and of the latents' and every parameter's
-    gradient (summed over the SP group, the loss scaled by 1/sp) against one process (above 1 relative to the
-    gradient's scale), which parameters got gradients, the attention's ``(und, gen)`` token counts, and whether the
-    undo restores bit-identical outputs."""
-    model, kwargs = build(), transformer_inputs()
+    """Per model (``MODELS``) and layout ``(dp, ring, ulysses)``, under ``"{model} dp-r-u"``: max abs errors of the
+    output and of the latents' and every parameter's gradient (summed over the SP group, the loss scaled by 1/sp)
+    against one process (above 1 relative to the gradient's scale), which parameters got gradients, the attention's
+    ``(und, gen)`` token counts, and whether the undo restores bit-identical outputs."""
+    results = {}
+    for name, (make, make_inputs) in MODELS.items():
+        results |= {f"{name} {key}": value for key, value in _check_model(make(), make_inputs(), layouts).items()}
+    return results
+
+
+def _check_model(model: torch.nn.Module, kwargs: dict, layouts: list[tuple[int, int, int]]) -> dict[str, dict]:
     ref_out, ref_grads = _run(model, kwargs, 1.0)
     results = {}
     for dp, ring, ulysses in layouts:
