@@ -66,9 +66,9 @@ def parallelize_transformer(
     handles = apply_plan(model, family.plan(model), ctx)
     # and at every call: a pipeline may reconfigure its model (SkyReels-V2's causal_block_size)
     handles.append(model.register_forward_pre_hook(lambda module, args: family.check(module)))
+    handle.add_undo(lambda: [h.remove() for h in handles])  # before the family's hooks, which may raise (Cosmos 3)
     if family.hooks is not None:
         handles += family.hooks(model, ctx)
-    handle.add_undo(lambda: [h.remove() for h in handles])
     set_instance_attr(model, SEQUENCE_ATTR, ctx, handle)  # what a step cache reduces over
     if verify and parallel.sp > 1:
         # before the plan's root hook: a family that splits at the root (LTX) must be checked on its whole input

@@ -85,6 +85,7 @@ def test_seams_set_by_another_parallelism_are_refused():
     model._cp_shard_fn = lambda und, gen, rotary: (und, gen, rotary)
     with pytest.raises(ValueError, match="already has context-parallel seams set"):
         parallelize(model, single_process_state())
+    assert not model._forward_pre_hooks and not model._forward_hooks  # nothing left behind
     del model._cp_shard_fn
     with parallelize(model, single_process_state()):  # one process: nothing split, the seams restored after
         assert model._cp_shard_fn is not None
