@@ -58,6 +58,7 @@ from dit_sp._compat.distributed_api import (
     local_region,
     p2p_op,
 )
+from dit_sp._compat.model_seams import set_context_parallel_seams
 from dit_sp._compat.torch_api import (
     ATEN_ATTENTION_OPS,
     _check_cpu_flash,
@@ -102,6 +103,7 @@ __all__ = [
     "model_parallel_config",
     "p2p_op",
     "replace_first_block_decision",
+    "set_context_parallel_seams",
     "set_hooks_cache_context",
     "state_context",
     "transformer_block_identifiers",

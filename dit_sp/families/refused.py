@@ -1,8 +1,6 @@
 """Video transformers dit-sp knows but does not split, each with the reason in one line: ``parallelize`` refuses
 them by name and reason instead of calling them unsupported, or worse, splitting them wrongly.
 
-- Cosmos 3: its packed mixture-of-transformers attention runs a causal pathway over the understanding tokens and
-  grouped-query attention over ragged packed sequences; dit-sp's USP is non-causal, without GQA.
 - Wan-Animate-2: it attends through a flex-attention block mask over a packed, 128-aligned buffer, with a key/value
   cache of reference frames carried from call to call.
 """
@@ -32,9 +30,6 @@ def _refused(name: str, class_name: str, why: str) -> ModelFamily:
 
 
 REFUSED = (
-    _refused("cosmos3", "Cosmos3OmniTransformer",
-             "its packed attention runs a causal pathway and grouped-query attention over ragged packed sequences, "
-             "and dit-sp's USP is non-causal without GQA; run it on one process per sample (dp)"),
     _refused("wan_animate_2", "WanAnimate2Transformer3DModel",
              "it attends through a flex-attention block mask over a packed 128-aligned buffer with a key/value cache "
              "carried between calls; run it on one process per sample (dp)"),

@@ -22,7 +22,7 @@ def check_latent_shape(pipe: Any, settings: dict[str, Any], flags: bool = True, 
     temporal = getattr(pipe, "vae_scale_factor_temporal", 1)
     spatial = getattr(pipe, "vae_scale_factor_spatial", 8)
     config = pipe.transformer.config
-    patch = config.patch_size
+    patch = getattr(config, "patch_size", 1)  # none: the model pads to its patch itself (Cosmos 3)
     multiple = spatial * (patch[-1] if isinstance(patch, (list, tuple)) else patch)
     if (settings["frames"] - 1) % temporal:
         valid = [temporal * k + 1 for k in range(1, 5)]

@@ -182,6 +182,8 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
         frames, final["latents"] = result["videos"][0], result["latents"].detach().cpu()
     elif hasattr(result, "frames"):
         frames = result.frames[0]
+    elif hasattr(result, "video"):  # Cosmos 3 (Cosmos3OmniPipelineOutput): the one sample's frames
+        frames = result.video
     else:  # a text-to-image pipeline (Cosmos-Predict2 Text2Image; Kandinsky 5's, as ``image``) returns images: its
         # image is a one-frame video
         frames = (result.images if hasattr(result, "images") else result.image)[0][None]

@@ -64,14 +64,16 @@ class TransformerShape:
         model = _meta_model(class_name, config)
         # (Cosmos-Transfer2.5's ControlNet holds its blocks as control_blocks)
         blocks = [b for name in (*BLOCK_LISTS, "control_blocks") for b in getattr(model, name, [])]
-        if "num_attention_heads" in config:
-            heads, head_dim = config["num_attention_heads"], config["attention_head_dim"]
+        if "num_attention_heads" in config:  # Cosmos 3: a Qwen-style head_dim (its heads x head_dim may differ from
+            # hidden_size: the attention's width is what its activations take)
+            heads, head_dim = config["num_attention_heads"], config.get("attention_head_dim") or config["head_dim"]
         else:  # Kandinsky 5: the width is model_dim, a head the rotary axes' sum
             head_dim = sum(config["axes_dims"])
             heads = config["model_dim"] // head_dim
         dim = heads * head_dim
-        ffn = config.get("ffn_dim") or config.get("ff_dim") or int(config.get("mlp_ratio", 4.0) * dim)
-        size = config.get("patch_size", 2)
+        ffn = (config.get("ffn_dim") or config.get("ff_dim") or config.get("intermediate_size")
+               or int(config.get("mlp_ratio", 4.0) * dim))  # fmt: skip
+        size = config.get("patch_size", config.get("latent_patch_size", 2))
         patch = tuple(size) if isinstance(size, (list, tuple)) else (config.get("patch_size_t") or 1, size, size)
         return cls(params=sum(p.numel() for p in model.parameters()),
                    block_params=max(sum(p.numel() for p in b.parameters()) for b in blocks), layers=len(blocks),

@@ -24,7 +24,12 @@ def _verify_identical_inputs(parallel: ParallelState, ctx: SequenceContext):
     """Pre-hook that checks, by a checksum collective, that every rank of a sample got the same input."""
 
     def hook(module, args, kwargs):
-        hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        if "hidden_states" in kwargs or args:
+            hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        else:  # no hidden_states (Cosmos 3 takes its latents as lists per modality): every float tensor given
+            tensors = [t for v in kwargs.values() for t in (v if isinstance(v, (list, tuple)) else [v])]
+            floats = [t for t in tensors if torch.is_tensor(t) and t.is_floating_point()]
+            hidden = torch.stack([t.detach().double().sum() for t in floats])
         local = hidden.detach().double().sum().reshape(1).to(parallel.device)
         sums = [torch.empty_like(local) for _ in range(dist.get_world_size(parallel.sp_group))]
         dist.all_gather(sums, local, group=parallel.sp_group)
@@ -67,9 +72,9 @@ def parallelize_transformer(
     handles = apply_plan(model, family.plan(model), ctx)
     # and at every call: a pipeline may reconfigure its model (SkyReels-V2's causal_block_size)
     handles.append(model.register_forward_pre_hook(check))
+    handle.add_undo(lambda: [h.remove() for h in handles])  # before the family's hooks, which may raise (Cosmos 3)
     if family.hooks is not None:
         handles += family.hooks(model, ctx)
-    handle.add_undo(lambda: [h.remove() for h in handles])
     set_instance_attr(model, SEQUENCE_ATTR, ctx, handle)  # what a step cache reduces over
     if verify and parallel.sp > 1:
         # before the plan's root hook: a family that splits at the root (LTX) must be checked on its whole input

@@ -22,8 +22,8 @@ from dit_sp.parallel.state import ParallelState
 from dit_sp.weights import local_tensor
 
 BLOCK_LISTS = ("blocks", "transformer_blocks", "single_transformer_blocks", "text_transformer_blocks",
-               "visual_transformer_blocks")  # fmt: skip
-"""Attributes of diffusers video transformers that hold their repeated blocks."""
+               "visual_transformer_blocks", "layers")  # fmt: skip
+"""Attributes of diffusers video transformers that hold their repeated blocks (``layers``: Cosmos 3's)."""
 
 
 def fsdp_mesh(parallel: ParallelState, hsdp: bool = False) -> DeviceMesh:

@@ -2,7 +2,7 @@
 forward and backward on 1x2 (Ulysses) and 2x1 (ring) with uneven token counts; ``generate`` with the built-in
 ``tiny-kandinsky5`` on 1x2, 2x1 and CFG parallel; a tiny ``MotifVideoPipeline`` on 1x2 and 2x1; each with the
 attention's token count checked (the sequence really is split). All of it in one 2-process spawn. And the one-line
-refusals: Cosmos 3, Wan-Animate-2, and the modes of supported families that cannot be split."""
+refusals: Wan-Animate-2 and the modes of supported families that cannot be split."""
 
 from __future__ import annotations
 
@@ -116,9 +116,6 @@ def test_modes_that_cannot_be_split_are_refused_in_one_line(name, changes, messa
 REFUSED_FAMILIES = {  # tiny configs of the families dit-sp refuses, with a word of each reason
     "WanAnimate2Transformer3DModel": ({"in_dim": 4, "dim": 16, "ffn_dim": 32, "freq_dim": 16, "text_dim": 16,
                                        "out_dim": 4, "num_heads": 2, "num_layers": 1}, "flex-attention block mask"),
-    "Cosmos3OmniTransformer": ({"head_dim": 8, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2,
-                                "num_hidden_layers": 1, "num_key_value_heads": 1, "latent_channel": 4,
-                                "patch_latent_dim": 16}, "causal pathway"),
 }  # fmt: skip
 
 

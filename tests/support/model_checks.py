@@ -35,6 +35,10 @@ def model_inputs(family: str, batch: int = 2) -> dict:
         rope = get_3d_rotary_pos_embed(16, ((0, 0), (3, 2)), grid_size=(3, 2), temporal_size=3)
         return {"hidden_states": rand(batch, 3, 4, 6, 4), "timestep": torch.tensor([500, 20][:batch]),
                 "encoder_hidden_states": rand(batch, 8, 16), "image_rotary_emb": rope}  # fmt: skip
+    if family == "tiny-cosmos3":  # one packed sequence, no batch: 7 prompt tokens, 27 video tokens
+        from cosmos3_checks import transformer_inputs
+
+        return transformer_inputs()
     if family.startswith("tiny-sana-video"):
         from sana_video_checks import builtin_inputs
 

@@ -1,0 +1,197 @@
+"""Cosmos 3 (``Cosmos3OmniTransformer``; text-to-video, image-to-video and video-to-video, with sound and actions).
+
+One packed sequence per call, without a batch dimension: ``[und (the prompt's tokens, a causal prefix of und_len),
+gen (video patches, then sound and action tokens)]``, ``(S, C)``. Every layer is per token except attention
+(``Cosmos3AttnProcessor``), which runs two pathways with grouped-query attention (fewer key/value heads than query
+heads): the und tokens attend causally to the und tokens; the gen tokens attend, non-causally, to
+``[und keys ; gen keys]``. So the und prefix (the short prompt) stays whole on every rank and its causal attention
+runs there unsplit, while the gen tokens and their rotary tables are split over the SP group, where the model's own
+context-parallel seams cut them (``_cp_shard_fn`` before the decoder stack, ``_cp_gather_fn`` after it; uneven
+lengths padded as everywhere). Inside each processor call, the gen pathway's attention goes to ``usp_attention`` with
+the und tokens as joint tokens in front: the key/value heads repeated to the query heads (exactly what
+``enable_gqa`` computes), the und queries (taken from the causal call just before) as the joint queries, whose
+outputs are dropped: their output gradient is zero, so they add nothing to any gradient. The und stream is computed
+on every rank from this rank's gen queries' gradients only, so its gradients (and those of the und projections, the
+token embedding) are per-rank partials whose sum over the SP group is the full gradient, as for any replicated text.
+Cost beyond the halved gen work: every rank repeats the und stream, the und queries ride along the gen attention
+(``und_len`` extra queries over the whole gen sequence), and the key/value heads travel repeated to the query heads.
+
+The stock pipeline masks the conditional prediction before it makes the unconditional call (and the two branches
+pack prompts of different lengths), so CFG parallelism is refused; step caches are refused too (none was checked on
+the two-stream blocks).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from typing import TYPE_CHECKING, Any
+
+from dit_sp.families.family import ModelFamily, generation_defaults
+
+if TYPE_CHECKING:
+    import torch
+
+
+def _gen_attention(ctx: Any, und_query: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   scale: float | None) -> torch.Tensor:  # fmt: skip
+    """The gen pathway's attention, ``(1, H, L, D)`` queries of this rank's gen shard over the keys and values
+    ``(1, H_kv, und_len + L, D)`` (und in front): USP over the whole gen sequence, the und tokens joint."""
+    import torch
+
+    from dit_sp.attention import usp_attention
+
+    und_len = und_query.shape[2]
+    if key.shape[2] != und_len + ctx.local_len or query.shape[2] != ctx.local_len:
+        raise RuntimeError(
+            f"Cosmos 3's gen attention over {query.shape[2]} queries and {key.shape[2]} keys does not fit this rank's "
+            f"{ctx.local_len} gen tokens behind {und_len} und tokens; is the gen sequence really split?"
+        )
+    groups = query.shape[1] // key.shape[1]  # grouped-query attention: key head j serves query heads j*groups...
+    key, value = (x.repeat_interleave(groups, dim=1) for x in (key, value))
+    out = usp_attention(*(x.transpose(1, 2) for x in (torch.cat([und_query, query], 2), key, value)), ctx.parallel,
+                        seq_len=ctx.seq_len, joint_len=und_len, joint_position="front", scale=scale,
+                        kernel=ctx.kernel)  # fmt: skip
+    return out[:, und_len:].transpose(1, 2)
+
+
+@functools.cache
+def _route_class() -> type:
+    """A ``TorchFunctionMode`` for one processor call: the causal (und) SDPA runs as it is, whole, and its queries
+    are kept; the next, non-causal (gen) SDPA goes to ``_gen_attention``."""
+    import torch.nn.functional as F
+    from torch.overrides import TorchFunctionMode
+
+    class RouteCosmos3Attention(TorchFunctionMode):
+        def __init__(self, ctx: Any):
+            super().__init__()
+            self.ctx, self.und_query, self.routed = ctx, None, 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is not F.scaled_dot_product_attention:
+                return func(*args, **kwargs)
+            return self.attention(*args, **kwargs)
+
+        def attention(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                      enable_gqa=False):  # fmt: skip
+            if attn_mask is not None or dropout_p:
+                raise NotImplementedError("Cosmos 3's sequence-parallel attention takes no mask and no dropout")
+            if is_causal:  # und over und: whole on every rank
+                if self.und_query is not None:
+                    raise RuntimeError("Cosmos 3's attention processor made two causal attention calls in one call")
+                self.und_query = query
+                return F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scale,
+                                                      enable_gqa=enable_gqa)  # fmt: skip
+            if self.und_query is None:
+                raise RuntimeError("Cosmos 3's gen attention came before its causal und attention; dit-sp routes the "
+                                   "order of diffusers 0.42's Cosmos3AttnProcessor only")  # fmt: skip
+            self.routed += 1
+            return _gen_attention(self.ctx, self.und_query, query, key, value, scale)
+
+    return RouteCosmos3Attention
+
+
+@functools.cache
+def _processor_class(stock: type) -> type:
+    """A subclass of the stock processor whose call routes its attention (``_route_class``); compiled blocks run it
+    eagerly (a graph break around attention: its collectives and mode stay out of the graph)."""
+    import torch
+
+    route_class = _route_class()
+
+    class SequenceParallelProcessor(stock):
+        @torch.compiler.disable
+        def __call__(self, attn, *args, **kwargs):
+            route = route_class(self._dit_sp_context)
+            with route:
+                out = super().__call__(attn, *args, **kwargs)
+            if route.routed != 1:
+                raise RuntimeError(
+                    f"{stock.__name__} routed {route.routed} gen attention calls, not 1: it attended some other way "
+                    "than diffusers' native SDPA; use the native attention backend"
+                )
+            return out
+
+    SequenceParallelProcessor.__name__ = SequenceParallelProcessor.__qualname__ = f"SequenceParallel{stock.__name__}"
+    return SequenceParallelProcessor
+
+
+class _Undo:
+    """A removable handle (what ``ModelFamily.hooks`` returns) around an undo function."""
+
+    def __init__(self, undo: Any):
+        self.remove = undo
+
+
+def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
+    """The gen tokens and their rotary tables split at the model's shard seam, gathered at its gather seam; each
+    layer's attention processor routed (``_processor_class``)."""
+    from dit_sp._compat import set_context_parallel_seams, use_native_attention
+    from dit_sp.parallel.comm import gather_sequence, shard_sequence
+
+    def shard(und_seq, gen_seq, rotary_emb):  # (S, C) sequences, (S, head_dim) rotary tables
+        cos_und, sin_und, cos_gen, sin_gen = rotary_emb
+        ctx.record_seq_len(gen_seq.shape[0])
+        cos_gen, sin_gen, gen_seq = (shard_sequence(x, ctx.parallel, dim=0) for x in (cos_gen, sin_gen, gen_seq))
+        return und_seq, gen_seq, (cos_und, sin_und, cos_gen, sin_gen)
+
+    def gather(und_out, gen_out):
+        return und_out, gather_sequence(gen_out, ctx.parallel, dim=0, seq_len=ctx.seq_len, grad=ctx.gather_grad)
+
+    undo = [set_context_parallel_seams(model, shard, gather)]
+    for layer in model.layers:
+        attention, stock = layer.self_attn, layer.self_attn.processor
+        processor = copy.copy(stock)
+        processor.__class__ = _processor_class(type(stock))
+        processor._dit_sp_context = ctx
+        use_native_attention(processor)  # the stock call must reach torch SDPA
+        attention.processor = processor
+        undo.append(lambda attention=attention, stock=stock: setattr(attention, "processor", stock))
+    return [_Undo(lambda: [fn() for fn in reversed(undo)])]
+
+
+def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
+    return vae.get("scale_factor_temporal", 4), vae.get("scale_factor_spatial", 8)
+
+
+_NANO = {"hidden_size": 4096, "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
+         "head_dim": 128, "intermediate_size": 12288, "latent_channel": 48, "latent_patch_size": 2,
+         "patch_latent_dim": 192, "rope_axes_dim": [24, 20, 20], "vocab_size": 151936}  # fmt: skip
+
+
+def _architecture(config: dict[str, Any]) -> dict[str, Any]:
+    # no text encoder (the transformer embeds the prompt's tokens itself); Wan 2.2's VAE (x16 in space, 705e6); the
+    # und prefix counted as joint tokens (whole on every rank): an upsampled JSON prompt of about 512 tokens
+    return {"transformers": {"transformer": ("Cosmos3OmniTransformer", config)}, "text_encoders": 0.0,
+            "vae": 705e6, "compression": (4, 16), "text_tokens": 512, "joint": True}  # fmt: skip
+
+
+_ARCHITECTURES = {
+    # nvidia/Cosmos3-Nano (16B: two towers of Qwen3-VL-8B's text model, diffusers' defaults; 1.52e10 counted on meta)
+    # and nvidia/Cosmos3-Super (64B: two of Qwen3-VL-32B's; 6.40e10 counted on meta)
+    "cosmos3-nano": _architecture(_NANO),
+    "cosmos3-super": _architecture(
+        _NANO | {"hidden_size": 5120, "num_hidden_layers": 64, "num_attention_heads": 64, "intermediate_size": 25600}
+    ),
+}
+"""The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
+
+COSMOS3 = ModelFamily(
+    name="cosmos3",
+    step_cache=False,
+    class_names=("Cosmos3OmniTransformer",),
+    plan=lambda model: {},  # the model's own seams split and gather (``_hooks``)
+    hooks=_hooks,
+    attention_modules=(),
+    cfg_mode="sequential",
+    cfg_refused=(
+        "the Cosmos 3 pipeline masks the conditional prediction before it makes the unconditional call (and the two "
+        "branches pack prompts of different lengths), so the two guidance branches cannot run at once on two "
+        "process groups; use cfg=1"
+    ),
+    tiny_models=("tiny-cosmos3",),
+    checkpoint_defaults={"Cosmos3OmniPipeline": generation_defaults(189, 720, 1280, 35, 6.0, 512) | {"fps": 24}},
+    vae_factors={"Cosmos3OmniPipeline": _vae_factors},
+    architectures=_ARCHITECTURES,
+)
