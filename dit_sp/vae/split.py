@@ -50,6 +50,9 @@ class VAEPlan:
     unchunked: tuple[str, ...] = ()
     """Convolution classes that cut big inputs into chunks by their own size: while split they run in
     one piece, so that every process makes the same calls (each input is 1/N as big)."""
+    downsampling: Callable[[nn.Module], int] = lambda part: 1
+    """How many times a part's reshapes (patchify, space-to-depth) shrink its height, beyond its strided
+    convolutions: the part's input is split in blocks of rows of both factors."""
     parts: tuple[str, ...] = ("decoder", "encoder")
     """The VAE's attributes that run split."""
     tiles: TileProtocol | None = None
@@ -271,7 +274,7 @@ def split_forward(part: nn.Module, plan: VAEPlan, group: dist.ProcessGroup, gath
     if "forward" in part.__dict__:
         raise ValueError(f"the VAE's {type(part).__name__} is already split (or its forward replaced); undo that first")
     adapters = _adapters(part, plan)
-    factor = _downsampling(part)
+    factor = _downsampling(part) * plan.downsampling(part)
     ranks = dist.get_world_size(group)
     original = part.forward
 

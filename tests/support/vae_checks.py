@@ -32,8 +32,14 @@ VAES = {
     # EasyAnimate's: per-frame group norms (the real config's); frame by frame, with causal caches on the modules
     "magvit": lambda: diffusers.AutoencoderKLMagvit(block_out_channels=(8, 8, 8, 8), latent_channels=4,
                                                     layers_per_block=1, norm_num_groups=2),
+    # HunyuanVideo-1.5's: x8 in space (a spatial-only and two spatio-temporal depth-to-space steps), RMS norms,
+    # frame-causal attention over all frames in the mid-blocks
+    "hunyuan_video15": lambda: diffusers.AutoencoderKLHunyuanVideo15(latent_channels=4,
+                                                                     block_out_channels=(8, 8, 16, 16),
+                                                                     layers_per_block=1, spatial_compression_ratio=8,
+                                                                     temporal_compression_ratio=4),
 }  # fmt: skip
-SPATIAL = {"wan2.1": 8, "wan2.2": 16, "hunyuan_video": 8, "cogvideox": 8, "mochi": 4, "magvit": 8}
+SPATIAL = {"wan2.1": 8, "wan2.2": 16, "hunyuan_video": 8, "cogvideox": 8, "mochi": 4, "magvit": 8, "hunyuan_video15": 8}
 CASES = [(3, 7, 5), (1, 5, 6), (2, 9, 4)]
 """(latent frames, latent height, latent width): odd heights and widths, one or more latent frames."""
 
@@ -60,6 +66,8 @@ def _run(vae: torch.nn.Module, name: str, tiled: bool) -> dict[str, torch.Tensor
         size = 4 * SPATIAL[name]
         if name == "cogvideox":
             vae.enable_tiling(size, size, tile_overlap_factor_height=0.25, tile_overlap_factor_width=0.25)
+        elif name == "hunyuan_video15":  # its latent tile size is set apart from the sample's
+            vae.enable_tiling(size, size, 4, 4, tile_overlap_factor=0.25)
         else:
             vae.enable_tiling(
                 size, size, tile_sample_stride_height=size * 3 // 4, tile_sample_stride_width=size * 3 // 4
