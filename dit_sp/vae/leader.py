@@ -20,10 +20,6 @@ LEADER_DECODE_REASONS: dict[str, str] = {
         "the row split's halo exchange does not reproduce at the frame's edges (it takes zero padding only); and "
         + _NOISE.format(module="autoencoder_kl_ltx2.py")
     ),
-    "AutoencoderKLAllegro": (
-        "it decodes and encodes only tiled (its _decode raises without use_tiling), in overlapping 3D tiles that "
-        "are blended, and no tile protocol (dit_sp.vae.tiles) is written for its tiled_decode yet"
-    ),
     "AutoencoderKLCosmos": (
         "no row-split plan is written yet: it patchifies with a Haar wavelet transform (CosmosPatchEmbed3d, "
         "CosmosUnpatcher3d), pads its causal convolutions in the caller, and attends over whole frames and over "
