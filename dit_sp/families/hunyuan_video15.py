@@ -14,8 +14,9 @@ the channels of each pixel (row-local); it up- and downsamples by a convolution 
 reshape, which maps each rank's rows ``[s*a, s*b)`` to ``[2s*a, 2s*b)`` (``[s*a/2, s*b/2)``) and so stays local: the
 encoder's input is split in blocks of ``2**downsamplers`` rows (``downsampling``). The mid-block's attention
 (``HunyuanVideo15AttnBlock``, all frames' tokens at once with a frame-causal mask, ``(B, C, T, H, W)`` in and out)
-runs on the gathered frames, each rank keeping its rows. Tiled decode and encode share whole tiles (one part call a
-tile, as HunyuanVideo's).
+runs on the gathered frames, each rank keeping its rows: that block's memory is one process's (diffusers builds
+its ``(S, S)`` mask over all ``S = T*H*W`` latent tokens, 2.6 GB in fp32 for 61 frames at 480p), not divided. Tiled
+decode and encode share whole tiles (one part call a tile, as HunyuanVideo's).
 """
 
 from __future__ import annotations
