@@ -8,8 +8,12 @@ blocks start and gathered at ``proj_out``. The pipeline runs guidance as one cal
 ``[unconditional, conditional]``. Refused: a video self-attention mask (``attention_mask``, not a key-padding
 mask of the text) is refused by USP. diffusers ships no ``_cp_plan`` for this model.
 
-VAE: ``AutoencoderKLAllegro`` decodes on the sample's leader (the others receive the frames): it decodes only in
-overlapping tiles (its untiled decode is not implemented), which ``dit_sp.vae`` has no plan for yet.
+VAE: ``AutoencoderKLAllegro`` decodes and encodes only in overlapping 3D tiles (its untiled decode is not
+implemented), one decoder (encoder) call a tile, each tile's output kept in a buffer and blended after the loop by a
+module function (``_prepare_for_blend``). Its plan (``ALLEGRO_VAE``) shares the whole tiles out over a sample's
+processes (``dit_sp.vae.tiles``, tile ``t`` on rank ``t % N``); the record pass runs the stock blend on placeholders
+(there is no ``blend_v``/``blend_h`` to stop at: it is cheap next to the tiles), the replay blends the exchanged
+tiles. Its parts are not split by rows (``parts=()``): no untiled call reaches them.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
 from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.vae import TileProtocol, VAEPlan
 
 if TYPE_CHECKING:
     import torch
@@ -46,6 +51,13 @@ def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
     return vae.get("temporal_compression_ratio", 4), 2 ** (len(vae.get("block_out_channels", (0,) * 4)) - 1)
 
 
+ALLEGRO_VAE = VAEPlan(
+    class_names=("AutoencoderKLAllegro",),
+    parts=(),  # it calls its decoder and encoder only on tiles
+    tiles=TileProtocol(starts_tile=lambda kwargs: True, answer=lambda kwargs, out: out),  # one call a tile
+)
+
+
 ALLEGRO = ModelFamily(
     name="allegro",
     step_cache=False,
@@ -56,6 +68,7 @@ ALLEGRO = ModelFamily(
     cfg_batched_args=("hidden_states", "encoder_hidden_states", "timestep", "attention_mask", "encoder_attention_mask"),
     tiny_models=("tiny-allegro",),
     checkpoint_defaults={"AllegroPipeline": generation_defaults(85, 720, 1280, 100, 7.5, 512) | {"fps": 15}},
+    vae=ALLEGRO_VAE,
     vae_factors={"AllegroPipeline": _vae_factors},
     architectures=_ARCHITECTURES,
 )

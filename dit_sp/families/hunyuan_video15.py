@@ -7,8 +7,16 @@ token refiner attends over text only and stays local. Image-to-video's condition
 noise in channels (per token, split with it). The rotary table (``(S, D)`` cos and sin) is computed for the
 whole video and split with it. diffusers ships no ``_cp_plan`` for this model.
 
-VAE: ``AutoencoderKLHunyuanVideo15`` has no parallel plan here (its causal convolutions and attention are not
-those of ``families/hunyuan_video.py``): the sample's leader decodes, and ``parallel_vae`` refuses it.
+VAE: ``AutoencoderKLHunyuanVideo15`` runs split by rows (``HUNYUAN_VIDEO15_VAE``), decoder and encoder, exact. Its
+causal convolutions (``HunyuanVideo15CausalConv3d``) pad height by replicating the edge rows (``F.pad``) before a
+convolution that pads nothing, so the caller's padding is declared (``padded_inputs``); its norms are RMS norms over
+the channels of each pixel (row-local); it up- and downsamples by a convolution and a depth-to-space (space-to-depth)
+reshape, which maps each rank's rows ``[s*a, s*b)`` to ``[2s*a, 2s*b)`` (``[s*a/2, s*b/2)``) and so stays local: the
+encoder's input is split in blocks of ``2**downsamplers`` rows (``downsampling``). The mid-block's attention
+(``HunyuanVideo15AttnBlock``, all frames' tokens at once with a frame-causal mask, ``(B, C, T, H, W)`` in and out)
+runs on the gathered frames, each rank keeping its rows: that block's memory is one process's (diffusers builds
+its ``(S, S)`` mask over all ``S = T*H*W`` latent tokens, 2.6 GB in fp32 for 61 frames at 480p), not divided. Tiled
+decode and encode share whole tiles (one part call a tile, as HunyuanVideo's).
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from dit_sp._compat import context_parallel_types
 from dit_sp.families.family import ModelFamily, no_grad
 from dit_sp.families.policy import DiffusersPolicy
+from dit_sp.vae import Padding, TileProtocol, VAEPlan
 
 if TYPE_CHECKING:
     import torch
@@ -89,6 +98,27 @@ def _plan(model: torch.nn.Module) -> dict:
     }
 
 
+def _vae_padded_inputs(part: torch.nn.Module) -> dict[torch.nn.Module, Padding]:
+    """``HunyuanVideo15CausalConv3d`` pads (``F.pad``, replicating the edge) before its convolution."""
+    return {module.conv: (module.time_causal_padding[2], module.time_causal_padding[3], module.pad_mode)
+            for module in part.modules() if type(module).__name__ == "HunyuanVideo15CausalConv3d"}  # fmt: skip
+
+
+def _vae_downsampling(part: torch.nn.Module) -> int:
+    """Each ``HunyuanVideo15Downsample`` halves the height by a space-to-depth reshape (its convolution keeps it)."""
+    return 2 ** sum(type(module).__name__ == "HunyuanVideo15Downsample" for module in part.modules())
+
+
+HUNYUAN_VIDEO15_VAE = VAEPlan(
+    class_names=("AutoencoderKLHunyuanVideo15",),
+    padded_inputs=_vae_padded_inputs,
+    # attention over (frames x rows x columns) flattened, with a frame-causal mask
+    whole_frame=("HunyuanVideo15AttnBlock",),
+    downsampling=_vae_downsampling,
+    tiles=TileProtocol(starts_tile=lambda kwargs: True, answer=lambda kwargs, out: out),  # one call a tile
+)
+
+
 _ARCHITECTURES = {
     "hunyuanvideo-1.5-480p-t2v": {"transformers": {"transformer": ("HunyuanVideo15Transformer3DModel", {
         "in_channels": 65, "out_channels": 32, "num_attention_heads": 16, "attention_head_dim": 128,
@@ -109,6 +139,7 @@ HUNYUAN_VIDEO15 = ModelFamily(
     cfg_mode="sequential",
     pipelines=("HunyuanVideo15Pipeline",),
     policy=HunyuanVideo15Policy,
+    vae=HUNYUAN_VIDEO15_VAE,
     guidance_arg="guider",  # its pipelines take no guidance scale: their guider's scale turns guidance on
     tiny_models=("tiny-hunyuanvideo15", "tiny-hunyuanvideo15-i2v"),
     architectures=_ARCHITECTURES,

@@ -9,15 +9,6 @@ checks that every leader-decode VAE of the table has one (and that none is left 
 from __future__ import annotations
 
 LEADER_DECODE_REASONS: dict[str, str] = {
-    "AutoencoderKLAllegro": (
-        "it decodes and encodes only tiled (its _decode raises without use_tiling), in overlapping 3D tiles that "
-        "are blended, and no tile protocol (dit_sp.vae.tiles) is written for its tiled_decode yet"
-    ),
-    "AutoencoderKLHunyuanVideo15": (
-        "no row-split plan is written yet: its causal convolutions pad height and width by replicating edge rows "
-        "(F.pad, mode replicate, in HunyuanVideo15CausalConv3d) and its mid-block attends over all frames' tokens "
-        "at once with a frame-causal mask (HunyuanVideo15AttnBlock); neither is adapted or tested split"
-    ),
     "AutoencoderKLCosmos": (
         "no row-split plan is written yet: it patchifies with a Haar wavelet transform (CosmosPatchEmbed3d, "
         "CosmosUnpatcher3d), pads its causal convolutions in the caller, and attends over whole frames and over "

@@ -77,9 +77,11 @@ def _modular_vaes(pipeline: str) -> tuple[str, ...]:
 
 def _vaes(family: ModelFamily) -> str:
     """The VAEs of the family's pipelines: split over a sample's processes where a family has a plan for the
-    class (``dit_sp.families.vae_plan_of``), else decoded by one process of the sample."""
-    split = set(supported_vaes())
-    shown = [f"`{v}` split" if v in split else f"`{v}` leader decode" for v in family_vaes(family)]
+    class (``dit_sp.families.vae_plan_of``), else decoded by one process of the sample; "tiles shared" for a
+    VAE whose plan splits no part by rows (it decodes only tiled: whole tiles go to the processes)."""
+    plans = {name: f.vae for f in FAMILIES if f.vae is not None for name in f.vae.class_names}
+    kind = {name: "split" if plan.parts else "tiles shared" for name, plan in plans.items()}
+    shown = [f"`{v}` {kind[v]}" if v in kind else f"`{v}` leader decode" for v in family_vaes(family)]
     return ", ".join(shown) or "none"
 
 

@@ -30,6 +30,8 @@ MODELS = {"tiny-easyanimate": 18, "tiny-allegro": 384, "tiny-hunyuanvideo15": 72
 IMAGE_MODELS = ("tiny-hunyuanvideo15-i2v",)
 LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}  # cfg2: a branch per rank
 SP = {"1x2": 2, "2x1": 2, "cfg2": 1}  # processes per guidance branch
+SPLIT_VAE = ("tiny-hunyuanvideo15", "tiny-hunyuanvideo15-i2v")
+"""Models whose VAE is checked to run split by rows over the sample's 2 processes (both CFG halves too)."""
 
 
 def _settings(tmp, model: str, name: str, **flags) -> GenerateConfig:
@@ -61,6 +63,9 @@ def test_every_layout_gives_the_same_video_from_a_split_sequence(videos, model, 
     assert_same_video(report, reference)
     local = math.ceil(MODELS[model] / SP[layout])
     assert report["lengths"] == [[local], [local]], f"each rank's attention saw {report['lengths']}, not {local} tokens"
+    if model in SPLIT_VAE:  # the leader decoded (and encoded) its half of the rows, plus a halo
+        height = reference["frames"].shape[1]  # (F, H, W, 3)
+        assert 0 < report["vae_rows"] <= height // 2 + 2, (report["vae_rows"], height)
 
 
 def test_the_easyanimate_prompt_goes_through_the_chat_template():

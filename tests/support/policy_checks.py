@@ -80,20 +80,15 @@ def family_configs(hunyuanvideo15: str, **layout) -> list:
         tiny_config(model="tiny-ltx2", height=16, width=16, parallel_vae=False, **common),
         tiny_config(model="tiny-ltx", height=32, width=32, **{"sample.max_sequence_length": 16}, **common),
         tiny_config(model="tiny-skyreels-v2", height=48, width=32, **{"sample.max_sequence_length": 16}, **common),
-        tiny_config(
-            model=hunyuanvideo15,
-            height=32,
-            width=48,
-            parallel_vae=False,
-            **{"sample.max_sequence_length": 32},
-            **common,
-        ),
+        # its VAE decodes split by rows on 1x2 and 2x1 (4 latent rows)
+        tiny_config(model=hunyuanvideo15, height=32, width=48, **{"sample.max_sequence_length": 32}, **common),
     ]
 
 
 def family_steps(configs: list) -> list[dict]:
     """For each run: the full gradients of step 0's update (of the parameters that got one) and every trained
-    parameter's name, the rollout's log-probabilities and rewards, and the ratio range (exactly on-policy: 1)."""
+    parameter's name, the rollout's log-probabilities and rewards, the ratio range (exactly on-policy: 1), and the
+    most rows the VAE decoder's first convolution took on this rank (a split decode: its own rows and a halo)."""
     from dit_sp import GRPOTrainer
     from dit_sp.rl.batch import seed_for
     from dit_sp.rl.update import accumulate_gradients
@@ -101,6 +96,10 @@ def family_steps(configs: list) -> list[dict]:
     results = []
     for cfg in configs:
         trainer = GRPOTrainer(cfg)
+        rows = [0]
+        if getattr(trainer.pipe, "vae", None) is not None:
+            convs = (m for m in trainer.pipe.vae.decoder.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d)))
+            next(convs).register_forward_pre_hook(lambda m, args, rows=rows: rows.append(args[0].shape[-2]))
         data = trainer.collect(0)
         trainer.optimizer.zero_grad(set_to_none=True)
         stats = accumulate_gradients(trainer.policy, data.traj, data.cond, data.advantages, cfg.grpo,
@@ -109,6 +108,6 @@ def family_steps(configs: list) -> list[dict]:
                  for name, p in trainer.transformer.named_parameters() if p.grad is not None}  # fmt: skip
         names = [name for name, _ in trainer.transformer.named_parameters()]
         results.append({"policy": type(trainer.policy).__name__, "grads": grads, "log_probs": data.traj.log_probs,
-                        "parameters": names,
+                        "parameters": names, "decoder_rows": max(rows),
                         "rewards": data.rewards, "ratio": (stats["ratio_min"], stats["ratio_max"])})  # fmt: skip
     return results

@@ -69,6 +69,15 @@ VAES = {
                                            upsample_factor=(2, 2, 1), timestep_conditioning=True,
                                            decoder_inject_noise=(False,) * 4, patch_size=2, spatial_compression_ratio=8,
                                            temporal_compression_ratio=4),
+    # HunyuanVideo-1.5's: x8 in space (a spatial-only and two spatio-temporal depth-to-space steps), RMS norms,
+    # frame-causal attention over all frames in the mid-blocks
+    "hunyuan_video15": lambda: diffusers.AutoencoderKLHunyuanVideo15(latent_channels=4,
+                                                                     block_out_channels=(8, 8, 16, 16),
+                                                                     layers_per_block=1, spatial_compression_ratio=8,
+                                                                     temporal_compression_ratio=4),
+    # decodes and encodes only in tiles, blended in space and time (the tiles are set in _run)
+    "allegro": lambda: diffusers.AutoencoderKLAllegro(block_out_channels=(8, 8, 8, 8), latent_channels=4,
+                                                      layers_per_block=1, norm_num_groups=2),
 }  # fmt: skip
 SPATIAL = {
     "wan2.1": 8,
@@ -80,6 +89,8 @@ SPATIAL = {
     "ltx0.9.1": 8,
     "ltx0.9.5": 8,
     "ltx2": 8,
+    "hunyuan_video15": 8,
+    "allegro": 8,
 }
 DECODE_ARGS = dict.fromkeys(("ltx0.9.1", "ltx2"), lambda latents: {"temb": torch.full((latents.shape[0],), 0.05)})
 """Arguments of a VAE's decode besides the latents (a timestep-conditioned decoder's timestep)."""
@@ -88,6 +99,8 @@ TILES_SPLIT = {"ltx0.9.1": ("decoder",)}
 UNTILED = {"ltx2"}
 """VAEs checked untiled only: LTX-2's reflection-padded decoder fails on one process on a last tile of one latent row
 or column, which these sizes' tiles of 4 (stride 3) leave (its tiles are LTX-Video's, shared out the same way)."""
+TILED_ONLY = {"allegro"}
+"""VAEs that decode and encode only tiled (their pixel frames: 4 a latent frame, no first frame of its own)."""
 CASES = [(3, 7, 5), (1, 5, 6), (2, 9, 4)]
 """(latent frames, latent height, latent width): odd heights and widths, one or more latent frames."""
 
@@ -105,7 +118,8 @@ def _inputs(name: str, frames: int, height: int, width: int) -> tuple[torch.Tens
     spatial = SPATIAL[name]
     generator = torch.Generator().manual_seed(frames * 100 + height * 10 + width)
     latents = torch.randn(1, 4, frames, height, width, generator=generator)
-    pixels = torch.rand(1, 3, 4 * (frames - 1) + 1, height * spatial, width * spatial, generator=generator) * 2 - 1
+    pixel_frames = 4 * frames if name in TILED_ONLY else 4 * (frames - 1) + 1
+    pixels = torch.rand(1, 3, pixel_frames, height * spatial, width * spatial, generator=generator) * 2 - 1
     return latents, pixels
 
 
@@ -121,10 +135,17 @@ def _run(vae: torch.nn.Module, name: str, tiled: bool) -> dict[str, torch.Tensor
         size = 4 * SPATIAL[name]
         if name == "cogvideox":
             vae.enable_tiling(size, size, tile_overlap_factor_height=0.25, tile_overlap_factor_width=0.25)
+        elif name == "hunyuan_video15":  # its latent tile size is set apart from the sample's
+            vae.enable_tiling(size, size, 4, 4, tile_overlap_factor=0.25)
+        elif name == "allegro":  # tiles of 8 pixel frames (2 latent), overlapping by 4 (its kernel and stride: fixed)
+            vae.enable_tiling()
+            vae.kernel, vae.stride = (8, size, size), (4, size * 3 // 4, size * 3 // 4)
         else:
             vae.enable_tiling(
                 size, size, tile_sample_stride_height=size * 3 // 4, tile_sample_stride_width=size * 3 // 4
             )
+    elif name in TILED_ONLY:
+        return {}
     else:
         vae.disable_tiling()
     out = {}
@@ -160,10 +181,12 @@ def check_vae(name: str, parallel) -> dict:
     errors = {key: (split[key] - reference[key]).abs().max().item() for key in reference}
     shapes = {key: split[key].shape == reference[key].shape for key in reference}
     handle.undo()
-    vae.disable_tiling()
+    key = f"decode {'x'.join(map(str, CASES[0]))}" + (" tiled" if name in TILED_ONLY else "")
+    if name not in TILED_ONLY:
+        vae.disable_tiling()
     latents = _inputs(name, *CASES[0])[0]
     torch.manual_seed(CASES[0][0])
-    undone = decode(vae, name, latents) - reference[f"decode {'x'.join(map(str, CASES[0]))}"]
+    undone = decode(vae, name, latents) - reference[key]
     return {"errors": errors, "shapes": shapes, "rows": rows, "undone": undone.abs().max().item(),
             "tiled_calls": {part: len(c) for part, c in split_tiled_calls.items()},
             "one_process_tiled_calls": {part: len(c) for part, c in tiled_calls.items()}}  # fmt: skip

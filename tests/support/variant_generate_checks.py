@@ -15,22 +15,27 @@ from dit_sp import GenerateConfig, generate, spawn
 
 def generate_recording(jobs: list[GenerateConfig], then: Callable[[], Any] | None = None) -> list[Any]:
     """``generate`` per job; each report gains ``attention_lengths``: the sorted distinct ``hidden_states``
-    lengths of the modules whose processor dit-sp made sequence-parallel. ``then``: a check run after the jobs in
-    the same workers, its result last."""
+    lengths of the modules whose processor dit-sp made sequence-parallel; and ``vae_rows``: the most rows a VAE
+    convolution (a diffusers autoencoder's ``*Conv*`` module) took on this rank, 0 if none ran (a VAE split by rows
+    takes its own rows and a halo). ``then``: a check run after the jobs in the same workers, its result last."""
     reports = []
     for settings in jobs:
         seen: set[int] = set()
+        rows = [0]
 
-        def record(module, args, kwargs, output, seen=seen):
+        def record(module, args, kwargs, output, seen=seen, rows=rows):
             if type(getattr(module, "processor", None)).__name__.startswith("SequenceParallel"):
                 seen.add((args[0] if args else kwargs["hidden_states"]).shape[1])
+            kind = type(module)
+            if kind.__module__.startswith("diffusers.models.autoencoders") and "Conv" in kind.__name__ and args:
+                rows.append(args[0].shape[-2])
 
         handle = torch.nn.modules.module.register_module_forward_hook(record, with_kwargs=True)
         try:
             report = generate(settings, True)
         finally:
             handle.remove()
-        reports.append(report | {"attention_lengths": sorted(seen)})
+        reports.append(report | {"attention_lengths": sorted(seen), "vae_rows": max(rows)})
     return reports if then is None else [*reports, then()]
 
 
