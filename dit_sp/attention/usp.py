@@ -59,9 +59,9 @@ def _check_mask(mask: Tensor, batch: int, heads: int, seq_len: int, parallel: Pa
     if parallel.ring > 1 or joint_len or kernel is not None:
         why = "ring > 1" if parallel.ring > 1 else "joint tokens" if joint_len else f"kernel {kernel!r}"
         raise NotImplementedError(
-            f"an attention mask over the whole sequence (not only padding) is exact under Ulysses alone, where "
-            f"every rank attends over the whole sequence of its heads; not with {why}: use ring 1 and the default "
-            "kernel"
+            "an attention mask over the whole sequence (other than a boolean padding mask) is exact under Ulysses "
+            f"alone, where every rank attends over the whole sequence of its heads; not with {why}: use ring 1 and "
+            "the default kernel"
         )
     shape = tuple(mask.shape)
     if len(shape) != 4 or shape[0] not in (1, batch) or shape[1] not in (1, heads) or shape[2:] != (seq_len, seq_len):
@@ -71,17 +71,26 @@ def _check_mask(mask: Tensor, batch: int, heads: int, seq_len: int, parallel: Pa
         )
 
 
-def _block_mask(mask: Tensor, block_len: int, parallel: ParallelState) -> Tensor:
-    """A whole-sequence mask ``(B|1, H|1, S, S)`` for this rank's Ulysses block: its head group, and rows for
-    the padded queries (``block_len - S`` of them, attending to every key; their outputs are dropped)."""
-    attend = True if mask.dtype == torch.bool else 0.0
-    if mask.shape[1] > 1:  # padded heads (zero queries) attend to every key, as padded queries do
-        heads = ulysses.padded_heads(mask.shape[1], parallel)
-        mask = F.pad(mask, (0, 0, 0, 0, 0, heads - mask.shape[1]), value=attend)
-        group = heads // parallel.ulysses
-        mask = mask.narrow(1, parallel.ulysses_rank * group, group)
-    pad = block_len - mask.shape[2]
-    return F.pad(mask, (0, 0, 0, pad), value=attend) if pad else mask
+def _head_group_mask(mask: Tensor, parallel: ParallelState) -> Tensor:
+    """This rank's Ulysses head group of a whole-sequence mask ``(B|1, H|1, S, S)`` (a view where it can be): padded
+    heads (zero queries, whose outputs are dropped) attend to every key."""
+    if mask.shape[1] == 1:
+        return mask
+    heads = mask.shape[1]
+    group = ulysses.padded_heads(heads, parallel) // parallel.ulysses
+    start = parallel.ulysses_rank * group
+    own = mask[:, start : min(start + group, heads)]
+    missing = group - own.shape[1]
+    return F.pad(own, (0, 0, 0, 0, 0, missing), value=True if mask.dtype == torch.bool else 0.0) if missing else own
+
+
+def _masked_sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor, seq_len: int) -> Tensor:
+    """SDPA of the first ``seq_len`` queries of a Ulysses block ``(B, S_block, h, D)`` under a whole-sequence mask
+    ``(B|1, h|1, S, S)``, used as it is; the padded queries behind them get zeros (their outputs are dropped), so no
+    padded copy of the ``S x S`` mask is made."""
+    out = _sdpa(q[:, :seq_len], k, v, scale, mask)
+    pad = q.shape[1] - seq_len
+    return torch.cat([out, out.new_zeros(out.shape[0], pad, *out.shape[2:])], 1) if pad else out
 
 
 def _joint_key_mask(video_keys: int, joint_len: int, joint_valid: tuple[int, ...], device) -> Tensor:
@@ -163,8 +172,10 @@ def usp_attention(
     block_valid = tuple(min(max(seq_len - r * block_len, 0), block_len) for r in range(parallel.ring))
     if parallel.ring == 1 and kernel is None:
         keys, values = bk[:, : block_valid[0]], bv[:, : block_valid[0]]
-        if mask is not None:
-            mask = _block_mask(mask, block_len, parallel)
+        if mask is not None:  # no joint tokens (_check_mask)
+            return ulysses.gather_heads(
+                _masked_sdpa(bq, keys, values, scale, _head_group_mask(mask, parallel), seq_len), parallel, heads
+            )
         if joint_len:
             if joint_valid is None or len(set(joint_valid)) == 1:
                 # One count of real joint keys for the whole batch (always so for batch 1): the padding is

@@ -49,14 +49,21 @@ FRAME_RATE = 25.0
 default ``frame_rate``, at which ``generate`` samples too."""
 
 
+DECODE_SEED = 0
+"""The seed of the global generator while ``LTXPolicy`` decodes (the noise a noise-injecting decoder draws)."""
+
+
 class LTXPolicy(DiffusersPolicy):
     """LTX-Video text-to-video (``LTXPipeline``; flow matching, velocity prediction): T5 text tokens with their
     mask, as the pipeline encodes them. Latents are ``(B, C, F, H, W)`` here and packed ``(B, F*H*W, C)`` for the
     transformer, whose rotary positions are scaled as the pipeline scales them at ``FRAME_RATE``. Guidance is
     classifier-free guidance on the velocity, as the pipeline's (its guidance rescale is not part of the policy).
 
-    A timestep-conditioned VAE (LTX-Video 0.9.1 and later) decodes at the pipeline's default ``decode_timestep`` 0,
-    where the decoder adds no noise: decoding is deterministic, as the rewards need."""
+    A timestep-conditioned VAE (LTX-Video 0.9.1 and later) decodes at the pipeline's default ``decode_timestep`` 0
+    (the pipeline then blends no noise into the latents). A decoder that injects per-pixel noise
+    (``decoder_inject_noise``, LTX-Video 0.9.1) draws it from torch's global generator: the policy decodes with that
+    generator at ``DECODE_SEED``, the same on every rank and layout (the split VAE draws the whole frame's noise as
+    one process does), so a video's reward depends on its latents alone."""
 
     def _compression(self, pipe: Any) -> tuple[int, int]:
         return pipe.vae_temporal_compression_ratio, pipe.vae_spatial_compression_ratio
@@ -94,10 +101,12 @@ class LTXPolicy(DiffusersPolicy):
         import torch
 
         vae = self.pipe.vae
-        decode_timestep = None  # the pipeline's default decode_timestep 0: no noise added
+        decode_timestep = None  # the pipeline's default decode_timestep 0: no noise blended into the latents
         if vae.config.timestep_conditioning:
             decode_timestep = torch.zeros(latents.shape[0], device=latents.device, dtype=vae.dtype)
-        video = vae.decode(self._unscale(latents).to(vae.dtype), decode_timestep, return_dict=False)[0]
+        with torch.random.fork_rng(devices=[latents.device] if latents.device.type == "cuda" else []):
+            torch.manual_seed(DECODE_SEED)  # a noise-injecting decoder's draws: the same on every rank and call
+            video = vae.decode(self._unscale(latents).to(vae.dtype), decode_timestep, return_dict=False)[0]
         return ((video.float() + 1) / 2).clamp(0, 1).permute(0, 2, 1, 3, 4)
 
 

@@ -194,7 +194,9 @@ def plan_sampling(
         resident[f"{' + '.join(experts)} weights ({s.dtype}, whole)"] = len(experts) * shape.params * size
     resident[f"VAE weights ({s.dtype})"] = int(spec["vae"] * size)
     controlnet = TransformerShape.of(*spec["controlnet"]) if "controlnet" in spec else None
-    if controlnet is not None:  # Cosmos-Transfer2.5: its ControlNet runs whole on every rank of a sample
+    if (
+        controlnet is not None
+    ):  # Cosmos-Transfer2.5: its ControlNet's weights are whole on every rank (its tokens split)
         resident[f"ControlNet weights ({s.dtype}, whole)"] = controlnet.params * size
     share = f"1/{n}" if sharded else "whole"
     kept = "kept through sampling" if not s.free_text_encoders else "freed before denoising"

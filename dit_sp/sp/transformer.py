@@ -29,6 +29,11 @@ def _verify_identical_inputs(parallel: ParallelState, ctx: SequenceContext):
         else:  # no hidden_states (Cosmos 3 takes its latents as lists per modality): every float tensor given
             tensors = [t for v in kwargs.values() for t in (v if isinstance(v, (list, tuple)) else [v])]
             floats = [t for t in tensors if torch.is_tensor(t) and t.is_floating_point()]
+            if not floats:
+                raise ValueError(
+                    f"verify_inputs checksums a model's latents, and this {type(module).__name__} call passed no "
+                    "hidden_states and no floating-point tensor: run it without verify_inputs"
+                )
             hidden = torch.stack([t.detach().double().sum() for t in floats])
         local = hidden.detach().double().sum().reshape(1).to(parallel.device)
         sums = [torch.empty_like(local) for _ in range(dist.get_world_size(parallel.sp_group))]

@@ -51,8 +51,9 @@ def test_matches_single_process(results, layout, case):
     errors = dict(results["dp{}-r{}-u{}/{}".format(*layout, case.name)])
     if case.mask and layout[1] > 1:  # a ring holds one block of keys at a time
         assert errors["refusal"] == (
-            "an attention mask over the whole sequence (not only padding) is exact under Ulysses alone, where every "
-            "rank attends over the whole sequence of its heads; not with ring > 1: use ring 1 and the default kernel"
+            "an attention mask over the whole sequence (other than a boolean padding mask) is exact under Ulysses "
+            "alone, where every rank attends over the whole sequence of its heads; not with ring > 1: use ring 1 and "
+            "the default kernel"
         )
         return
     scale = errors.pop("scale")

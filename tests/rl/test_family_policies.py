@@ -16,7 +16,7 @@ from train_runs import assert_grads_equal, metrics_rows
 from dit_sp import TrainConfig, spawn
 from dit_sp.families.cogvideox import CogVideoXPolicy
 from dit_sp.families.hunyuan_video15 import HunyuanVideo15Policy
-from dit_sp.families.ltx import LTXPolicy
+from dit_sp.families.ltx import DECODE_SEED, LTXPolicy
 from dit_sp.families.skyreels_v2 import SkyReelsV2Policy
 from dit_sp.memory.planner import architecture_name, plan_training
 from dit_sp.zoo import build_tiny
@@ -125,6 +125,23 @@ def test_ltx_policy_ode_and_decode_are_the_pipelines():
     pipe.vae = AutoencoderKLLTXVideo.from_config(dict(pipe.vae.config) | {"timestep_conditioning": True})
     video = pipe(latents=pipe._pack_latents(noise), output_type="pt", **settings).frames  # (B, F, C, H, W)
     torch.testing.assert_close(policy.decode(ours), video, atol=1e-5, rtol=0)
+    # LTX-Video 0.9.1's decoder injects per-pixel noise: drawn at the policy's fixed seed, whatever the global state
+    config = dict(pipe.vae.config) | {"decoder_inject_noise": (True,) * len(pipe.vae.config.decoder_inject_noise)}
+    pipe.vae = AutoencoderKLLTXVideo.from_config(config)
+    with torch.no_grad():
+        for block in pipe.vae.decoder.modules():  # the noise scales start at zero
+            for name in ("per_channel_scale1", "per_channel_scale2"):
+                if getattr(block, name, None) is not None:
+                    getattr(block, name).fill_(0.5)
+    first = policy.decode(ours)
+    torch.manual_seed(123)
+    assert torch.equal(policy.decode(ours), first)
+    torch.manual_seed(DECODE_SEED)
+    at_seed = pipe.vae.decode(policy._unscale(ours), torch.zeros(1), return_dict=False)[0]
+    assert torch.equal(((at_seed + 1) / 2).clamp(0, 1).permute(0, 2, 1, 3, 4), first)
+    torch.manual_seed(DECODE_SEED + 1)
+    other = pipe.vae.decode(policy._unscale(ours), torch.zeros(1), return_dict=False)[0]
+    assert (other - at_seed).abs().max() > 1e-2  # the noise matters
 
 
 @pytest.mark.slow  # runs the stock pipeline
