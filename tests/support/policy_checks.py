@@ -82,6 +82,8 @@ def family_configs(hunyuanvideo15: str, **layout) -> list:
         tiny_config(model="tiny-skyreels-v2", height=48, width=32, **{"sample.max_sequence_length": 16}, **common),
         # its VAE decodes split by rows on 1x2 and 2x1 (4 latent rows)
         tiny_config(model=hunyuanvideo15, height=32, width=48, **{"sample.max_sequence_length": 32}, **common),
+        # the chat template takes ~110 of the 160 text tokens; Wan's VAE decodes split by rows
+        tiny_config(model="tiny-cosmos2.5", height=32, width=32, **{"sample.max_sequence_length": 160}, **common),
     ]
 
 
