@@ -15,6 +15,9 @@ Cosmos-Transfer2.5's ControlNet (``CosmosControlNetModel``) is split as the tran
 control and base tokens at its first block), its residuals gathered whole and split again where the transformer's
 blocks take them. The ControlNet and the transformer's padding-mask channel (``concat_padding_mask``) resize a mask
 with torchvision: where it is missing, ``prepare_pipeline`` puts torch's nearest interpolation in its place.
+
+GRPO (``Cosmos25Policy``) trains Cosmos-Predict2.5 text-to-world: its velocity is already the flow-matching one, at
+the timestep ``s`` itself (not ``1000 s``); its guidance is ``cond + w (cond - uncond)``.
 """
 
 from __future__ import annotations
@@ -22,10 +25,62 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types, install_cosmos_resize
-from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.errors import ConfigError
+from dit_sp.families.family import ModelFamily, generation_defaults, no_grad
+from dit_sp.families.policy import DiffusersPolicy
 
 if TYPE_CHECKING:
     import torch
+
+    Tensor = torch.Tensor
+
+
+class Cosmos25Policy(DiffusersPolicy):
+    """Cosmos-Predict2.5 text-to-world (``Cosmos2_5_PredictBasePipeline``; flow matching, velocity prediction): the
+    normalised hidden states of every Qwen2.5-VL layer, concatenated, of the chat-formatted prompt padded to
+    ``max_sequence_length`` tokens (unmasked: padding is part of the conditioning, as in the pipeline). The
+    transformer takes the noise, text-to-world's all-zero condition-mask channel, an all-zero padding mask and the
+    noise level ``s`` as its timestep (the pipeline passes the scheduler's sigma); its output is ``v = eps - x0``
+    (the UniPC scheduler's ``flow_prediction``). Guidance is the pipeline's: ``cond + guidance (cond - uncond)``, on
+    for guidance > 1. Latents are normalised by the Wan VAE's ``latents_mean`` / ``latents_std``. Decoding skips the
+    pipeline's safety checker (the guardrail's video check)."""
+
+    def encode(self, prompts: list[str], images: list[str] | None = None) -> tuple[Any, Any | None]:
+        if images is not None and any(image is not None for image in images):
+            raise ConfigError("Cosmos-Predict2.5 GRPO trains text-to-world only: image- and video-to-world condition "
+                              "frames are not part of its policy; give prompts without images")  # fmt: skip
+        return super().encode(prompts)
+
+    @no_grad
+    def _encode(self, prompts: list[str]) -> tuple[Tensor, Tensor | None]:
+        positive, negative = self.pipe.encode_prompt(
+            prompt=prompts,
+            negative_prompt=[self.negative_prompt] * len(prompts),
+            do_classifier_free_guidance=self.guided,
+            max_sequence_length=self.max_sequence_length,
+            device=self.device,
+        )
+        return positive, negative if self.guided else None
+
+    def _guide(self, uncond: Tensor, cond: Tensor, guidance: float) -> Tensor:
+        return cond + guidance * (cond - uncond)
+
+    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: Tensor) -> Tensor:
+        batch, _, frames, height, width = hidden.shape
+        condition_mask = hidden.new_zeros(batch, 1, frames, height, width)  # text-to-world: no frame is given
+        padding_mask = hidden.new_zeros(1, 1, height * self._spatial, width * self._spatial)
+        return model(hidden_states=hidden, condition_mask=condition_mask, timestep=timestep / 1000.0,
+                     encoder_hidden_states=cond.to(hidden.dtype), padding_mask=padding_mask,
+                     return_dict=False)[0]  # fmt: skip
+
+    def _compression(self, pipe: Any) -> tuple[int, int]:
+        self._spatial = pipe.vae_scale_factor_spatial
+        return pipe.vae_scale_factor_temporal, pipe.vae_scale_factor_spatial
+
+    def _unscale(self, latents: Tensor) -> Tensor:
+        pipe = self.pipe
+        std, mean = pipe.latents_std.to(latents.device), pipe.latents_mean.to(latents.device)
+        return latents / std + mean  # the pipeline keeps 1 / std in latents_std
 
 
 def _plan(model: torch.nn.Module) -> dict:
@@ -169,4 +224,6 @@ COSMOS = ModelFamily(
     | {"Cosmos2_5_TransferPipeline": generation_defaults(93, 704, 1280, 36, 3.0, 512)},
     vae_factors=dict.fromkeys((*PIPELINES, "Cosmos2TextToImagePipeline", "Cosmos2_5_TransferPipeline"), _vae_factors),
     architectures=_ARCHITECTURES,
+    pipelines=("Cosmos2_5_PredictBasePipeline",),
+    policy=Cosmos25Policy,
 )

@@ -10,6 +10,10 @@ layer unflattens the whole video). The NABLA sparse attention (``attention_type:
 the whole sequence (flex attention) and is refused. diffusers ships no ``_cp_plan`` for this model. Its VAE is
 HunyuanVideo's (``AutoencoderKLHunyuanVideo``), split by the HunyuanVideo family's VAE plan. Guidance runs as two
 calls per step, conditional first (``guidance_scale``; the stock pipeline brings its own negative prompt).
+
+GRPO (``Kandinsky5Policy``) trains text-to-video: the transformer masks no text token, so each prompt's Qwen2.5-VL
+tokens are kept at their own length (as the pipeline encodes one prompt) and samples of different text lengths run
+in separate transformer calls.
 """
 
 from __future__ import annotations
@@ -18,10 +22,81 @@ from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
 from dit_sp.errors import ConfigError
-from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.families.family import ModelFamily, generation_defaults, no_grad
+from dit_sp.families.policy import DiffusersPolicy
 
 if TYPE_CHECKING:
     import torch
+
+    Tensor = torch.Tensor
+
+
+class Kandinsky5Policy(DiffusersPolicy):
+    """Kandinsky 5 text-to-video (``Kandinsky5T2VPipeline``; flow matching, velocity prediction, timestep ``1000 s``):
+    the last Qwen2.5-VL hidden state of the templated prompt (after the template's ``prompt_template_encode_start_idx``
+    tokens) and CLIP's pooled embedding, as the pipeline encodes one prompt. The transformer takes no text mask, so
+    padding would change the velocity: each prompt is encoded alone, its tokens are stored zero-padded to
+    ``max_sequence_length`` with their count, and ``_forward`` runs the samples of each text length in one call with
+    the text cut to that length (guidance's two branches are two calls when their lengths differ, as in the
+    pipeline). Latents are ``(B, C, F, H, W)`` here and channels-last ``(B, F, H, W, C)`` for the transformer, with a
+    ``visual_cond`` model's all-zero image latents and mask in channels (text-to-video), the pipeline's rotary
+    positions and resolution-dependent rotary scale. Guidance is classifier-free guidance on the velocity."""
+
+    def __init__(self, pipe: Any, transformer: torch.nn.Module, **kwargs: Any):
+        attention = transformer.config.get("attention_type", "regular")
+        if attention != "regular":
+            raise ConfigError(f"Kandinsky 5 GRPO: attention_type {attention!r} (NABLA sparse attention) builds a block "
+                              "mask over the whole video sequence, which a sequence split cannot take; use a "
+                              "checkpoint with attention_type 'regular'")  # fmt: skip
+        super().__init__(pipe, transformer, **kwargs)
+        self.height, self.width = kwargs["height"], kwargs["width"]
+
+    def _channels(self, transformer: torch.nn.Module) -> int:
+        return transformer.config.out_visual_dim
+
+    @no_grad
+    def _encode(self, prompts: list[str]) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...] | None]:
+        import torch
+
+        def encode(texts: list[str]) -> tuple[Tensor, ...]:
+            tokens, pooled, lengths = [], [], []
+            for text in texts:  # one at a time: a batch would pad the shorter prompts, and padding is not masked
+                embeds, clip, _ = self.pipe.encode_prompt(prompt=[text], max_sequence_length=self.max_sequence_length,
+                                                          device=self.device)  # fmt: skip
+                padded = embeds.new_zeros(1, self.max_sequence_length, embeds.shape[-1])
+                padded[:, : embeds.shape[1]] = embeds
+                tokens.append(padded)
+                pooled.append(clip)
+                lengths.append(embeds.shape[1])
+            return torch.cat(tokens), torch.tensor(lengths, device=self.device), torch.cat(pooled)
+
+        return encode(prompts), encode([self.negative_prompt] * len(prompts)) if self.guided else None
+
+    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: tuple[Tensor, ...]) -> Tensor:
+        import torch
+
+        text, lengths, pooled = cond
+        x = hidden.permute(0, 2, 3, 4, 1)  # (B, F, H, W, C)
+        if model.config.visual_cond:  # text-to-video: no image latents, an all-zero mask
+            x = torch.cat([x, torch.zeros_like(x), x.new_zeros(*x.shape[:-1], 1)], dim=-1)
+        frames, spatial = x.shape[1], self.pipe.vae_scale_factor_spatial
+        rope = [torch.arange(frames, device=x.device), torch.arange(self.height // spatial // 2, device=x.device),
+                torch.arange(self.width // spatial // 2, device=x.device)]  # fmt: skip
+        scale = self.pipe._get_scale_factor(self.height, self.width)
+        parts, order = [], []
+        for length in lengths.unique().tolist():
+            index = (lengths == length).nonzero().flatten()
+            out = model(hidden_states=x[index], encoder_hidden_states=text[index, :length].to(x.dtype),
+                        pooled_projections=pooled[index].to(x.dtype), timestep=timestep[index].to(x.dtype),
+                        visual_rope_pos=rope, text_rope_pos=torch.arange(length, device=x.device), scale_factor=scale,
+                        sparse_params=None, return_dict=True).sample  # fmt: skip
+            parts.append(out)
+            order.append(index)
+        out = torch.cat(parts)[torch.cat(order).argsort()]  # back in the batch's order
+        return out.permute(0, 4, 1, 2, 3)
+
+    def _unscale(self, latents: Tensor) -> Tensor:
+        return latents / self.pipe.vae.config.scaling_factor
 
 
 def _plan(model: torch.nn.Module) -> dict:
@@ -135,4 +210,6 @@ KANDINSKY5 = ModelFamily(
     | dict.fromkeys(IMAGE_PIPELINES, generation_defaults(1, 1024, 1024, 50, 3.5, 512)),
     vae_factors=dict.fromkeys(PIPELINES, _vae_factors) | dict.fromkeys(IMAGE_PIPELINES, _image_vae_factors),
     architectures=_ARCHITECTURES,
+    pipelines=("Kandinsky5T2VPipeline",),
+    policy=Kandinsky5Policy,
 )

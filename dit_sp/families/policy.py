@@ -65,12 +65,20 @@ class DiffusersPolicy:
         self.device = device or torch.device("cpu")
         self.embeddings: Any | None = None
         temporal, spatial = self._compression(pipe)
-        channels = transformer.config.out_channels  # image-to-video models take more (the image's) than they give
+        channels = self._channels(transformer)  # image-to-video models take more (the image's) than they give
         self.shape = (channels, (frames - 1) // temporal + 1, height // spatial, width // spatial)
 
     def _compression(self, pipe: Any) -> tuple[int, int]:
         """``(temporal, spatial)`` compression of the pipeline's VAE."""
         return pipe.vae_scale_factor_temporal, pipe.vae_scale_factor_spatial
+
+    def _channels(self, transformer: torch.nn.Module) -> int:
+        """Latent channels the transformer predicts."""
+        return transformer.config.out_channels
+
+    def _guide(self, uncond: Tensor, cond: Tensor, guidance: float) -> Tensor:
+        """The guided velocity of the two branches' velocities, as the pipeline combines them."""
+        return uncond + guidance * (cond - uncond)
 
     @property
     def guided(self) -> bool:
@@ -165,7 +173,7 @@ class DiffusersPolicy:
         if not self.guided:
             return out
         uncond, cond_v = out.chunk(2)
-        return uncond + guidance * (cond_v - uncond)
+        return self._guide(uncond, cond_v, guidance)
 
     def _unscale(self, latents: Tensor) -> Tensor:
         raise NotImplementedError

@@ -1,7 +1,7 @@
 """GRPO policies of CogVideoX (v-prediction as a flow velocity), LTX-2 (video stream, audio isolated), LTX-Video,
-SkyReels-V2 T2V and HunyuanVideo-1.5 T2V: their ODE is the stock pipeline's sampler, one step's gradients and
-log-probs on 1x2 and 2x1 (FSDP2 over the SP ranks) are one process's, a tiny run goes through the CLI, and the real
-checkpoints' configs load and plan."""
+SkyReels-V2 T2V, HunyuanVideo-1.5 T2V, Cosmos-Predict2.5 text-to-world and Kandinsky 5 T2V: their ODE is the stock
+pipeline's sampler, one step's gradients and log-probs on 1x2 and 2x1 (FSDP2 over the SP ranks) are one process's, a
+tiny run goes through the CLI, and the real checkpoints' configs load and plan."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ from train_runs import assert_grads_equal, metrics_rows
 
 from dit_sp import TrainConfig, spawn
 from dit_sp.families.cogvideox import CogVideoXPolicy
+from dit_sp.families.cosmos import Cosmos25Policy
 from dit_sp.families.hunyuan_video15 import HunyuanVideo15Policy
+from dit_sp.families.kandinsky5 import Kandinsky5Policy
 from dit_sp.families.ltx import DECODE_SEED, LTXPolicy
 from dit_sp.families.skyreels_v2 import SkyReelsV2Policy
 from dit_sp.memory.planner import architecture_name, plan_training
@@ -164,6 +166,76 @@ def test_skyreels_v2_policy_ode_is_the_pipelines():
     torch.testing.assert_close(ours, stock, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow  # runs the stock pipeline
+@torch.no_grad()
+def test_cosmos25_policy_ode_is_the_pipelines():
+    """Cosmos-Predict2.5 text-to-world: the policy's Euler ODE (timestep ``s``, zero condition mask, guidance
+    ``cond + w (cond - uncond)``) is the stock Cosmos2_5_PredictBasePipeline's sampling with an Euler flow scheduler
+    in place of its UniPC one (the same velocity and sigmas); image conditioning is refused in one line."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    pipe = build_tiny("tiny-cosmos2.5")
+    pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=5.0)
+    policy = Cosmos25Policy(pipe, pipe.transformer, frames=9, height=32, width=32, guidance=3.0,
+                            max_sequence_length=160)  # fmt: skip
+    noise = torch.randn(1, *policy.latent_shape(), generator=torch.Generator().manual_seed(1))
+    settings = {"num_frames": 9, "height": 32, "width": 32, "num_inference_steps": 3, "guidance_scale": 3.0}
+    stock = pipe(prompt="a red circle", negative_prompt="", max_sequence_length=160, latents=noise.clone(),
+                 output_type="latent", **settings).frames  # fmt: skip
+    ours = euler(policy, noise, pipe.scheduler.sigmas[:-1].tolist(), "a red circle")
+    assert stock.abs().max() > 1
+    torch.testing.assert_close(ours, stock, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="^Cosmos-Predict2.5 GRPO trains text-to-world only: image- and video-to-"):
+        policy.encode(["a red circle"], ["frame.png"])
+
+
+@pytest.mark.slow  # runs the stock pipeline
+@torch.no_grad()
+def test_kandinsky5_policy_ode_is_the_pipelines():
+    """Kandinsky 5 T2V: the policy's Euler ODE (channels-last latents for the transformer, each prompt's text at its own
+    length, the pipeline's rotary positions and scale) is the stock Kandinsky5T2VPipeline's sampling, guidance
+    included; the tiny byte-level template leaves the prompt in the text only with a long max_sequence_length, where
+    the prompt's and the negative prompt's lengths differ (two transformer calls per guided step)."""
+    pipe = build_tiny("tiny-kandinsky5")
+    policy = Kandinsky5Policy(pipe, pipe.transformer, frames=9, height=48, width=32, guidance=4.0,
+                              max_sequence_length=600)  # fmt: skip
+    positive, negative = policy.encode(["a red circle"])
+    assert positive[1].item() > negative[1].item() > 500 and positive[0].shape == (1, 600, 16)
+    noise = torch.randn(1, *policy.latent_shape(), generator=torch.Generator().manual_seed(1))
+    settings = {"num_frames": 9, "height": 48, "width": 32, "num_inference_steps": 3, "guidance_scale": 4.0}
+    stock = pipe(
+        prompt="a red circle",
+        negative_prompt="",
+        max_sequence_length=600,
+        output_type="latent",
+        latents=noise.permute(0, 2, 3, 4, 1).clone(),
+        **settings,
+    ).frames  # (B, F, H, W, C)
+    ours = euler(policy, noise, pipe.scheduler.sigmas[:-1].tolist(), "a red circle")
+    assert stock.abs().max() > 1
+    torch.testing.assert_close(ours.permute(0, 2, 3, 4, 1), stock, atol=1e-5, rtol=0)
+    # a batch of prompts of different lengths: each sample's velocity is its own prompt's alone
+    cond = policy.encode(["a red circle", "a blue square moving left"])
+    assert cond[0][1].tolist()[0] != cond[0][1].tolist()[1]
+    x = noise.repeat(2, 1, 1, 1, 1)
+    both = policy.velocity(x, 0.7, cond)
+    alone = torch.cat(
+        [policy.velocity(noise, 0.7, policy.encode([p])) for p in ["a red circle", "a blue square moving left"]]
+    )
+    torch.testing.assert_close(both, alone, atol=1e-5, rtol=0)
+    assert (both[0] - both[1]).abs().max() > 1e-3
+
+
+def test_kandinsky5_policy_refuses_nabla_attention():
+    from diffusers import Kandinsky5Transformer3DModel
+
+    pipe = build_tiny("tiny-kandinsky5")
+    config = {key: value for key, value in pipe.transformer.config.items() if not key.startswith("_")}
+    nabla = Kandinsky5Transformer3DModel.from_config(config | {"attention_type": "nabla"})
+    with pytest.raises(ValueError, match=r"^Kandinsky 5 GRPO: attention_type 'nabla' \(NABLA sparse attention\)"):
+        Kandinsky5Policy(pipe, nabla, frames=9, height=48, width=32, guidance=4.0, max_sequence_length=32)
+
+
 @pytest.mark.slow
 def test_policy_steps_equal_single_process_on_1x2_and_2x1(hunyuanvideo15, prompts):
     """One GRPO step per family (guided, joint or isolated attention, 2 or 3 heads over 2 ranks): the rollout's
@@ -173,7 +245,8 @@ def test_policy_steps_equal_single_process_on_1x2_and_2x1(hunyuanvideo15, prompt
     layouts = family_configs(hunyuanvideo15, prompts=prompts, ulysses=2)
     layouts += family_configs(hunyuanvideo15, prompts=prompts, ring=2)
     results = spawn(family_steps, 2, args=(layouts,), timeout=600)
-    policies = ["CogVideoXPolicy", "LTX2Policy", "LTXPolicy", "SkyReelsV2Policy", "HunyuanVideo15Policy"]
+    policies = ["CogVideoXPolicy", "LTX2Policy", "LTXPolicy", "SkyReelsV2Policy", "HunyuanVideo15Policy",
+                "Cosmos25Policy", "Kandinsky5Policy"]  # fmt: skip
     assert [r["policy"] for r in single] == policies
     for one in single:
         assert one["ratio"] == (1.0, 1.0) and (one["log_probs"] != 0).all(), one["policy"]
@@ -190,10 +263,17 @@ def test_policy_steps_equal_single_process_on_1x2_and_2x1(hunyuanvideo15, prompt
             assert result["ratio"] == (1.0, 1.0), what
             torch.testing.assert_close(result["log_probs"], one["log_probs"], atol=1e-5, rtol=0, msg=what)
             torch.testing.assert_close(result["rewards"], one["rewards"], atol=1e-6, rtol=0, msg=what)
-            assert_grads_equal(result["grads"], one["grads"], what)
-        # CogVideoX's and HunyuanVideo-1.5's VAEs decode split by rows (a rank that decodes ran fewer rows)
+            # diffusers zero-initialises Cosmos's learnable positional embedding, whose norm is then its eps (1e-6):
+            # its gradient is ~1e6 times the others', so it is compared relative to its own scale
+            grads, ref = dict(result["grads"]), dict(one["grads"])
+            for name in [name for name in ref if "learnable_pos_embed" in name]:
+                scale = ref[name].abs().max().item()
+                assert scale > 0 and (grads.pop(name) - ref.pop(name)).abs().max() <= 1e-5 * scale, (what, name)
+            assert_grads_equal(grads, ref, what)
+        # CogVideoX's, HunyuanVideo-1.5's, Cosmos 2.5's (Wan's) and Kandinsky 5's (HunyuanVideo's) VAEs decode split
+        # by rows (a rank that decodes ran fewer rows)
         for result, one in zip(rank, single * 2):
-            if one["policy"] in ("CogVideoXPolicy", "HunyuanVideo15Policy"):
+            if one["policy"] in ("CogVideoXPolicy", "HunyuanVideo15Policy", "Cosmos25Policy", "Kandinsky5Policy"):
                 assert 0 < result["decoder_rows"] < one["decoder_rows"], (one["policy"], result["decoder_rows"])
 
 
@@ -206,6 +286,8 @@ def test_tiny_grpo_runs_through_the_cli(hunyuanvideo15, prompts, tmp_path):
         "tiny-ltx": "sample: {frames: 5, height: 32, width: 32, max_sequence_length: 16}\n",
         "tiny-skyreels-v2": "sample: {frames: 5, height: 48, width: 32, max_sequence_length: 16}\n",
         hunyuanvideo15: "sample: {frames: 5, height: 32, width: 48, max_sequence_length: 32}\n",
+        "tiny-cosmos2.5": "sample: {frames: 5, height: 32, width: 32, max_sequence_length: 160}\n",
+        "tiny-kandinsky5": "sample: {frames: 5, height: 48, width: 32, max_sequence_length: 600}\n",
     }
     for i, (model, sample) in enumerate(runs.items()):
         config = tmp_path / f"run{i}.yaml"
@@ -224,7 +306,8 @@ def test_tiny_grpo_runs_through_the_cli(hunyuanvideo15, prompts, tmp_path):
     ("name", "arch", "gpus"),
     [("grpo_cogvideox_5b", "cogvideox-5b", 8), ("grpo_ltx2", "ltx-2-19b", 32), ("grpo_ltx_video_2b", "ltx-video-2b", 8),
      ("grpo_skyreels_v2_t2v_14b", "skyreels-v2-t2v-14b-540p", 32),
-     ("grpo_hunyuanvideo15", "hunyuanvideo-1.5-480p-t2v", 16)],
+     ("grpo_hunyuanvideo15", "hunyuanvideo-1.5-480p-t2v", 16), ("grpo_cosmos2.5_2b", "cosmos-predict2.5-2b", 8),
+     ("grpo_kandinsky5_t2v_lite", "kandinsky5-t2v-lite", 8)],
 )  # fmt: skip
 def test_real_checkpoint_configs_load_and_fit_their_plan(name, arch, gpus):
     config = TrainConfig.load(name)

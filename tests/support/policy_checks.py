@@ -1,7 +1,7 @@
-"""Worker-side checks of the GRPO policies of CogVideoX, LTX-2, LTX-Video, SkyReels-V2 and HunyuanVideo-1.5: the
-gradients and log-probs of one training step through the library's ``GRPOTrainer``, and a tiny HunyuanVideo-1.5
-text-to-video pipeline (the zoo's ``tiny-hunyuanvideo15`` is a transformer only) built offline, as diffusers' fast
-tests build theirs."""
+"""Worker-side checks of the GRPO policies of CogVideoX, LTX-2, LTX-Video, SkyReels-V2, HunyuanVideo-1.5, Cosmos 2.5
+and Kandinsky 5: the gradients and log-probs of one training step through the library's ``GRPOTrainer``, and a tiny
+HunyuanVideo-1.5 text-to-video pipeline (the zoo's ``tiny-hunyuanvideo15`` is a transformer only) built offline, as
+diffusers' fast tests build theirs."""
 
 from __future__ import annotations
 
@@ -82,6 +82,11 @@ def family_configs(hunyuanvideo15: str, **layout) -> list:
         tiny_config(model="tiny-skyreels-v2", height=48, width=32, **{"sample.max_sequence_length": 16}, **common),
         # its VAE decodes split by rows on 1x2 and 2x1 (4 latent rows)
         tiny_config(model=hunyuanvideo15, height=32, width=48, **{"sample.max_sequence_length": 32}, **common),
+        # the chat template takes ~110 of the 160 text tokens; Wan's VAE decodes split by rows
+        tiny_config(model="tiny-cosmos2.5", height=32, width=32, **{"sample.max_sequence_length": 160}, **common),
+        # its byte-level template leaves the prompt in the text at 600 tokens: prompt and negative prompt lengths
+        # differ (two transformer calls a guided step); its VAE (HunyuanVideo's) decodes split by rows
+        tiny_config(model="tiny-kandinsky5", height=48, width=32, **{"sample.max_sequence_length": 600}, **common),
     ]
 
 
