@@ -47,3 +47,65 @@ def check_consisid(layouts: list[tuple[int, int, int]]) -> dict:
     for h in handles:
         h.remove()
     return results
+
+
+def consisid_pipeline():
+    """A tiny ``ConsisIDPipeline``: ``tiny-consisid``'s transformer with ``tiny-cogvideox``'s T5, ByT5 tokenizer,
+    VAE (4 latent channels: the transformer's 8 inputs are noise and image latents) and scheduler."""
+    import diffusers
+
+    parts = build_tiny("tiny-cogvideox")
+    return diffusers.ConsisIDPipeline(tokenizer=parts.tokenizer, text_encoder=parts.text_encoder, vae=parts.vae,
+                                      transformer=build_tiny("tiny-consisid", "transformer"),
+                                      scheduler=parts.scheduler)  # fmt: skip
+
+
+def run_pipeline(pipe) -> dict:
+    """Frames ``(F, H, W, 3)`` and final latents of 9 frames at 32 x 32 (3 latent frames of 2 x 2 patches: 12
+    tokens), 2 steps, guidance 6 (one call on ``[unconditional, conditional]`` a step), from the first-frame image and
+    one identity (``id_cond``, ``id_vit_hidden``) that both guidance branches broadcast."""
+    import numpy as np
+    from PIL import Image
+
+    g = torch.Generator().manual_seed(11)
+    image = Image.fromarray(np.random.default_rng(3).integers(0, 256, (32, 32, 3), dtype=np.uint8))
+    seen = {}
+
+    def keep(pipe, step, t, kwargs):
+        seen["latents"] = kwargs["latents"].clone()
+        return {}
+
+    frames = pipe(image=image, prompt="a ball", num_frames=9, height=32, width=32, num_inference_steps=2,
+                  guidance_scale=6.0, max_sequence_length=8, generator=torch.Generator().manual_seed(0),
+                  id_cond=torch.randn(1, 12, generator=g), id_vit_hidden=[torch.randn(1, 5, 16, generator=g)] * 2,
+                  output_type="np", callback_on_step_end=keep).frames[0]  # fmt: skip
+    return {"frames": torch.as_tensor(frames), "latents": seen["latents"]}
+
+
+def check_pipeline(layouts: dict[str, dict[str, int]]) -> dict:
+    """Per layout (``ParallelConfig`` keywords): the max abs error of frames and latents against the same pipeline
+    on one process, and the joint attention's local video lengths."""
+    from dit_sp import parallelize
+
+    pipe = consisid_pipeline()
+    with torch.no_grad():
+        reference = run_pipeline(pipe)
+    results = {"frames_std": reference["frames"].float().std().item()}
+    for name, degrees in layouts.items():
+        seen: set[int] = set()
+        hook = lambda module, args, kwargs, seen=seen: seen.add(kwargs["hidden_states"].shape[1])
+        handles = [
+            b.attn1.register_forward_pre_hook(hook, with_kwargs=True) for b in pipe.transformer.transformer_blocks
+        ]
+        with torch.no_grad(), parallelize(pipe, init_parallel(ParallelConfig(**degrees)), verify_inputs=True):
+            out = run_pipeline(pipe)
+        for h in handles:
+            h.remove()
+        results[name] = {key: (out[key] - reference[key]).abs().max().item() for key in ("frames", "latents")}
+        results[name]["lengths"] = sorted(seen)
+    return results
+
+
+def check_all(layouts: list[tuple[int, int, int]], pipeline_layouts: dict[str, dict[str, int]]) -> dict:
+    """``check_consisid`` and ``check_pipeline`` in one spawn."""
+    return check_consisid(layouts) | {"pipeline": check_pipeline(pipeline_layouts)}
