@@ -9,6 +9,7 @@ from dit_sp.families.allegro import ALLEGRO
 from dit_sp.families.anyflow import ANYFLOW
 from dit_sp.families.chronoedit import CHRONOEDIT
 from dit_sp.families.cogvideox import COGVIDEOX
+from dit_sp.families.consisid import CONSISID
 from dit_sp.families.cosmos import COSMOS
 from dit_sp.families.cosmos3 import COSMOS3
 from dit_sp.families.easyanimate import EASYANIMATE
@@ -42,7 +43,9 @@ FAMILIES: tuple[ModelFamily, ...] = (
     LTX, MOCHI, LTX2, EASYANIMATE, ALLEGRO,
     SKYREELS_V2, WAN_VACE, CHRONOEDIT, HUNYUAN_VIDEO15, HUNYUAN_VIDEO_FRAMEPACK, ANYFLOW,
     KANDINSKY5, MOTIF_VIDEO, COSMOS, MINIMAX_H3, HELIOS,
-    LATTE, WAN_ANIMATE, SANA_VIDEO, COSMOS3, *REFUSED,
+    LATTE, WAN_ANIMATE, SANA_VIDEO, COSMOS3,
+    CONSISID,
+    *REFUSED,
 )  # fmt: skip
 
 

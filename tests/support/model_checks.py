@@ -39,6 +39,10 @@ def model_inputs(family: str, batch: int = 2) -> dict:
         from cosmos3_checks import transformer_inputs
 
         return transformer_inputs()
+    if family == "tiny-consisid":
+        from consisid_checks import consisid_inputs
+
+        return consisid_inputs(batch)
     if family.startswith("tiny-sana-video"):
         from sana_video_checks import builtin_inputs
 

@@ -1,0 +1,33 @@
+"""ConsisID (``ConsisIDTransformer3DModel``): identity-preserving text-to-video on CogVideoX-5B.
+
+Its blocks are CogVideoX's: every block attends over ``[text, video]`` jointly, text in front, through diffusers'
+``CogVideoXAttnProcessor2_0``; the patch embedding runs on the full sequence and the video tokens are split where the
+blocks start, gathered at ``proj_out`` (CogVideoX's plan, imported). The face conditioning adds, after every
+``cross_attn_interval``-th block, a ``PerceiverCrossAttention``: each video token's query attends over the identity
+tokens of the ``LocalFacialExtractor`` (``(B_id, num_queries, C)``, computed whole on every rank from ``id_cond`` and
+``id_vit_hidden``). Its keys are the identity tokens alone, never other video tokens, so it is per token and stays
+local on each rank's shard. The pipeline runs guidance as one call on ``[unconditional, conditional]``; the identity
+inputs have one entry that both branches broadcast, so a CFG rank keeps them whole. The VAE is CogVideoX's.
+``ConsisIDPipeline`` needs the face models of ``consisid_utils`` (insightface, facexlib, EVA-CLIP) to make its identity
+inputs: no built-in model runs it whole (``tiny-consisid`` is the transformer only).
+"""
+
+from __future__ import annotations
+
+from dit_sp.families.cogvideox import COGVIDEOX_VAE, _plan, _shape_check
+from dit_sp.families.family import ModelFamily
+
+CONSISID = ModelFamily(
+    name="consisid",
+    class_names=("ConsisIDTransformer3DModel",),
+    plan=_plan,  # CogVideoX's: root image_rotary_emb, transformer_blocks.0 hidden_states, gather proj_out
+    attention_modules=("transformer_blocks.*.attn1",),  # perceiver_cross_attention.*: per token, local
+    joint_position="front",
+    cfg_mode="batched",
+    # id_cond and id_vit_hidden: one entry for both guidance branches (the pipeline does not double them)
+    cfg_batched_args=("hidden_states", "encoder_hidden_states", "timestep"),
+    vae=COGVIDEOX_VAE,
+    shape_check=_shape_check,
+    tiny_models=("tiny-consisid",),
+    step_cache=False,  # diffusers has no block metadata for ConsisIDBlock
+)
