@@ -1,0 +1,84 @@
+"""Kandinsky 6 parallelized against one process: the built-in ``tiny-kandinsky6`` transformer forward and backward on
+1x2 (Ulysses) and 2x1 (ring), with its audio stream (whole on every rank) and without it, 27 video tokens (uneven),
+every output and gradient compared and the split checked (the attention's token counts), in one 2-process spawn. And
+the one-line refusals: the SR transformer (NABLA sparse attention), one visual block, CFG parallelism."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from kandinsky6_checks import AUDIO_TOKENS, MODEL, VIDEO_TOKENS, check_kandinsky6, kandinsky6_inputs
+from split_errors import assert_matches_one_process
+
+from dit_sp import ParallelConfig, init_parallel, parallelize, spawn
+from dit_sp.errors import ConfigError
+from dit_sp.families import family_of
+from dit_sp.zoo import build_tiny
+
+LAYOUTS = [(1, 1, 2), (1, 2, 1)]
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def results():
+    return spawn(check_kandinsky6, 2, args=(LAYOUTS,), timeout=300)[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: "dp{}-r{}-u{}".format(*layout))
+@pytest.mark.parametrize("mode", ["audio", "video"])
+def test_transformer_matches_single_process(results, mode, layout):
+    errors = results[mode]["dp{}-r{}-u{}".format(*layout)]
+    assert_matches_one_process(errors, TOL, f"{MODEL} {mode} {layout}")
+    assert errors["outputs"] == (2 if mode == "audio" else 1)  # the audio velocity too, when audio is given
+    if mode == "audio":  # every parameter's gradient and the 4 float inputs' (3 without audio: the audio path idle)
+        assert errors["grads_compared"] == errors["params"] + 4
+    half = -(-VIDEO_TOKENS // 2)
+    assert errors["seen"]["self_attention"] == [half], f"video self-attention saw {errors['seen']}, not a half"
+    if mode == "audio":  # the whole audio attends to the video keys of this rank's half, gathered inside
+        assert errors["seen"]["av_keys"] == [half], errors["seen"]
+
+
+def test_single_process_parallelize_is_exact():
+    model = build_tiny(MODEL, "transformer")
+    kwargs = kandinsky6_inputs()
+    assert family_of(model).name == "kandinsky6"
+    with torch.no_grad():
+        ref = model(**kwargs, return_dict=False)
+        with parallelize(model, init_parallel(ParallelConfig())):
+            out = model(**kwargs, return_dict=False)
+    assert [tuple(o.shape) for o in out] == [(2, 3, 6, 6, 4), (2, AUDIO_TOKENS, 4)]
+    for a, b in zip(out, ref):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def _sr_transformer() -> torch.nn.Module:
+    from diffusers import Kandinsky6SRTransformer3DModel
+
+    return Kandinsky6SRTransformer3DModel(in_visual_dim=4, out_visual_dim=4, time_dim=16, model_dim=32, ff_dim=64,
+                                          num_visual_blocks=1, axes_dims=(4, 6, 6))  # fmt: skip
+
+
+def test_modes_that_cannot_be_split_are_refused_in_one_line():
+    import diffusers
+
+    config = dict(build_tiny(MODEL, "transformer").config) | {"num_visual_blocks": 1}
+    one_block = diffusers.Kandinsky6Transformer3DModel(**{k: v for k, v in config.items() if not k.startswith("_")})
+    cases = [(_sr_transformer(), r"\(Kandinsky6SRTransformer3DModel\) computes NABLA sparse attention "
+                                 r".*BlockMask .*whole video sequence"),
+             (one_block, "one visual block.* use num_visual_blocks >= 2")]  # fmt: skip
+    for model, message in cases:
+        with pytest.raises(NotImplementedError, match=message) as error:
+            parallelize(model, init_parallel(ParallelConfig()))
+        assert "\n" not in str(error.value)
+        assert not any(type(m).__name__.startswith("SequenceParallel") for m in model.modules())
+
+
+def test_cfg_parallel_is_refused_in_one_line():
+    """The TI2VA pipeline's two guidance calls each return video and audio: cfg=2 is refused before anything runs."""
+    pipe = SimpleNamespace(transformer=build_tiny(MODEL, "transformer"))
+    with pytest.raises(ConfigError, match=r"cfg parallelism \(cfg=2\) .* each return two outputs") as error:
+        parallelize(pipe, SimpleNamespace(cfg=2))
+    assert "\n" not in str(error.value)

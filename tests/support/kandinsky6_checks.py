@@ -1,0 +1,119 @@
+"""Kandinsky 6's tiny transformer (``tiny-kandinsky6``), its inputs and the worker-side check of the parallelized
+model against one process: both outputs (video and audio) and every gradient, with and without the audio stream,
+recording how many tokens each rank's video self-attention and video-to-audio keys really saw.
+
+The inputs are what ``Kandinsky6TI2VAPipeline`` passes with a reference image: 2 latent frames and the clean image
+frame appended as a third (token type 1, rotary position 0 again), 6 x 6 latents at patch (1, 2, 2): 3 x 3 x 3 = 27
+video tokens, uneven over 2 ranks; 5 audio latents; 7 text tokens, the first prompt padded to 5."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dit_sp import ParallelConfig, init_parallel, parallelize
+from dit_sp.zoo import build_tiny
+
+MODEL = "tiny-kandinsky6"
+VIDEO_TOKENS = 27
+AUDIO_TOKENS = 5
+
+
+def kandinsky6_inputs(batch: int = 2, audio: bool = True) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(7)
+    rand = lambda *shape: torch.randn(*shape, generator=g)
+    latents = rand(batch, 3, 6, 6, 4)
+    mask = torch.zeros(batch, 3, 6, 6, 1)
+    mask[:, -1] = 1.0  # the appended image frame
+    hidden = torch.cat([latents, torch.zeros_like(latents), mask], -1)  # [latent | condition (zero) | mask]
+    text_mask = torch.ones(batch, 7, dtype=torch.bool)
+    text_mask[0, 5:] = False
+    types = torch.zeros(batch, 3, dtype=torch.long)
+    types[:, -1] = 1
+    text, pooled = rand(batch, 7, 16), rand(batch, 8)
+    inputs = {"hidden_states": hidden, "encoder_hidden_states": text, "pooled_projections": pooled,
+              "timestep": torch.tensor([500.0, 20.0][:batch]), "encoder_attention_mask": text_mask,
+              "visual_rope_pos": (torch.tensor([0, 1, 0]), torch.arange(3), torch.arange(3)),
+              "visual_token_type_ids": types}  # fmt: skip
+    if audio:
+        inputs["audio_hidden_states"] = rand(batch, AUDIO_TOKENS, 4)
+    return inputs
+
+
+def _run(model: torch.nn.Module, kwargs: dict, grad_scale: float) -> tuple[list[torch.Tensor], dict]:
+    """Outputs and gradients of ``sum(video * w) + sum(audio * w')`` (times ``grad_scale``) w.r.t. the float inputs
+    and the parameters."""
+    model.zero_grad(set_to_none=True)
+    names = ("hidden_states", "encoder_hidden_states", "audio_hidden_states", "pooled_projections")
+    leaves = {k: v.clone().requires_grad_() for k, v in kwargs.items() if k in names}
+    outs = list(model(**(kwargs | leaves), return_dict=False))
+    loss = sum((o * torch.randn(o.shape, generator=torch.Generator().manual_seed(3 + i))).sum()
+               for i, o in enumerate(outs))  # fmt: skip
+    (loss * grad_scale).backward()
+    grads = {f"input.{k}": v.grad for k, v in leaves.items()}
+    grads |= {f"param.{n}": p.grad for n, p in model.named_parameters() if p.grad is not None}
+    return [o.detach() for o in outs], grads
+
+
+def _record_lengths(model: torch.nn.Module, seen: dict[str, set]) -> list:
+    """Hooks recording the video token counts the video self-attention takes as queries and the audio-from-video
+    attention takes as keys (before its gather)."""
+    handles = []
+    for name, module in model.named_modules():
+        kind = name.rsplit(".", 1)[-1] if name.startswith("visual_transformer_blocks.") else ""
+        if name.endswith("video_dec_block.self_attention") or kind == "av_cross_attention":
+            key = "self_attention" if kind != "av_cross_attention" else "av_keys"
+
+            def hook(mod, args, kwargs, key=key):
+                tensor = (
+                    kwargs["encoder_hidden_states"]
+                    if key == "av_keys"
+                    else (args[0] if args else kwargs["hidden_states"])
+                )
+                seen.setdefault(key, set()).add(tensor.shape[1])
+
+            handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+    return handles
+
+
+def check_kandinsky6(layouts: list[tuple[int, int, int]]) -> dict[str, dict]:
+    """Per stream mode (``audio``, ``video``) and layout: max abs errors of the outputs, the input and the parameter
+    gradients (summed over the sequence-parallel group) against one process, the token counts seen, and whether
+    unparallelize restores the outputs bit for bit."""
+    model = build_tiny(MODEL, "transformer").float()
+    results: dict[str, dict] = {}
+    for mode in ("audio", "video"):
+        kwargs = kandinsky6_inputs(audio=mode == "audio")
+        ref_outs, ref_grads = _run(model, kwargs, 1.0)
+        for dp, ring, ulysses in layouts:
+            parallel = init_parallel(ParallelConfig(dp=dp, ring=ring, ulysses=ulysses))
+            seen: dict[str, set] = {}
+            handles = _record_lengths(model, seen)
+            with parallelize(model, parallel, verify_inputs=True):
+                outs, grads = _run(model, kwargs, 1.0 / parallel.sp)
+            for h in handles:
+                h.remove()
+            errors: dict[str, Any] = {
+                "outputs": len(outs),
+                "out": max((o - r).abs().max().item() for o, r in zip(outs, ref_outs)),
+                "ref_scale": min(r.abs().max().item() for r in ref_outs),
+                "seen": {k: sorted(v) for k, v in seen.items()},
+            }
+            worst = {"input": (0.0, ""), "param": (0.0, "")}
+            for key, ref in ref_grads.items():
+                summed = grads[key].clone()
+                dist.all_reduce(summed, group=parallel.sp_group)
+                # above 1 relative to the gradient's scale (a patch embedding sums over every token)
+                error = (summed - ref).abs().max().item() / max(ref.abs().max().item(), 1.0)
+                kind = key.split(".", 1)[0]
+                worst[kind] = max(worst[kind], (error, key))
+            errors["input_grads"], errors["input_grads_worst"] = worst["input"]
+            errors["param_grads"], errors["param_grads_worst"] = worst["param"]
+            errors["grads_compared"] = len(ref_grads)
+            errors["params"] = len(list(model.parameters()))
+            restored, _ = _run(model, kwargs, 1.0)
+            errors["restored_bit_identical"] = float(all(torch.equal(a, b) for a, b in zip(restored, ref_outs)))
+            results.setdefault(mode, {})[f"dp{dp}-r{ring}-u{ulysses}"] = errors
+    return results
