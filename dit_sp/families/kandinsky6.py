@@ -24,8 +24,8 @@ dit-sp's sequential CFG parallelism exchanges one output, so CFG parallelism is 
 the same processes, split by sequence). Its VAE is HunyuanVideo's (``AutoencoderKLHunyuanVideo``), split by the
 HunyuanVideo family's VAE plan; the audio VAE and vocoder run whole on every rank.
 
-Refused: ``Kandinsky6SRTransformer3DModel`` (``Kandinsky6SRPipeline``, the super-resolution stage): see
-``SR_REFUSAL``.
+Refused: ``Kandinsky6SRTransformer3DModel`` (``Kandinsky6SRPipeline``, the super-resolution stage; its own family,
+``KANDINSKY6_SR``): see ``SR_REFUSAL``.
 """
 
 from __future__ import annotations
@@ -69,8 +69,6 @@ def _plan(model: torch.nn.Module) -> dict:
 
 
 def _check(model: torch.nn.Module) -> None:
-    if type(model).__name__ == "Kandinsky6SRTransformer3DModel":
-        raise NotImplementedError(SR_REFUSAL)
     if len(model.visual_transformer_blocks) < 2:
         raise NotImplementedError(
             "Kandinsky 6 with one visual block: the split (at the first block) and the gather (after the last) "
@@ -81,7 +79,7 @@ def _check(model: torch.nn.Module) -> None:
 KANDINSKY6 = ModelFamily(
     name="kandinsky6",
     step_cache=False,
-    class_names=("Kandinsky6Transformer3DModel", "Kandinsky6SRTransformer3DModel"),
+    class_names=("Kandinsky6Transformer3DModel",),
     plan=_plan,
     attention_modules=("visual_transformer_blocks.*.video_dec_block.self_attention",),
     gathered_key_modules=("visual_transformer_blocks.*.av_cross_attention",),
@@ -89,6 +87,23 @@ KANDINSKY6 = ModelFamily(
     cfg_refused=CFG_REFUSAL,
     channels_last=True,
     check=_check,
-    refused={"Kandinsky6SRTransformer3DModel": SR_REFUSAL},
     tiny_models=("tiny-kandinsky6",),
 )
+
+
+def _refuse_sr(model: torch.nn.Module) -> None:
+    raise NotImplementedError(SR_REFUSAL)
+
+
+KANDINSKY6_SR = ModelFamily(
+    name="kandinsky6_sr",
+    step_cache=False,
+    class_names=("Kandinsky6SRTransformer3DModel",),
+    plan=lambda model: {},
+    attention_modules=(),
+    check=_refuse_sr,
+    cfg_refused=SR_REFUSAL,
+    refused={"Kandinsky6SRTransformer3DModel": SR_REFUSAL},
+)
+"""Kandinsky 6's super-resolution stage, a family of its own so that its pipeline and VAE (``Kandinsky6SRVAE``, which
+only that pipeline uses) are shown as refused with the transformer, not as a leader decode of a split family."""

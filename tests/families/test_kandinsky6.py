@@ -66,7 +66,7 @@ def test_modes_that_cannot_be_split_are_refused_in_one_line():
 
     config = dict(build_tiny(MODEL, "transformer").config) | {"num_visual_blocks": 1}
     one_block = diffusers.Kandinsky6Transformer3DModel(**{k: v for k, v in config.items() if not k.startswith("_")})
-    cases = [(_sr_transformer(), r"\(Kandinsky6SRTransformer3DModel\) computes NABLA sparse attention "
+    cases = [(_sr_transformer(), r"^Kandinsky 6 SR \(Kandinsky6SRTransformer3DModel\) computes NABLA sparse attention "
                                  r".*BlockMask .*whole video sequence"),
              (one_block, "one visual block.* use num_visual_blocks >= 2")]  # fmt: skip
     for model, message in cases:
