@@ -1,6 +1,7 @@
 """Kandinsky 6 parallelized against one process: the built-in ``tiny-kandinsky6`` transformer forward and backward on
 1x2 (Ulysses) and 2x1 (ring), with its audio stream (whole on every rank) and without it, 27 video tokens (uneven),
-every output and gradient compared and the split checked (the attention's token counts), in one 2-process spawn. And
+every output and gradient compared and the split checked (the attention's token counts), and a tiny
+``Kandinsky6TI2VAPipeline`` (video and audio, guided) on both layouts, in one 2-process spawn. And
 the one-line refusals: the SR transformer (NABLA sparse attention), one visual block, CFG parallelism."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from kandinsky6_checks import AUDIO_TOKENS, MODEL, VIDEO_TOKENS, check_kandinsky6, kandinsky6_inputs
+from kandinsky6_checks import AUDIO_TOKENS, MODEL, PIPELINE_VIDEO_TOKENS, VIDEO_TOKENS, check_all, kandinsky6_inputs
 from split_errors import assert_matches_one_process
 
 from dit_sp import ParallelConfig, init_parallel, parallelize, spawn
@@ -23,14 +24,14 @@ TOL = 1e-5
 
 @pytest.fixture(scope="module")
 def results():
-    return spawn(check_kandinsky6, 2, args=(LAYOUTS,), timeout=300)[0]
+    return spawn(check_all, 2, args=(LAYOUTS,), timeout=300)[0]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: "dp{}-r{}-u{}".format(*layout))
 @pytest.mark.parametrize("mode", ["audio", "video"])
 def test_transformer_matches_single_process(results, mode, layout):
-    errors = results[mode]["dp{}-r{}-u{}".format(*layout)]
+    errors = results["transformer"][mode]["dp{}-r{}-u{}".format(*layout)]
     assert_matches_one_process(errors, TOL, f"{MODEL} {mode} {layout}")
     assert errors["outputs"] == (2 if mode == "audio" else 1)  # the audio velocity too, when audio is given
     if mode == "audio":  # every parameter's gradient and the 4 float inputs' (3 without audio: the audio path idle)
@@ -39,6 +40,20 @@ def test_transformer_matches_single_process(results, mode, layout):
     assert errors["seen"]["self_attention"] == [half], f"video self-attention saw {errors['seen']}, not a half"
     if mode == "audio":  # the whole audio attends to the video keys of this rank's half, gathered inside
         assert errors["seen"]["av_keys"] == [half], errors["seen"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: "dp{}-r{}-u{}".format(*layout))
+def test_pipeline_matches_single_process(results, layout):
+    """``Kandinsky6TI2VAPipeline`` (from prompt embeddings, guided by two calls a step, video and audio): frames, the
+    audio waveform and both final latents within 1e-4 of one process, the video really split."""
+    errors = results["pipeline"]["dp{}-r{}-u{}".format(*layout)]
+    assert errors["shapes"]["frames"] == (1, 9, 48, 48, 3) and errors["shapes"]["audio_latents"][1] == 6, errors
+    for key in ("frames", "audio", "latents", "audio_latents"):
+        assert errors["std"][key] > 0.01, f"{key}: not a real output ({errors['std']})"
+        assert errors[key] <= 1e-4, f"{key} error {errors[key]:.2e} above 1e-4"
+    assert errors["seen"]["self_attention"] == [-(-PIPELINE_VIDEO_TOKENS // 2)], errors["seen"]
+    assert errors["seen"]["av_keys"] == [-(-PIPELINE_VIDEO_TOKENS // 2)], errors["seen"]
 
 
 def test_single_process_parallelize_is_exact():

@@ -1,6 +1,8 @@
 """Kandinsky 6's tiny transformer (``tiny-kandinsky6``), its inputs and the worker-side check of the parallelized
 model against one process: both outputs (video and audio) and every gradient, with and without the audio stream,
-recording how many tokens each rank's video self-attention and video-to-audio keys really saw.
+recording how many tokens each rank's video self-attention and video-to-audio keys really saw; and a tiny
+``Kandinsky6TI2VAPipeline`` (from prompt embeddings: its Qwen2.5-VL and CLIP text encoders are left out; HunyuanVideo's
+VAE, split; a tiny MMAudio VAE and vocoder, whole on every rank), video and audio, parallelized against one process.
 
 The inputs are what ``Kandinsky6TI2VAPipeline`` passes with a reference image: 2 latent frames and the clean image
 frame appended as a third (token type 1, rotary position 0 again), 6 x 6 latents at patch (1, 2, 2): 3 x 3 x 3 = 27
@@ -117,3 +119,69 @@ def check_kandinsky6(layouts: list[tuple[int, int, int]]) -> dict[str, dict]:
             errors["restored_bit_identical"] = float(all(torch.equal(a, b) for a, b in zip(restored, ref_outs)))
             results.setdefault(mode, {})[f"dp{dp}-r{ring}-u{ulysses}"] = errors
     return results
+
+
+def kandinsky6_pipeline() -> Any:
+    """A tiny ``Kandinsky6TI2VAPipeline`` run from prompt embeddings (no text encoders or tokenizers): the built-in
+    ``tiny-kandinsky6`` transformer, ``tiny-kandinsky5``'s HunyuanVideo VAE (x8 in space, x4 in time), and a tiny
+    MMAudio VAE and vocoder (512 Hz audio: 6 audio latents for 9 frames at 24 fps)."""
+    import diffusers
+
+    torch.manual_seed(0)
+    audio_vae = diffusers.MMAudioVAE(mel_bins=8, latent_channels=4, hidden_channels=8, channel_multipliers=(1,),
+                                     layers_per_block=1, sample_rate=512, n_fft=64, hop_length=16)  # fmt: skip
+    vocoder = diffusers.MMAudioVocoder(num_mels=8, upsample_initial_channel=8, upsample_rates=(2,),
+                                       upsample_kernel_sizes=(4,), resblock_kernel_sizes=(3,),
+                                       resblock_dilation_sizes=((1,),))  # fmt: skip
+    return diffusers.Kandinsky6TI2VAPipeline(
+        transformer=build_tiny(MODEL, "transformer"), vae=build_tiny("tiny-kandinsky5", "vae"), text_encoder=None,
+        tokenizer=None, text_encoder_2=None, tokenizer_2=None, scheduler=diffusers.FlowMatchEulerDiscreteScheduler(),
+        audio_vae=audio_vae.eval(), vocoder=vocoder.eval(),
+    )  # fmt: skip
+
+
+PIPELINE_VIDEO_TOKENS = 27
+"""9 frames of 48 x 48: 3 latent frames of 6 x 6, patch (1, 2, 2): 27 video tokens, uneven over 2 ranks."""
+
+
+def _run_pipeline(pipe: Any) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(5)
+    rand = lambda *shape: torch.randn(*shape, generator=g)
+    final: dict[str, torch.Tensor] = {}
+
+    def keep(pipeline, step, timestep, tensors):
+        final.update({k: v.detach().clone() for k, v in tensors.items()})
+        return tensors
+
+    out = pipe(prompt_embeds=rand(1, 7, 16), pooled_prompt_embeds=rand(1, 8), negative_prompt_embeds=rand(1, 7, 16),
+               negative_pooled_prompt_embeds=rand(1, 8), height=48, width=48, num_frames=9, num_inference_steps=2,
+               guidance_scale=2.0, generator=torch.Generator().manual_seed(0), output_type="np",
+               callback_on_step_end=keep, callback_on_step_end_tensor_inputs=["latents", "audio_latents"])  # fmt: skip
+    return {"frames": torch.as_tensor(out.frames), "audio": torch.as_tensor(out.audio)} | final
+
+
+def check_kandinsky6_pipeline(layouts: list[tuple[int, int, int]]) -> dict[str, dict[str, Any]]:
+    """The tiny pipeline parallelized on each layout against this process's unsplit run: max abs errors of the
+    frames, the audio waveform and both final latents, and the largest token count the video self-attention saw."""
+    pipe = kandinsky6_pipeline()
+    reference = _run_pipeline(pipe)
+    results = {}
+    for dp, ring, ulysses in layouts:
+        seen: dict[str, set] = {}
+        handles = _record_lengths(pipe.transformer, seen)
+        try:
+            with parallelize(pipe, init_parallel(ParallelConfig(dp=dp, ring=ring, ulysses=ulysses))):
+                outputs = _run_pipeline(pipe)
+        finally:
+            for h in handles:
+                h.remove()
+        errors = {k: (outputs[k] - ref).abs().max().item() for k, ref in reference.items()}
+        errors |= {"std": {k: ref.std().item() for k, ref in reference.items()}, "seen": {k: sorted(v) for k, v in
+                   seen.items()}, "shapes": {k: tuple(v.shape) for k, v in outputs.items()}}  # fmt: skip
+        results[f"dp{dp}-r{ring}-u{ulysses}"] = errors
+    return results
+
+
+def check_all(layouts: list[tuple[int, int, int]]) -> dict[str, Any]:
+    """One spawned world: the transformer checks, then the pipeline's."""
+    return {"transformer": check_kandinsky6(layouts), "pipeline": check_kandinsky6_pipeline(layouts)}
