@@ -19,9 +19,9 @@ no batch dimension; the same full table for every block) where each module takes
 with ``ca_rope`` (the released checkpoints). The video stream is gathered after the last block (the output layer
 unflattens the whole video); the audio output is whole on every rank. diffusers ships no ``_cp_plan`` for this model.
 
-Guidance: the pipeline makes two calls per step, conditional first, each returning the video and the audio velocity;
-dit-sp's sequential CFG parallelism exchanges one output, so CFG parallelism is refused (guidance runs both calls on
-the same processes, split by sequence). Its VAE is HunyuanVideo's (``AutoencoderKLHunyuanVideo``), split by the
+Guidance: the pipeline makes two calls per step, conditional first, each returning the video and the audio velocity:
+CFG parallelism runs them as a pair (``sequential``), both outputs exchanged (``ModelFamily.cfg_extra_outputs``: the
+audio's placeholder beside the video's). Its VAE is HunyuanVideo's (``AutoencoderKLHunyuanVideo``), split by the
 HunyuanVideo family's VAE plan; the audio VAE and vocoder run whole on every rank.
 
 Refused: ``Kandinsky6SRTransformer3DModel`` (``Kandinsky6SRPipeline``, the super-resolution stage; its own family,
@@ -45,11 +45,11 @@ SR_REFUSAL = (
 )
 """Why ``parallelize`` refuses Kandinsky 6's super-resolution transformer (one line)."""
 
-CFG_REFUSAL = (
-    "Kandinsky6TI2VAPipeline guides with two sequential transformer calls that each return two outputs (video and "
-    "audio velocities), and dit-sp's sequential CFG exchange carries one; run without CFG parallelism (guidance then "
-    "runs both calls on the same processes, split by sequence)"
-)
+
+def _audio_output(model: torch.nn.Module, arguments: dict[str, Any]) -> tuple[tuple[int, ...], ...]:
+    """The audio velocity a call returns after the video's, ``(B, L, out_audio_dim)``: none without audio."""
+    audio = arguments.get("audio_hidden_states")
+    return () if audio is None else ((*audio.shape[:-1], model.config.out_audio_dim),)
 
 
 def _plan(model: torch.nn.Module) -> dict:
@@ -83,8 +83,8 @@ KANDINSKY6 = ModelFamily(
     plan=_plan,
     attention_modules=("visual_transformer_blocks.*.video_dec_block.self_attention",),
     gathered_key_modules=("visual_transformer_blocks.*.av_cross_attention",),
-    cfg_mode="sequential",
-    cfg_refused=CFG_REFUSAL,
+    cfg_mode="sequential",  # two calls a step, conditional first, each returning video and audio
+    cfg_extra_outputs=_audio_output,
     channels_last=True,
     check=_check,
     tiny_models=("tiny-kandinsky6",),

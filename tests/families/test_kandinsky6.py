@@ -1,8 +1,8 @@
 """Kandinsky 6 parallelized against one process: the built-in ``tiny-kandinsky6`` transformer forward and backward on
 1x2 (Ulysses) and 2x1 (ring), with its audio stream (whole on every rank) and without it, 27 video tokens (uneven),
 every output and gradient compared and the split checked (the attention's token counts), and a tiny
-``Kandinsky6TI2VAPipeline`` (video and audio, guided) on both layouts, in one 2-process spawn. And
-the one-line refusals: the SR transformer (NABLA sparse attention), one visual block, CFG parallelism."""
+``Kandinsky6TI2VAPipeline`` (video and audio, guided) on both layouts and CFG parallel, in one 2-process spawn. And
+the one-line refusals: the SR transformer (NABLA sparse attention), one visual block."""
 
 from __future__ import annotations
 
@@ -14,17 +14,17 @@ from kandinsky6_checks import AUDIO_TOKENS, MODEL, PIPELINE_VIDEO_TOKENS, VIDEO_
 from split_errors import assert_matches_one_process
 
 from dit_sp import ParallelConfig, init_parallel, parallelize, spawn
-from dit_sp.errors import ConfigError
 from dit_sp.families import family_of
 from dit_sp.zoo import build_tiny
 
 LAYOUTS = [(1, 1, 2), (1, 2, 1)]
+PIPELINE_LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg": 2}}
 TOL = 1e-5
 
 
 @pytest.fixture(scope="module")
 def results():
-    return spawn(check_all, 2, args=(LAYOUTS,), timeout=300)[0]
+    return spawn(check_all, 2, args=(LAYOUTS, PIPELINE_LAYOUTS), timeout=300)[0]
 
 
 @pytest.mark.slow
@@ -43,17 +43,18 @@ def test_transformer_matches_single_process(results, mode, layout):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: "dp{}-r{}-u{}".format(*layout))
+@pytest.mark.parametrize("layout", list(PIPELINE_LAYOUTS))
 def test_pipeline_matches_single_process(results, layout):
     """``Kandinsky6TI2VAPipeline`` (from prompt embeddings, guided by two calls a step, video and audio): frames, the
-    audio waveform and both final latents within 1e-4 of one process, the video really split."""
-    errors = results["pipeline"]["dp{}-r{}-u{}".format(*layout)]
+    audio waveform and both final latents within 1e-4 of one process, the video really split (cfg2: each guidance
+    branch on one process, the whole video; both outputs exchanged)."""
+    errors = results["pipeline"][layout]
     assert errors["shapes"]["frames"] == (1, 9, 48, 48, 3) and errors["shapes"]["audio_latents"][1] == 6, errors
     for key in ("frames", "audio", "latents", "audio_latents"):
         assert errors["std"][key] > 0.01, f"{key}: not a real output ({errors['std']})"
         assert errors[key] <= 1e-4, f"{key} error {errors[key]:.2e} above 1e-4"
-    assert errors["seen"]["self_attention"] == [-(-PIPELINE_VIDEO_TOKENS // 2)], errors["seen"]
-    assert errors["seen"]["av_keys"] == [-(-PIPELINE_VIDEO_TOKENS // 2)], errors["seen"]
+    tokens = PIPELINE_VIDEO_TOKENS if layout == "cfg2" else -(-PIPELINE_VIDEO_TOKENS // 2)
+    assert errors["seen"] == {"self_attention": [tokens], "av_keys": [tokens]}, errors["seen"]
 
 
 def test_single_process_parallelize_is_exact():
@@ -91,9 +92,18 @@ def test_modes_that_cannot_be_split_are_refused_in_one_line():
         assert not any(type(m).__name__.startswith("SequenceParallel") for m in model.modules())
 
 
-def test_cfg_parallel_is_refused_in_one_line():
-    """The TI2VA pipeline's two guidance calls each return video and audio: cfg=2 is refused before anything runs."""
-    pipe = SimpleNamespace(transformer=build_tiny(MODEL, "transformer"))
-    with pytest.raises(ConfigError, match=r"cfg parallelism \(cfg=2\) .* each return two outputs") as error:
-        parallelize(pipe, SimpleNamespace(cfg=2))
+def test_cfg_parallel_takes_calls_with_return_dict_false_only():
+    """Several outputs (video and audio) come back from the recorded first call as a tuple of placeholders; a call
+    asking for an output object is refused in one line (the pipeline calls with ``return_dict=False``)."""
+    from dit_sp.families import FAMILIES
+    from dit_sp.sp.guidance import GuidancePair
+
+    model = build_tiny(MODEL, "transformer")
+    pair = GuidancePair(SimpleNamespace(cfg_rank=0), next(f for f in FAMILIES if f.name == "kandinsky6"))
+    kwargs = kandinsky6_inputs()
+    video, audio = pair.sequential(model, model.forward, (), kwargs | {"return_dict": False})
+    assert video.shape == (2, 3, 6, 6, 4) and audio.shape == (2, AUDIO_TOKENS, 4) and audio.isnan().all()
+    pair.reset()
+    with pytest.raises(NotImplementedError, match="with several outputs takes calls with return_dict=False") as error:
+        pair.sequential(model, model.forward, (), kwargs)
     assert "\n" not in str(error.value)

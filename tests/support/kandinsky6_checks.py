@@ -160,17 +160,18 @@ def _run_pipeline(pipe: Any) -> dict[str, torch.Tensor]:
     return {"frames": torch.as_tensor(out.frames), "audio": torch.as_tensor(out.audio)} | final
 
 
-def check_kandinsky6_pipeline(layouts: list[tuple[int, int, int]]) -> dict[str, dict[str, Any]]:
-    """The tiny pipeline parallelized on each layout against this process's unsplit run: max abs errors of the
-    frames, the audio waveform and both final latents, and the largest token count the video self-attention saw."""
+def check_kandinsky6_pipeline(layouts: dict[str, dict[str, int]]) -> dict[str, dict[str, Any]]:
+    """The tiny pipeline parallelized on each layout (name: ``ParallelConfig`` degrees) against this process's
+    unsplit run: max abs errors of the frames, the audio waveform and both final latents, and the token counts the
+    video self-attention and the audio-from-video keys saw."""
     pipe = kandinsky6_pipeline()
     reference = _run_pipeline(pipe)
     results = {}
-    for dp, ring, ulysses in layouts:
+    for name, degrees in layouts.items():
         seen: dict[str, set] = {}
         handles = _record_lengths(pipe.transformer, seen)
         try:
-            with parallelize(pipe, init_parallel(ParallelConfig(dp=dp, ring=ring, ulysses=ulysses))):
+            with parallelize(pipe, init_parallel(ParallelConfig(**degrees))):
                 outputs = _run_pipeline(pipe)
         finally:
             for h in handles:
@@ -178,10 +179,10 @@ def check_kandinsky6_pipeline(layouts: list[tuple[int, int, int]]) -> dict[str, 
         errors = {k: (outputs[k] - ref).abs().max().item() for k, ref in reference.items()}
         errors |= {"std": {k: ref.std().item() for k, ref in reference.items()}, "seen": {k: sorted(v) for k, v in
                    seen.items()}, "shapes": {k: tuple(v.shape) for k, v in outputs.items()}}  # fmt: skip
-        results[f"dp{dp}-r{ring}-u{ulysses}"] = errors
+        results[name] = errors
     return results
 
 
-def check_all(layouts: list[tuple[int, int, int]]) -> dict[str, Any]:
+def check_all(layouts: list[tuple[int, int, int]], pipeline_layouts: dict[str, dict[str, int]]) -> dict[str, Any]:
     """One spawned world: the transformer checks, then the pipeline's."""
-    return {"transformer": check_kandinsky6(layouts), "pipeline": check_kandinsky6_pipeline(layouts)}
+    return {"transformer": check_kandinsky6(layouts), "pipeline": check_kandinsky6_pipeline(pipeline_layouts)}
