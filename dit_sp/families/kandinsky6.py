@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
-from dit_sp.families.family import ModelFamily
+from dit_sp.families.family import ModelFamily, generation_defaults
 
 if TYPE_CHECKING:
     import torch
@@ -76,6 +76,12 @@ def _check(model: torch.nn.Module) -> None:
         )
 
 
+def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
+    return vae.get("temporal_compression_ratio", 4), vae.get("spatial_compression_ratio", 8)
+
+
+PIPELINE = "Kandinsky6TI2VAPipeline"
+
 KANDINSKY6 = ModelFamily(
     name="kandinsky6",
     step_cache=False,
@@ -88,6 +94,9 @@ KANDINSKY6 = ModelFamily(
     channels_last=True,
     check=_check,
     tiny_models=("tiny-kandinsky6",),
+    # the pipeline's own defaults: 121 frames of 512 x 768 at 24 fps, 50 steps, guidance 5, 1024 text tokens
+    checkpoint_defaults={PIPELINE: generation_defaults(121, 512, 768, 50, 5.0, 1024) | {"fps": 24}},
+    vae_factors={PIPELINE: _vae_factors},
 )
 
 

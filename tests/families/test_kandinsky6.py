@@ -13,18 +13,32 @@ import torch
 from kandinsky6_checks import AUDIO_TOKENS, MODEL, PIPELINE_VIDEO_TOKENS, VIDEO_TOKENS, check_all, kandinsky6_inputs
 from split_errors import assert_matches_one_process
 
-from dit_sp import ParallelConfig, init_parallel, parallelize, spawn
+from dit_sp import GenerateConfig, ParallelConfig, generate, init_parallel, parallelize, spawn
 from dit_sp.families import family_of
 from dit_sp.zoo import build_tiny
 
 LAYOUTS = [(1, 1, 2), (1, 2, 1)]
 PIPELINE_LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg": 2}}
+GENERATE_LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}
 TOL = 1e-5
 
 
+def _settings(tmp, name: str, **flags) -> GenerateConfig:
+    paths = {"out": str(tmp / f"{name}.mp4"), "save_latents": str(tmp / f"{name}.pt")}
+    return GenerateConfig.load(overrides={"model": MODEL, "verify_inputs": True, **paths, **flags})
+
+
 @pytest.fixture(scope="module")
-def results():
-    return spawn(check_all, 2, args=(LAYOUTS, PIPELINE_LAYOUTS), timeout=300)[0]
+def results(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("kandinsky6")
+    jobs = [_settings(tmp, name, **flags) for name, flags in GENERATE_LAYOUTS.items()]
+    by_rank = spawn(check_all, 2, args=(LAYOUTS, PIPELINE_LAYOUTS, jobs), timeout=300)
+    videos = {}
+    for i, name in enumerate(GENERATE_LAYOUTS):
+        leaders = [r["generate"][i] for r in by_rank if "out" in r["generate"][i]]
+        assert len(leaders) == 1, f"{name}: exactly one rank writes the output"
+        videos[name] = leaders[0]
+    return by_rank[0] | {"single": generate(_settings(tmp, "single"), True), "videos": videos}
 
 
 @pytest.mark.slow
@@ -55,6 +69,21 @@ def test_pipeline_matches_single_process(results, layout):
         assert errors[key] <= 1e-4, f"{key} error {errors[key]:.2e} above 1e-4"
     tokens = PIPELINE_VIDEO_TOKENS if layout == "cfg2" else -(-PIPELINE_VIDEO_TOKENS // 2)
     assert errors["seen"] == {"self_attention": [tokens], "av_keys": [tokens]}, errors["seen"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", list(GENERATE_LAYOUTS))
+def test_generate_matches_single_process(results, layout):
+    """``generate`` with the built-in ``tiny-kandinsky6`` (its text encoders and byte tokenizers, video and audio,
+    guidance 2): frames and latents within 1e-4 of one process, the video really split (cfg2: whole per branch)."""
+    import numpy as np
+
+    reference, report = results["single"], results["videos"][layout]
+    assert reference["frames"].std() > 0.01 and report["frames"].shape == reference["frames"].shape == (9, 48, 48, 3)
+    assert np.abs(report["frames"] - reference["frames"]).max() <= 1e-4
+    assert (torch.load(report["latents"]) - torch.load(reference["latents"])).abs().max() <= 1e-4
+    split = 1 if layout == "cfg2" else 2
+    assert report["attention_tokens"] == -(-PIPELINE_VIDEO_TOKENS // split)
 
 
 def test_single_process_parallelize_is_exact():

@@ -1,8 +1,8 @@
 """Kandinsky 6's tiny transformer (``tiny-kandinsky6``), its inputs and the worker-side check of the parallelized
 model against one process: both outputs (video and audio) and every gradient, with and without the audio stream,
 recording how many tokens each rank's video self-attention and video-to-audio keys really saw; and a tiny
-``Kandinsky6TI2VAPipeline`` (from prompt embeddings: its Qwen2.5-VL and CLIP text encoders are left out; HunyuanVideo's
-VAE, split; a tiny MMAudio VAE and vocoder, whole on every rank), video and audio, parallelized against one process.
+``Kandinsky6TI2VAPipeline`` (the built-in one, called with prompt embeddings; HunyuanVideo's VAE, split; a tiny MMAudio
+VAE and vocoder, whole on every rank), video and audio, parallelized against one process, and ``generate`` runs.
 
 The inputs are what ``Kandinsky6TI2VAPipeline`` passes with a reference image: 2 latent frames and the clean image
 frame appended as a third (token type 1, rotary position 0 again), 6 x 6 latents at patch (1, 2, 2): 3 x 3 x 3 = 27
@@ -122,22 +122,10 @@ def check_kandinsky6(layouts: list[tuple[int, int, int]]) -> dict[str, dict]:
 
 
 def kandinsky6_pipeline() -> Any:
-    """A tiny ``Kandinsky6TI2VAPipeline`` run from prompt embeddings (no text encoders or tokenizers): the built-in
-    ``tiny-kandinsky6`` transformer, ``tiny-kandinsky5``'s HunyuanVideo VAE (x8 in space, x4 in time), and a tiny
-    MMAudio VAE and vocoder (512 Hz audio: 6 audio latents for 9 frames at 24 fps)."""
-    import diffusers
-
-    torch.manual_seed(0)
-    audio_vae = diffusers.MMAudioVAE(mel_bins=8, latent_channels=4, hidden_channels=8, channel_multipliers=(1,),
-                                     layers_per_block=1, sample_rate=512, n_fft=64, hop_length=16)  # fmt: skip
-    vocoder = diffusers.MMAudioVocoder(num_mels=8, upsample_initial_channel=8, upsample_rates=(2,),
-                                       upsample_kernel_sizes=(4,), resblock_kernel_sizes=(3,),
-                                       resblock_dilation_sizes=((1,),))  # fmt: skip
-    return diffusers.Kandinsky6TI2VAPipeline(
-        transformer=build_tiny(MODEL, "transformer"), vae=build_tiny("tiny-kandinsky5", "vae"), text_encoder=None,
-        tokenizer=None, text_encoder_2=None, tokenizer_2=None, scheduler=diffusers.FlowMatchEulerDiscreteScheduler(),
-        audio_vae=audio_vae.eval(), vocoder=vocoder.eval(),
-    )  # fmt: skip
+    """The built-in tiny ``Kandinsky6TI2VAPipeline`` (``tiny-kandinsky6``: HunyuanVideo's VAE, x8 in space, x4 in time;
+    a tiny MMAudio VAE and vocoder, 512 Hz audio: 6 audio latents for 9 frames at 24 fps), run below from prompt
+    embeddings."""
+    return build_tiny(MODEL)
 
 
 PIPELINE_VIDEO_TOKENS = 27
@@ -183,6 +171,33 @@ def check_kandinsky6_pipeline(layouts: dict[str, dict[str, int]]) -> dict[str, d
     return results
 
 
-def check_all(layouts: list[tuple[int, int, int]], pipeline_layouts: dict[str, dict[str, int]]) -> dict[str, Any]:
-    """One spawned world: the transformer checks, then the pipeline's."""
-    return {"transformer": check_kandinsky6(layouts), "pipeline": check_kandinsky6_pipeline(pipeline_layouts)}
+def _record_video_tokens(seen: dict[str, int]) -> Any:
+    """A global forward hook (this worker only) recording the token count of the outputs of the USP-routed (video
+    self-attention) modules: what ``generate``'s pipeline really computed."""
+
+    def hook(module, args, output):
+        processor = getattr(module, "processor", None)
+        routed = type(processor).__name__.startswith("SequenceParallel")
+        if routed and not processor._dit_sp_gather_keys:
+            seen["tokens"] = max(seen.get("tokens", 0), output.shape[1])
+
+    return torch.nn.modules.module.register_module_forward_hook(hook)
+
+
+def check_all(layouts: list[tuple[int, int, int]], pipeline_layouts: dict[str, dict[str, int]],
+              jobs: list[Any]) -> dict[str, Any]:  # fmt: skip
+    """One spawned world: the transformer checks, the pipeline's, then ``generate`` for each job (a
+    ``GenerateConfig``), with the video self-attention's token count of each."""
+    from dit_sp import generate
+
+    results = {"transformer": check_kandinsky6(layouts), "pipeline": check_kandinsky6_pipeline(pipeline_layouts),
+               "generate": []}  # fmt: skip
+    for settings in jobs:
+        seen: dict[str, int] = {}
+        handle = _record_video_tokens(seen)
+        try:
+            report = generate(settings, True)
+        finally:
+            handle.remove()
+        results["generate"].append(report | {"attention_tokens": seen.get("tokens")})
+    return results
