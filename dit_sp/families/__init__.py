@@ -19,6 +19,7 @@ from dit_sp.families.hunyuan_video import HUNYUAN_VIDEO
 from dit_sp.families.hunyuan_video15 import HUNYUAN_VIDEO15
 from dit_sp.families.hunyuan_video_framepack import HUNYUAN_VIDEO_FRAMEPACK
 from dit_sp.families.kandinsky5 import KANDINSKY5
+from dit_sp.families.kandinsky6 import KANDINSKY6, KANDINSKY6_SR
 from dit_sp.families.latte import LATTE
 from dit_sp.families.ltx import LTX
 from dit_sp.families.ltx2 import LTX2
@@ -43,8 +44,7 @@ FAMILIES: tuple[ModelFamily, ...] = (
     LTX, MOCHI, LTX2, EASYANIMATE, ALLEGRO,
     SKYREELS_V2, WAN_VACE, CHRONOEDIT, HUNYUAN_VIDEO15, HUNYUAN_VIDEO_FRAMEPACK, ANYFLOW,
     KANDINSKY5, MOTIF_VIDEO, COSMOS, MINIMAX_H3, HELIOS,
-    LATTE, WAN_ANIMATE, SANA_VIDEO, COSMOS3,
-    CONSISID,
+    LATTE, WAN_ANIMATE, SANA_VIDEO, COSMOS3, CONSISID, KANDINSKY6, KANDINSKY6_SR,
     *REFUSED,
 )  # fmt: skip
 

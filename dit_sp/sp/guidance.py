@@ -25,6 +25,8 @@ class GuidancePair:
     unconditional one), the two results are exchanged, and the placeholder is filled in place.
     ``batched`` pipelines call once on ``[unconditional, conditional]``: each rank runs its half (of every
     output: LTX-2 gives video and audio).
+    A family whose calls return several outputs (Kandinsky 6: video and audio) names the shapes of the later ones
+    (``ModelFamily.cfg_extra_outputs``): each gets its placeholder, and every output is exchanged.
     The recorded call runs in the step-cache context it was made in (``cond``), so each branch's cache
     keeps its own state, as in one process.
     """
@@ -51,9 +53,12 @@ class GuidancePair:
                 channels = model.config.get("out_channels") or hidden.shape[1]
                 shape = (hidden.shape[0], channels, *hidden.shape[2:])
             placeholder = hidden.new_full(shape, float("nan"))
-            self.pending = (forward, args, kwargs, placeholder, cache_context_of(model))
+            extra = self._extra_placeholders(model, forward, args, kwargs)
+            self.pending = (forward, args, kwargs, (placeholder, *extra), cache_context_of(model))
+            if extra:
+                return (placeholder, *extra)
             return (placeholder,) if not kwargs.get("return_dict", True) else Transformer2DModelOutput(placeholder)
-        cond_forward, cond_args, cond_kwargs, placeholder, cond_context = self.pending
+        cond_forward, cond_args, cond_kwargs, placeholders, cond_context = self.pending
         self.pending = None
         if self.parallel.cfg_rank == 0:
             context = cache_context_of(model)
@@ -64,11 +69,31 @@ class GuidancePair:
                 set_cache_context(model, context)
         else:
             out = forward(*args, **kwargs)
-        cond, uncond = self._exchange(first_output(out))
-        if cond.shape != placeholder.shape:
-            raise RuntimeError(f"guidance branch output {tuple(cond.shape)} != expected {tuple(placeholder.shape)}")
-        placeholder.copy_(cond)
-        return output_like(out, uncond)
+        outputs = list(out) if len(placeholders) > 1 else [first_output(out)]
+        if len(outputs) != len(placeholders):
+            raise RuntimeError(f"guidance branch returned {len(outputs)} outputs, expected {len(placeholders)}")
+        unconditional = []
+        for mine, placeholder in zip(outputs, placeholders):
+            cond, uncond = self._exchange(mine)
+            if cond.shape != placeholder.shape:
+                raise RuntimeError(f"guidance branch output {tuple(cond.shape)} != expected {tuple(placeholder.shape)}")
+            placeholder.copy_(cond)
+            unconditional.append(uncond)
+        return output_like(out, unconditional[0]) if len(placeholders) == 1 else tuple(unconditional)
+
+    def _extra_placeholders(self, model: torch.nn.Module, forward, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+        """NaN placeholders of the outputs after the first (``ModelFamily.cfg_extra_outputs``), for a tuple-returning
+        call (``return_dict=False``, as the pipelines that have them call)."""
+        if self.family.cfg_extra_outputs is None:
+            return []
+        arguments = inspect.signature(forward).bind(*args, **kwargs).arguments
+        shapes = self.family.cfg_extra_outputs(model, arguments)
+        if shapes and kwargs.get("return_dict", True):
+            raise NotImplementedError(
+                f"cfg parallelism for {type(model).__name__} with several outputs takes calls with return_dict=False"
+            )
+        hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        return [hidden.new_full(shape, float("nan")) for shape in shapes]
 
     def batched(self, forward, args: tuple, kwargs: dict) -> Any:
         bound = inspect.signature(forward).bind(*args, **kwargs)

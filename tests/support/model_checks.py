@@ -43,6 +43,10 @@ def model_inputs(family: str, batch: int = 2) -> dict:
         from consisid_checks import consisid_inputs
 
         return consisid_inputs(batch)
+    if family == "tiny-kandinsky6":  # video (27 tokens, an image frame appended) and audio
+        from kandinsky6_checks import kandinsky6_inputs
+
+        return kandinsky6_inputs(batch)
     if family.startswith("tiny-sana-video"):
         from sana_video_checks import builtin_inputs
 

@@ -1,0 +1,118 @@
+"""Kandinsky 6 (``Kandinsky6Transformer3DModel``; ``Kandinsky6TI2VAPipeline``: text and image to video and audio).
+
+Latents are channels-last, ``(B, F, H, W, C)``. The text runs through two encoder branches first (one for the video
+stream, one for the audio stream; text only, replicated on every rank, local). Each fused block then carries two
+streams: the video tokens, flattened ``(B, S, C)`` inside the model's forward, and the audio tokens ``(B, L, C)``.
+The video is split over the sequence-parallel ranks; the audio is NOT (short: a latent per 1024 samples of 44.1 kHz
+audio, and every audio token attends to every video token), so each rank keeps the whole audio and runs the audio
+path as one process does, as LTX-2's family does:
+
+- ``video_dec_block.self_attention`` (video self-attention) runs through USP;
+- ``video_dec_block.cross_attention`` / ``audio_dec_block.cross_attention`` (text), ``audio_dec_block.self_attention``
+  (the whole audio) and ``va_cross_attention`` (this rank's video queries over the whole audio) stay local;
+- ``av_cross_attention`` (the whole audio's queries over the split video) gathers its video keys and values
+  (``ModelFamily.gathered_key_modules``), so its result is the one-process result on every rank.
+
+The plan splits the video tokens where the first block takes them and the video rotary table (``(S, 1, D/2, 2, 2)``,
+no batch dimension; the same full table for every block) where each module takes it: the video self-attention's
+``rotary_emb``, ``va_cross_attention``'s queries (``rope_q``) and ``av_cross_attention``'s keys (``rope_kv``), used
+with ``ca_rope`` (the released checkpoints). The video stream is gathered after the last block (the output layer
+unflattens the whole video); the audio output is whole on every rank. diffusers ships no ``_cp_plan`` for this model.
+
+Guidance: the pipeline makes two calls per step, conditional first, each returning the video and the audio velocity:
+CFG parallelism runs them as a pair (``sequential``), both outputs exchanged (``ModelFamily.cfg_extra_outputs``: the
+audio's placeholder beside the video's). Its VAE is HunyuanVideo's (``AutoencoderKLHunyuanVideo``), split by the
+HunyuanVideo family's VAE plan; the audio VAE and vocoder run whole on every rank.
+
+Refused: ``Kandinsky6SRTransformer3DModel`` (``Kandinsky6SRPipeline``, the super-resolution stage; its own family,
+``KANDINSKY6_SR``): see ``SR_REFUSAL``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from dit_sp._compat import context_parallel_types
+from dit_sp.families.family import ModelFamily, generation_defaults
+
+if TYPE_CHECKING:
+    import torch
+
+SR_REFUSAL = (
+    "Kandinsky 6 SR (Kandinsky6SRTransformer3DModel) computes NABLA sparse attention through flex attention with a "
+    "BlockMask built from the pooled queries and keys of the whole video sequence (not torch SDPA, which dit-sp "
+    "routes), so a rank holding part of the sequence cannot build it; run the super-resolution stage on one process"
+)
+"""Why ``parallelize`` refuses Kandinsky 6's super-resolution transformer (one line)."""
+
+
+def _audio_output(model: torch.nn.Module, arguments: dict[str, Any]) -> tuple[tuple[int, ...], ...]:
+    """The audio velocity a call returns after the video's, ``(B, L, out_audio_dim)``: none without audio."""
+    audio = arguments.get("audio_hidden_states")
+    return () if audio is None else ((*audio.shape[:-1], model.config.out_audio_dim),)
+
+
+def _plan(model: torch.nn.Module) -> dict:
+    cp_input, cp_output = context_parallel_types()
+    blocks = len(model.visual_transformer_blocks)
+    rope = cp_input(split_dim=0, expected_dims=5)  # (S, 1, D/2, 2, 2): the video table, for every block whole
+    plan: dict[str, Any] = {}
+    for i in range(blocks):
+        block = f"visual_transformer_blocks.{i}"
+        plan[f"{block}.video_dec_block.self_attention"] = {"rotary_emb": rope}
+        plan[f"{block}.va_cross_attention"] = {"rope_q": rope}  # video queries (ca_rope); keys: the whole audio
+        plan[f"{block}.av_cross_attention"] = {"rope_kv": rope}  # video keys (ca_rope); queries: the whole audio
+    plan["visual_transformer_blocks.0"] = {"vis": cp_input(split_dim=1, expected_dims=3)}
+    # the block returns (video, audio): gather the video, the audio is whole already
+    plan[f"visual_transformer_blocks.{blocks - 1}"] = [cp_output(gather_dim=1, expected_dims=3), None]
+    return plan
+
+
+def _check(model: torch.nn.Module) -> None:
+    if len(model.visual_transformer_blocks) < 2:
+        raise NotImplementedError(
+            "Kandinsky 6 with one visual block: the split (at the first block) and the gather (after the last) "
+            "need two blocks; use num_visual_blocks >= 2"
+        )
+
+
+def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
+    return vae.get("temporal_compression_ratio", 4), vae.get("spatial_compression_ratio", 8)
+
+
+PIPELINE = "Kandinsky6TI2VAPipeline"
+
+KANDINSKY6 = ModelFamily(
+    name="kandinsky6",
+    step_cache=False,
+    class_names=("Kandinsky6Transformer3DModel",),
+    plan=_plan,
+    attention_modules=("visual_transformer_blocks.*.video_dec_block.self_attention",),
+    gathered_key_modules=("visual_transformer_blocks.*.av_cross_attention",),
+    cfg_mode="sequential",  # two calls a step, conditional first, each returning video and audio
+    cfg_extra_outputs=_audio_output,
+    channels_last=True,
+    check=_check,
+    tiny_models=("tiny-kandinsky6",),
+    # the pipeline's own defaults: 121 frames of 512 x 768 at 24 fps, 50 steps, guidance 5, 1024 text tokens
+    checkpoint_defaults={PIPELINE: generation_defaults(121, 512, 768, 50, 5.0, 1024) | {"fps": 24}},
+    vae_factors={PIPELINE: _vae_factors},
+)
+
+
+def _refuse_sr(model: torch.nn.Module) -> None:
+    raise NotImplementedError(SR_REFUSAL)
+
+
+KANDINSKY6_SR = ModelFamily(
+    name="kandinsky6_sr",
+    step_cache=False,
+    class_names=("Kandinsky6SRTransformer3DModel",),
+    plan=lambda model: {},
+    attention_modules=(),
+    check=_refuse_sr,
+    cfg_refused=SR_REFUSAL,
+    refused={"Kandinsky6SRTransformer3DModel": SR_REFUSAL},
+)
+"""Kandinsky 6's super-resolution stage, a family of its own so that its pipeline and VAE (``Kandinsky6SRVAE``, which
+only that pipeline uses) are shown as refused with the transformer, not as a leader decode of a split family."""
