@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types, install_cosmos_resize
 from dit_sp.errors import ConfigError
-from dit_sp.families.family import ModelFamily, generation_defaults, no_grad
+from dit_sp.families.family import ModelFamily, generation_defaults
 from dit_sp.families.policy import DiffusersPolicy
 
 if TYPE_CHECKING:
@@ -50,17 +50,6 @@ class Cosmos25Policy(DiffusersPolicy):
             raise ConfigError("Cosmos-Predict2.5 GRPO trains text-to-world only: image- and video-to-world condition "
                               "frames are not part of its policy; give prompts without images")  # fmt: skip
         return super().encode(prompts)
-
-    @no_grad
-    def _encode(self, prompts: list[str]) -> tuple[Tensor, Tensor | None]:
-        positive, negative = self.pipe.encode_prompt(
-            prompt=prompts,
-            negative_prompt=[self.negative_prompt] * len(prompts),
-            do_classifier_free_guidance=self.guided,
-            max_sequence_length=self.max_sequence_length,
-            device=self.device,
-        )
-        return positive, negative if self.guided else None
 
     def _guide(self, uncond: Tensor, cond: Tensor, guidance: float) -> Tensor:
         return cond + guidance * (cond - uncond)

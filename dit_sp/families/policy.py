@@ -126,7 +126,7 @@ class DiffusersPolicy:
             max_sequence_length=self.max_sequence_length,
             device=self.device,
         )
-        return positive, negative
+        return positive, negative if self.guided else None
 
     def text_settings(self) -> dict[str, Any]:
         """What, beside the model and the prompt, the conditioning depends on."""

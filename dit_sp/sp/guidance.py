@@ -84,7 +84,7 @@ class GuidancePair:
     def _extra_placeholders(self, model: torch.nn.Module, forward, args: tuple, kwargs: dict) -> list[torch.Tensor]:
         """NaN placeholders of the outputs after the first (``ModelFamily.cfg_extra_outputs``), for a tuple-returning
         call (``return_dict=False``, as the pipelines that have them call)."""
-        if self.family.cfg_extra_outputs is None:
+        if self.family is None or self.family.cfg_extra_outputs is None:  # no family: one output
             return []
         arguments = inspect.signature(forward).bind(*args, **kwargs).arguments
         shapes = self.family.cfg_extra_outputs(model, arguments)
