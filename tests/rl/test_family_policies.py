@@ -45,6 +45,14 @@ def euler(policy, noise: torch.Tensor, levels: list[float], prompt: str) -> torc
     return x
 
 
+def assert_euler_is_stock(policy, noise: torch.Tensor, pipe, stock: torch.Tensor, prompt: str = "a red circle") -> None:
+    """The policy's Euler ODE through the scheduler's own sigmas equals the stock pipeline's latents ``stock`` (of a
+    real scale) within 1e-5."""
+    ours = euler(policy, noise, pipe.scheduler.sigmas[:-1].tolist(), prompt)
+    assert stock.abs().max() > 1
+    torch.testing.assert_close(ours, stock, atol=1e-5, rtol=0)
+
+
 @pytest.mark.slow  # runs the stock pipeline
 @torch.no_grad()
 def test_cogvideox_policy_ode_is_the_pipelines_ddim():
@@ -101,9 +109,7 @@ def test_hunyuanvideo15_policy_ode_is_the_pipelines(hunyuanvideo15):
     stock = pipe(prompt=prompt, negative_prompt="", num_frames=5, height=32, width=48, num_inference_steps=2,
                  latents=noise.clone(), output_type="latent").frames  # fmt: skip
     pipe.scheduler.set_timesteps(sigmas=[1.0, 0.5])  # the pipeline's sigmas, shifted by its scheduler
-    ours = euler(policy, noise, pipe.scheduler.sigmas[:-1].tolist(), prompt)
-    assert stock.abs().max() > 1
-    torch.testing.assert_close(ours, stock, atol=1e-5, rtol=0)
+    assert_euler_is_stock(policy, noise, pipe, stock, prompt)
 
 
 @pytest.mark.slow  # runs the stock pipeline
@@ -161,9 +167,7 @@ def test_skyreels_v2_policy_ode_is_the_pipelines():
     settings = {"num_frames": 9, "height": 48, "width": 32, "num_inference_steps": 3, "guidance_scale": 6.0}
     stock = pipe(prompt="a red circle", negative_prompt="", latents=noise.clone(), output_type="latent",
                  max_sequence_length=16, **settings).frames  # fmt: skip
-    ours = euler(policy, noise, pipe.scheduler.sigmas[:-1].tolist(), "a red circle")
-    assert stock.abs().max() > 1
-    torch.testing.assert_close(ours, stock, atol=1e-5, rtol=0)
+    assert_euler_is_stock(policy, noise, pipe, stock)
 
 
 @pytest.mark.slow  # runs the stock pipeline
@@ -182,9 +186,7 @@ def test_cosmos25_policy_ode_is_the_pipelines():
     settings = {"num_frames": 9, "height": 32, "width": 32, "num_inference_steps": 3, "guidance_scale": 3.0}
     stock = pipe(prompt="a red circle", negative_prompt="", max_sequence_length=160, latents=noise.clone(),
                  output_type="latent", **settings).frames  # fmt: skip
-    ours = euler(policy, noise, pipe.scheduler.sigmas[:-1].tolist(), "a red circle")
-    assert stock.abs().max() > 1
-    torch.testing.assert_close(ours, stock, atol=1e-5, rtol=0)
+    assert_euler_is_stock(policy, noise, pipe, stock)
     with pytest.raises(ValueError, match="^Cosmos-Predict2.5 GRPO trains text-to-world only: image- and video-to-"):
         policy.encode(["a red circle"], ["frame.png"])
 
