@@ -171,33 +171,12 @@ def check_kandinsky6_pipeline(layouts: dict[str, dict[str, int]]) -> dict[str, d
     return results
 
 
-def _record_video_tokens(seen: dict[str, int]) -> Any:
-    """A global forward hook (this worker only) recording the token count of the outputs of the USP-routed (video
-    self-attention) modules: what ``generate``'s pipeline really computed."""
-
-    def hook(module, args, output):
-        processor = getattr(module, "processor", None)
-        routed = type(processor).__name__.startswith("SequenceParallel")
-        if routed and not processor._dit_sp_gather_keys:
-            seen["tokens"] = max(seen.get("tokens", 0), output.shape[1])
-
-    return torch.nn.modules.module.register_module_forward_hook(hook)
-
-
 def check_all(layouts: list[tuple[int, int, int]], pipeline_layouts: dict[str, dict[str, int]],
               jobs: list[Any]) -> dict[str, Any]:  # fmt: skip
     """One spawned world: the transformer checks, the pipeline's, then ``generate`` for each job (a
-    ``GenerateConfig``), with the video self-attention's token count of each."""
-    from dit_sp import generate
+    ``GenerateConfig``), with the video self-attention's token count of each (not the attention that gathers the
+    video's keys for the whole audio)."""
+    from kandinsky_cosmos_checks import generate_counting_tokens
 
-    results = {"transformer": check_kandinsky6(layouts), "pipeline": check_kandinsky6_pipeline(pipeline_layouts),
-               "generate": []}  # fmt: skip
-    for settings in jobs:
-        seen: dict[str, int] = {}
-        handle = _record_video_tokens(seen)
-        try:
-            report = generate(settings, True)
-        finally:
-            handle.remove()
-        results["generate"].append(report | {"attention_tokens": seen.get("tokens")})
-    return results
+    return {"transformer": check_kandinsky6(layouts), "pipeline": check_kandinsky6_pipeline(pipeline_layouts),
+            "generate": generate_counting_tokens(jobs, gathered_keys=False)}  # fmt: skip

@@ -232,35 +232,43 @@ def check_families(names: list[str], layouts: list[tuple[int, int, int]]) -> dic
     return results
 
 
-def _record_routed_lengths(seen: dict[str, int]) -> Any:
+def _record_routed_lengths(seen: dict[str, int], gathered_keys: bool = True) -> Any:
     """A global forward hook (this worker only) recording the largest token count of the output of any attention
-    module with a sequence-parallel processor: what the pipelines' attention really computed."""
+    module with a sequence-parallel processor (``gathered_keys``: those that gather their keys too): what the
+    pipelines' attention really computed."""
 
     def hook(module, args, output):
         processor = getattr(module, "processor", None)
-        if processor is not None and type(processor).__name__.startswith("SequenceParallel"):
+        routed = processor is not None and type(processor).__name__.startswith("SequenceParallel")
+        if routed and (gathered_keys or not processor._dit_sp_gather_keys):
             hidden = output[0] if isinstance(output, (tuple, list)) else output
             seen["tokens"] = max(seen.get("tokens", 0), hidden.shape[1])
 
     return torch.nn.modules.module.register_module_forward_hook(hook)
 
 
-def run_family_matrix(names: list[str], layouts: list[tuple[int, int, int]], jobs: list[Any]) -> dict[str, Any]:
-    """One spawned world: the transformer checks (``check_families``), then ``generate`` for each job (a
-    ``GenerateConfig``), with the attention's largest token count of each."""
+def generate_counting_tokens(jobs: list[Any], gathered_keys: bool = True) -> list[dict[str, Any]]:
+    """``generate``'s report for each job (a ``GenerateConfig``), with ``attention_tokens``: the largest token count
+    a sequence-parallel attention module computed (``_record_routed_lengths``)."""
     from dit_sp import generate
 
-    results: dict[str, Any] = {"transformers": check_families(names, layouts), "videos": [],
-                               "motif_video": check_motif_video_pipeline(layouts)}  # fmt: skip
+    reports = []
     for settings in jobs:
         seen: dict[str, int] = {}
-        handle = _record_routed_lengths(seen)
+        handle = _record_routed_lengths(seen, gathered_keys)
         try:
             report = generate(settings, True)
         finally:
             handle.remove()
-        results["videos"].append(report | {"attention_tokens": seen.get("tokens")})
-    return results
+        reports.append(report | {"attention_tokens": seen.get("tokens")})
+    return reports
+
+
+def run_family_matrix(names: list[str], layouts: list[tuple[int, int, int]], jobs: list[Any]) -> dict[str, Any]:
+    """One spawned world: the transformer checks (``check_families``), then ``generate`` for each job (a
+    ``GenerateConfig``), with the attention's largest token count of each."""
+    return {"transformers": check_families(names, layouts), "motif_video": check_motif_video_pipeline(layouts),
+            "videos": generate_counting_tokens(jobs)}  # fmt: skip
 
 
 def motif_video_pipeline() -> Any:
