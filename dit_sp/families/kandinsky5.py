@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from dit_sp._compat import context_parallel_types
 from dit_sp.errors import ConfigError
 from dit_sp.families.family import ModelFamily, generation_defaults, no_grad
+from dit_sp.families.hunyuan_video import hunyuan_video_vae_factors
 from dit_sp.families.policy import DiffusersPolicy
 
 if TYPE_CHECKING:
@@ -123,10 +124,6 @@ def _check(model: torch.nn.Module) -> None:
         )
 
 
-def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
-    return vae.get("temporal_compression_ratio", 4), vae.get("spatial_compression_ratio", 8)
-
-
 I2V_LATENT_FRAMES = 5
 """Latent frames Kandinsky 5's image-to-video pipeline needs at least: it renormalises the first 4 against the ones
 after them (``normalize_first_frame``), and with none after them the statistics are NaN (so is the video)."""
@@ -208,7 +205,8 @@ KANDINSKY5 = ModelFamily(
     tiny_models=("tiny-kandinsky5", "tiny-kandinsky5-i2v", "tiny-kandinsky5-t2i", "tiny-kandinsky5-i2i"),
     checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(121, 512, 768, 50, 5.0, 512) | {"fps": 24})
     | dict.fromkeys(IMAGE_PIPELINES, generation_defaults(1, 1024, 1024, 50, 3.5, 512)),
-    vae_factors=dict.fromkeys(PIPELINES, _vae_factors) | dict.fromkeys(IMAGE_PIPELINES, _image_vae_factors),
+    vae_factors=dict.fromkeys(PIPELINES, hunyuan_video_vae_factors)
+    | dict.fromkeys(IMAGE_PIPELINES, _image_vae_factors),
     architectures=_ARCHITECTURES,
     pipelines=("Kandinsky5T2VPipeline",),
     policy=Kandinsky5Policy,

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
 from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.families.hunyuan_video import hunyuan_video_vae_factors
 
 if TYPE_CHECKING:
     import torch
@@ -76,10 +77,6 @@ def _check(model: torch.nn.Module) -> None:
         )
 
 
-def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
-    return vae.get("temporal_compression_ratio", 4), vae.get("spatial_compression_ratio", 8)
-
-
 PIPELINE = "Kandinsky6TI2VAPipeline"
 
 KANDINSKY6 = ModelFamily(
@@ -96,7 +93,7 @@ KANDINSKY6 = ModelFamily(
     tiny_models=("tiny-kandinsky6",),
     # the pipeline's own defaults: 121 frames of 512 x 768 at 24 fps, 50 steps, guidance 5, 1024 text tokens
     checkpoint_defaults={PIPELINE: generation_defaults(121, 512, 768, 50, 5.0, 1024) | {"fps": 24}},
-    vae_factors={PIPELINE: _vae_factors},
+    vae_factors={PIPELINE: hunyuan_video_vae_factors},
 )
 
 
