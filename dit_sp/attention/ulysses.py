@@ -13,13 +13,13 @@ otherwise), which attention reads as it is. No stacked, padded or reshaped copie
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from dit_sp.parallel.comm import all_gather, exchange_chunks
+from dit_sp.parallel.comm import all_gather, exchange_chunks, true_length
 from dit_sp.parallel.state import ParallelState
 
 Tensor = torch.Tensor
@@ -139,3 +139,43 @@ def all_heads(x: Tensor, parallel: ParallelState) -> Tensor:
     """Every head group of a ``(B, T, H_pad/U, D)`` tensor computed per rank -> ``(B, T, H_pad, D)`` on
     every rank. Backward sums the copies' gradients (exact adjoint of the replication)."""
     return all_gather(x, parallel.ulysses_group, dim=-2, grad="sum")
+
+
+def head_group(heads: int, parallel: ParallelState) -> slice:
+    """The real heads (of ``heads``) in this rank's Ulysses head group, for per-head parameters (a decay, a gate)
+    that an ``attend_whole_sequence`` function applies: the group's padding heads, if any, lie past its end."""
+    group = padded_heads(heads, parallel) // parallel.ulysses
+    start = min(parallel.ulysses_rank * group, heads)
+    return slice(start, min(start + group, heads))
+
+
+def attend_whole_sequence(
+    attend: Callable[..., Tensor], tensors: Sequence[Tensor], parallel: ParallelState, seq_len: int | None = None
+) -> Tensor:
+    """Run ``attend``, any attention that treats heads independently (a flex-attention block mask, a sparse mask
+    built from the queries and keys, a recurrent scan over the sequence), over the whole sequence under Ulysses.
+
+    Args:
+        attend: takes the tensors as ``(B, S, H_pad/U, *)``, the whole sequence (``S = seq_len``, the shards'
+            padding cut off) of this rank's head group (``head_group``; zero-padded heads behind the real ones
+            when ``U`` does not divide ``H``), and returns ``(B, S, H_pad/U, D_out)``.
+        tensors: this rank's shards ``(B, S_local, H, D)``, one shape (e.g. q, k, v), sent in one all-to-all.
+        seq_len: the true length of the split sequence (required when ``sp > 1``, as for ``usp_attention``).
+
+    Returns:
+        This rank's output shard ``(B, S_local, H, D_out)``. Exact for Ulysses alone: with a ring, a rank would
+        hold one block of keys, which such an attention cannot be told about, so ``ring > 1`` raises.
+    """
+    if parallel.ring > 1:
+        raise NotImplementedError(
+            "this attention (not plain softmax attention over the sequence) is exact under Ulysses alone, where "
+            f"every rank holds the whole sequence of its heads; use ring 1 (got ring {parallel.ring})"
+        )
+    local_len = tensors[0].shape[1]
+    seq_len = true_length(seq_len, local_len, parallel, "attend_whole_sequence")
+    blocks = scatter_heads(tensors, parallel)
+    out = attend(*(block[:, :seq_len] for block in blocks))
+    padding = blocks[0].shape[1] - seq_len
+    if padding:  # the shards' padding positions get zeros, which gather_heads sends back to be dropped
+        out = torch.cat([out, out.new_zeros(out.shape[0], padding, *out.shape[2:])], 1)
+    return gather_heads(out, parallel, tensors[0].shape[2])
