@@ -79,6 +79,24 @@ def _check(model: torch.nn.Module) -> None:
 
 PIPELINE = "Kandinsky6TI2VAPipeline"
 
+_ARCHITECTURES = {
+    # Kandinsky 6.0 Pro (kandinskylab/Kandinsky-6.0-Pro-sft-5s-Diffusers and -distill-5s-): the transformer's defaults
+    # with the release switches on, and its audio stream's widths (model_dim_a 2048, ff_dim_a 7168); the meta-device
+    # count is 3.01e10 parameters (published: 29B). Its text encoders are Kandinsky 5's (Qwen2.5-VL 7B and CLIP-L), its
+    # VAE HunyuanVideo's; the audio stream (a few hundred tokens beside ~47k video tokens) is not counted in the
+    # activations.
+    "kandinsky-6.0-pro": {
+        "transformers": {"transformer": ("Kandinsky6Transformer3DModel", {
+            "in_visual_dim": 16, "out_visual_dim": 16, "in_text_dim": 3584, "in_text_dim2": 768, "time_dim": 1024,
+            "patch_size": [1, 2, 2], "model_dim": 4096, "ff_dim": 16384, "num_text_blocks": 4, "num_visual_blocks": 60,
+            "axes_dims": [32, 48, 48], "visual_cond": True, "model_dim_a": 2048, "time_dim_a": 1024, "ff_dim_a": 7168,
+            "text_token_padding": True, "ca_rope": True, "cross_gates": True, "fix_modulation": True,
+            "visual_token_type_num_embeddings": 2})},
+        "text_encoders": 8.29e9 + 123e6, "vae": 246e6, "compression": (4, 8), "text_tokens": 1024, "joint": False,
+    },
+}  # fmt: skip
+"""The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
+
 KANDINSKY6 = ModelFamily(
     name="kandinsky6",
     step_cache=False,
@@ -94,6 +112,7 @@ KANDINSKY6 = ModelFamily(
     # the pipeline's own defaults: 121 frames of 512 x 768 at 24 fps, 50 steps, guidance 5, 1024 text tokens
     checkpoint_defaults={PIPELINE: generation_defaults(121, 512, 768, 50, 5.0, 1024) | {"fps": 24}},
     vae_factors={PIPELINE: hunyuan_video_vae_factors},
+    architectures=_ARCHITECTURES,
 )
 
 

@@ -1,6 +1,6 @@
-"""The bundled generate configs of EasyAnimate V5.1 12B, Allegro, HunyuanVideo-1.5 480p, Helios 14B and the variant
-pipelines' checkpoints (Lucy Edit Dev, SkyReels-V1 HunyuanVideo I2V, Kandinsky 5.0 I2V Pro) and MiniMax-H3 (Modular
-Diffusers; its packed sequence counted with MiniMax-H3's 17 n + 5 -> 5 n + 2 frames): each loads as
+"""The bundled generate configs of EasyAnimate V5.1 12B, Allegro, HunyuanVideo-1.5 480p, Helios 14B, the variant
+pipelines' checkpoints (Lucy Edit Dev, SkyReels-V1 HunyuanVideo I2V, Kandinsky 5.0 I2V Pro), Kandinsky 6.0 Pro and
+MiniMax-H3 (Modular Diffusers; its packed sequence counted with MiniMax-H3's 17 n + 5 -> 5 n + 2 frames): each loads as
 a generate config, names its architecture for the planner (the longest key in its name: HunyuanVideo-1.5's holds
 HunyuanVideo's), holds a transformer of the published size, and plans on its own layout."""
 
@@ -16,7 +16,8 @@ from dit_sp.memory.sampling import SamplingSettings, plan_sampling
 CONFIGS = {"easyanimate-v5.1-12b": (12e9, 48), "allegro": (2.8e9, 24), "hunyuanvideo-1.5-480p-t2v": (8.3e9, 16),
            "helios-14b": (14e9, 40), "lucy-edit-dev": (5e9, 24), "skyreels-v1-hunyuan-i2v": (13e9, 24),
            "kandinsky5-i2v-pro": (19e9, 32), "minimax-h3": (33.1e9, 56), "kandinsky5-t2i-lite": (6e9, 20),
-           "easyanimate-v5.1-12b-inp": (12e9, 48), "kandinsky5-i2i-lite": (6e9, 20)}  # fmt: skip
+           "easyanimate-v5.1-12b-inp": (12e9, 48), "kandinsky5-i2i-lite": (6e9, 20),
+           "kandinsky-6.0-pro": (29e9, 32)}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
