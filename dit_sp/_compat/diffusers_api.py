@@ -126,6 +126,16 @@ def block_metadata(block_cls: type) -> Any:
     return _hooks_private("diffusers.hooks._helpers:TransformerBlockRegistry").get(block_cls)
 
 
+def register_block_metadata(block_cls: type, hidden_states_index: int, encoder_hidden_states_index: int | None) -> None:
+    """Tell diffusers' block hooks where the outputs of a block class it has no metadata for are
+    (``TransformerBlockRegistry.register``: diffusers' own registry, process-wide; registering again replaces it)."""
+    registry = _hooks_private("diffusers.hooks._helpers:TransformerBlockRegistry")
+    metadata = _hooks_private("diffusers.hooks._helpers:TransformerBlockMetadata")
+    outputs = metadata(return_hidden_states_index=hidden_states_index,
+                       return_encoder_hidden_states_index=encoder_hidden_states_index)  # fmt: skip
+    registry.register(model_class=block_cls, metadata=outputs)
+
+
 def block_argument(meta: Any, name: str, args: tuple, kwargs: dict) -> Any:
     """Argument ``name`` of a block call, as its ``TransformerBlockMetadata`` reads it (the private
     ``_get_parameter_from_args_kwargs``)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 
 import torch
 from diffusers.hooks.hooks import CacheContext, HookRegistry, StateManager
@@ -32,6 +33,18 @@ def transformer_blocks(model: torch.nn.Module, *, cached: bool = True) -> list[t
             raise ConfigError(f"step caching: {type(block).__name__} takes no 'hidden_states' argument, which "
                               "diffusers' block caches read; run without a step cache")  # fmt: skip
     return blocks
+
+
+def register_declared_blocks(model: torch.nn.Module, outputs: Mapping[str, tuple[int, int | None]]) -> None:
+    """Register with diffusers the model's blocks that it has no metadata for and that ``outputs`` describes (a
+    family's ``block_outputs``: class name -> where the hidden states and encoder hidden states are returned)."""
+    for child in model.modules():
+        cls = type(child)
+        if cls.__name__ in outputs:
+            try:
+                _compat.block_metadata(cls)
+            except ValueError:
+                _compat.register_block_metadata(cls, *outputs[cls.__name__])
 
 
 def block_metadata(block: torch.nn.Module):

@@ -60,7 +60,7 @@ ALLEGRO_VAE = VAEPlan(
 
 ALLEGRO = ModelFamily(
     name="allegro",
-    step_cache=False,
+    block_outputs={"AllegroTransformerBlock": (0, None)},
     class_names=("AllegroTransformer3DModel",),
     plan=_plan,
     attention_modules=("transformer_blocks.*.attn1",),

@@ -20,7 +20,7 @@ _ARCHITECTURES = {
 
 CHRONOEDIT = ModelFamily(
     name="chronoedit",
-    step_cache=False,
+    step_cache=False,  # ChronoEditPipeline calls its transformer per guidance branch outside diffusers' cache contexts
     class_names=("ChronoEditTransformer3DModel",),
     plan=model_cp_plan,
     attention_modules=("blocks.*.attn1",),

@@ -85,7 +85,7 @@ _PIPELINES = ("EasyAnimatePipeline", "EasyAnimateInpaintPipeline", "EasyAnimateC
 
 EASYANIMATE = ModelFamily(
     name="easyanimate",
-    step_cache=False,
+    block_outputs={"EasyAnimateTransformerBlock": (0, 1)},
     class_names=("EasyAnimateTransformer3DModel",),
     plan=_plan,
     attention_modules=("transformer_blocks.*.attn1",),

@@ -142,7 +142,11 @@ class ModelFamily:
     with ``frames_on="leader"``."""
     step_cache: bool = True
     """Whether step caching and regional compile find the family's blocks (diffusers has block metadata for
-    them); ``tests/families/test_family_table.py`` checks this against the tiny models."""
+    them, or ``block_outputs`` gives it); ``tests/zoo/test_family_table.py`` checks this against the tiny models."""
+    block_outputs: dict[str, tuple[int, int | None]] = field(default_factory=dict, hash=False)
+    """Blocks diffusers has no metadata for, by class name: where their outputs are (the hidden states' index, the
+    encoder hidden states' index or None; ``(0, None)`` for a block returning one tensor). A step cache registers
+    them with diffusers' block registry when it is enabled on the family's model, so that diffusers' hooks read them."""
     architectures: dict[str, dict[str, Any]] = field(default_factory=dict, hash=False)
     """The real checkpoints, for the memory planner (``dit_sp.memory.planner.ARCHITECTURES``): their
     transformer configs, text-encoder and VAE parameter counts, VAE compression and text length."""

@@ -81,7 +81,7 @@ PIPELINES = ("HeliosPipeline", "HeliosPyramidPipeline")
 
 HELIOS = ModelFamily(
     name="helios",
-    step_cache=False,
+    block_outputs={"HeliosTransformerBlock": (0, None)},
     class_names=("HeliosTransformer3DModel",),
     plan=_plan,
     hooks=_hooks,

@@ -131,7 +131,7 @@ and Glyph-ByT5 text encoders, the 16x-spatial VAE."""
 
 HUNYUAN_VIDEO15 = ModelFamily(
     name="hunyuan_video15",
-    step_cache=False,
+    block_outputs={"HunyuanVideo15TransformerBlock": (0, 1)},
     class_names=("HunyuanVideo15Transformer3DModel",),
     plan=_plan,
     attention_modules=("transformer_blocks.*.attn",),

@@ -51,7 +51,7 @@ encoders, the SigLIP image encoder, HunyuanVideo's VAE."""
 
 HUNYUAN_VIDEO_FRAMEPACK = ModelFamily(
     name="hunyuan_video_framepack",
-    step_cache=False,
+    step_cache=False,  # its pipeline calls the transformer per guidance branch outside diffusers' cache contexts
     class_names=("HunyuanVideoFramepackTransformer3DModel",),
     plan=_plan,
     attention_modules=("transformer_blocks.*.attn", "single_transformer_blocks.*.attn"),

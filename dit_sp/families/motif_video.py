@@ -37,7 +37,6 @@ PIPELINES = ("MotifVideoPipeline", "MotifVideoImage2VideoPipeline")
 
 MOTIF_VIDEO = ModelFamily(
     name="motif_video",
-    step_cache=False,
     class_names=("MotifVideoTransformer3DModel",),
     plan=hunyuan_video_plan,
     attention_modules=("transformer_blocks.*.attn", "single_transformer_blocks.*.attn"),

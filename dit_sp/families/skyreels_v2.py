@@ -82,7 +82,7 @@ _ARCHITECTURES = {
 
 SKYREELS_V2 = ModelFamily(
     name="skyreels_v2",
-    step_cache=False,
+    block_outputs={"SkyReelsV2TransformerBlock": (0, None)},
     class_names=("SkyReelsV2Transformer3DModel",),
     plan=_plan,
     attention_modules=("blocks.*.attn1",),

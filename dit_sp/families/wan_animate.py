@@ -115,7 +115,7 @@ PIPELINE = "WanAnimatePipeline"
 
 WAN_ANIMATE = ModelFamily(
     name="wan_animate",
-    step_cache=False,
+    block_outputs={"WanTransformerBlock": (0, None)},
     class_names=("WanAnimateTransformer3DModel",),
     plan=_plan,
     hooks=_hooks,

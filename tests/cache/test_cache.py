@@ -62,6 +62,33 @@ def test_cache_skips_steps_and_undo_restores_the_uncached_pipeline():
         assert np.array_equal(call(), plain)
 
 
+def test_a_call_outside_a_cache_context_is_refused_or_given_one_for_a_batched_family():
+    """diffusers' cache hooks keep a state per cache context: a guidance branch's call outside one would share it
+    with the other branch (refused, one line); a family calling once a step (batched guidance) gets one context."""
+    wan = load_pipeline("tiny-wan", torch.float32).transformer
+    inputs = {"hidden_states": torch.randn(1, 4, 3, 8, 8), "timestep": torch.tensor([500]),
+              "encoder_hidden_states": torch.randn(1, 4, wan.config.text_dim)}  # fmt: skip
+    cache = enable_cache(wan, "first_block:0.1")
+    with pytest.raises(ConfigError, match=r"^step caching: WanTransformer3DModel was called outside a cache context"):
+        wan(**inputs)
+    with wan.cache_context("cond"):
+        wan(**inputs)
+    cache.undo()
+    easyanimate = load_pipeline("tiny-easyanimate", torch.float32)
+    cache = enable_cache(easyanimate, "first_block:0.1")
+    easyanimate(
+        "a red circle",
+        negative_prompt="",
+        num_inference_steps=2,
+        height=32,
+        width=32,
+        num_frames=5,
+        output_type="latent",
+    )
+    assert {record.context for record in cache.stats.records} == {"cond_uncond"}
+    cache.undo()
+
+
 def _frames_and_decisions(results: list[list[dict]]) -> list[tuple[np.ndarray, dict]]:
     """Per spec: the frames (from the rank that has them all: every rank here) and the decisions, which
     must be the same on every rank of a branch."""
