@@ -44,6 +44,12 @@ CFG_REFUSAL = (
     "per-sample lists: dit-sp's guidance pair takes every call as one branch of a pair of tensors; use cfg=1"
 )
 
+PYTHON_ONLY = (
+    "it animates a reference image with a driving video (its image= and driving_video= inputs), which generate does "
+    "not pass to a modular pipeline: build it and call parallelize(pipe, layout) from Python "
+    "(docs/families-wan-animate-2.md)"
+)
+
 STOCK_PROCESSOR = "WanAnimate2AttnProcessor"
 
 
@@ -125,11 +131,14 @@ def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
     return [_Undo(lambda: [fn() for fn in reversed(undo)])]
 
 
+MODULAR_PIPELINES = ("WanAnimate2ModularPipeline", "WanAnimate2DistilledModularPipeline")
+
 WAN_ANIMATE_2 = ModelFamily(
     name="wan_animate_2",
     step_cache=False,
     class_names=("WanAnimate2Transformer3DModel",),
-    modular_pipelines=("WanAnimate2ModularPipeline", "WanAnimate2DistilledModularPipeline"),
+    modular_pipelines=MODULAR_PIPELINES,
+    python_only=dict.fromkeys(MODULAR_PIPELINES, PYTHON_ONLY),
     tiny_models=("tiny-wan-animate-2",),
     plan=_plan,
     hooks=_hooks,

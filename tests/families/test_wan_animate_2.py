@@ -1,6 +1,7 @@
-"""Wan-Animate-2 parallelized vs. one process: Ulysses 2 in one spawn, an extract call that fills the key/value cache
-and a cached call over it (through the flex block mask), forward and backward, with the sequence split (9 generation
-tokens: uneven over 2 ranks) and a head group per rank in the cache; a ring refused in one line."""
+"""Wan-Animate-2 parallelized vs. one process, all in one 2-process spawn: the transformer on Ulysses 2, an extract
+call that fills the key/value cache and a cached call over it (through the flex block mask), forward and backward,
+with the sequence split (9 generation tokens: uneven over 2 ranks) and a head group per rank in the cache; the whole
+tiny modular pipeline (``tiny-wan-animate-2``, guided) on Ulysses 2 from Python; a ring refused in one line."""
 
 from __future__ import annotations
 
@@ -10,14 +11,14 @@ from split_errors import assert_matches_one_process
 from dit_sp import spawn
 
 ULYSSES, RING = (1, 1, 2), (1, 2, 1)
-TOL = 1e-5
+TOL, PIPELINE_TOL = 1e-5, 1e-4
 
 
 @pytest.fixture(scope="module")
 def results():
-    from animate2_checks import check_animate2
+    from animate2_checks import check_all
 
-    return spawn(check_animate2, 2, args=([ULYSSES, RING],), timeout=300)
+    return spawn(check_all, 2, args=([ULYSSES, RING], [ULYSSES]), timeout=300)
 
 
 @pytest.mark.slow
@@ -25,28 +26,53 @@ def test_transformer_matches_single_process_in_both_modes(results):
     from animate2_checks import GEN_TOKENS, REF_TOKENS
 
     for rank in (0, 1):
-        errors = results[rank]["dp1-r1-u2"]
+        errors = results[rank]["transformer"]["dp1-r1-u2"]
         assert_matches_one_process(errors, TOL, f"Wan-Animate-2 rank {rank}")
-        assert errors["flex_out"] <= TOL, f"flex attention's forward differs by {errors['flex_out']:.2e}"
         # every parameter, the latents, conditions, text and image tokens of both calls
         assert errors["grads_compared"] > 100, errors["grads_compared"]
         # the first self-attention got its shard: the extract call's 6 reference tokens, the cached call's 9 padded
         assert errors["lengths"] == [REF_TOKENS // 2, -(-GEN_TOKENS // 2)], errors["lengths"]
         # the cache holds this rank's head group (3 heads padded to 4: 2 a rank) of every reference token, head dim 12
-        assert errors["cache"] == [(2, REF_TOKENS, 2, 12)], errors["cache"]
+        assert errors["cache"] == (2, REF_TOKENS, 2, 12), errors["cache"]
 
 
 @pytest.mark.slow
 def test_ring_is_refused_in_one_line_at_parallelize(results):
-    message = results[0]["dp1-r2-u1"]
+    message = results[0]["transformer"]["dp1-r2-u1"]
     assert message.startswith("Wan-Animate-2 attends through a flex-attention block mask") and "use ring 1" in message
     assert "\n" not in message
 
 
-def test_cfg_parallel_is_refused_with_the_reason():
-    from dit_sp.families import family_of
-    from dit_sp.zoo import build_tiny
+@pytest.mark.slow
+def test_modular_pipeline_matches_single_process(results):
+    """Frames and every step's latents within 1e-4; each transformer call's tokens split: the extract call's 12
+    reference tokens, then 2 steps x 2 guidance branches of 18 generation tokens, half on each rank."""
+    for rank in (0, 1):
+        errors = results[rank]["pipeline"]["dp1-r1-u2"]
+        assert min(errors["scale"]) > 0.1, errors["scale"]
+        assert errors["frames"] <= PIPELINE_TOL and errors["latents"] <= PIPELINE_TOL, errors
+        whole, seen = errors["lengths"]
+        assert whole == [12] + [18] * 4 and seen == [n // 2 for n in whole], errors["lengths"]
 
-    family = family_of(build_tiny("tiny-wan-animate-2", "transformer"))
+
+def test_cfg_parallel_is_refused_with_the_reason():
+    from dit_sp.families import FAMILIES
+
+    family = next(f for f in FAMILIES if "WanAnimate2Transformer3DModel" in f.class_names)
     assert family.name == "wan_animate_2" and not family.refused and not family.ring  # the table: "ring refused"
     assert "kv_cache_mode='extract'" in family.cfg_refused and family.cfg_refused.endswith("use cfg=1")
+
+
+def test_generate_refuses_it_in_one_line_saying_to_call_it_from_python(tmp_path):
+    """Its inputs are a reference image and a driving video, which generate does not pass to a modular pipeline:
+    refused before anything loads (the pipeline runs split from Python, test_modular_pipeline_matches_...)."""
+    from dit_sp import GenerateConfig
+    from dit_sp.errors import ConfigError
+    from dit_sp.inference import check_before_loading
+
+    config = GenerateConfig.load(overrides={"model": "tiny-wan-animate-2", "out": str(tmp_path / "v.mp4")})
+    with pytest.raises(ConfigError) as error:
+        check_before_loading(config)
+    message = str(error.value)
+    assert message.startswith("tiny-wan-animate-2 (WanAnimate2ModularPipeline): generate does not run it: ")
+    assert "\n" not in message and "from Python" in message and "driving_video=" in message

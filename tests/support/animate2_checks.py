@@ -1,11 +1,12 @@
-"""Worker-side checks of the tiny Wan-Animate-2 transformer against one process: a reference-extraction call
-(``kv_cache_mode="extract"``) fills the key/value cache, a denoising call (``"cached"``) attends over it through the
-flex block mask; one loss over both calls' outputs, so every gradient flows through the cache too.
+"""Worker-side checks of the tiny Wan-Animate-2 against one process. The transformer (``check_animate2``): a
+reference-extraction call (``kv_cache_mode="extract"``) fills the key/value cache, a denoising call (``"cached"``)
+attends over it through the flex block mask; one loss over both calls' outputs, so every gradient flows through the
+cache too. The whole modular pipeline (``check_pipeline``): its frames and every step's latents.
 
-torch's flex attention has no backward on CPU, so the gradients are taken with the block mask's own ``mask_mod``
-evaluated densely and torch SDPA (``dense_flex``), in the one-process model and the split one alike; the forwards are
-also compared with flex attention itself (no grad). The block mask is built without compiling (``uncompiled_mask``,
-the same mask in milliseconds instead of seconds)."""
+torch's flex attention has no backward on CPU, so the transformer's gradients are taken with the block mask's own
+``mask_mod`` evaluated densely and torch SDPA (``dense_flex``), in the one-process model and the split one alike; the
+pipeline (no grad) runs flex attention itself. Block masks are built without compiling (``uncompiled_mask``: the same
+mask in milliseconds instead of seconds)."""
 
 from __future__ import annotations
 
@@ -74,12 +75,13 @@ def dense_flex() -> Iterator[None]:
         stock.dispatch_attention_fn = dispatch
 
 
-def uncompiled_mask(model: torch.nn.Module) -> None:
-    """The model's block mask for the test video, built by its own ``create_mask`` without compiling."""
+def uncompiled_mask(model: torch.nn.Module, origin_len: int = ORIGIN_LEN, origin_area: list[int] = ORIGIN_AREA) -> None:
+    """The model's block mask for a video of ``origin_len`` frames of ``origin_area`` pixels, built by its own
+    ``create_mask`` without compiling."""
     create = stock.create_block_mask
     stock.create_block_mask = lambda *args, _compile=True, **kwargs: create(*args, _compile=False, **kwargs)
     try:
-        frames, hw = ORIGIN_LEN // 4 + 1, ORIGIN_AREA[0] * ORIGIN_AREA[1] // 256
+        frames, hw = origin_len // 4 + 1, origin_area[0] * origin_area[1] // 256
         model.block_masks[(frames, hw)] = model.create_mask(frames, hw, "cpu")
     finally:
         stock.create_block_mask = create
@@ -101,12 +103,18 @@ def _leaves(inputs: dict) -> dict:
         "encoder_hidden_states_image": leaf(inputs["encoder_hidden_states_image"])}  # fmt: skip
 
 
-def _run(model: torch.nn.Module, grad_scale: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Both calls' outputs, and the gradients of ``sum(out * w) * grad_scale`` w.r.t. inputs and parameters."""
+def _run(model: torch.nn.Module, grad_scale: float) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict]:
+    """Both calls' outputs, the gradients of ``sum(out * w) * grad_scale`` w.r.t. inputs and parameters, and what was
+    observed: the tokens the first self-attention got per call, the shape of the keys the first layer's cache holds."""
     model.zero_grad(set_to_none=True)
     extract, cached = (_leaves(x) for x in call_inputs())
-    with dense_flex():
-        outputs, _ = run_both(model, extract, cached)
+    seen: list[int] = []
+    hook = model.blocks[0].self_attn.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape[1]))
+    try:
+        with dense_flex():
+            outputs, cache = run_both(model, extract, cached)
+    finally:
+        hook.remove()
     weights = torch.Generator().manual_seed(3)
     loss = sum((out * torch.randn(out.shape, generator=weights)).sum() for out in outputs)
     (loss * grad_scale).backward()
@@ -116,30 +124,73 @@ def _run(model: torch.nn.Module, grad_scale: float) -> tuple[torch.Tensor, dict[
             for i, x in enumerate(value if isinstance(value, list) else [value]):
                 if isinstance(x, torch.Tensor) and x.requires_grad:
                     grads[f"input.{mode}.{name}.{i}"] = x.grad
-    return torch.cat([out.detach().flatten() for out in outputs]), grads
+    observed = {"lengths": seen, "cache": tuple(cache.get(0).key.shape)}
+    return torch.cat([out.detach().flatten() for out in outputs]), grads, observed
 
 
-def _flex_forward(model: torch.nn.Module) -> tuple[torch.Tensor, list[int], list[tuple[int, ...]]]:
-    """Both calls' outputs with flex attention (no grad), the tokens the first self-attention got per call, and the
-    shape of the keys the first layer's cache holds."""
-    seen: list[int] = []
-    hook = model.blocks[0].self_attn.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape[1]))
+def pipeline_inputs() -> dict:
+    """A call of the tiny pipeline: a 32 x 48 reference image and a 5-frame driving video (one segment), guided."""
+    import numpy as np
+    import PIL.Image
+
+    rng = np.random.default_rng(0)
+    frame = lambda: PIL.Image.fromarray(rng.integers(0, 255, (32, 48, 3), dtype=np.uint8))
+    image, video = frame(), [frame() for _ in range(5)]
+    return {"prompt": "a dancer", "negative_prompt": "blurry", "image": image, "driving_video": video, "height": 32,
+            "width": 48, "segment_frame_length": 5, "num_inference_steps": 2, "max_sequence_length": 8,
+            "output_type": "pt"}  # fmt: skip
+
+
+def _generate(pipe) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """The frames, every denoising step's latents (the scheduler's outputs) and the tokens the first self-attention
+    got per transformer call, of one seeded pipeline call."""
+    latents, seen = [], []
+    step = pipe.scheduler.step
+
+    def recorded(*args, **kwargs):
+        out = step(*args, **kwargs)
+        latents.append(out[0].flatten())
+        return out
+
+    pipe.scheduler.step = recorded  # on the instance: the class's step, recorded
+    attention = pipe.transformer.blocks[0].self_attn
+    hook = attention.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape[1]))
     try:
-        with torch.no_grad():
-            outputs, cache = run_both(model, *call_inputs())
+        frames = pipe(**pipeline_inputs(), generator=torch.Generator().manual_seed(0), output="videos")
     finally:
         hook.remove()
-    return torch.cat([out.flatten() for out in outputs]), seen, [tuple(cache.get(0).key.shape)]
+        del pipe.scheduler.step
+    return frames, torch.cat(latents), seen
+
+
+def check_pipeline(layouts: list[tuple[int, int, int]]) -> dict[str, dict]:
+    """Per layout: the tiny pipeline's frames and latents against one process (max errors), their scale, and the
+    tokens the first self-attention got per call (one process, then split)."""
+    pipe = build_tiny(MODEL)
+    uncompiled_mask(pipe.transformer, 5, [32, 48])
+    with torch.no_grad():
+        ref_frames, ref_latents, whole = _generate(pipe)
+    results = {}
+    for dp, ring, ulysses in layouts:
+        parallel = init_parallel(ParallelConfig(dp=dp, ring=ring, ulysses=ulysses))
+        with torch.no_grad(), parallelize(pipe, parallel):
+            frames, latents, seen = _generate(pipe)
+        results[f"dp{dp}-r{ring}-u{ulysses}"] = {
+            "frames": (frames - ref_frames).abs().max().item(),
+            "latents": (latents - ref_latents).abs().max().item(),
+            "scale": (ref_frames.abs().max().item(), ref_latents.abs().max().item()),
+            "lengths": (whole, seen),
+        }
+    return results
 
 
 def check_animate2(layouts: list[tuple[int, int, int]]) -> dict[str, dict | str]:
     """Per layout: the max errors of outputs and input and parameter gradients against one process (dense attention),
-    of the flex-attention forward, ``restored_bit_identical``, ``"lengths"`` (tokens the first self-attention got per
-    call) and ``"cache"`` (the first layer's cached key shape); or a refused layout's message."""
+    ``restored_bit_identical``, ``"lengths"`` (tokens the first self-attention got per call) and ``"cache"`` (the first
+    layer's cached key shape); or a refused layout's message."""
     model = build_tiny(MODEL, "transformer").float()
     uncompiled_mask(model)
-    ref_out, ref_grads = _run(model, 1.0)
-    ref_flex = _flex_forward(model)[0]
+    ref_out, ref_grads, _ = _run(model, 1.0)
     results: dict[str, dict | str] = {}
     for dp, ring, ulysses in layouts:
         name = f"dp{dp}-r{ring}-u{ulysses}"
@@ -150,10 +201,8 @@ def check_animate2(layouts: list[tuple[int, int, int]]) -> dict[str, dict | str]
             results[name] = str(error)
             continue
         with split:
-            out, grads = _run(model, 1.0 / parallel.sp)
-            flex, lengths, cache = _flex_forward(model)
-        errors = {"out": (out - ref_out).abs().max().item(), "flex_out": (flex - ref_flex).abs().max().item(),
-                  "ref_scale": ref_out.abs().max().item(), "lengths": lengths, "cache": cache}  # fmt: skip
+            out, grads, observed = _run(model, 1.0 / parallel.sp)
+        errors = {"out": (out - ref_out).abs().max().item(), "ref_scale": ref_out.abs().max().item(), **observed}
         worst = {"input": (0.0, ""), "param": (0.0, "")}
         for key, ref in ref_grads.items():
             summed = grads[key].clone()
@@ -166,3 +215,8 @@ def check_animate2(layouts: list[tuple[int, int, int]]) -> dict[str, dict | str]
         errors["restored_bit_identical"] = float(torch.equal(_run(model, 1.0)[0], ref_out))
         results[name] = errors
     return results
+
+
+def check_all(layouts: list[tuple[int, int, int]], pipeline_layouts: list[tuple[int, int, int]]) -> dict[str, dict]:
+    """``check_animate2`` on ``layouts`` and ``check_pipeline`` on ``pipeline_layouts``, in one worker."""
+    return {"transformer": check_animate2(layouts), "pipeline": check_pipeline(pipeline_layouts)}
