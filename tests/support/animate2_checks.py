@@ -173,7 +173,7 @@ def check_pipeline(layouts: list[tuple[int, int, int]]) -> dict[str, dict]:
     results = {}
     for dp, ring, ulysses in layouts:
         parallel = init_parallel(ParallelConfig(dp=dp, ring=ring, ulysses=ulysses))
-        with torch.no_grad(), parallelize(pipe, parallel):
+        with torch.no_grad(), parallelize(pipe, parallel, verify_inputs=True):  # its latents come as lists
             frames, latents, seen = _generate(pipe)
         results[f"dp{dp}-r{ring}-u{ulysses}"] = {
             "frames": (frames - ref_frames).abs().max().item(),
