@@ -77,8 +77,9 @@ class _HeadGroup:
     def __init__(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
         self.heads = query.shape[2]
         self.to_q, self.to_k, self.to_v = (lambda _, x=x: x.flatten(2) for x in (query, key, value))
-        self.norm_q = self.norm_k = self.to_out_0 = self.to_out_1 = lambda x: x
-        self.to_out = (self.to_out_0, self.to_out_1)
+        identity = lambda x: x
+        self.norm_q = self.norm_k = identity
+        self.to_out = (identity, identity)
 
 
 class WanAnimate2SequenceParallelProcessor:

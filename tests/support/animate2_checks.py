@@ -137,13 +137,13 @@ def pipeline_inputs() -> dict:
     frame = lambda: PIL.Image.fromarray(rng.integers(0, 255, (32, 48, 3), dtype=np.uint8))
     image, video = frame(), [frame() for _ in range(5)]
     return {"prompt": "a dancer", "negative_prompt": "blurry", "image": image, "driving_video": video, "height": 32,
-            "width": 48, "segment_frame_length": 5, "num_inference_steps": 2, "max_sequence_length": 8,
+            "width": 48, "segment_frame_length": 5, "num_inference_steps": 1, "max_sequence_length": 8,
             "output_type": "pt"}  # fmt: skip
 
 
 def _generate(pipe) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """The frames, every denoising step's latents (the scheduler's outputs) and the tokens the first self-attention
-    got per transformer call, of one seeded pipeline call."""
+    """The frames, every denoising step's latents (the scheduler's outputs, before the decode) and the tokens the
+    first self-attention got per transformer call, of one seeded pipeline call."""
     latents, seen = [], []
     step = pipe.scheduler.step
 
