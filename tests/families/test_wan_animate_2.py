@@ -56,11 +56,20 @@ def test_modular_pipeline_matches_single_process(results):
 
 
 def test_cfg_parallel_is_refused_with_the_reason():
+    """parallelize refuses cfg=2 for the pipeline in one line (only the layout's cfg degree is read before)."""
+    from types import SimpleNamespace
+
+    from dit_sp import parallelize
+    from dit_sp.errors import ConfigError
     from dit_sp.families import FAMILIES
+    from dit_sp.zoo import build_tiny
 
     family = next(f for f in FAMILIES if "WanAnimate2Transformer3DModel" in f.class_names)
     assert family.name == "wan_animate_2" and not family.refused and not family.ring  # the table: "ring refused"
-    assert "kv_cache_mode='extract'" in family.cfg_refused and family.cfg_refused.endswith("use cfg=1")
+    pipe = SimpleNamespace(transformer=build_tiny("tiny-wan-animate-2", "transformer"))
+    with pytest.raises(ConfigError, match=r"^cfg parallelism \(cfg=2\) for SimpleNamespace: Wan-Animate-2's") as e:
+        parallelize(pipe, SimpleNamespace(cfg=2))
+    assert "kv_cache_mode='extract'" in str(e.value) and str(e.value).endswith("use cfg=1") and "\n" not in str(e.value)
 
 
 def test_generate_refuses_it_in_one_line_saying_to_call_it_from_python(tmp_path):
