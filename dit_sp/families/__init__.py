@@ -33,6 +33,7 @@ from dit_sp.families.shape import check_latent_shape
 from dit_sp.families.skyreels_v2 import SKYREELS_V2
 from dit_sp.families.wan import WAN
 from dit_sp.families.wan_animate import WAN_ANIMATE
+from dit_sp.families.wan_animate_2 import WAN_ANIMATE_2
 from dit_sp.families.wan_vace import WAN_VACE
 from dit_sp.vae import VAEPlan
 
@@ -45,6 +46,7 @@ FAMILIES: tuple[ModelFamily, ...] = (
     SKYREELS_V2, WAN_VACE, CHRONOEDIT, HUNYUAN_VIDEO15, HUNYUAN_VIDEO_FRAMEPACK, ANYFLOW,
     KANDINSKY5, MOTIF_VIDEO, COSMOS, MINIMAX_H3, HELIOS,
     LATTE, WAN_ANIMATE, SANA_VIDEO, COSMOS3, CONSISID, KANDINSKY6, KANDINSKY6_SR,
+    WAN_ANIMATE_2,
     *REFUSED,
 )  # fmt: skip
 

@@ -91,6 +91,9 @@ class ModelFamily:
     check: Callable[[torch.nn.Module], None] = lambda model: None
     """Raises for configurations of the family that are not supported (at ``parallelize`` and at every call: a
     pipeline may reconfigure its model per call)."""
+    ring: bool = True
+    """Whether a ring splits the family exactly (False: Ulysses alone, a ring refused by ``layout_check``: an attention
+    that is not plain softmax attention, run whole-sequence per head group by ``attend_whole_sequence``)."""
     layout_check: Callable[[torch.nn.Module, ParallelState], None] = lambda model, parallel: None
     """Raises for configurations of the family that split exactly on some layouts only (SkyReels-V2's block-causal
     frames: Ulysses alone); called with ``check``."""

@@ -1,8 +1,6 @@
 """Video transformers dit-sp knows but does not split, each with the reason in one line: ``parallelize`` refuses
 them by name and reason instead of calling them unsupported, or worse, splitting them wrongly.
 
-- Wan-Animate-2: it attends through a flex-attention block mask over a packed, 128-aligned buffer, with a key/value
-  cache of reference frames carried from call to call.
 - Sana-WM: its ``SanaWMBidirectionalGDNAttention`` (and the camera branch's ``SanaWMBidirectionalGDNCamAttention``)
   is a gated-delta-rule linear attention: a per-head state scan over all frames, forwards and then backwards, each
   frame's output depending on the recurrent state carried through every other frame. It is no torch SDPA call, so
@@ -34,9 +32,6 @@ def _refused(name: str, class_name: str, why: str) -> ModelFamily:
 
 
 REFUSED = (
-    _refused("wan_animate_2", "WanAnimate2Transformer3DModel",
-             "it attends through a flex-attention block mask over a packed 128-aligned buffer with a key/value cache "
-             "carried between calls; run it on one process per sample (dp)"),
     _refused("sana_wm", "SanaWMTransformer3DModel",
              "its SanaWMBidirectionalGDNAttention is a bidirectional gated-delta-rule recurrence (a per-head state "
              "scan over all frames), not torch SDPA, which dit-sp routes; run it on one process per sample (dp)"),

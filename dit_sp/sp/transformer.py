@@ -26,6 +26,8 @@ def _verify_identical_inputs(parallel: ParallelState, ctx: SequenceContext):
     def hook(module, args, kwargs):
         if "hidden_states" in kwargs or args:
             hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+            if isinstance(hidden, (list, tuple)):  # per-sample latents (Wan-Animate-2)
+                hidden = torch.stack([t.detach().double().sum() for t in hidden])
         else:  # no hidden_states (Cosmos 3 takes its latents as lists per modality): every float tensor given
             tensors = [t for v in kwargs.values() for t in (v if isinstance(v, (list, tuple)) else [v])]
             floats = [t for t in tensors if torch.is_tensor(t) and t.is_floating_point()]

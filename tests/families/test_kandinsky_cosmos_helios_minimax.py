@@ -2,7 +2,7 @@
 forward and backward on 1x2 (Ulysses) and 2x1 (ring) with uneven token counts; ``generate`` with the built-in
 ``tiny-kandinsky5`` on 1x2, 2x1 and CFG parallel; a tiny ``MotifVideoPipeline`` on 1x2 and 2x1; each with the
 attention's token count checked (the sequence really is split). All of it in one 2-process spawn. And the one-line
-refusals: Wan-Animate-2 and the modes of supported families that cannot be split."""
+refusals of the modes of supported families that cannot be split."""
 
 from __future__ import annotations
 
@@ -111,25 +111,6 @@ def test_modes_that_cannot_be_split_are_refused_in_one_line(name, changes, messa
     with pytest.raises(NotImplementedError, match=message) as error:
         parallelize(model, init_parallel(ParallelConfig()))
     assert "\n" not in str(error.value)
-
-
-REFUSED_FAMILIES = {  # tiny configs of the families dit-sp refuses, with a word of each reason
-    "WanAnimate2Transformer3DModel": ({"in_dim": 4, "dim": 16, "ffn_dim": 32, "freq_dim": 16, "text_dim": 16,
-                                       "out_dim": 4, "num_heads": 2, "num_layers": 1}, "flex-attention block mask"),
-}  # fmt: skip
-
-
-@pytest.mark.parametrize("class_name", list(REFUSED_FAMILIES))
-def test_families_that_cannot_be_split_are_refused_with_their_reason(class_name):
-    import diffusers
-
-    config, reason = REFUSED_FAMILIES[class_name]
-    model = getattr(diffusers, class_name)(**config)
-    message = f"{class_name} cannot run sequence-parallel exactly: .*{reason}"
-    with pytest.raises(NotImplementedError, match=message) as e:
-        parallelize(model, init_parallel(ParallelConfig()))
-    assert "\n" not in str(e.value)
-    assert not any(type(m).__name__.startswith("SequenceParallel") for m in model.modules())  # nothing left behind
 
 
 def test_a_modular_pipeline_is_parallelized_through_its_transformer():

@@ -1,4 +1,4 @@
-"""Tiny transformers of the Kandinsky 5, Helios, Sana-Video, Motif-Video, Cosmos and Wan-Animate-2 families, their
+"""Tiny transformers of the Kandinsky 5, Helios, Sana-Video, Motif-Video and Cosmos families, their
 inputs (uneven token counts: 18 video tokens, or 15 where the family's patching forces it), and worker-side checks
 of the parallelized models against one process, recording how many tokens each rank's attention really saw.
 

@@ -47,6 +47,10 @@ def model_inputs(family: str, batch: int = 2) -> dict:
         from kandinsky6_checks import kandinsky6_inputs
 
         return kandinsky6_inputs(batch)
+    if family == "tiny-wan-animate-2":  # the reference-extraction call, filling a fresh key/value cache
+        from animate2_checks import extract_inputs
+
+        return extract_inputs(batch)
     if family.startswith("tiny-sana-video"):
         from sana_video_checks import builtin_inputs
 

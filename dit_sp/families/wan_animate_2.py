@@ -1,0 +1,150 @@
+"""Wan-Animate-2 (``WanAnimate2Transformer3DModel``; Modular Diffusers only: ``WanAnimate2ModularPipeline``).
+
+Two kinds of call per segment of the driving video. ``kv_cache_mode="extract"``: dense self-attention over the
+reference tokens, each layer storing its keys and values (before RoPE) in a ``WanAnimate2KVCache``. Then per denoising
+step ``kv_cache_mode="cached"``: the generation tokens and the cached reference keys and values packed into a
+128-aligned ``[generation | reference]`` buffer laid out over the whole video, attended through a flex-attention
+``BlockMask`` (each generation frame sees every generation token and the reference tokens of its own frame index).
+Cross-attention (text, and CLIP image tokens through added keys and values) takes local queries against the whole
+text; everything else is per token or per sample.
+
+Split under Ulysses alone: the patch-embedded tokens are split at the first block (an uneven tail padded) and
+gathered at the output head (before unpatchify, which reads the whole grid). Each self-attention projects and
+RMS-normalises its own tokens (the norms run over all heads' channels, so before any exchange), then
+``attend_whole_sequence`` gives every rank the whole sequence of its head group, where the stock processor runs as
+it is: it stores that head group's keys and values in the cache (so the cache a split model fills holds each rank's
+heads, whole in the sequence: 1/U of it per rank), applies RoPE over the whole grid, packs, attends through the
+same block mask (built over the whole video, ``B=None, H=None``: one mask for any head group) and unpacks. A ring
+would leave each rank one block of keys, which a block mask over the packed buffer cannot be told about: refused.
+
+CFG parallelism is refused (see ``cfg_refused``); step caches too (no block metadata in diffusers for its blocks).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from dit_sp._compat import context_parallel_types
+from dit_sp.families.family import ModelFamily
+
+if TYPE_CHECKING:
+    import torch
+
+    from dit_sp.parallel.state import ParallelState
+
+RING_REFUSAL = (
+    "Wan-Animate-2 attends through a flex-attention block mask over a packed [generation | reference] buffer of the "
+    "whole video, which only Ulysses splits exactly (every rank attends over the whole sequence of its heads), not "
+    "a ring of {ring}; use ring 1"
+)
+
+CFG_REFUSAL = (
+    "Wan-Animate-2's modular denoise step runs its guider's two branches as two calls against the key/value cache "
+    "that one unpaired reference-extraction call (kv_cache_mode='extract') filled before them, on latents given as "
+    "per-sample lists: dit-sp's guidance pair takes every call as one branch of a pair of tensors; use cfg=1"
+)
+
+PYTHON_ONLY = (
+    "it animates a reference image with a driving video (its image= and driving_video= inputs), which generate does "
+    "not pass to a modular pipeline: build it and call parallelize(pipe, layout) from Python "
+    "(docs/families-wan-animate-2.md)"
+)
+
+STOCK_PROCESSOR = "WanAnimate2AttnProcessor"
+
+
+def _plan(model: torch.nn.Module) -> dict:
+    cp_input, cp_output = context_parallel_types()
+    return {
+        "blocks.0": {"hidden_states": cp_input(split_dim=1, expected_dims=3)},  # (B, S, C) patch-embedded tokens
+        "head": cp_output(gather_dim=1, expected_dims=3),  # (B, S, patch * out_dim), before unpatchify
+    }
+
+
+def _layout_check(model: torch.nn.Module, parallel: ParallelState) -> None:
+    if parallel.ring > 1:
+        raise NotImplementedError(RING_REFUSAL.format(ring=parallel.ring))
+
+
+class _HeadGroup:
+    """What the stock processor reads of its attention module, standing in for it over one head group's whole
+    sequence: its projections give the (already projected and normalised) ``(B, S, h, D)`` queries, keys and values,
+    flattened; its norms and output projection are the identity (they ran, or run, on the split tokens)."""
+
+    fused_projections = False
+    is_cross_attention = False
+
+    def __init__(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
+        self.heads = query.shape[2]
+        self.to_q, self.to_k, self.to_v = (lambda _, x=x: x.flatten(2) for x in (query, key, value))
+        identity = lambda x: x
+        self.norm_q = self.norm_k = identity
+        self.to_out = (identity, identity)
+
+
+class WanAnimate2SequenceParallelProcessor:
+    """Wan-Animate-2's self-attention with its sequence split under Ulysses: projections and norms on this rank's
+    tokens ``(B, S_local, C)``, the stock processor's per-head part (cache, RoPE, packing, block-mask attention) on
+    the whole sequence of this rank's head group, the output projection on this rank's tokens again."""
+
+    def __init__(self, stock: Any, ctx: Any):
+        self.stock, self.ctx = stock, ctx
+
+    def __call__(self, attn: torch.nn.Module, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        from dit_sp.attention import attend_whole_sequence
+
+        if getattr(attn, "fused_projections", False):
+            query, key, value = attn.to_qkv(hidden_states).chunk(3, dim=-1)
+        else:
+            query, key, value = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
+        query, key = attn.norm_q(query), attn.norm_k(key)  # RMS over every head's channels: before the exchange
+        query, key, value = (x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
+
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:  # (B, S, h, D) each
+            out = self.stock(_HeadGroup(q, k, v), q.flatten(2), **kwargs)  # (B, S, h * D)
+            return out.unflatten(2, (q.shape[2], -1))
+
+        out = attend_whole_sequence(attend, [query, key, value], self.ctx.parallel, self.ctx.seq_len)
+        return attn.to_out[1](attn.to_out[0](out.flatten(2).type_as(query)))
+
+
+class _Undo:
+    """A removable handle (what ``ModelFamily.hooks`` returns) around an undo function."""
+
+    def __init__(self, undo: Any):
+        self.remove = undo
+
+
+def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
+    """Every block's self-attention processor replaced by ``WanAnimate2SequenceParallelProcessor`` over its own."""
+    undo = []
+    for block in model.blocks:
+        attention, stock = block.self_attn, block.self_attn.processor
+        if type(stock).__name__ != STOCK_PROCESSOR:
+            for fn in reversed(undo):
+                fn()
+            raise NotImplementedError(
+                f"Wan-Animate-2's self-attention runs {type(stock).__name__}, not diffusers' {STOCK_PROCESSOR}, "
+                "whose per-head part dit-sp splits; set the stock processor back"
+            )
+        attention.processor = WanAnimate2SequenceParallelProcessor(stock, ctx)
+        undo.append(lambda attention=attention, stock=stock: setattr(attention, "processor", stock))
+    return [_Undo(lambda: [fn() for fn in reversed(undo)])]
+
+
+MODULAR_PIPELINES = ("WanAnimate2ModularPipeline", "WanAnimate2DistilledModularPipeline")
+
+WAN_ANIMATE_2 = ModelFamily(
+    name="wan_animate_2",
+    step_cache=False,
+    class_names=("WanAnimate2Transformer3DModel",),
+    modular_pipelines=MODULAR_PIPELINES,
+    python_only=dict.fromkeys(MODULAR_PIPELINES, PYTHON_ONLY),
+    tiny_models=("tiny-wan-animate-2",),
+    plan=_plan,
+    hooks=_hooks,
+    attention_modules=(),  # its self-attention gets its own processor (``_hooks``); cross-attention stays local
+    ring=False,
+    layout_check=_layout_check,
+    cfg_refused=CFG_REFUSAL,
+)
