@@ -5,15 +5,15 @@ through a per-layer KV cache: a prefill call (``kv_cache_flag["is_cache_step"]``
 chunks' keys and values, and each denoising call of the next chunk attends, unmasked, to the cached keys and its own.
 
 Split under Ulysses alone, exactly: the tokens (and every block's per-token modulation ``temb`` ``(B, S, 6, C)``) are
-split at the blocks and gathered after ``norm_out`` (its final shift and scale are per token); ``attn1`` gets
-``FARProcessor``, which projects and normalises its shard of q, k, v (as the stock processor does) and hands them to
-``attend_whole_sequence``: after the all-to-all a rank holds the whole sequence of its head group, where the stock
-processor's per-head part (the cache's write or read, the rotary tables over cached and new keys, the 128-padding,
-the block mask) runs as it is, on this rank's head group. So the cache holds this rank's head group (and, under CFG
-parallelism, its guidance half): the pipeline allocates every head of every layer (``(2, B, H, T, D)``), and the
-processor replaces each layer's tensors with its own ``(2, B_local, H_pad/U, T, D)`` part at their first use, which
-frees the whole ones. A ring, which holds one block of keys at a time, cannot apply the mask or the cache: refused.
-Cross-attention to text (``attn2``) stays local. Its VAE is Wan's.
+split at the blocks and gathered after ``norm_out`` (its final shift and scale are per token). ``attn1`` gets
+``SequenceParallelFARProcessor``: it projects and normalises its shard of q, k, v (as the stock processor does) and
+hands them to ``attend_whole_sequence``; after the all-to-all a rank holds the whole sequence of its head group, where
+the stock processor's per-head part (the cache's write or read, the rotary tables over cached and new keys, the
+128-padding, the block mask) runs as it is. So the cache holds this rank's head group (and, under CFG parallelism, its
+guidance half): the pipeline allocates every head of every layer (``(2, B, H, T, D)``), and the processor replaces
+each layer's tensors with its own ``(2, B_local, H_pad/U, T, D)`` part at their first use, which frees the whole ones.
+A ring, which holds one block of keys at a time, cannot apply the mask or the cache: refused. Cross-attention to text
+(``attn2``) stays local. Its VAE is Wan's.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 
 RING_REFUSAL = (
     "AnyFlow FAR (AnyFlowFARTransformer3DModel) attends causally over frame chunks with a block mask and a KV cache, "
-    "which only Ulysses splits exactly (every rank attends over the whole sequence of its heads), not a ring of "
-    "{ring}; use ring 1 and Ulysses for the sequence parallelism"
+    "which only Ulysses splits exactly (every rank attends over the whole sequence of its heads), not a ring; use "
+    "ring 1 and Ulysses for the sequence parallelism"
 )
 _CACHES = ("full_cache", "compressed_cache")
 
@@ -76,7 +76,7 @@ def own_cache(kv_cache: dict[str, torch.Tensor], parallel: ParallelState, heads:
     return kv_cache
 
 
-class FARProcessor:
+class SequenceParallelFARProcessor:
     """``attn1`` of a sequence-parallel AnyFlow FAR block: q, k, v of this rank's tokens, the stock causal processor's
     per-head part over the whole sequence of this rank's head group (``attend_whole_sequence``), the output projection
     on this rank's tokens. Shards ``(B, S_local, H, D)``; the cache per layer ``own_cache``'s."""
@@ -123,10 +123,10 @@ class _Undo:
 
 
 def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
-    """Every block's ``attn1`` gets a ``FARProcessor`` around its stock processor."""
+    """Every block's ``attn1`` gets a ``SequenceParallelFARProcessor`` around its stock processor."""
     stock = [block.attn1.processor for block in model.blocks]
     for block, processor in zip(model.blocks, stock):
-        block.attn1.processor = FARProcessor(processor, ctx)
+        block.attn1.processor = SequenceParallelFARProcessor(processor, ctx)
 
     def undo() -> None:
         for block, processor in zip(model.blocks, stock):
@@ -146,7 +146,7 @@ def _plan(model: torch.nn.Module) -> dict:
 
 def _layout_check(model: torch.nn.Module, parallel: ParallelState) -> None:
     if parallel.ring > 1:
-        raise NotImplementedError(RING_REFUSAL.format(ring=parallel.ring))
+        raise NotImplementedError(f"ring {parallel.ring}: {RING_REFUSAL}")
 
 
 ANYFLOW_FAR = ModelFamily(
@@ -155,8 +155,9 @@ ANYFLOW_FAR = ModelFamily(
     class_names=("AnyFlowFARTransformer3DModel",),
     plan=_plan,
     hooks=_hooks,
-    attention_modules=(),  # FARProcessor (_hooks) runs attn1 over the whole sequence of its heads
+    attention_modules=(),  # SequenceParallelFARProcessor (_hooks) runs attn1 over the whole sequence of its heads
     layout_check=_layout_check,
+    ring_refused=RING_REFUSAL,
     cfg_mode="batched",  # one call on [unconditional, conditional]
     cfg_batched_args=("hidden_states", "timestep", "r_timestep", "encoder_hidden_states"),
     tiny_models=("tiny-anyflow-far",),

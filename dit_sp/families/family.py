@@ -81,6 +81,10 @@ class ModelFamily:
     cfg_extra_outputs: Callable[[torch.nn.Module, dict[str, Any]], tuple[tuple[int, ...], ...]] | None = None
     """``sequential`` mode: the shapes of the outputs after the first that a call returns (Kandinsky 6's audio
     velocity), from the model and the call's arguments by name; none: one output is exchanged."""
+    ring_refused: str = ""
+    """Why a ring cannot split the family's attention exactly (empty: it can): one that only Ulysses splits (AnyFlow
+    FAR's block mask and KV cache); its ``layout_check`` refuses ``ring > 1`` at ``parallelize``, ``generate`` before
+    loading, and the README's table shows Ulysses alone."""
     cfg_batched_args: tuple[str, ...] = ()
     """Forward arguments that carry the guidance batch (``batched`` mode)."""
     guidance_arg: str = "guidance_scale"

@@ -198,3 +198,11 @@ def check_far(layouts: list[tuple[int, int, int]]) -> dict:
             h.remove()
         results[key]["restored_bit_identical"] = float(torch.equal(_forward(model, _train_inputs()), flex["train"]))
     return results
+
+
+LAYOUTS = [(1, 1, 2), (1, 2, 1)]
+
+
+def check_far_layouts() -> dict:
+    """``check_far`` on Ulysses 2 and ring 2 (what ``variant_generate_checks.layout_reports`` runs after its jobs)."""
+    return check_far(LAYOUTS)
