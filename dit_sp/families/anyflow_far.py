@@ -6,7 +6,7 @@ chunks' keys and values, and each denoising call of the next chunk attends, unma
 
 Split under Ulysses alone, exactly: the tokens (and every block's per-token modulation ``temb`` ``(B, S, 6, C)``) are
 split at the blocks and gathered after ``norm_out`` (its final shift and scale are per token). ``attn1`` gets
-``SequenceParallelFARProcessor``: it projects and normalises its shard of q, k, v (as the stock processor does) and
+``FARProcessor``: it projects and normalises its shard of q, k, v (as the stock processor does) and
 hands them to ``attend_whole_sequence``; after the all-to-all a rank holds the whole sequence of its head group, where
 the stock processor's per-head part (the cache's write or read, the rotary tables over cached and new keys, the
 128-padding, the block mask) runs as it is. So the cache holds this rank's head group (and, under CFG parallelism, its
@@ -18,6 +18,7 @@ A ring, which holds one block of keys at a time, cannot apply the mask or the ca
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
@@ -76,7 +77,7 @@ def own_cache(kv_cache: dict[str, torch.Tensor], parallel: ParallelState, heads:
     return kv_cache
 
 
-class SequenceParallelFARProcessor:
+class FARProcessor:
     """``attn1`` of a sequence-parallel AnyFlow FAR block: q, k, v of this rank's tokens, the stock causal processor's
     per-head part over the whole sequence of this rank's head group (``attend_whole_sequence``), the output projection
     on this rank's tokens. Shards ``(B, S_local, H, D)``; the cache per layer ``own_cache``'s."""
@@ -115,6 +116,20 @@ class SequenceParallelFARProcessor:
         return attn.to_out[1](attn.to_out[0](out))
 
 
+@functools.cache
+def _processor_class() -> type:
+    """``FARProcessor`` run eagerly in compiled blocks (a graph break around attention: its collectives and the flex
+    call stay out of the graph); named ``SequenceParallel...`` as every processor ``parallelize`` installs."""
+    import torch
+
+    class SequenceParallelFARProcessor(FARProcessor):
+        @torch.compiler.disable
+        def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+            return super().__call__(*args, **kwargs)
+
+    return SequenceParallelFARProcessor
+
+
 class _Undo:
     """A removable handle (what ``ModelFamily.hooks`` returns) around an undo function."""
 
@@ -126,7 +141,7 @@ def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
     """Every block's ``attn1`` gets a ``SequenceParallelFARProcessor`` around its stock processor."""
     stock = [block.attn1.processor for block in model.blocks]
     for block, processor in zip(model.blocks, stock):
-        block.attn1.processor = SequenceParallelFARProcessor(processor, ctx)
+        block.attn1.processor = _processor_class()(processor, ctx)
 
     def undo() -> None:
         for block, processor in zip(model.blocks, stock):

@@ -77,6 +77,7 @@ def test_generate_gives_one_process_video_from_a_split_sequence(results, layout)
     assert report["lengths"] == [LENGTHS[layout]] * 2, f"each rank's attention saw {report['lengths']}"
 
 
+@pytest.mark.slow  # runs the CLI
 def test_generate_refuses_a_ring_in_one_line_before_loading(tmp_path):
     result = run_cli("pipelines.generate", ["--model", MODEL, "--ring", "2", "--out", str(tmp_path / "v.mp4")],
                      cwd=tmp_path)  # fmt: skip
@@ -84,3 +85,20 @@ def test_generate_refuses_a_ring_in_one_line_before_loading(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert lines[-1].startswith("error: --ring 2 for AnyFlowFARPipeline: AnyFlow FAR"), result.stderr[-2000:]
     assert "Traceback" not in result.stderr and "Chunks" not in result.stderr, result.stderr[-2000:]
+
+
+def test_checkpoint_config_names_its_architecture_and_plans():
+    """``configs/anyflow-far-wan2.1-1.3b.yaml``: Wan 2.1 1.3B's shape with the compressed patch embedding (about 1.4e9
+    parameters), 12 heads over Ulysses 2; the planner fits it on one GPU per rank."""
+    from dit_sp.memory.planner import ARCHITECTURES, TransformerShape, architecture_name
+    from dit_sp.memory.sampling import SamplingSettings, plan_sampling
+
+    name = "anyflow-far-wan2.1-1.3b"
+    config = GenerateConfig.load(name)
+    assert architecture_name("/models/AnyFlow-FAR-Wan2.1-1.3B-Diffusers") == name
+    shape = TransformerShape.of(*ARCHITECTURES[name]["transformers"]["transformer"])
+    assert 1.3e9 <= shape.params <= 1.5e9 and shape.heads % config.ulysses == 0, shape
+    assert config.ring == 1  # Ulysses only
+    settings = SamplingSettings(name, frames=config.frames, height=config.height, width=config.width,
+                                dtype=config.dtype, ulysses=config.ulysses)  # fmt: skip
+    assert plan_sampling(settings, config.ulysses, 80).fits

@@ -78,7 +78,7 @@ def _inputs(frames: int, seed: int) -> dict:
             "encoder_hidden_states": _rand(g, BATCH, 8, 16)}  # fmt: skip
 
 
-def _train_inputs() -> dict:
+def train_inputs() -> dict:
     g = torch.Generator().manual_seed(5)
     return _inputs(3, 1) | {"chunk_partition": [1, 1, 1], "clean_hidden_states": _rand(g, BATCH, 2, 4, HEIGHT, WIDTH),
                             "clean_timestep": torch.zeros(BATCH, 2)}  # fmt: skip
@@ -157,11 +157,11 @@ def check_far(layouts: list[tuple[int, int, int]]) -> dict:
     restoring the output. Per ring layout, the refusal. ``dense_vs_flex``: how far the stand-in is from flex."""
     model = build_tiny("tiny-anyflow-far", "transformer").float()
     flex_cache = _prefill(model)
-    flex = {"train": _forward(model, _train_inputs()), "denoise": _forward(model, _denoise_inputs(flex_cache))}
+    flex = {"train": _forward(model, train_inputs()), "denoise": _forward(model, _denoise_inputs(flex_cache))}
     with dense_attention():
         dense_cache = _prefill(model)
         reference = {
-            "train": _run(model, _train_inputs(), 1.0),
+            "train": _run(model, train_inputs(), 1.0),
             "denoise": _run(model, _denoise_inputs(dense_cache), 1.0),
         }
     caches = [(dense_cache[i][n] - flex_cache[i][n]).abs().max().item() for i in flex_cache for n in flex_cache[i]]
@@ -186,17 +186,17 @@ def check_far(layouts: list[tuple[int, int, int]]) -> dict:
                     results[key][mode] |= {"cache": _cache_error(cache, flex_cache, parallel),
                                            "cache_shape": list(cache[0]["full_cache"].shape)}  # fmt: skip
                 else:
-                    inputs = _train_inputs() if mode == "train" else _denoise_inputs(cache)
+                    inputs = train_inputs() if mode == "train" else _denoise_inputs(cache)
                     results[key][mode]["flex_out"] = (_forward(model, inputs) - flex[mode]).abs().max().item()
                 results[key][mode]["lengths"] = (sorted(seen), math.ceil(TOKENS[mode] / parallel.sp))
             with dense_attention():
                 cache = _prefill(model)
-                for mode, inputs in (("train", _train_inputs()), ("denoise", _denoise_inputs(cache))):
+                for mode, inputs in (("train", train_inputs()), ("denoise", _denoise_inputs(cache))):
                     out = _run(model, inputs, 1.0 / parallel.sp)
                     results[key][mode] |= _errors(*out, *reference[mode], parallel)
         for h in handles:
             h.remove()
-        results[key]["restored_bit_identical"] = float(torch.equal(_forward(model, _train_inputs()), flex["train"]))
+        results[key]["restored_bit_identical"] = float(torch.equal(_forward(model, train_inputs()), flex["train"]))
     return results
 
 
