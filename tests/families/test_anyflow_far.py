@@ -1,10 +1,10 @@
 """AnyFlow FAR (``tiny-anyflow-far``: causal over frame chunks, a flex-attention block mask, a KV cache) split under
 Ulysses, against one process. The transformer in its three modes (training with the block mask and clean context
-frames, the cache prefill, the denoising call reading the cache): outputs with flex attention, outputs and every
-gradient within 1e-5 (with a dense stand-in for flex attention, which has no CPU backward), each rank's cache holding
-its head group, the attention seeing its shard. The whole pipeline through ``generate`` on Ulysses 2 and with CFG
-parallelism: frames and latents within 1e-4. A ring refused in one line, at ``parallelize`` and before loading.
-One spawn runs the pipelines and then the transformer checks."""
+frames, the cache prefill, the denoising call reading the cache): outputs and every gradient within 1e-5 (with a dense
+stand-in for flex attention, which has no CPU backward; equal to it in forward), each rank's cache (prefilled with flex
+attention) holding its head group, the attention seeing its shard. The whole pipeline through ``generate`` (flex
+attention) on Ulysses 2 and with CFG parallelism: frames and latents within 1e-4. A ring refused in one line, at
+``parallelize`` and before loading. One spawn runs the pipelines and then the transformer checks."""
 
 from __future__ import annotations
 
@@ -46,7 +46,6 @@ def test_transformer_matches_single_process_under_ulysses(results, mode):
     far = results["far"]
     assert far["dense_vs_flex"] <= 1e-6, "the dense stand-in must compute what flex attention computes"
     errors = far["dp1-r1-u2"][mode] | {"restored_bit_identical": far["dp1-r1-u2"]["restored_bit_identical"]}
-    assert errors["flex_out"] <= TOL, errors
     assert_matches_one_process(errors, TOL, f"{MODEL} {mode}, Ulysses 2")
     seen, local = errors["lengths"]
     assert seen == [local], f"{mode}: attention saw {seen} tokens per rank, not the {local} of a split sequence"

@@ -3,9 +3,10 @@ KV cache) parallelized against one process, in the three modes of its forward: t
 clean context frames), the pipeline's cache prefill (the mask, every layer's keys and values written) and its
 denoising call (the cached keys read, no mask). Latents of 6 x 6 are 9 tokens per full frame, 1 per compressed one.
 
-Outputs are compared with torch's flex attention as the model calls it. Flex attention has no backward on CPU, so
-the gradients (and outputs again) are compared with ``dense_flex`` standing in for it, in both runs: the same
-attention with the block mask made dense (``create_mask`` of its ``mask_mod``), checked equal to flex attention."""
+The cache is prefilled with torch's flex attention as the model calls it. Flex attention has no backward on CPU, so
+outputs and gradients are compared with ``dense_flex`` standing in for it, in both runs: the same attention with the
+block mask made dense (``create_mask`` of its ``mask_mod``), checked equal to flex attention on one process. (The
+pipeline's test runs every call with flex attention, split.)"""
 
 from __future__ import annotations
 
@@ -151,10 +152,10 @@ def _cache_error(cache: dict, reference: dict, parallel) -> float:
 
 
 def check_far(layouts: list[tuple[int, int, int]]) -> dict:
-    """Per Ulysses layout and mode: with flex attention, the output's error against one process (the prefill: the
-    cache's against this rank's part of the one-process cache); with ``dense_flex``, the output, input and parameter
-    gradient errors (summed over SP); the token counts ``attn1`` saw next to ``ceil(tokens / sp)``; ``unparallelize``
-    restoring the output. Per ring layout, the refusal. ``dense_vs_flex``: how far the stand-in is from flex."""
+    """Per Ulysses layout: the prefill's cache with flex attention against this rank's part of the one-process
+    cache; in training and denoising with ``dense_flex``, the output, input and parameter gradient errors (summed over
+    SP); the token counts ``attn1`` saw next to ``ceil(tokens / sp)``; ``unparallelize`` restoring the output. Per
+    ring layout, the refusal. ``dense_vs_flex``: how far the stand-in is from flex attention."""
     model = build_tiny("tiny-anyflow-far", "transformer").float()
     flex_cache = _prefill(model)
     flex = {"train": _forward(model, train_inputs()), "denoise": _forward(model, _denoise_inputs(flex_cache))}
@@ -177,23 +178,18 @@ def check_far(layouts: list[tuple[int, int, int]]) -> dict:
                 results[key] = str(error)
             continue
         handles, seen = _lengths(model)
-        results[key] = {mode: {} for mode in TOKENS}
         with parallelize(model, parallel, verify_inputs=True):
-            for mode in TOKENS:
-                seen.clear()
-                if mode == "prefill":
-                    cache = _prefill(model)
-                    results[key][mode] |= {"cache": _cache_error(cache, flex_cache, parallel),
-                                           "cache_shape": list(cache[0]["full_cache"].shape)}  # fmt: skip
-                else:
-                    inputs = train_inputs() if mode == "train" else _denoise_inputs(cache)
-                    results[key][mode]["flex_out"] = (_forward(model, inputs) - flex[mode]).abs().max().item()
-                results[key][mode]["lengths"] = (sorted(seen), math.ceil(TOKENS[mode] / parallel.sp))
+            cache = _prefill(model)  # with flex attention (the denoising call's with flex: generate's test)
+            local = math.ceil(TOKENS["prefill"] / parallel.sp)
+            results[key] = {"prefill": {"cache": _cache_error(cache, flex_cache, parallel),
+                                       "cache_shape": list(cache[0]["full_cache"].shape),
+                                       "lengths": (sorted(seen), local)}}  # fmt: skip
             with dense_attention():
                 cache = _prefill(model)
                 for mode, inputs in (("train", train_inputs()), ("denoise", _denoise_inputs(cache))):
-                    out = _run(model, inputs, 1.0 / parallel.sp)
-                    results[key][mode] |= _errors(*out, *reference[mode], parallel)
+                    seen.clear()
+                    results[key][mode] = _errors(*_run(model, inputs, 1.0 / parallel.sp), *reference[mode], parallel)
+                    results[key][mode]["lengths"] = (sorted(seen), math.ceil(TOKENS[mode] / parallel.sp))
         for h in handles:
             h.remove()
         results[key]["restored_bit_identical"] = float(torch.equal(_forward(model, train_inputs()), flex["train"]))
