@@ -159,6 +159,20 @@ def _plan(model: torch.nn.Module) -> dict:
     return plan
 
 
+def _shape_check(config: Any, settings: dict[str, Any], name: Any, vae: tuple[int, int]) -> None:
+    """The pipeline denoises the frame chunks of ``chunk_partition`` (the transformer's config: ``generate`` passes
+    none), which must add up to the video's latent frames."""
+    from dit_sp.errors import ConfigError
+
+    if "chunk_partition" not in config or "compressed_patch_size" not in config:  # another family's transformer
+        return
+    chunks, frames = list(config["chunk_partition"]), (settings["frames"] - 1) // vae[0] + 1
+    if sum(chunks) != frames:
+        raise ConfigError(f"{name('frames')} {settings['frames']}: AnyFlow FAR denoises the chunks of its "
+                          f"chunk_partition {chunks}, {sum(chunks)} latent frames, not {frames}; use "
+                          f"{name('frames')} {(sum(chunks) - 1) * vae[0] + 1}")  # fmt: skip
+
+
 def _layout_check(model: torch.nn.Module, parallel: ParallelState) -> None:
     if parallel.ring > 1:
         raise NotImplementedError(f"ring {parallel.ring}: {RING_REFUSAL}")
@@ -172,6 +186,7 @@ ANYFLOW_FAR = ModelFamily(
     hooks=_hooks,
     attention_modules=(),  # SequenceParallelFARProcessor (_hooks) runs attn1 over the whole sequence of its heads
     layout_check=_layout_check,
+    shape_check=_shape_check,
     ring_refused=RING_REFUSAL,
     cfg_mode="batched",  # one call on [unconditional, conditional]
     cfg_batched_args=("hidden_states", "timestep", "r_timestep", "encoder_hidden_states"),

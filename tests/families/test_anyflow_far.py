@@ -101,3 +101,15 @@ def test_checkpoint_config_names_its_architecture_and_plans():
     settings = SamplingSettings(name, frames=config.frames, height=config.height, width=config.width,
                                 dtype=config.dtype, ulysses=config.ulysses)  # fmt: skip
     assert plan_sampling(settings, config.ulysses, 80).fits
+
+
+def test_frames_must_fill_the_chunks_before_loading(tmp_path):
+    """tiny-anyflow-far's chunk_partition [1, 1, 1] is 3 latent frames: 9 frames; 13 are refused in one line."""
+    from dit_sp.errors import ConfigError
+    from dit_sp.inference.checks import check_before_loading
+
+    config = lambda **flags: GenerateConfig.load(overrides={"model": MODEL, "out": str(tmp_path / "v.mp4"), **flags})
+    check_before_loading(config(frames=9, ulysses=2))
+    with pytest.raises(ConfigError, match=r"^--frames 13: AnyFlow FAR denoises the chunks of its chunk_partition "
+                                          r"\[1, 1, 1\], 3 latent frames, not 4; use --frames 9$"):  # fmt: skip
+        check_before_loading(config(frames=13))
