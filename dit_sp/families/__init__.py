@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from dit_sp.errors import ConfigError
 from dit_sp.families.allegro import ALLEGRO
 from dit_sp.families.anyflow import ANYFLOW
+from dit_sp.families.anyflow_far import ANYFLOW_FAR
 from dit_sp.families.chronoedit import CHRONOEDIT
 from dit_sp.families.cogvideox import COGVIDEOX
 from dit_sp.families.consisid import CONSISID
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
 FAMILIES: tuple[ModelFamily, ...] = (
     WAN, HUNYUAN_VIDEO, COGVIDEOX,
     LTX, MOCHI, LTX2, EASYANIMATE, ALLEGRO,
-    SKYREELS_V2, WAN_VACE, CHRONOEDIT, HUNYUAN_VIDEO15, HUNYUAN_VIDEO_FRAMEPACK, ANYFLOW,
+    SKYREELS_V2, WAN_VACE, CHRONOEDIT, HUNYUAN_VIDEO15, HUNYUAN_VIDEO_FRAMEPACK, ANYFLOW, ANYFLOW_FAR,
     KANDINSKY5, MOTIF_VIDEO, COSMOS, MINIMAX_H3, HELIOS,
     LATTE, WAN_ANIMATE, SANA_VIDEO, COSMOS3, CONSISID, KANDINSKY6, KANDINSKY6_SR,
     WAN_ANIMATE_2,

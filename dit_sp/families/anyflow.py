@@ -7,9 +7,8 @@ modulation is split with the tokens at every block, as are its rotary tables (``
 ``(1, 1, S, D/2)``, complex), and the sequence is gathered after ``norm_out``, before the final per-token shift
 and scale. Its VAE is Wan's. diffusers ships no ``_cp_plan`` for this model.
 
-AnyFlow FAR (``AnyFlowFARTransformer3DModel``) attends causally over frame chunks with a KV cache: refused (its
-flex-attention block mask and its whole-sequence cache, written inside the processor, have no split here; a
-Ulysses split could apply the mask whole, as it does SkyReels-V2's, once the cache held each rank's head group).
+AnyFlow FAR (``AnyFlowFARTransformer3DModel``, causal over frame chunks with a KV cache) is its own family:
+``families/anyflow_far.py``.
 """
 
 from __future__ import annotations
@@ -23,13 +22,6 @@ from dit_sp.families.wan import wan_architecture, wan_vae_factors
 if TYPE_CHECKING:
     import torch
 
-FAR_REFUSAL = (
-    "AnyFlow FAR (AnyFlowFARTransformer3DModel) attends causally over frame chunks with a KV cache: its processor "
-    "calls flex attention with a block mask (not torch SDPA, which dit-sp routes) and writes every layer's keys and "
-    "values into a cache its pipeline allocates whole, neither of which dit-sp splits; use the bidirectional "
-    "AnyFlowTransformer3DModel"
-)
-
 
 def _plan(model: torch.nn.Module) -> dict:
     cp_input, cp_output = context_parallel_types()
@@ -41,11 +33,6 @@ def _plan(model: torch.nn.Module) -> dict:
     return plan
 
 
-def _check(model: torch.nn.Module) -> None:
-    if type(model).__name__ == "AnyFlowFARTransformer3DModel":
-        raise NotImplementedError(FAR_REFUSAL)
-
-
 _14B = {"num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40}
 _ARCHITECTURES = {"anyflow-wan2.1-t2v-14b": wan_architecture({"transformer": _14B}, "AnyFlowTransformer3DModel")}
 """nvidia/AnyFlow-Wan2.1-T2V-14B-Diffusers (Wan 2.1 14B's shape with two timestep embedders), for the planner."""
@@ -53,13 +40,11 @@ _ARCHITECTURES = {"anyflow-wan2.1-t2v-14b": wan_architecture({"transformer": _14
 ANYFLOW = ModelFamily(
     name="anyflow",
     step_cache=False,
-    class_names=("AnyFlowTransformer3DModel", "AnyFlowFARTransformer3DModel"),
+    class_names=("AnyFlowTransformer3DModel",),
     plan=_plan,
     attention_modules=("blocks.*.attn1",),
     cfg_mode="batched",  # one call on [unconditional, conditional]
     cfg_batched_args=("hidden_states", "timestep", "r_timestep", "encoder_hidden_states"),
-    check=_check,
-    refused={"AnyFlowFARTransformer3DModel": FAR_REFUSAL},
     tiny_models=("tiny-anyflow",),
     checkpoint_defaults={"AnyFlowPipeline": generation_defaults(33, 480, 832, 4, 1.0, 512) | {"fps": 16}},
     vae_factors={"AnyFlowPipeline": wan_vae_factors},

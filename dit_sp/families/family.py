@@ -81,6 +81,10 @@ class ModelFamily:
     cfg_extra_outputs: Callable[[torch.nn.Module, dict[str, Any]], tuple[tuple[int, ...], ...]] | None = None
     """``sequential`` mode: the shapes of the outputs after the first that a call returns (Kandinsky 6's audio
     velocity), from the model and the call's arguments by name; none: one output is exchanged."""
+    ring_refused: str = ""
+    """Why a ring cannot split the family's attention exactly (empty: it can): one that only Ulysses splits (AnyFlow
+    FAR's block mask and KV cache); its ``layout_check`` refuses ``ring > 1`` at ``parallelize``, ``generate`` before
+    loading, and the README's table shows Ulysses alone."""
     cfg_batched_args: tuple[str, ...] = ()
     """Forward arguments that carry the guidance batch (``batched`` mode)."""
     guidance_arg: str = "guidance_scale"
@@ -91,9 +95,6 @@ class ModelFamily:
     check: Callable[[torch.nn.Module], None] = lambda model: None
     """Raises for configurations of the family that are not supported (at ``parallelize`` and at every call: a
     pipeline may reconfigure its model per call)."""
-    ring: bool = True
-    """Whether a ring splits the family exactly (False: Ulysses alone, a ring refused by ``layout_check``: an attention
-    that is not plain softmax attention, run whole-sequence per head group by ``attend_whole_sequence``)."""
     layout_check: Callable[[torch.nn.Module, ParallelState], None] = lambda model, parallel: None
     """Raises for configurations of the family that split exactly on some layouts only (SkyReels-V2's block-causal
     frames: Ulysses alone); called with ``check``."""

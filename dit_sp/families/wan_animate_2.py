@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 RING_REFUSAL = (
     "Wan-Animate-2 attends through a flex-attention block mask over a packed [generation | reference] buffer of the "
     "whole video, which only Ulysses splits exactly (every rank attends over the whole sequence of its heads), not "
-    "a ring of {ring}; use ring 1"
+    "a ring; use ring 1"
 )
 
 CFG_REFUSAL = (
@@ -63,7 +63,7 @@ def _plan(model: torch.nn.Module) -> dict:
 
 def _layout_check(model: torch.nn.Module, parallel: ParallelState) -> None:
     if parallel.ring > 1:
-        raise NotImplementedError(RING_REFUSAL.format(ring=parallel.ring))
+        raise NotImplementedError(RING_REFUSAL)
 
 
 class _HeadGroup:
@@ -144,7 +144,7 @@ WAN_ANIMATE_2 = ModelFamily(
     plan=_plan,
     hooks=_hooks,
     attention_modules=(),  # its self-attention gets its own processor (``_hooks``); cross-attention stays local
-    ring=False,
+    ring_refused=RING_REFUSAL,
     layout_check=_layout_check,
     cfg_refused=CFG_REFUSAL,
 )

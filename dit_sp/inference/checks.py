@@ -132,6 +132,9 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
         raise ConfigError(f"{config.model} ({name}): {refused_pipelines()[name]}")
     if name in python_only_pipelines():  # LTX-2's DFR temporal refine: it refines another pass's latent output
         raise ConfigError(f"{config.model} ({name}): generate does not run it: {python_only_pipelines()[name]}")
+    ring_refused = next((f.ring_refused for f in FAMILIES if f.ring_refused and name in f.checkpoint_defaults), "")
+    if config.ring > 1 and ring_refused:
+        raise ConfigError(f"--ring {config.ring} for {name}: {ring_refused}")
     if check_modular(config, name):
         return
     takes = inspect.signature(getattr(diffusers, name).__call__).parameters

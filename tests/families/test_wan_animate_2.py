@@ -65,7 +65,7 @@ def test_cfg_parallel_is_refused_with_the_reason():
     from dit_sp.zoo import build_tiny
 
     family = next(f for f in FAMILIES if "WanAnimate2Transformer3DModel" in f.class_names)
-    assert family.name == "wan_animate_2" and not family.refused and not family.ring  # the table: "ring refused"
+    assert family.name == "wan_animate_2" and not family.refused and family.ring_refused  # the table: "ring refused"
     pipe = SimpleNamespace(transformer=build_tiny("tiny-wan-animate-2", "transformer"))
     with pytest.raises(ConfigError, match=r"^cfg parallelism \(cfg=2\) for SimpleNamespace: Wan-Animate-2's") as e:
         parallelize(pipe, SimpleNamespace(cfg=2))

@@ -67,25 +67,6 @@ def test_real_architectures_have_their_published_sizes(name, low, high):
     assert low <= shape.params <= high, shape.params
 
 
-@pytest.mark.parametrize(
-    ("cls", "config", "refusal"),
-    [
-        ("AnyFlowFARTransformer3DModel",
-         {"num_attention_heads": 2, "attention_head_dim": 8, "in_channels": 4, "out_channels": 4, "text_dim": 16,
-          "freq_dim": 16, "ffn_dim": 16, "num_layers": 1},
-         r"^AnyFlow FAR .* causally over frame chunks with a KV cache.*bidirectional AnyFlowTransformer3DModel$"),
-    ],
-)  # fmt: skip
-def test_models_that_cannot_be_split_exactly_are_refused_in_one_line(cls, config, refusal):
-    import diffusers
-
-    from dit_sp import ParallelConfig, init_parallel, parallelize
-
-    model = getattr(diffusers, cls)(**config)
-    with pytest.raises(NotImplementedError, match=refusal):
-        parallelize(model, init_parallel(ParallelConfig()))
-
-
 @pytest.mark.parametrize("model", ["tiny-skyreels-v2-df", "tiny-chronoedit", "tiny-anyflow"])
 def test_step_caches_without_block_metadata_are_refused_in_one_line(model):
     """diffusers' cache hooks know no metadata for these blocks, and no TeaCache probe is registered: the family

@@ -39,6 +39,10 @@ def model_inputs(family: str, batch: int = 2) -> dict:
         from cosmos3_checks import transformer_inputs
 
         return transformer_inputs()
+    if family == "tiny-anyflow-far":  # training mode: the block mask, compressed and clean context frames
+        from anyflow_far_checks import train_inputs
+
+        return train_inputs()
     if family == "tiny-consisid":
         from consisid_checks import consisid_inputs
 
