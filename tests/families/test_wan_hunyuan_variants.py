@@ -67,10 +67,10 @@ def test_real_architectures_have_their_published_sizes(name, low, high):
     assert low <= shape.params <= high, shape.params
 
 
-@pytest.mark.parametrize("model", ["tiny-skyreels-v2-df", "tiny-chronoedit", "tiny-anyflow"])
-def test_step_caches_without_block_metadata_are_refused_in_one_line(model):
-    """diffusers' cache hooks know no metadata for these blocks, and no TeaCache probe is registered: the family
-    says so (``step_cache=False``), and both caches are refused naming it."""
+@pytest.mark.parametrize("model", ["tiny-chronoedit", "tiny-anyflow"])
+def test_step_caches_the_family_never_checked_are_refused_in_one_line(model):
+    """ChronoEdit's pipeline calls its transformer per guidance branch outside diffusers' cache contexts, AnyFlow's
+    blocks have no metadata: the family says so (``step_cache=False``), and both caches are refused naming it."""
     from dit_sp.cache import enable_cache
     from dit_sp.errors import ConfigError
     from dit_sp.zoo import build_tiny
@@ -79,3 +79,15 @@ def test_step_caches_without_block_metadata_are_refused_in_one_line(model):
     for cache in ("first_block:0.1", "teacache:0.1"):
         with pytest.raises(ConfigError, match=r"^step caching is not supported for \w+ \(\w+ family\): [^\n]+$"):
             enable_cache(pipe, cache)
+
+
+def test_skyreels_v2_takes_the_first_block_cache_and_refuses_teacache_without_a_probe():
+    """SkyReels-V2's blocks get their metadata from the family (``block_outputs``); no TeaCache probe is written."""
+    from dit_sp.cache import enable_cache
+    from dit_sp.errors import ConfigError
+    from dit_sp.zoo import build_tiny
+
+    pipe = build_tiny("tiny-skyreels-v2-df")
+    enable_cache(pipe, "first_block:0.1").undo()
+    with pytest.raises(ConfigError, match=r"^teacache: no probe for the skyreels_v2 family; use the first_block"):
+        enable_cache(pipe, "teacache:0.1")
