@@ -1,0 +1,155 @@
+"""Kandinsky 6 SR's tiny transformer (``tiny-kandinsky6-sr``), its inputs and the worker-side checks against one
+process: the NABLA masks each rank builds for its heads (equal, block for block, to the one-process masks of those
+heads), the output with the stock flex attention, and the output and every gradient with flex attention replaced by
+the same block mask as dense SDPA in both runs (torch's flex attention has no backward on CPU); the token counts each
+self-attention took; the ring and CFG refusals; and a tiny ``Kandinsky6SRPipeline`` and ``generate`` runs.
+
+The inputs are what ``Kandinsky6SRPipeline`` passes: ``[latent | anchor (zero) | anchor mask (zero)]`` tiles of 3
+latent frames of 8 x 16 at patch (1, 1, 1): 384 tokens in 6 NABLA blocks of 64 (the sequence is always a multiple of
+64 tokens, so it splits evenly); 3 heads over 2 processes (uneven: a padded head)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dit_sp import ParallelConfig, init_parallel, parallelize
+from dit_sp.attention import head_group
+from dit_sp.zoo import build_tiny
+
+MODEL = "tiny-kandinsky6-sr"
+TOKENS = 384
+HEADS = 3
+
+
+def sr_inputs(batch: int = 2) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(7)
+    latents = torch.randn(batch, 3, 8, 16, 4, generator=g)
+    hidden = torch.cat([latents, torch.zeros_like(latents), torch.zeros(batch, 3, 8, 16, 1)], -1)
+    return {"hidden_states": hidden, "timestep": torch.tensor([1000.0, 500.0][:batch])}
+
+
+@contextlib.contextmanager
+def recorded_masks(masks: list[torch.Tensor]) -> Iterator[None]:
+    """Record each NABLA mask built (``(B, h, blocks, blocks)``, dense) while inside: the stock processor and dit-sp's
+    both call the diffusers module's ``nabla_block_mask``."""
+    from diffusers.models.transformers import transformer_kandinsky6_sr as k6sr
+
+    stock = k6sr.nabla_block_mask
+
+    def record(*args: Any, **kwargs: Any) -> Any:
+        mask = stock(*args, **kwargs)
+        masks.append(mask.to_dense().clone())
+        return mask
+
+    k6sr.nabla_block_mask = record
+    try:
+        yield
+    finally:
+        k6sr.nabla_block_mask = stock
+
+
+@contextlib.contextmanager
+def dense_block_attention() -> Iterator[None]:
+    """Flex attention replaced by SDPA with the same ``BlockMask`` made dense (64 x 64 token blocks): differentiable
+    on CPU, where torch's flex attention has no backward. Both runs of a comparison use it."""
+    import torch.nn.functional as F
+    from diffusers.models.transformers import transformer_kandinsky6_sr as k6sr
+
+    stock = k6sr.dispatch_attention_fn
+
+    def dense(query, key, value, attn_mask, **options):  # (B, S, h, D) and a BlockMask; the backend named
+        size = attn_mask.BLOCK_SIZE[0]
+        blocks = attn_mask.to_dense().bool().repeat_interleave(size, -2).repeat_interleave(size, -1)
+        out = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (query, key, value)),
+                                             attn_mask=blocks[..., : query.shape[1], : key.shape[1]])  # fmt: skip
+        return out.transpose(1, 2)
+
+    k6sr.dispatch_attention_fn = dense
+    try:
+        yield
+    finally:
+        k6sr.dispatch_attention_fn = stock
+
+
+def _run(model: torch.nn.Module, kwargs: dict, grad_scale: float) -> tuple[torch.Tensor, dict]:
+    """Output and gradients of ``sum(out * w)`` (times ``grad_scale``) w.r.t. the latents and the parameters."""
+    model.zero_grad(set_to_none=True)
+    hidden = kwargs["hidden_states"].clone().requires_grad_()
+    out = model(**(kwargs | {"hidden_states": hidden}), return_dict=False)[0]
+    loss = (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(3))).sum()
+    (loss * grad_scale).backward()
+    grads = {"input.hidden_states": hidden.grad} | {f"param.{n}": p.grad for n, p in model.named_parameters()}
+    return out.detach(), grads
+
+
+def _seen(model: torch.nn.Module, seen: set) -> list:
+    return [block.self_attention.register_forward_pre_hook(lambda m, args: seen.add(args[0].shape[1]))
+            for block in model.visual_transformer_blocks]  # fmt: skip
+
+
+def _refusal(fn: Any) -> str:
+    try:
+        fn()
+    except (NotImplementedError, ValueError) as error:
+        return f"{type(error).__name__}: {error}"
+    return ""
+
+
+def check_sr_transformer() -> dict[str, Any]:
+    """Ulysses 2 against this process's unsplit runs: masks, the flex output, the dense output and gradients (summed
+    over the group), token counts, ``unparallelize`` restoring the original; and the refusals of a ring and of CFG."""
+    model = build_tiny(MODEL, "transformer").float()
+    kwargs = sr_inputs()
+    ref_masks: list[torch.Tensor] = []
+    with torch.no_grad(), recorded_masks(ref_masks):
+        ref_flex = model(**kwargs, return_dict=False)[0]
+    with dense_block_attention():
+        ref_out, ref_grads = _run(model, kwargs, 1.0)
+
+    parallel = init_parallel(ParallelConfig(ulysses=2))
+    masks: list[torch.Tensor] = []
+    seen: set = set()
+    handles = _seen(model, seen)
+    with parallelize(model, parallel, verify_inputs=True):
+        with torch.no_grad(), recorded_masks(masks):
+            flex = model(**kwargs, return_dict=False)[0]
+        with dense_block_attention():
+            out, grads = _run(model, kwargs, 1.0 / parallel.sp)
+    for h in handles:
+        h.remove()
+    heads = head_group(HEADS, parallel)
+    real = heads.stop - heads.start  # this rank's real heads: the first of its group (a padded head behind them)
+    errors: dict[str, Any] = {
+        "masks": len(masks),
+        "masks_equal": all(torch.equal(m[:, :real], r[:, heads]) for m, r in zip(masks, ref_masks)),
+        "mask_density": torch.stack(ref_masks).float().mean().item(),
+        "flex": (flex - ref_flex).abs().max().item(),
+        "out": (out - ref_out).abs().max().item(),
+        "ref_scale": ref_out.abs().max().item(),
+        "seen": sorted(seen),
+        "grads_compared": len(ref_grads),
+        "params": len(list(model.parameters())),
+    }
+    worst = {"input": (0.0, ""), "param": (0.0, "")}
+    for key, ref in ref_grads.items():
+        summed = grads[key].clone()
+        dist.all_reduce(summed, group=parallel.sp_group)
+        error = (summed - ref).abs().max().item() / max(ref.abs().max().item(), 1.0)
+        kind = key.split(".", 1)[0]
+        worst[kind] = max(worst[kind], (error, key))
+    errors["input_grads"], errors["input_grads_worst"] = worst["input"]
+    errors["param_grads"], errors["param_grads_worst"] = worst["param"]
+    with torch.no_grad():
+        restored = model(**kwargs, return_dict=False)[0]
+    errors["restored_bit_identical"] = float(torch.equal(restored, ref_flex))
+    ring = init_parallel(ParallelConfig(ring=2))
+    errors["ring_refusal"] = _refusal(lambda: parallelize(model, ring))
+    errors["cfg_refusal"] = _refusal(lambda: parallelize(build_tiny(MODEL), init_parallel(ParallelConfig(cfg=2))))
+    errors["left_stock"] = all(type(b.self_attention.processor).__name__ == "Kandinsky6SRAttnProcessor"
+                               for b in model.visual_transformer_blocks)  # fmt: skip
+    return errors
