@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
+from dit_sp.errors import ConfigError
 from dit_sp.families.family import ModelFamily
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ def _plan(model: torch.nn.Module) -> dict:
     return plan
 
 
-class NablaProcessor:
+class SequenceParallelNablaProcessor:
     """The SR self-attention on this rank's tokens ``(B, S_local, C)``: projections, norms and rotary embedding per
     token, as the stock processor; NABLA's mask and flex attention on the whole sequence of this rank's head group
     (``attend_whole_sequence``)."""
@@ -93,8 +94,8 @@ class _Undo:
 
 
 def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
-    """Each block's self-attention on ``NablaProcessor``; the tokens gathered after the last block (a hook rather
-    than the plan, which cannot both split and gather at one module: a one-block model)."""
+    """Each block's self-attention on ``SequenceParallelNablaProcessor``; the tokens gathered after the last block (a
+    hook rather than the plan, which cannot both split and gather at one module: a one-block model)."""
     from dit_sp.parallel.comm import gather_sequence
 
     def gather(module: torch.nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
@@ -103,15 +104,20 @@ def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
     undo = []
     for block in model.visual_transformer_blocks:
         attention, stock = block.self_attention, block.self_attention.processor
-        attention.processor = NablaProcessor(ctx)
+        attention.processor = SequenceParallelNablaProcessor(ctx)
         undo.append(lambda attention=attention, stock=stock: setattr(attention, "processor", stock))
     handle = model.visual_transformer_blocks[-1].register_forward_hook(gather)
     return [handle, _Undo(lambda: [fn() for fn in undo])]
 
 
+class LayoutRefused(ConfigError, NotImplementedError):
+    """A layout this attention cannot split exactly: refused like every split dit-sp cannot make
+    (``NotImplementedError``), and a user's setting (``ConfigError``), so ``generate``'s CLI says it in one line."""
+
+
 def _layout_check(model: torch.nn.Module, parallel: ParallelState) -> None:
     if parallel.ring > 1:
-        raise NotImplementedError(RING_REFUSAL.format(ring=parallel.ring))
+        raise LayoutRefused(RING_REFUSAL.format(ring=parallel.ring))
 
 
 def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:  # Kandinsky6SRVAE: x2 per encoder level in space
@@ -126,10 +132,11 @@ KANDINSKY6_SR = ModelFamily(
     class_names=("Kandinsky6SRTransformer3DModel",),
     plan=_plan,
     hooks=_hooks,
-    attention_modules=(),  # NablaProcessor, installed by the hooks: not SDPA, which the stock routing intercepts
+    attention_modules=(),  # not SDPA, which the stock routing intercepts: the hooks install their own processor
     channels_last=True,
     layout_check=_layout_check,
     cfg_refused=CFG_REFUSAL,
+    tiny_models=("tiny-kandinsky6-sr",),
     vae_factors={PIPELINE: _vae_factors},
 )
 """Kandinsky 6's super-resolution stage, a family of its own (its pipeline and VAE, ``Kandinsky6SRVAE``, are its

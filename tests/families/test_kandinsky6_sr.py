@@ -8,19 +8,33 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kandinsky6_sr_checks import MODEL, TOKENS, check_sr_transformer, sr_inputs
+from kandinsky6_sr_checks import MODEL, TOKENS, check_all, sr_inputs, write_video
 from split_errors import assert_matches_one_process
 
-from dit_sp import ParallelConfig, init_parallel, parallelize, spawn
+from dit_sp import GenerateConfig, ParallelConfig, init_parallel, parallelize, spawn
 from dit_sp.families import family_of
 from dit_sp.zoo import build_tiny
 
 TOL = 1e-5
 
 
+def _settings(tmp, name: str, video: str, **flags) -> GenerateConfig:
+    paths = {"out": str(tmp / f"{name}.mp4"), "save_latents": str(tmp / f"{name}.pt")}
+    return GenerateConfig.load(overrides={"model": MODEL, "video": video, "verify_inputs": True, **paths, **flags})
+
+
 @pytest.fixture(scope="module")
-def results():
-    return spawn(check_sr_transformer, 2, timeout=300)
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("kandinsky6_sr")
+    (tmp / "video").mkdir()
+    video = write_video(tmp / "video")
+    jobs = [_settings(tmp, name, video, **flags) for name, flags in (("1x2", {"ulysses": 2}), ("2x1", {"ring": 2}))]
+    return {"by_rank": spawn(check_all, 2, args=(video, *jobs), timeout=300)}
+
+
+@pytest.fixture(scope="module")
+def results(runs):
+    return [r["transformer"] for r in runs["by_rank"]]
 
 
 @pytest.mark.slow
@@ -38,12 +52,50 @@ def test_transformer_matches_single_process(results):
 @pytest.mark.slow
 def test_ring_and_cfg_parallel_are_refused_in_one_line(results):
     errors = results[0]
-    assert errors["ring_refusal"].startswith("NotImplementedError: Kandinsky 6 SR's NABLA sparse attention keeps")
+    # LayoutRefused: a NotImplementedError (a split refused) and a ConfigError (a user's layout: one line from the CLI)
+    assert errors["ring_refusal"].startswith(
+        "LayoutRefused (NotImplementedError, ConfigError): Kandinsky 6 SR's NABLA sparse attention keeps"
+    )
     assert errors["ring_refusal"].endswith("use ring 1 (got ring 2)")
-    assert errors["cfg_refusal"].startswith("ConfigError: cfg parallelism (cfg=2) for Kandinsky6SRPipeline: ")
+    assert errors["cfg_refusal"].startswith(
+        "ConfigError (ConfigError): cfg parallelism (cfg=2) for Kandinsky6SRPipeline"
+    )
     assert "does not guide" in errors["cfg_refusal"]
     assert not any("\n" in errors[key] for key in ("ring_refusal", "cfg_refusal"))
     assert errors["left_stock"], "a refused parallelize left dit-sp's processors installed"
+
+
+PIPELINE_TOKENS = 384
+"""The tile: 3 latent frames of 8 x 16 (the 16 x 32 video upscaled 2x to the 32 x 64 tile, the VAE x4 in space)."""
+
+
+@pytest.mark.slow
+def test_pipeline_matches_single_process(runs):
+    """``Kandinsky6SRPipeline`` (one tile, two steps) on Ulysses 2: frames and every step's latents within 1e-4 of one
+    process, the tokens really split."""
+    for errors in (r["pipeline"] for r in runs["by_rank"]):
+        assert errors["shapes"] == {"frames": (1, 5, 32, 64, 3), "latents": (2, 1, 3, 8, 16, 4)}, errors
+        for key in ("frames", "latents"):
+            assert errors["std"][key] > 0.01, f"{key}: not a real output ({errors['std']})"
+            assert errors[key] <= 1e-4, f"{key} error {errors[key]:.2e} above 1e-4"
+        assert errors["seen"] == [PIPELINE_TOKENS // 2], errors["seen"]
+
+
+@pytest.mark.slow
+def test_generate_matches_single_process(runs):
+    """``generate --model tiny-kandinsky6-sr --video DIR --ulysses 2`` against the stock pipeline on one process called
+    as ``generate`` calls it (seed 0, the spec's ``resolution_scale`` 2, 2 steps): frames and final latents within
+    1e-4, one rank writing, the tokens split; ``--ring 2`` refused in one line (a ``ConfigError``: the CLI's one
+    line)."""
+    reports = [r["generate"] for r in runs["by_rank"]]
+    leaders = [report for report in reports if report["writes"]]
+    assert len(leaders) == 1, "exactly one rank writes the output"
+    assert leaders[0]["shape"] == (5, 32, 64, 3), leaders[0]
+    assert leaders[0]["frames"] <= 1e-4 and leaders[0]["latents"] <= 1e-4, leaders[0]
+    assert all(report["attention_tokens"] == [PIPELINE_TOKENS // 2] for report in reports), reports
+    refusal = runs["by_rank"][0]["generate_ring"]
+    assert refusal.startswith("LayoutRefused (NotImplementedError, ConfigError): Kandinsky 6 SR's NABLA sparse")
+    assert refusal.endswith("use ring 1 (got ring 2)") and "\n" not in refusal
 
 
 def test_single_process_parallelize_is_exact():
@@ -53,7 +105,8 @@ def test_single_process_parallelize_is_exact():
     with torch.no_grad():
         ref = model(**kwargs, return_dict=False)[0]
         with parallelize(model, init_parallel(ParallelConfig())):
-            assert type(model.visual_transformer_blocks[0].self_attention.processor).__name__ == "NablaProcessor"
+            processor = model.visual_transformer_blocks[0].self_attention.processor
+            assert type(processor).__name__ == "SequenceParallelNablaProcessor"
             out = model(**kwargs, return_dict=False)[0]
     assert out.shape == (2, 3, 8, 16, 4)
     torch.testing.assert_close(out, ref, atol=0, rtol=0)

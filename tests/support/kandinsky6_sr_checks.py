@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from dit_sp import ParallelConfig, init_parallel, parallelize
 from dit_sp.attention import head_group
+from dit_sp.errors import ConfigError
 from dit_sp.zoo import build_tiny
 
 MODEL = "tiny-kandinsky6-sr"
@@ -96,7 +97,8 @@ def _refusal(fn: Any) -> str:
     try:
         fn()
     except (NotImplementedError, ValueError) as error:
-        return f"{type(error).__name__}: {error}"
+        kinds = [kind.__name__ for kind in (NotImplementedError, ConfigError) if isinstance(error, kind)]
+        return f"{type(error).__name__} ({', '.join(kinds)}): {error}"
     return ""
 
 
@@ -153,3 +155,90 @@ def check_sr_transformer() -> dict[str, Any]:
     errors["left_stock"] = all(type(b.self_attention.processor).__name__ == "Kandinsky6SRAttnProcessor"
                                for b in model.visual_transformer_blocks)  # fmt: skip
     return errors
+
+
+def write_video(directory: Any) -> str:
+    """A seeded input video, 5 frames of 16 x 32 (PNGs in ``directory``): at ``resolution_scale`` 2 (the spec's call
+    argument) one tile of 32 x 64, the output."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for i in range(5):
+        Image.fromarray(rng.integers(0, 256, (16, 32, 3), dtype=np.uint8)).save(f"{directory}/{i:02d}.png")
+    return str(directory)
+
+
+def _run_pipeline(pipe: Any, video: list[Any]) -> dict[str, torch.Tensor]:
+    """Frames and the latents after every scheduler step of every tile (the pipeline has no step callback)."""
+    latents: list[torch.Tensor] = []
+    scheduler = pipe.scheduler
+
+    def step(*args: Any, **kwargs: Any) -> Any:
+        out = type(scheduler).step(scheduler, *args, **kwargs)
+        latents.append(out[0].detach().clone())
+        return out
+
+    scheduler.step = step
+    try:
+        out = pipe(video=video, resolution_scale=2, num_inference_steps=2, generator=torch.Generator().manual_seed(0),
+                   output_type="np")  # fmt: skip
+    finally:
+        del scheduler.step
+    return {"frames": torch.as_tensor(out.frames), "latents": torch.stack(latents)}
+
+
+def _count_tokens(seen: set) -> Any:
+    """A global forward pre-hook (this worker only) recording the token count of each call of an attention module
+    with dit-sp's NABLA processor."""
+
+    def hook(module: torch.nn.Module, args: tuple) -> None:
+        if type(getattr(module, "processor", None)).__name__ == "SequenceParallelNablaProcessor":
+            seen.add(args[0].shape[1])
+
+    return torch.nn.modules.module.register_module_forward_pre_hook(hook)
+
+
+def check_sr_pipeline(video_dir: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The tiny ``Kandinsky6SRPipeline`` on Ulysses 2 against this process's unsplit run: max abs errors of the
+    frames and of the latents, their spread, the token counts the NABLA attention took; and the unsplit run (what
+    ``generate`` calls: seed 0, ``resolution_scale`` 2, 2 steps)."""
+    from dit_sp.inference.checks import read_video
+
+    pipe, video = build_tiny(MODEL), read_video(video_dir)
+    reference = _run_pipeline(pipe, video)
+    seen: set = set()
+    handle = _count_tokens(seen)
+    try:
+        with parallelize(pipe, init_parallel(ParallelConfig(ulysses=2))):
+            outputs = _run_pipeline(pipe, video)
+    finally:
+        handle.remove()
+    errors = {k: (outputs[k] - ref).abs().max().item() for k, ref in reference.items()}
+    errors |= {"std": {k: ref.std().item() for k, ref in reference.items()}, "seen": sorted(seen),
+               "shapes": {k: tuple(v.shape) for k, v in outputs.items()}}  # fmt: skip
+    return errors, reference
+
+
+def check_all(video_dir: str, job: Any, ring_job: Any) -> dict[str, Any]:
+    """One spawned world: the transformer checks, the pipeline's, ``generate`` on Ulysses 2 (``job``, a
+    ``GenerateConfig``) against the pipeline's unsplit run (the frames the leader returns, the final latents it
+    saves) with the NABLA attention's token counts, and ``generate`` on a ring (``ring_job``) refused."""
+    from dit_sp import generate
+
+    results = {"transformer": check_sr_transformer()}
+    results["pipeline"], reference = check_sr_pipeline(video_dir)
+    seen: set = set()
+    handle = _count_tokens(seen)
+    try:
+        report = generate(job, True)
+    finally:
+        handle.remove()
+    results["generate"] = {"attention_tokens": sorted(seen), "writes": "out" in report}
+    if "out" in report:
+        frames, latents = torch.as_tensor(report["frames"]), torch.load(report["latents"])
+        results["generate"] |= {"shape": tuple(frames.shape),
+                                "frames": (frames - reference["frames"][0]).abs().max().item(),
+                                "latents": (latents - reference["latents"][-1]).abs().max().item()}  # fmt: skip
+    results["generate_ring"] = _refusal(lambda: generate(ring_job, True))
+    return results
