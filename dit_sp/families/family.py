@@ -78,6 +78,9 @@ class ModelFamily:
     cfg_refused: str = ""
     """Why CFG parallelism cannot run the family's pipelines (empty: it can); ``parallelize`` refuses ``cfg=2``
     with this reason."""
+    ring_refused: str = ""
+    """Why a ring cannot split the family's attention exactly, on every configuration (empty: it can); the README
+    table's SP column shows Ulysses alone. ``layout_check`` raises it (Kandinsky 6 SR's NABLA sparse attention)."""
     cfg_extra_outputs: Callable[[torch.nn.Module, dict[str, Any]], tuple[tuple[int, ...], ...]] | None = None
     """``sequential`` mode: the shapes of the outputs after the first that a call returns (Kandinsky 6's audio
     velocity), from the model and the call's arguments by name; none: one output is exchanged."""

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 RING_REFUSAL = (
     "Kandinsky 6 SR's NABLA sparse attention keeps, per head and query block, the key blocks with the top share of "
     "a softmax over every key block, so it splits exactly under Ulysses alone (each rank holds the whole sequence of "
-    "its heads); a ring rank would hold one block of keys: use ring 1 (got ring {ring})"
+    "its heads); a ring rank would hold one block of keys: use ring 1"
 )
 """Why ``parallelize`` refuses a ring for Kandinsky 6 SR (one line)."""
 
@@ -117,7 +117,7 @@ class LayoutRefused(ConfigError, NotImplementedError):
 
 def _layout_check(model: torch.nn.Module, parallel: ParallelState) -> None:
     if parallel.ring > 1:
-        raise LayoutRefused(RING_REFUSAL.format(ring=parallel.ring))
+        raise LayoutRefused(f"{RING_REFUSAL} (got ring {parallel.ring})")
 
 
 def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:  # Kandinsky6SRVAE: x2 per encoder level in space
@@ -135,6 +135,7 @@ KANDINSKY6_SR = ModelFamily(
     attention_modules=(),  # not SDPA, which the stock routing intercepts: the hooks install their own processor
     channels_last=True,
     layout_check=_layout_check,
+    ring_refused=RING_REFUSAL,
     cfg_refused=CFG_REFUSAL,
     tiny_models=("tiny-kandinsky6-sr",),
     vae_factors={PIPELINE: _vae_factors},
