@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
 from dit_sp.errors import ConfigError
-from dit_sp.families.family import ModelFamily
+from dit_sp.families.family import ModelFamily, generation_defaults
 
 if TYPE_CHECKING:
     import torch
@@ -138,6 +138,9 @@ KANDINSKY6_SR = ModelFamily(
     ring_refused=RING_REFUSAL,
     cfg_refused=CFG_REFUSAL,
     tiny_models=("tiny-kandinsky6-sr",),
+    # the pipeline's own defaults: 4 steps (the distilled checkpoints: 2), no guidance, no text; the video's size and
+    # length are the input's (the sizes here: the TI2VA stage's output, which the SR stage takes)
+    checkpoint_defaults={PIPELINE: generation_defaults(121, 512, 768, 4, 1.0, 512) | {"fps": 24}},
     vae_factors={PIPELINE: _vae_factors},
 )
 """Kandinsky 6's super-resolution stage, a family of its own (its pipeline and VAE, ``Kandinsky6SRVAE``, are its
