@@ -1,8 +1,10 @@
 """Kandinsky 6 SR parallelized against one process under Ulysses 2: the built-in ``tiny-kandinsky6-sr`` transformer
 (NABLA sparse attention through flex attention, 384 tokens in 6 blocks, 3 heads over 2 processes), its masks equal to
-the one-process masks of each rank's heads, its output, and every gradient (flex attention made dense SDPA with the
-same block mask in both runs: torch's flex attention has no CPU backward), the split checked; a ring and CFG
-parallelism refused in one line; in one 2-process spawn."""
+the one-process masks of each rank's heads, its output, and its output and every gradient with flex attention made
+dense SDPA under the same block mask in both runs (torch's flex attention has no CPU backward, and eager flex ignores
+a block mask without ``mask_mod``: the stand-in applies NABLA's sparsity as the compiled kernel does), the split
+checked; a ring and CFG parallelism refused in one line; the tiny pipeline and ``generate`` on Ulysses 2; in one
+2-process spawn."""
 
 from __future__ import annotations
 

@@ -57,7 +57,9 @@ def recorded_masks(masks: list[torch.Tensor]) -> Iterator[None]:
 @contextlib.contextmanager
 def dense_block_attention() -> Iterator[None]:
     """Flex attention replaced by SDPA with the same ``BlockMask`` made dense (64 x 64 token blocks): differentiable
-    on CPU, where torch's flex attention has no backward. Both runs of a comparison use it."""
+    on CPU, where torch's flex attention has no backward. Both runs of a comparison use it. It also applies the
+    mask's block sparsity, which the compiled flex kernel does and eager flex does not: NABLA's ``BlockMask`` has no
+    ``mask_mod``, and eager flex attention (on CPU) applies only a ``mask_mod``, attending to every key."""
     import torch.nn.functional as F
     from diffusers.models.transformers import transformer_kandinsky6_sr as k6sr
 
