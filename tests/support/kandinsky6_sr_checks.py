@@ -202,24 +202,27 @@ def _count_tokens(seen: set) -> Any:
 
 
 def check_sr_pipeline(video_dir: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """The tiny ``Kandinsky6SRPipeline`` on Ulysses 2 against this process's unsplit run: max abs errors of the
-    frames and of the latents, their spread, the token counts the NABLA attention took; and the unsplit run (what
-    ``generate`` calls: seed 0, ``resolution_scale`` 2, 2 steps)."""
+    """The tiny ``Kandinsky6SRPipeline`` on Ulysses 2 against this process's unsplit run, both with the masks' block
+    sparsity applied (``dense_block_attention``): max abs errors of the frames and of the latents, their spread, the
+    token counts the NABLA attention took; and an unsplit run with the stock (eager) flex attention, what ``generate``
+    calls (seed 0, ``resolution_scale`` 2, 2 steps)."""
     from dit_sp.inference.checks import read_video
 
     pipe, video = build_tiny(MODEL), read_video(video_dir)
-    reference = _run_pipeline(pipe, video)
-    seen: set = set()
-    handle = _count_tokens(seen)
-    try:
-        with parallelize(pipe, init_parallel(ParallelConfig(ulysses=2))):
-            outputs = _run_pipeline(pipe, video)
-    finally:
-        handle.remove()
+    stock = _run_pipeline(pipe, video)
+    with dense_block_attention():
+        reference = _run_pipeline(pipe, video)
+        seen: set = set()
+        handle = _count_tokens(seen)
+        try:
+            with parallelize(pipe, init_parallel(ParallelConfig(ulysses=2))):
+                outputs = _run_pipeline(pipe, video)
+        finally:
+            handle.remove()
     errors = {k: (outputs[k] - ref).abs().max().item() for k, ref in reference.items()}
     errors |= {"std": {k: ref.std().item() for k, ref in reference.items()}, "seen": sorted(seen),
                "shapes": {k: tuple(v.shape) for k, v in outputs.items()}}  # fmt: skip
-    return errors, reference
+    return errors, stock
 
 
 def check_all(video_dir: str, job: Any, ring_job: Any) -> dict[str, Any]:
