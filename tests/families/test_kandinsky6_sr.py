@@ -45,6 +45,8 @@ def test_transformer_matches_single_process(results):
         assert_matches_one_process(errors, TOL, f"{MODEL} ulysses 2 rank {rank}")
         assert errors["flex"] <= TOL, f"flex attention output error {errors['flex']:.2e}"
         assert errors["grads_compared"] == errors["params"] + 1  # every parameter's and the latents'
+        # with gradient checkpointing (the blocks recomputed in backward) too
+        assert errors["checkpointed_out"] <= TOL and errors["checkpointed_grads"] <= TOL, errors
         # one mask per block and run; identical, block for block, to the one-process masks of this rank's heads
         assert errors["masks"] == 2 and errors["masks_equal"], errors
         assert 0.2 < errors["mask_density"] < 0.9, f"NABLA kept {errors['mask_density']:.0%} of the blocks"

@@ -124,6 +124,9 @@ def check_sr_transformer() -> dict[str, Any]:
             flex = model(**kwargs, return_dict=False)[0]
         with dense_block_attention():
             out, grads = _run(model, kwargs, 1.0 / parallel.sp)
+            model.enable_gradient_checkpointing()  # blocks recomputed in backward: their hooks split and gather again
+            checkpointed, checkpointed_grads = _run(model, kwargs, 1.0 / parallel.sp)
+            model.disable_gradient_checkpointing()
     for h in handles:
         h.remove()
     heads = head_group(HEADS, parallel)
@@ -139,15 +142,17 @@ def check_sr_transformer() -> dict[str, Any]:
         "grads_compared": len(ref_grads),
         "params": len(list(model.parameters())),
     }
-    worst = {"input": (0.0, ""), "param": (0.0, "")}
+    worst = {"input": (0.0, ""), "param": (0.0, ""), "checkpointed": (0.0, "")}
     for key, ref in ref_grads.items():
-        summed = grads[key].clone()
-        dist.all_reduce(summed, group=parallel.sp_group)
-        error = (summed - ref).abs().max().item() / max(ref.abs().max().item(), 1.0)
-        kind = key.split(".", 1)[0]
-        worst[kind] = max(worst[kind], (error, key))
+        for kind, found in ((key.split(".", 1)[0], grads), ("checkpointed", checkpointed_grads)):
+            summed = found[key].clone()
+            dist.all_reduce(summed, group=parallel.sp_group)
+            error = (summed - ref).abs().max().item() / max(ref.abs().max().item(), 1.0)
+            worst[kind] = max(worst[kind], (error, key))
     errors["input_grads"], errors["input_grads_worst"] = worst["input"]
     errors["param_grads"], errors["param_grads_worst"] = worst["param"]
+    errors["checkpointed_grads"], errors["checkpointed_grads_worst"] = worst["checkpointed"]
+    errors["checkpointed_out"] = (checkpointed - ref_out).abs().max().item()
     with torch.no_grad():
         restored = model(**kwargs, return_dict=False)[0]
     errors["restored_bit_identical"] = float(torch.equal(restored, ref_flex))
