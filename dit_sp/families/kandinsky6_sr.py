@@ -51,7 +51,7 @@ CFG_REFUSAL = (
 def _plan(model: torch.nn.Module) -> dict:
     cp_input, _ = context_parallel_types()
     plan: dict[str, Any] = {"visual_transformer_blocks.0": {"hidden_states": cp_input(split_dim=1, expected_dims=3)}}
-    for i in range(len(model.visual_transformer_blocks)):  # the fractal-ordered table (S, 1, D/2, 2, 2), whole
+    for i in range(len(model.visual_transformer_blocks)):  # each takes the whole table (S, 1, D/2, 2, 2): split there
         plan[f"visual_transformer_blocks.{i}.self_attention"] = {"rotary_emb": cp_input(split_dim=0, expected_dims=5)}
     return plan
 
