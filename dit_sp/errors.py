@@ -25,6 +25,12 @@ class RunStopped(ConfigError):
     a reward): not a bug, so it ends as one line saying why and what to change, like a bad setting."""
 
 
+class LayoutRefused(ConfigError, NotImplementedError):
+    """A layout a model's attention cannot split exactly (a ring for an attention only Ulysses splits): refused like
+    every split dit-sp cannot make (``NotImplementedError``), and a user's setting (``ConfigError``), so a CLI says
+    it in one line."""
+
+
 def require_package(package: str, needed_for: str, extra: str) -> None:
     """``MissingPackageError`` unless ``package`` can be imported: "``needed_for`` needs PACKAGE: pip install
     'dit-sp[EXTRA]' (or pip install PACKAGE)". Looked up, not imported: the check is cheap, so callers run it

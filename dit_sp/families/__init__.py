@@ -20,7 +20,8 @@ from dit_sp.families.hunyuan_video import HUNYUAN_VIDEO
 from dit_sp.families.hunyuan_video15 import HUNYUAN_VIDEO15
 from dit_sp.families.hunyuan_video_framepack import HUNYUAN_VIDEO_FRAMEPACK
 from dit_sp.families.kandinsky5 import KANDINSKY5
-from dit_sp.families.kandinsky6 import KANDINSKY6, KANDINSKY6_SR
+from dit_sp.families.kandinsky6 import KANDINSKY6
+from dit_sp.families.kandinsky6_sr import KANDINSKY6_SR
 from dit_sp.families.latte import LATTE
 from dit_sp.families.ltx import LTX
 from dit_sp.families.ltx2 import LTX2

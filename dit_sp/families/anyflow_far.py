@@ -173,11 +173,6 @@ def _shape_check(config: Any, settings: dict[str, Any], name: Any, vae: tuple[in
                           f"{name('frames')} {(sum(chunks) - 1) * vae[0] + 1}")  # fmt: skip
 
 
-def _layout_check(model: torch.nn.Module, parallel: ParallelState) -> None:
-    if parallel.ring > 1:
-        raise NotImplementedError(f"ring {parallel.ring}: {RING_REFUSAL}")
-
-
 ANYFLOW_FAR = ModelFamily(
     name="anyflow_far",
     step_cache=False,
@@ -185,7 +180,6 @@ ANYFLOW_FAR = ModelFamily(
     plan=_plan,
     hooks=_hooks,
     attention_modules=(),  # SequenceParallelFARProcessor (_hooks) runs attn1 over the whole sequence of its heads
-    layout_check=_layout_check,
     shape_check=_shape_check,
     ring_refused=RING_REFUSAL,
     cfg_mode="batched",  # one call on [unconditional, conditional]

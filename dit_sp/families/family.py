@@ -82,9 +82,10 @@ class ModelFamily:
     """``sequential`` mode: the shapes of the outputs after the first that a call returns (Kandinsky 6's audio
     velocity), from the model and the call's arguments by name; none: one output is exchanged."""
     ring_refused: str = ""
-    """Why a ring cannot split the family's attention exactly (empty: it can): one that only Ulysses splits (AnyFlow
-    FAR's block mask and KV cache); its ``layout_check`` refuses ``ring > 1`` at ``parallelize``, ``generate`` before
-    loading, and the README's table shows Ulysses alone."""
+    """Why a ring cannot split the family's attention exactly (empty: it can): one that only Ulysses splits, run on
+    the whole sequence of each rank's heads by ``attend_whole_sequence`` (AnyFlow FAR's and Wan-Animate-2's block masks
+    and KV caches, Kandinsky 6 SR's NABLA sparse attention); ``parallelize`` refuses ``ring > 1`` with it
+    (``LayoutRefused``), ``generate`` before loading, and the README's table shows Ulysses alone."""
     cfg_batched_args: tuple[str, ...] = ()
     """Forward arguments that carry the guidance batch (``batched`` mode)."""
     guidance_arg: str = "guidance_scale"

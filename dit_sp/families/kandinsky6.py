@@ -24,8 +24,8 @@ CFG parallelism runs them as a pair (``sequential``), both outputs exchanged (``
 audio's placeholder beside the video's). Its VAE is HunyuanVideo's (``AutoencoderKLHunyuanVideo``), split by the
 HunyuanVideo family's VAE plan; the audio VAE and vocoder run whole on every rank.
 
-Refused: ``Kandinsky6SRTransformer3DModel`` (``Kandinsky6SRPipeline``, the super-resolution stage; its own family,
-``KANDINSKY6_SR``): see ``SR_REFUSAL``.
+The super-resolution stage (``Kandinsky6SRTransformer3DModel``, ``Kandinsky6SRPipeline``) is a family of its own:
+``dit_sp/families/kandinsky6_sr.py``.
 """
 
 from __future__ import annotations
@@ -38,13 +38,6 @@ from dit_sp.families.hunyuan_video import hunyuan_video_vae_factors
 
 if TYPE_CHECKING:
     import torch
-
-SR_REFUSAL = (
-    "Kandinsky 6 SR (Kandinsky6SRTransformer3DModel) computes NABLA sparse attention through flex attention with a "
-    "BlockMask built from the pooled queries and keys of the whole video sequence (not torch SDPA, which dit-sp "
-    "routes), so a rank holding part of the sequence cannot build it; run the super-resolution stage on one process"
-)
-"""Why ``parallelize`` refuses Kandinsky 6's super-resolution transformer (one line)."""
 
 
 def _audio_output(model: torch.nn.Module, arguments: dict[str, Any]) -> tuple[tuple[int, ...], ...]:
@@ -114,21 +107,3 @@ KANDINSKY6 = ModelFamily(
     vae_factors={PIPELINE: hunyuan_video_vae_factors},
     architectures=_ARCHITECTURES,
 )
-
-
-def _refuse_sr(model: torch.nn.Module) -> None:
-    raise NotImplementedError(SR_REFUSAL)
-
-
-KANDINSKY6_SR = ModelFamily(
-    name="kandinsky6_sr",
-    step_cache=False,
-    class_names=("Kandinsky6SRTransformer3DModel",),
-    plan=lambda model: {},
-    attention_modules=(),
-    check=_refuse_sr,
-    cfg_refused=SR_REFUSAL,
-    refused={"Kandinsky6SRTransformer3DModel": SR_REFUSAL},
-)
-"""Kandinsky 6's super-resolution stage, a family of its own so that its pipeline and VAE (``Kandinsky6SRVAE``, which
-only that pipeline uses) are shown as refused with the transformer, not as a leader decode of a split family."""

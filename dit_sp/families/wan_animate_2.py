@@ -30,7 +30,6 @@ from dit_sp.families.family import ModelFamily
 if TYPE_CHECKING:
     import torch
 
-    from dit_sp.parallel.state import ParallelState
 
 RING_REFUSAL = (
     "Wan-Animate-2 attends through a flex-attention block mask over a packed [generation | reference] buffer of the "
@@ -59,11 +58,6 @@ def _plan(model: torch.nn.Module) -> dict:
         "blocks.0": {"hidden_states": cp_input(split_dim=1, expected_dims=3)},  # (B, S, C) patch-embedded tokens
         "head": cp_output(gather_dim=1, expected_dims=3),  # (B, S, patch * out_dim), before unpatchify
     }
-
-
-def _layout_check(model: torch.nn.Module, parallel: ParallelState) -> None:
-    if parallel.ring > 1:
-        raise NotImplementedError(RING_REFUSAL)
 
 
 class _HeadGroup:
@@ -145,6 +139,5 @@ WAN_ANIMATE_2 = ModelFamily(
     hooks=_hooks,
     attention_modules=(),  # its self-attention gets its own processor (``_hooks``); cross-attention stays local
     ring_refused=RING_REFUSAL,
-    layout_check=_layout_check,
     cfg_refused=CFG_REFUSAL,
 )

@@ -66,7 +66,8 @@ class GenerateConfig:
     """Video-to-video: the input video (an .mp4 or .gif file, or a directory of image frames), for a model whose
     pipeline takes one (SkyReels-V2 diffusion-forcing video-to-video: its last frames, up to 17, are the history the
     ``frames`` new ones continue; the written video is the input followed by them. Wan and CogVideoX
-    video-to-video: the video is noised and denoised again, SDEdit-like; its length sets the frames)."""
+    video-to-video: the video is noised and denoised again, SDEdit-like; its length sets the frames. Kandinsky 6 SR:
+    the video to upscale; its length and size set the output's)."""
     control_video: str | None = setting(
         None, "a control video (CogVideoX-Fun Control, Cosmos-Transfer2.5; default: none)"
     )

@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from dit_sp._compat import model_parallel_config
 from dit_sp.cache import SEQUENCE_ATTR
+from dit_sp.errors import LayoutRefused
 from dit_sp.families import ModelFamily, family_of
 from dit_sp.parallel.comm import GatherGrad
 from dit_sp.parallel.state import ParallelState
@@ -64,6 +65,8 @@ def parallelize_transformer(
 
     def check(module: torch.nn.Module, *args: object) -> None:
         family.check(module)
+        if family.ring_refused and parallel.ring > 1:
+            raise LayoutRefused(f"{family.ring_refused} (got ring {parallel.ring})")
         family.layout_check(module, parallel)
 
     check(model)

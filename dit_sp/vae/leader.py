@@ -28,5 +28,10 @@ LEADER_DECODE_REASONS: dict[str, str] = {
         "an image VAE (Kandinsky 5's text-to-image and image-to-image pipelines): one frame, with attention over "
         "the whole frame in its mid-block; no row-split plan is written for it"
     ),
+    "Kandinsky6SRVAE": (
+        "Kandinsky 6's super-resolution K-VAE, which its pipeline calls on one tile at a time inside the denoising "
+        "loop (the decoded tiles blended with Hann windows); no row-split plan is written for its causal convolutions "
+        "and its spatial norms (Kandinsky6SRSpatialNorm3D, the latent resized over the whole frame)"
+    ),
 }
 """The reason each leader-decode VAE class is not split, by class name (one line each)."""

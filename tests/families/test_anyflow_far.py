@@ -64,7 +64,8 @@ def test_cache_prefill_writes_this_ranks_head_group(results):
 def test_ring_is_refused_in_one_line_at_parallelize(results):
     refusal = results["far"]["dp1-r2-u1"]
     assert refusal is not None and "\n" not in refusal, refusal
-    assert refusal.startswith("ring 2: AnyFlow FAR (AnyFlowFARTransformer3DModel) attends causally over frame chunks")
+    assert refusal.startswith("AnyFlow FAR (AnyFlowFARTransformer3DModel) attends causally over frame chunks")
+    assert refusal.endswith("(got ring 2)")
     assert refusal.endswith("not a ring; use ring 1 and Ulysses for the sequence parallelism"), refusal
 
 

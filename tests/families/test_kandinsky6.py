@@ -2,7 +2,7 @@
 1x2 (Ulysses) and 2x1 (ring), with its audio stream (whole on every rank) and without it, 27 video tokens (uneven),
 every output and gradient compared and the split checked (the attention's token counts), and a tiny
 ``Kandinsky6TI2VAPipeline`` (video and audio, guided) on both layouts and CFG parallel, in one 2-process spawn. And
-the one-line refusals: the SR transformer (NABLA sparse attention), one visual block."""
+the one-line refusal of one visual block (the SR stage: ``test_kandinsky6_sr.py``)."""
 
 from __future__ import annotations
 
@@ -99,22 +99,12 @@ def test_single_process_parallelize_is_exact():
         torch.testing.assert_close(a, b, atol=0, rtol=0)
 
 
-def _sr_transformer() -> torch.nn.Module:
-    from diffusers import Kandinsky6SRTransformer3DModel
-
-    return Kandinsky6SRTransformer3DModel(in_visual_dim=4, out_visual_dim=4, time_dim=16, model_dim=32, ff_dim=64,
-                                          num_visual_blocks=1, axes_dims=(4, 6, 6))  # fmt: skip
-
-
 def test_modes_that_cannot_be_split_are_refused_in_one_line():
     import diffusers
 
     config = dict(build_tiny(MODEL, "transformer").config) | {"num_visual_blocks": 1}
     one_block = diffusers.Kandinsky6Transformer3DModel(**{k: v for k, v in config.items() if not k.startswith("_")})
-    cases = [(_sr_transformer(), r"^Kandinsky 6 SR \(Kandinsky6SRTransformer3DModel\) computes NABLA sparse attention "
-                                 r".*BlockMask .*whole video sequence"),
-             (one_block, "one visual block.* use num_visual_blocks >= 2")]  # fmt: skip
-    for model, message in cases:
+    for model, message in [(one_block, "one visual block.* use num_visual_blocks >= 2")]:
         with pytest.raises(NotImplementedError, match=message) as error:
             parallelize(model, init_parallel(ParallelConfig()))
         assert "\n" not in str(error.value)

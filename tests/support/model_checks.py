@@ -55,6 +55,10 @@ def model_inputs(family: str, batch: int = 2) -> dict:
         from animate2_checks import extract_inputs
 
         return extract_inputs(batch)
+    if family == "tiny-kandinsky6-sr":  # 384 tokens (6 NABLA blocks of 64), 3 heads
+        from kandinsky6_sr_checks import sr_inputs
+
+        return sr_inputs(batch)
     if family.startswith("tiny-sana-video"):
         from sana_video_checks import builtin_inputs
 

@@ -1,0 +1,134 @@
+"""Kandinsky 6 SR (``Kandinsky6SRTransformer3DModel``; ``Kandinsky6SRPipeline``: video super-resolution, no text).
+
+Latents are channels-last, ``(B, T, H, W, C)``: the noisy latent, the anchor latent and the anchor mask in channels.
+The model flattens the token grid in NABLA's fractal order (``8 x 8`` spatial neighbourhoods, 64 consecutive tokens
+each: ``(T, H/8, W/8, 8, 8)``) and every block's self-attention is NABLA sparse attention: per head, the 64-token
+blocks' mean queries and keys give a softmax map over key blocks, each query block keeps the key blocks that carry
+the top ``nabla_threshold`` of that row's mass, OR a static sliding-tile prior (``sta_mask``), and flex attention
+runs with that ``BlockMask``. Nothing mixes heads, so the mask of one head needs that head's whole sequence only.
+
+Under Ulysses, each block's self-attention runs ``attend_whole_sequence``: the projections, RMS norms and rotary
+embedding on this rank's tokens (per token), then one all-to-all gives this rank's head group the whole sequence, in
+the fractal order, where it builds exactly the one-process mask of its heads (``nabla_block_mask``) and attends
+(flex attention, as the stock processor does), and the result returns to the token shards. The sequence is split in
+that fractal order where the first block takes it, each block's rotary table (``(S, 1, D/2, 2, 2)``) where its
+self-attention takes it; the tokens are gathered after the last block (the model restores the grid there). The
+sequence is ``T * H * W`` tokens with ``H`` and ``W`` multiples of 8, so it always splits evenly; heads that
+``ulysses`` does not divide are padded (zeros, dropped).
+
+A ring is refused at ``parallelize`` (``RING_REFUSAL``): a ring rank would hold one block of keys, and the mask's
+per-row top mass needs the scores of every key block. CFG parallelism is refused too (``CFG_REFUSAL``): the pipeline
+does not guide (one transformer call a step). Its VAE (``Kandinsky6SRVAE``) runs whole on every rank.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from dit_sp._compat import context_parallel_types
+from dit_sp.families.family import ModelFamily, generation_defaults
+
+if TYPE_CHECKING:
+    import torch
+
+
+RING_REFUSAL = (
+    "Kandinsky 6 SR's NABLA sparse attention keeps, per head and query block, the key blocks with the top share of "
+    "a softmax over every key block, so it splits exactly under Ulysses alone (each rank holds the whole sequence of "
+    "its heads); a ring rank would hold one block of keys: use ring 1"
+)
+"""Why ``parallelize`` refuses a ring for Kandinsky 6 SR (one line)."""
+
+CFG_REFUSAL = (
+    "Kandinsky6SRPipeline does not guide (one transformer call a denoising step, no guidance scale), so there are no "
+    "guidance branches to run on two process groups; use cfg=1"
+)
+"""Why ``parallelize`` refuses CFG parallelism for Kandinsky 6 SR (one line)."""
+
+
+def _plan(model: torch.nn.Module) -> dict:
+    cp_input, _ = context_parallel_types()
+    plan: dict[str, Any] = {"visual_transformer_blocks.0": {"hidden_states": cp_input(split_dim=1, expected_dims=3)}}
+    for i in range(len(model.visual_transformer_blocks)):  # each takes the whole table (S, 1, D/2, 2, 2): split there
+        plan[f"visual_transformer_blocks.{i}.self_attention"] = {"rotary_emb": cp_input(split_dim=0, expected_dims=5)}
+    return plan
+
+
+class SequenceParallelNablaProcessor:
+    """The SR self-attention on this rank's tokens ``(B, S_local, C)``: projections, norms and rotary embedding per
+    token, as the stock processor; NABLA's mask and flex attention on the whole sequence of this rank's head group
+    (``attend_whole_sequence``)."""
+
+    def __init__(self, ctx: Any):
+        self.ctx = ctx  # the model's dit_sp.sp.context.SequenceContext
+
+    def __call__(self, attn: Any, hidden_states: Any, rotary_emb: Any, sparse_params: dict[str, Any]) -> Any:
+        from diffusers.models.transformers import transformer_kandinsky6_sr as k6sr
+
+        from dit_sp.attention import attend_whole_sequence
+
+        heads = attn.num_heads
+        query, key, value = (layer(hidden_states).unflatten(-1, (heads, -1))
+                             for layer in (attn.to_query, attn.to_key, attn.to_value))  # fmt: skip
+        query = k6sr.apply_rotary(attn.query_norm(query.float()).type_as(query), rotary_emb)
+        key = k6sr.apply_rotary(attn.key_norm(key.float()).type_as(key), rotary_emb)
+
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            # (B, S, h, D), the whole fractal-ordered sequence of this rank's heads: the stock mask and attention (the
+            # names the stock processor calls, from its module)
+            mask = k6sr.nabla_block_mask(q.transpose(1, 2), k.transpose(1, 2), sparse_params["sta_mask"],
+                                         thr=sparse_params["threshold"])  # fmt: skip
+            return k6sr.dispatch_attention_fn(q, k, v, attn_mask=mask, backend=k6sr.AttentionBackendName.FLEX)
+
+        out = attend_whole_sequence(attend, [query, key, value], self.ctx.parallel, self.ctx.seq_len)
+        return attn.out_layer(out.flatten(2, 3))
+
+
+class _Undo:
+    """A removable handle (what ``ModelFamily.hooks`` returns) around an undo function."""
+
+    def __init__(self, undo: Any):
+        self.remove = undo
+
+
+def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
+    """Each block's self-attention on ``SequenceParallelNablaProcessor``; the tokens gathered after the last block (a
+    hook rather than the plan, which cannot both split and gather at one module: a one-block model)."""
+    from dit_sp.parallel.comm import gather_sequence
+
+    def gather(module: torch.nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+        return gather_sequence(output, ctx.parallel, dim=1, seq_len=ctx.seq_len, grad=ctx.gather_grad)
+
+    undo = []
+    for block in model.visual_transformer_blocks:
+        attention, stock = block.self_attention, block.self_attention.processor
+        attention.processor = SequenceParallelNablaProcessor(ctx)
+        undo.append(lambda attention=attention, stock=stock: setattr(attention, "processor", stock))
+    handle = model.visual_transformer_blocks[-1].register_forward_hook(gather)
+    return [handle, _Undo(lambda: [fn() for fn in undo])]
+
+
+def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:  # Kandinsky6SRVAE: x2 per encoder level in space
+    return vae.get("temporal_compression_ratio", 4), 2 ** (len(vae.get("encoder_block_out_channels", (0,) * 5)) - 1)
+
+
+PIPELINE = "Kandinsky6SRPipeline"
+
+KANDINSKY6_SR = ModelFamily(
+    name="kandinsky6_sr",
+    step_cache=False,
+    class_names=("Kandinsky6SRTransformer3DModel",),
+    plan=_plan,
+    hooks=_hooks,
+    attention_modules=(),  # not SDPA, which the stock routing intercepts: the hooks install their own processor
+    channels_last=True,
+    ring_refused=RING_REFUSAL,
+    cfg_refused=CFG_REFUSAL,
+    tiny_models=("tiny-kandinsky6-sr",),
+    # the pipeline's own defaults: 4 steps (the distilled checkpoints: 2), no guidance, no text; the video's size and
+    # length are the input's (the sizes here: the TI2VA stage's output, which the SR stage takes)
+    checkpoint_defaults={PIPELINE: generation_defaults(121, 512, 768, 4, 1.0, 512) | {"fps": 24}},
+    vae_factors={PIPELINE: _vae_factors},
+)
+"""Kandinsky 6's super-resolution stage, a family of its own (its pipeline and VAE, ``Kandinsky6SRVAE``, are its
+alone)."""

@@ -1,0 +1,116 @@
+"""Kandinsky 6 SR parallelized against one process under Ulysses 2: the built-in ``tiny-kandinsky6-sr`` transformer
+(NABLA sparse attention through flex attention, 384 tokens in 6 blocks, 3 heads over 2 processes), its masks equal to
+the one-process masks of each rank's heads, its output, and its output and every gradient with flex attention made
+dense SDPA under the same block mask in both runs (torch's flex attention has no CPU backward, and eager flex ignores
+a block mask without ``mask_mod``: the stand-in applies NABLA's sparsity as the compiled kernel does), the split
+checked; a ring and CFG parallelism refused in one line; the tiny pipeline and ``generate`` on Ulysses 2; in one
+2-process spawn."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kandinsky6_sr_checks import MODEL, TOKENS, check_all, sr_inputs, write_video
+from split_errors import assert_matches_one_process
+
+from dit_sp import GenerateConfig, ParallelConfig, init_parallel, parallelize, spawn
+from dit_sp.families import family_of
+from dit_sp.zoo import build_tiny
+
+TOL = 1e-5
+
+
+def _settings(tmp, name: str, video: str, **flags) -> GenerateConfig:
+    paths = {"out": str(tmp / f"{name}.mp4"), "save_latents": str(tmp / f"{name}.pt")}
+    return GenerateConfig.load(overrides={"model": MODEL, "video": video, "verify_inputs": True, **paths, **flags})
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("kandinsky6_sr")
+    (tmp / "video").mkdir()
+    video = write_video(tmp / "video")
+    jobs = [_settings(tmp, name, video, **flags) for name, flags in (("1x2", {"ulysses": 2}), ("2x1", {"ring": 2}))]
+    return {"by_rank": spawn(check_all, 2, args=(video, *jobs), timeout=300)}
+
+
+@pytest.fixture(scope="module")
+def results(runs):
+    return [r["transformer"] for r in runs["by_rank"]]
+
+
+@pytest.mark.slow
+def test_transformer_matches_single_process(results):
+    for rank, errors in enumerate(results):
+        assert_matches_one_process(errors, TOL, f"{MODEL} ulysses 2 rank {rank}")
+        assert errors["flex"] <= TOL, f"flex attention output error {errors['flex']:.2e}"
+        assert errors["grads_compared"] == errors["params"] + 1  # every parameter's and the latents'
+        # with gradient checkpointing (the blocks recomputed in backward) too
+        assert errors["checkpointed_out"] <= TOL and errors["checkpointed_grads"] <= TOL, errors
+        # one mask per block and run; identical, block for block, to the one-process masks of this rank's heads
+        assert errors["masks"] == 2 and errors["masks_equal"], errors
+        assert 0.2 < errors["mask_density"] < 0.9, f"NABLA kept {errors['mask_density']:.0%} of the blocks"
+        assert errors["seen"] == [TOKENS // 2], f"the self-attention took {errors['seen']} tokens, not half"
+
+
+@pytest.mark.slow
+def test_ring_and_cfg_parallel_are_refused_in_one_line(results):
+    errors = results[0]
+    # LayoutRefused: a NotImplementedError (a split refused) and a ConfigError (a user's layout: one line from the CLI)
+    assert errors["ring_refusal"].startswith(
+        "LayoutRefused (NotImplementedError, ConfigError): Kandinsky 6 SR's NABLA sparse attention keeps"
+    )
+    assert errors["ring_refusal"].endswith("use ring 1 (got ring 2)")
+    assert errors["cfg_refusal"].startswith(
+        "ConfigError (ConfigError): cfg parallelism (cfg=2) for Kandinsky6SRPipeline"
+    )
+    assert "does not guide" in errors["cfg_refusal"]
+    assert not any("\n" in errors[key] for key in ("ring_refusal", "cfg_refusal"))
+    assert errors["left_stock"], "a refused parallelize left dit-sp's processors installed"
+
+
+PIPELINE_TOKENS = 384
+"""The tile: 3 latent frames of 8 x 16 (the 16 x 32 video upscaled 2x to the 32 x 64 tile, the VAE x4 in space)."""
+
+
+@pytest.mark.slow
+def test_pipeline_matches_single_process(runs):
+    """``Kandinsky6SRPipeline`` (one tile, two steps; the masks' block sparsity applied by the dense stand-in) on
+    Ulysses 2: frames and every step's latents within 1e-4 of one process, the tokens really split."""
+    for errors in (r["pipeline"] for r in runs["by_rank"]):
+        assert errors["shapes"] == {"frames": (1, 5, 32, 64, 3), "latents": (2, 1, 3, 8, 16, 4)}, errors
+        for key in ("frames", "latents"):
+            assert errors["std"][key] > 0.01, f"{key}: not a real output ({errors['std']})"
+            assert errors[key] <= 1e-4, f"{key} error {errors[key]:.2e} above 1e-4"
+        assert errors["seen"] == [PIPELINE_TOKENS // 2], errors["seen"]
+
+
+@pytest.mark.slow
+def test_generate_matches_single_process(runs):
+    """``generate --model tiny-kandinsky6-sr --video DIR --ulysses 2`` against the stock pipeline on one process called
+    as ``generate`` calls it (seed 0, the spec's ``resolution_scale`` 2, 2 steps): frames and final latents within
+    1e-4, one rank writing, the tokens split; ``--ring 2`` refused in one line (a ``ConfigError``: the CLI's one
+    line)."""
+    reports = [r["generate"] for r in runs["by_rank"]]
+    leaders = [report for report in reports if report["writes"]]
+    assert len(leaders) == 1, "exactly one rank writes the output"
+    assert leaders[0]["shape"] == (5, 32, 64, 3), leaders[0]
+    assert leaders[0]["frames"] <= 1e-4 and leaders[0]["latents"] <= 1e-4, leaders[0]
+    assert all(report["attention_tokens"] == [PIPELINE_TOKENS // 2] for report in reports), reports
+    refusal = runs["by_rank"][0]["generate_ring"]
+    assert refusal.startswith("LayoutRefused (NotImplementedError, ConfigError): Kandinsky 6 SR's NABLA sparse")
+    assert refusal.endswith("use ring 1 (got ring 2)") and "\n" not in refusal
+
+
+def test_single_process_parallelize_is_exact():
+    model = build_tiny(MODEL, "transformer")
+    assert family_of(model).name == "kandinsky6_sr"
+    kwargs = sr_inputs()
+    with torch.no_grad():
+        ref = model(**kwargs, return_dict=False)[0]
+        with parallelize(model, init_parallel(ParallelConfig())):
+            processor = model.visual_transformer_blocks[0].self_attention.processor
+            assert type(processor).__name__ == "SequenceParallelNablaProcessor"
+            out = model(**kwargs, return_dict=False)[0]
+    assert out.shape == (2, 3, 8, 16, 4)
+    torch.testing.assert_close(out, ref, atol=0, rtol=0)
