@@ -66,7 +66,6 @@ def test_ring_is_refused_in_one_line_at_parallelize(results):
     assert refusal is not None and "\n" not in refusal, refusal
     assert refusal.startswith("AnyFlow FAR (AnyFlowFARTransformer3DModel) attends causally over frame chunks")
     assert refusal.endswith("(got ring 2)")
-    assert refusal.endswith("not a ring; use ring 1 and Ulysses for the sequence parallelism"), refusal
 
 
 @pytest.mark.slow

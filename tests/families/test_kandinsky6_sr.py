@@ -89,8 +89,8 @@ def test_pipeline_matches_single_process(runs):
 def test_generate_matches_single_process(runs):
     """``generate --model tiny-kandinsky6-sr --video DIR --ulysses 2`` against the stock pipeline on one process called
     as ``generate`` calls it (seed 0, the spec's ``resolution_scale`` 2, 2 steps): frames and final latents within
-    1e-4, one rank writing, the tokens split; ``--ring 2`` refused in one line (a ``ConfigError``: the CLI's one
-    line)."""
+    1e-4, one rank writing, the tokens split; ``--ring 2`` refused in one line before loading (a ``ConfigError``: the
+    CLI's one line)."""
     reports = [r["generate"] for r in runs["by_rank"]]
     leaders = [report for report in reports if report["writes"]]
     assert len(leaders) == 1, "exactly one rank writes the output"
@@ -98,8 +98,9 @@ def test_generate_matches_single_process(runs):
     assert leaders[0]["frames"] <= 1e-4 and leaders[0]["latents"] <= 1e-4, leaders[0]
     assert all(report["attention_tokens"] == [PIPELINE_TOKENS // 2] for report in reports), reports
     refusal = runs["by_rank"][0]["generate_ring"]
-    assert refusal.startswith("LayoutRefused (NotImplementedError, ConfigError): Kandinsky 6 SR's NABLA sparse")
-    assert refusal.endswith("use ring 1 (got ring 2)") and "\n" not in refusal
+    # refused before loading (ModelFamily.ring_refused), as the CLI's one line
+    assert refusal.startswith("ConfigError (ConfigError): --ring 2 for Kandinsky6SRPipeline: Kandinsky 6 SR's NABLA")
+    assert refusal.endswith("use ring 1") and "\n" not in refusal
 
 
 def test_single_process_parallelize_is_exact():
