@@ -29,6 +29,7 @@ from dit_sp.families.motif_video import MOTIF_VIDEO
 from dit_sp.families.policy import DiffusersPolicy
 from dit_sp.families.refused import REFUSED
 from dit_sp.families.sana_video import SANA_VIDEO
+from dit_sp.families.sana_wm import SANA_WM
 from dit_sp.families.shape import check_latent_shape
 from dit_sp.families.skyreels_v2 import SKYREELS_V2
 from dit_sp.families.wan import WAN
@@ -45,6 +46,7 @@ FAMILIES: tuple[ModelFamily, ...] = (
     SKYREELS_V2, WAN_VACE, CHRONOEDIT, HUNYUAN_VIDEO15, HUNYUAN_VIDEO_FRAMEPACK, ANYFLOW,
     KANDINSKY5, MOTIF_VIDEO, COSMOS, MINIMAX_H3, HELIOS,
     LATTE, WAN_ANIMATE, SANA_VIDEO, COSMOS3, CONSISID, KANDINSKY6, KANDINSKY6_SR,
+    SANA_WM,
     *REFUSED,
 )  # fmt: skip
 

@@ -3,10 +3,6 @@ them by name and reason instead of calling them unsupported, or worse, splitting
 
 - Wan-Animate-2: it attends through a flex-attention block mask over a packed, 128-aligned buffer, with a key/value
   cache of reference frames carried from call to call.
-- Sana-WM: its ``SanaWMBidirectionalGDNAttention`` (and the camera branch's ``SanaWMBidirectionalGDNCamAttention``)
-  is a gated-delta-rule linear attention: a per-head state scan over all frames, forwards and then backwards, each
-  frame's output depending on the recurrent state carried through every other frame. It is no torch SDPA call, so
-  USP's processors cannot route it; splitting it would pass the scan's state from rank to rank, which dit-sp does not.
 """
 
 from __future__ import annotations
@@ -37,8 +33,5 @@ REFUSED = (
     _refused("wan_animate_2", "WanAnimate2Transformer3DModel",
              "it attends through a flex-attention block mask over a packed 128-aligned buffer with a key/value cache "
              "carried between calls; run it on one process per sample (dp)"),
-    _refused("sana_wm", "SanaWMTransformer3DModel",
-             "its SanaWMBidirectionalGDNAttention is a bidirectional gated-delta-rule recurrence (a per-head state "
-             "scan over all frames), not torch SDPA, which dit-sp routes; run it on one process per sample (dp)"),
 )  # fmt: skip
 """The refused families, registered in ``FAMILIES`` so that they are named with their reason."""
