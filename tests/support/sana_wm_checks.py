@@ -72,6 +72,25 @@ CASES = {"5frames": {"frames": 5}, "6frames-raymap": {"frames": 6, "config": {"u
 camera's ray-map embedding to the tokens instead (whole on every rank, this rank's frames cut out)."""
 
 
+def _record_whole_calls(seen: dict[str, set[tuple[int, int]]]) -> list[Any]:
+    """Record ``(tokens, heads)`` of every call of the branches' stock ``forward`` (their class's, which the split
+    runs over the whole sequence of a rank's head group); returns the ``(class, forward)`` pairs to put back."""
+    import diffusers.models.transformers.transformer_sana_wm as sana_wm
+
+    originals = []
+    for name in BRANCHES:
+        cls = getattr(sana_wm, name)
+        original = cls.forward
+
+        def forward(self, query, *args, original=original, name=name, **kwargs):
+            seen.setdefault(name, set()).add(tuple(query.shape[1:3]))
+            return original(self, query, *args, **kwargs)
+
+        cls.forward = forward
+        originals.append((cls, original))
+    return originals
+
+
 def check_sana_wm(layouts: list[tuple[int, int, int]]) -> dict[str, Any]:
     """Per case and layout: max abs errors of the output and of every input and parameter gradient (summed over
     the SP group) against one process, the branches' token counts and whether ``unparallelize`` restores
@@ -88,11 +107,17 @@ def check_sana_wm(layouts: list[tuple[int, int, int]]) -> dict[str, Any]:
         for dp, ring, ulysses in layouts:
             parallel = init_parallel(ParallelConfig(dp=dp, ring=ring, ulysses=ulysses))
             seen: dict[str, set[int]] = {}
+            whole: dict[str, set[tuple[int, int]]] = {}
             handles = _record_branch_tokens(model, seen)
-            with parallelize(model, parallel, verify_inputs=True):
-                out, grads = _run_any(model, kwargs, 1.0 / parallel.sp)  # each rank's share of the one loss
-            for h in handles:
-                h.remove()
+            originals = _record_whole_calls(whole)
+            try:
+                with parallelize(model, parallel, verify_inputs=True):
+                    out, grads = _run_any(model, kwargs, 1.0 / parallel.sp)  # each rank's share of the one loss
+            finally:
+                for h in handles:
+                    h.remove()
+                for cls, original in originals:
+                    cls.forward = original
             worst, where = 0.0, ""
             for name, ref in ref_grads.items():
                 summed = grads[name].clone()
@@ -104,6 +129,7 @@ def check_sana_wm(layouts: list[tuple[int, int, int]]) -> dict[str, Any]:
                 "out": (out - ref_out).abs().max().item(), "grads": worst, "grads_worst": where,
                 "grad_count": len(grads), "ref_grad_count": len(ref_grads), "ref_scale": ref_out.abs().max().item(),
                 "branch_tokens": {k: sorted(v) for k, v in seen.items()},
+                "whole_calls": {k: sorted(v) for k, v in whole.items()},
                 "restored_bit_identical": torch.equal(restored, ref_out),
             }  # fmt: skip
     results["refusals"] = _refusals()
