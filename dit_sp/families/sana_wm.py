@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 RING_REFUSAL = (
     "SanaWMTransformer3DModel's gated-delta-rule attention scans each head's state over every frame in order, which "
-    "only Ulysses splits exactly (each rank then holds the whole sequence of its heads); use ring 1 (got ring {ring})"
+    "only Ulysses splits exactly (each rank then holds the whole sequence of its heads)"
 )
 
 
@@ -56,7 +56,7 @@ def _plan(model: torch.nn.Module) -> dict:
 
 def _layout_check(model: torch.nn.Module, parallel: ParallelState) -> None:
     if parallel.ring > 1:
-        raise NotImplementedError(RING_REFUSAL.format(ring=parallel.ring))
+        raise NotImplementedError(f"{RING_REFUSAL}; use ring 1 (got ring {parallel.ring})")
     heads = model.blocks[0].attn.heads
     group = -(-heads // parallel.ulysses)
     if (parallel.ulysses - 1) * group >= heads:  # the last head group would hold padding only
@@ -291,6 +291,7 @@ SANA_WM = ModelFamily(
     ),  # fmt: skip
     check=_check,
     layout_check=_layout_check,
+    ring_refused=RING_REFUSAL,
     step_cache=False,
     tiny_models=("tiny-sana-wm",),
     checkpoint_defaults={"SanaWMPipeline": generation_defaults(161, 704, 1280, 60, 5.0, 300)},

@@ -131,7 +131,8 @@ def _pipelines(family: ModelFamily) -> str:
 def _sp(family: ModelFamily) -> str:
     supported = [name for name in family.class_names if name not in family.refused]
     refused = ", ".join(f"`{name}` refused" for name in family.refused)
-    return ", ".join(filter(None, ["ulysses x ring" if supported else "", refused]))
+    layouts = "ulysses (ring refused)" if family.ring_refused else "ulysses x ring"
+    return ", ".join(filter(None, [layouts if supported else "", refused]))
 
 
 def _row(family: ModelFamily) -> list[str]:
