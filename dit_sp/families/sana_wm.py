@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
 from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.families.ltx import ltx_vae_factors
 from dit_sp.families.sana_video import frame_halo_hooks, gather_frames, rank_frames
 
 if TYPE_CHECKING:
@@ -269,8 +270,8 @@ def _check(model: torch.nn.Module) -> None:
 
 
 def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
-    """LTX-2's VAE (``AutoencoderKLLTX2Video``): its config's compression ratios."""
-    return vae.get("temporal_compression_ratio", 8), vae.get("spatial_compression_ratio", 32)
+    """LTX-2's VAE (``AutoencoderKLLTX2Video``), read as LTX-2's pipelines read it."""
+    return ltx_vae_factors(vae, scaling=(True, True, True, True))  # AutoencoderKLLTX2Video's default scaling
 
 
 SANA_WM = ModelFamily(

@@ -3,7 +3,8 @@ output and every input and parameter gradient (the camera branch and the Plucker
 Plucker embedding the ray-map path), 5 latent frames (the last rank holds a padded frame) and 3 heads (the last
 rank's head group padded); each branch called with this rank's 3 frames of tokens, and its stock computation run
 over all 5 frames of this rank's heads. Refused in one line: a ring, too few frames a rank for the temporal short
-convolution, a frame mask, a Ulysses degree that leaves a rank no head."""
+convolution, a frame mask, a Ulysses degree that leaves a rank no head. ``generate`` with the built-in
+``tiny-sana-wm`` (a whole ``SanaWMPipeline``) on 1x2 and CFG parallel, frames and latents against one process."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 from sana_wm_checks import BRANCHES, CASES, TOKENS_PER_FRAME, build, sana_wm_inputs
 
-from dit_sp import ParallelConfig, init_parallel, parallelize, spawn
+from dit_sp import GenerateConfig, ParallelConfig, generate, init_parallel, parallelize, spawn
 
 LAYOUT = (1, 1, 2)
 TOL = 1e-5
@@ -21,18 +22,35 @@ HEADS = {0: 2, 1: 1}
 """Real heads of each Ulysses rank: 3 heads padded to 4, 2 a rank."""
 
 
-@pytest.fixture(scope="module")
-def results():
-    from sana_wm_checks import check_sana_wm
+JOBS = {"1x2": {"ulysses": 2}, "cfg2": {"cfg_parallel": True}}
+PIPELINE_TOKENS = {"1x2": [3 * 96], "cfg2": [5 * 96]}
+"""The branches' tokens per rank in ``tiny-sana-wm``'s video: 17 frames of 32 x 48 are 5 latent frames of 8 x 12
+tokens, 3 frames a rank on 1x2 (the last rank's third padded); CFG parallel splits the guidance batch only."""
+FRAMES_TOL = 1e-4
 
-    return spawn(check_sana_wm, 2, args=([LAYOUT],), timeout=300)
+
+def _settings(tmp, name: str, **flags) -> GenerateConfig:
+    paths = {"out": str(tmp / f"{name}.mp4"), "save_latents": str(tmp / f"{name}.pt")}
+    overrides = {"model": "tiny-sana-wm", "image": "first_frame.png", "steps": 2, "verify_inputs": True}
+    return GenerateConfig.load(overrides=overrides | paths | flags)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    from sana_wm_checks import run_sana_wm
+
+    tmp = tmp_path_factory.mktemp("sana_wm")
+    single = generate(_settings(tmp, "single"), True)
+    by_rank = spawn(run_sana_wm, 2, args=([LAYOUT], [_settings(tmp, name, **flags) for name, flags in JOBS.items()]),
+                    timeout=600)  # fmt: skip
+    return {"by_rank": by_rank, "single": single}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_transformer_matches_single_process(results, case):
     frames = CASES[case]["frames"]
-    for rank, by_rank in enumerate(results):
+    for rank, by_rank in enumerate(results["by_rank"]):
         errors = by_rank["{}/dp{}-r{}-u{}".format(case, *LAYOUT)]
         assert errors["ref_scale"] > 0.1  # real outputs
         assert errors["out"] <= TOL, f"{case} rank {rank}: output error {errors['out']:.2e}"
@@ -48,13 +66,34 @@ def test_transformer_matches_single_process(results, case):
 
 @pytest.mark.slow
 def test_what_cannot_split_exactly_is_refused_in_one_line(results):
-    refusals = results[0]["refusals"]
+    refusals = results["by_rank"][0]["refusals"]
     assert refusals["ring"].startswith("SanaWMTransformer3DModel's gated-delta-rule attention scans each head's state")
     assert refusals["ring"].endswith("use ring 1 (got ring 2)")
     assert refusals["frames"] == ("SANA-WM's temporal short convolution reaches 3 frames each way, and a rank holds 2 "
                                   "latent frames (3 over 2 ranks): use fewer ranks or more frames")  # fmt: skip
     assert refusals["frame_valid_mask"].startswith("SanaWMTransformer3DModel's frame_valid_mask is not split")
     assert not any("\n" in message for message in refusals.values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", list(JOBS))
+def test_generate_matches_single_process(results, layout):
+    """``generate`` runs the whole tiny ``SanaWMPipeline`` (first-frame image, camera walk, guidance 5): on Ulysses 2
+    (the transformer split by frames, LTX-2's VAE by rows) and with CFG parallel, frames and latents within 1e-4 of
+    one process."""
+    reference = results["single"]
+    assert reference["frames"].std() > 0.01  # a real video
+    reports = [by_rank["videos"][list(JOBS).index(layout)] for by_rank in results["by_rank"]]
+    leaders = [report for report in reports if "out" in report]
+    assert len(leaders) == 1, "exactly one rank writes the output"
+    frames_error = float(abs(leaders[0]["frames"] - reference["frames"]).max())
+    assert frames_error <= FRAMES_TOL, f"{layout}: frames differ by {frames_error:.2e}"
+    latents, ref_latents = torch.load(leaders[0]["latents"]), torch.load(reference["latents"])
+    assert latents.shape == ref_latents.shape
+    latents_error = (latents - ref_latents).abs().max().item()
+    assert latents_error <= FRAMES_TOL, f"{layout}: latents differ by {latents_error:.2e}"
+    for report in reports:
+        assert report["branch_tokens"] == dict.fromkeys(BRANCHES, PIPELINE_TOKENS[layout]), report["branch_tokens"]
 
 
 def test_a_ulysses_degree_leaving_a_rank_no_head_is_refused():

@@ -18,7 +18,7 @@ TOKENS_PER_FRAME = 6
 def sana_wm_inputs(batch: int = 2, frames: int = 5) -> dict[str, Any]:
     """Latents ``(B, 4, F, 2, 3)``, per-frame timesteps ``(B, 1, F)`` (the first frame clean, as the pipeline
     conditions it), padded text ``(B, 1, 6, 16)`` (4 and 6 real tokens), camera conditions ``(B, F, 20)`` (poses
-    moving along a path, pinhole intrinsics) and Plucker embeddings ``(B, 8, F, 2, 3)``."""
+    moving along a path, pinhole intrinsics) and Plucker embeddings ``(B, 24, F, 2, 3)``."""
     g = torch.Generator().manual_seed(7)
     c2w = torch.eye(4).repeat(batch, frames, 1, 1)
     c2w[..., :3, 3] = torch.randn(batch, frames, 3, generator=g).cumsum(1) * 0.3
@@ -30,7 +30,7 @@ def sana_wm_inputs(batch: int = 2, frames: int = 5) -> dict[str, Any]:
     return {"hidden_states": torch.randn(batch, 4, frames, 2, 3, generator=g), "timestep": timestep,
             "encoder_hidden_states": torch.randn(batch, 1, 6, 16, generator=g), "encoder_attention_mask": mask,
             "camera_conditions": torch.cat([c2w.flatten(2), intrinsics], -1),
-            "chunk_plucker": torch.randn(batch, 8, frames, 2, 3, generator=g)}  # fmt: skip
+            "chunk_plucker": torch.randn(batch, 24, frames, 2, 3, generator=g)}  # fmt: skip
 
 
 def build(**config: Any) -> torch.nn.Module:
@@ -168,3 +168,26 @@ def _refusals() -> dict[str, str]:
             except (ValueError, NotImplementedError) as e:
                 messages[name] = str(e)
     return messages
+
+
+def run_sana_wm(layouts: list[tuple[int, int, int]], jobs: list[Any]) -> dict[str, Any]:
+    """One spawned world: the transformer checks, then ``generate`` for each job (a ``GenerateConfig``), with the
+    token counts the attention branches were called with."""
+    from dit_sp import generate
+
+    results = check_sana_wm(layouts)
+    results["videos"] = []
+    for settings in jobs:
+        seen: dict[str, set[int]] = {}
+
+        def record(module, args, seen=seen):
+            if type(module).__name__ in BRANCHES:
+                seen.setdefault(type(module).__name__, set()).add(args[0].shape[1])
+
+        handle = torch.nn.modules.module.register_module_forward_pre_hook(record)
+        try:
+            report = generate(settings, True)
+        finally:
+            handle.remove()
+        results["videos"].append(report | {"branch_tokens": {k: sorted(v) for k, v in seen.items()}})
+    return results
