@@ -48,6 +48,14 @@ RING_REFUSAL = (
 )
 
 
+REFINER_REFUSAL = (
+    "SanaWMLTX2RefinerTransformer3DModel (SanaWMLTX2Refiner's stage-2 sliding-window refiner) attends over a key/value "
+    "cache of sink and recent frames carried from call to call, which dit-sp does not split; run it on one process "
+    "per sample (dp)"
+)
+"""Why ``parallelize`` refuses the refiner (one line)."""
+
+
 def _plan(model: torch.nn.Module) -> dict:
     cp_input, _ = context_parallel_types()
     frames = cp_input(split_dim=2, expected_dims=5)  # (B, C, F, H, W): whole frames per rank
@@ -262,6 +270,8 @@ def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
 
 
 def _check(model: torch.nn.Module) -> None:
+    if type(model).__name__ == "SanaWMLTX2RefinerTransformer3DModel":
+        raise NotImplementedError(REFINER_REFUSAL)
     kinds = {type(b.attn.attn).__name__ for b in model.blocks} | {type(b.attn.cam_attn).__name__ for b in model.blocks}
     if unknown := kinds - set(_BRANCHES):
         raise NotImplementedError(f"SanaWMTransformer3DModel with attention {sorted(unknown)} is not split by dit-sp")
@@ -276,7 +286,7 @@ def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
 
 SANA_WM = ModelFamily(
     name="sana_wm",
-    class_names=("SanaWMTransformer3DModel",),
+    class_names=("SanaWMTransformer3DModel", "SanaWMLTX2RefinerTransformer3DModel"),
     plan=_plan,
     hooks=_hooks,
     attention_modules=(),  # its attention is run by the hooks' branch forwards; the cross-attention is local
@@ -293,6 +303,7 @@ SANA_WM = ModelFamily(
     check=_check,
     layout_check=_layout_check,
     ring_refused=RING_REFUSAL,
+    refused={"SanaWMLTX2RefinerTransformer3DModel": REFINER_REFUSAL},
     step_cache=False,
     tiny_models=("tiny-sana-wm",),
     checkpoint_defaults={"SanaWMPipeline": generation_defaults(161, 704, 1280, 60, 5.0, 300)},

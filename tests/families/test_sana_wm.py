@@ -3,7 +3,8 @@ output and every input and parameter gradient (the camera branch and the Plucker
 Plucker embedding the ray-map path), 5 latent frames (the last rank holds a padded frame) and 3 heads (the last
 rank's head group padded); each branch called with this rank's 3 frames of tokens, and its stock computation run
 over all 5 frames of this rank's heads. Refused in one line: a ring, too few frames a rank for the temporal short
-convolution, a frame mask, a Ulysses degree that leaves a rank no head. ``generate`` with the built-in
+convolution, a frame mask, a Ulysses degree that leaves a rank no head, the stage-2 refiner (a key/value cache
+carried between calls). ``generate`` with the built-in
 ``tiny-sana-wm`` (a whole ``SanaWMPipeline``) on 1x2 and CFG parallel, frames and latents against one process."""
 
 from __future__ import annotations
@@ -103,6 +104,17 @@ def test_a_ulysses_degree_leaving_a_rank_no_head_is_refused():
     SANA_WM.layout_check(model, SimpleNamespace(ring=1, ulysses=3))  # 3 heads: one a rank
     with pytest.raises(NotImplementedError, match=r"^Ulysses 4 over .*3 heads \(1 a rank\) leaves the last rank no"):
         SANA_WM.layout_check(model, SimpleNamespace(ring=1, ulysses=4))
+
+
+def test_the_stage_2_refiner_is_refused_with_its_reason():
+    import diffusers
+
+    with torch.device("meta"):  # refused before anything runs: no weights needed
+        model = diffusers.SanaWMLTX2RefinerTransformer3DModel(num_layers=1)
+    message = r"^SanaWMLTX2RefinerTransformer3DModel .*key/value cache .*one process per sample \(dp\)$"
+    with pytest.raises(NotImplementedError, match=message) as e:
+        parallelize(model, init_parallel(ParallelConfig()))
+    assert "\n" not in str(e.value)
 
 
 def test_one_process_parallelize_is_exact_and_registered():
