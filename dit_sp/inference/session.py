@@ -170,6 +170,10 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
     if "pyramid_num_inference_steps_list" in inspect.signature(stock.__call__).parameters:  # Helios pyramid
         arguments["pyramid_num_inference_steps_list"] = [config.steps] * pipe.scheduler.config.stages  # per stage
     arguments |= call_arguments(config.model)  # a built-in model's fixed call arguments (its spec's ``call:``)
+    if config.camera is not None:  # Sana-WM's camera path and intrinsics (a built-in model's spec has its own)
+        arguments["action"] = config.camera
+    if config.intrinsics is not None:
+        arguments["intrinsics"] = [float(value) for value in config.intrinsics.split(",")]
     if stock.__name__ in STALE_CALLBACK_LATENTS:  # the scheduler's steps are recorded instead (_steps_recorded)
         del arguments["callback_on_step_end"]
     modular = _is_modular(pipe)

@@ -9,6 +9,7 @@ carried between calls). ``generate`` with the built-in
 
 from __future__ import annotations
 
+import functools
 from types import SimpleNamespace
 
 import pytest
@@ -28,11 +29,13 @@ PIPELINE_TOKENS = {"1x2": [3 * 96], "cfg2": [5 * 96]}
 """The branches' tokens per rank in ``tiny-sana-wm``'s video: 17 frames of 32 x 48 are 5 latent frames of 8 x 12
 tokens, 3 frames a rank on 1x2 (the last rank's third padded); CFG parallel splits the guidance batch only."""
 FRAMES_TOL = 1e-4
+CAMERA = {"camera": "w-8,l-8", "intrinsics": "36,36,24,16"}
+"""Sana-WM's camera flags (the built-in model's spec has a plain walk forwards): walk, then turn right."""
 
 
 def _settings(tmp, name: str, **flags) -> GenerateConfig:
     paths = {"out": str(tmp / f"{name}.mp4"), "save_latents": str(tmp / f"{name}.pt")}
-    overrides = {"model": "tiny-sana-wm", "image": "first_frame.png", "steps": 2, "verify_inputs": True}
+    overrides = {"model": "tiny-sana-wm", "image": "first_frame.png", "steps": 2, "verify_inputs": True} | CAMERA
     return GenerateConfig.load(overrides=overrides | paths | flags)
 
 
@@ -41,7 +44,19 @@ def results(tmp_path_factory):
     from sana_wm_checks import run_sana_wm
 
     tmp = tmp_path_factory.mktemp("sana_wm")
-    single = generate(_settings(tmp, "single"), True)
+    import diffusers
+
+    calls, stock = [], diffusers.SanaWMPipeline.__call__
+
+    @functools.wraps(stock)  # its signature, which generate's checks read
+    def call(pipe, *args, **kwargs):  # what the pipeline is called with (one process: the stock class)
+        calls.append({key: kwargs.get(key) for key in ("action", "intrinsics")})
+        return stock(pipe, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(diffusers.SanaWMPipeline, "__call__", call)
+        single = generate(_settings(tmp, "single"), True)
+    assert calls == [{"action": "w-8,l-8", "intrinsics": [36.0, 36.0, 24.0, 16.0]}], calls  # the flags reach it
     by_rank = spawn(run_sana_wm, 2, args=([LAYOUT], [_settings(tmp, name, **flags) for name, flags in JOBS.items()]),
                     timeout=600)  # fmt: skip
     return {"by_rank": by_rank, "single": single}
@@ -79,7 +94,8 @@ def test_what_cannot_split_exactly_is_refused_in_one_line(results):
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", list(JOBS))
 def test_generate_matches_single_process(results, layout):
-    """``generate`` runs the whole tiny ``SanaWMPipeline`` (first-frame image, camera walk, guidance 5): on Ulysses 2
+    """``generate`` runs the whole tiny ``SanaWMPipeline`` (first-frame image, ``--camera`` path and
+    ``--intrinsics``, guidance 5): on Ulysses 2
     (the transformer split by frames, LTX-2's VAE by rows) and with CFG parallel, frames and latents within 1e-4 of
     one process."""
     reference = results["single"]
@@ -104,6 +120,16 @@ def test_a_ulysses_degree_leaving_a_rank_no_head_is_refused():
     SANA_WM.layout_check(model, SimpleNamespace(ring=1, ulysses=3))  # 3 heads: one a rank
     with pytest.raises(NotImplementedError, match=r"^Ulysses 4 over .*3 heads \(1 a rank\) leaves the last rank no"):
         SANA_WM.layout_check(model, SimpleNamespace(ring=1, ulysses=4))
+
+
+def test_camera_flags_are_checked_before_loading():
+    from dit_sp.errors import ConfigError
+    from dit_sp.inference import check_before_loading
+
+    with pytest.raises(ConfigError, match=r"^--camera: tiny-wan \(WanPipeline\) takes no camera; it is Sana-WM's"):
+        check_before_loading(GenerateConfig.load(overrides={"model": "tiny-wan", "camera": "w-8"}))
+    with pytest.raises(ConfigError, match=r"intrinsics '1,2': expected fx,fy,cx,cy, four numbers"):
+        GenerateConfig.load(overrides={"model": "tiny-sana-wm", "intrinsics": "1,2"})
 
 
 def test_the_stage_2_refiner_is_refused_with_its_reason():
