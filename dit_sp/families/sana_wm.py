@@ -284,6 +284,16 @@ def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
     return ltx_vae_factors(vae, scaling=(True, True, True, True))  # AutoencoderKLLTX2Video's default scaling
 
 
+_ARCHITECTURES = {
+    # SANA-WM bidirectional (Efficient-Large-Model/SANA-WM_bidirectional): diffusers' defaults are its transformer
+    # (2.66e9 parameters counted on meta, the camera branch included); Gemma 2 2B's text states, LTX-2's video VAE
+    "sana-wm_bidirectional": {"transformers": {"transformer": ("SanaWMTransformer3DModel", {
+        "in_channels": 128, "num_layers": 20, "hidden_size": 2240, "num_attention_heads": 20, "linear_head_dim": 112,
+        "patch_size": [1, 1, 1], "mlp_ratio": 3.0, "caption_channels": 2304})},
+        "text_encoders": 2.61e9, "vae": 1.28e9, "compression": (8, 32), "text_tokens": 300, "joint": False},
+}  # fmt: skip
+"""The real checkpoint, for the memory planner (``ModelFamily.architectures``)."""
+
 SANA_WM = ModelFamily(
     name="sana_wm",
     class_names=("SanaWMTransformer3DModel", "SanaWMLTX2RefinerTransformer3DModel"),
@@ -308,4 +318,5 @@ SANA_WM = ModelFamily(
     tiny_models=("tiny-sana-wm",),
     checkpoint_defaults={"SanaWMPipeline": generation_defaults(161, 704, 1280, 60, 5.0, 300)},
     vae_factors={"SanaWMPipeline": _vae_factors},
+    architectures=_ARCHITECTURES,
 )

@@ -154,3 +154,22 @@ def test_one_process_parallelize_is_exact_and_registered():
         with parallelize(model, init_parallel(ParallelConfig())):
             out = model(**inputs, return_dict=False)[0]
     torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-6)
+
+
+def test_the_real_checkpoint_config_names_its_architecture_and_plans():
+    """configs/sana-wm_bidirectional.yaml (the published name) names an architecture the planner knows (diffusers'
+    defaults, 2.66e9 parameters counted on meta) and plans its own layout, Ulysses alone."""
+    from dit_sp.memory.planner import ARCHITECTURES, TransformerShape, architecture_name
+    from dit_sp.memory.sampling import SamplingSettings, plan_sampling
+
+    name = "sana-wm_bidirectional"
+    config = GenerateConfig.load(name)
+    assert architecture_name(name) == name
+    assert architecture_name("/models/SANA-WM_bidirectional_diffusers") == name
+    shape = TransformerShape.of(*ARCHITECTURES[name]["transformers"]["transformer"])
+    assert abs(shape.params - 2.66e9) <= 0.01e9 and shape.heads == 20 and shape.layers == 20, shape
+    assert config.ring == 1 and 20 % config.ulysses == 0
+    video = {"frames": config.frames, "height": config.height, "width": config.width, "dtype": config.dtype}
+    settings = SamplingSettings(name, **video, ring=config.ring, ulysses=config.ulysses, guidance=True)
+    plan = plan_sampling(settings, config.ulysses * config.ring, 141)
+    assert plan.fits, plan
