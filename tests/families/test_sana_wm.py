@@ -10,6 +10,7 @@ carried between calls). ``generate`` with the built-in
 from __future__ import annotations
 
 import functools
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -53,9 +54,17 @@ def results(tmp_path_factory):
         calls.append({key: kwargs.get(key) for key in ("action", "intrinsics")})
         return stock(pipe, *args, **kwargs)
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(diffusers.SanaWMPipeline, "__call__", call)
-        single = generate(_settings(tmp, "single"), True)
+    # The stock attention casts its softmax branches to bf16 even in fp32, so the one-process model's own result
+    # moves by 6e-5 in the latents with its thread count (2 threads against 1): the reference runs with the threads
+    # each of the 2 workers gets (dit_sp.spawn), as the split runs do.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // 2))
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(diffusers.SanaWMPipeline, "__call__", call)
+            single = generate(_settings(tmp, "single"), True)
+    finally:
+        torch.set_num_threads(threads)
     assert calls == [{"action": "w-8,l-8", "intrinsics": [36.0, 36.0, 24.0, 16.0]}], calls  # the flags reach it
     by_rank = spawn(run_sana_wm, 2, args=([LAYOUT], [_settings(tmp, name, **flags) for name, flags in JOBS.items()]),
                     timeout=600)  # fmt: skip
