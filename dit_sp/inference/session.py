@@ -184,8 +184,8 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
     steps = [b - a for a, b in zip([start, *step_times[:-1]], step_times)]
     if modular:  # its outputs by name: the decoded videos and the final (unpacked) latents
         frames, final["latents"] = result["videos"][0], result["latents"].detach().cpu()
-    elif hasattr(result, "frames"):  # (B, F, H, W, 3); Sana-WM's one video is (F, H, W, 3)
-        frames = result.frames if getattr(result.frames, "ndim", 0) == 4 else result.frames[0]
+    elif hasattr(result, "frames"):  # (B, F, H, W, 3); Sana-WM's output (with its camera poses, c2w) is one video
+        frames = result.frames if hasattr(result, "c2w") else result.frames[0]
     elif hasattr(result, "video"):  # Cosmos 3 (Cosmos3OmniPipelineOutput): the one sample's frames
         frames = result.video
     else:  # a text-to-image pipeline (Cosmos-Predict2 Text2Image; Kandinsky 5's, as ``image``) returns images: its
