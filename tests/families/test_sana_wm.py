@@ -9,6 +9,7 @@ carried between calls). ``generate`` with the built-in
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from types import SimpleNamespace
@@ -168,6 +169,7 @@ def test_one_process_parallelize_is_exact_and_registered():
 def test_the_real_checkpoint_config_names_its_architecture_and_plans():
     """configs/sana-wm_bidirectional.yaml (the published name) names an architecture the planner knows (diffusers'
     defaults, 2.66e9 parameters counted on meta) and plans its own layout, Ulysses alone."""
+    from dit_sp.errors import ConfigError
     from dit_sp.memory.planner import ARCHITECTURES, TransformerShape, architecture_name
     from dit_sp.memory.sampling import SamplingSettings, plan_sampling
 
@@ -182,3 +184,6 @@ def test_the_real_checkpoint_config_names_its_architecture_and_plans():
     settings = SamplingSettings(name, **video, ring=config.ring, ulysses=config.ulysses, guidance=True)
     plan = plan_sampling(settings, config.ulysses * config.ring, 141)
     assert plan.fits, plan
+    with pytest.raises(ConfigError, match=r"^ring 2: SanaWMTransformer3DModel's gated-delta-rule attention"):
+        plan_sampling(dataclasses.replace(settings, ring=2), 8, 141)  # a ring is refused, and never advised
+    assert not any("--ring" in line for line in plan_sampling(settings, 4, 80).advice)
