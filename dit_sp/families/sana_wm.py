@@ -46,7 +46,7 @@ RING_REFUSAL = (
     "SanaWMTransformer3DModel's gated-delta-rule attention scans each head's state over every frame in order, which "
     "only Ulysses splits exactly (each rank then holds the whole sequence of its heads)"
 )
-
+"""Why a ring cannot split Sana-WM (``ModelFamily.ring_refused``; ``parallelize`` adds the layout it was given)."""
 
 REFINER_REFUSAL = (
     "SanaWMLTX2RefinerTransformer3DModel (SanaWMLTX2Refiner's stage-2 sliding-window refiner) attends over a key/value "
@@ -71,7 +71,7 @@ def _layout_check(model: torch.nn.Module, parallel: ParallelState) -> None:
     if (parallel.ulysses - 1) * group >= heads:  # the last head group would hold padding only
         raise NotImplementedError(
             f"Ulysses {parallel.ulysses} over SanaWMTransformer3DModel's {heads} heads ({group} a rank) leaves the "
-            "last rank no head to scan: use a Ulysses degree that divides the heads"
+            "last rank no head to scan: use a Ulysses degree that leaves every rank a head (one that divides the heads)"
         )
 
 
