@@ -29,8 +29,8 @@ from dit_sp.families.minimax_h3 import MINIMAX_H3
 from dit_sp.families.mochi import MOCHI
 from dit_sp.families.motif_video import MOTIF_VIDEO
 from dit_sp.families.policy import DiffusersPolicy
-from dit_sp.families.refused import REFUSED
 from dit_sp.families.sana_video import SANA_VIDEO
+from dit_sp.families.sana_wm import SANA_WM
 from dit_sp.families.shape import check_latent_shape
 from dit_sp.families.skyreels_v2 import SKYREELS_V2
 from dit_sp.families.wan import WAN
@@ -48,13 +48,12 @@ FAMILIES: tuple[ModelFamily, ...] = (
     SKYREELS_V2, WAN_VACE, CHRONOEDIT, HUNYUAN_VIDEO15, HUNYUAN_VIDEO_FRAMEPACK, ANYFLOW, ANYFLOW_FAR,
     KANDINSKY5, MOTIF_VIDEO, COSMOS, MINIMAX_H3, HELIOS,
     LATTE, WAN_ANIMATE, SANA_VIDEO, COSMOS3, CONSISID, KANDINSKY6, KANDINSKY6_SR,
-    WAN_ANIMATE_2,
-    *REFUSED,
+    WAN_ANIMATE_2, SANA_WM,
 )  # fmt: skip
 
 
 def supported_classes() -> list[str]:
-    """The transformer classes ``parallelize`` splits (not the ones it knows only to refuse, ``families.refused``)."""
+    """The transformer classes ``parallelize`` splits (not those a family refuses, ``ModelFamily.refused``)."""
     return [name for family in FAMILIES for name in family.class_names if name not in family.refused]
 
 

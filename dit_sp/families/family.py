@@ -96,6 +96,9 @@ class ModelFamily:
     check: Callable[[torch.nn.Module], None] = lambda model: None
     """Raises for configurations of the family that are not supported (at ``parallelize`` and at every call: a
     pipeline may reconfigure its model per call)."""
+    ring_refused: str = ""
+    """Why a ring cannot split the family exactly (empty: it can): ``layout_check`` refuses ``ring > 1`` with it, and
+    the family table shows Ulysses alone."""
     layout_check: Callable[[torch.nn.Module, ParallelState], None] = lambda model, parallel: None
     """Raises for configurations of the family that split exactly on some layouts only (SkyReels-V2's block-causal
     frames: Ulysses alone); called with ``check``."""

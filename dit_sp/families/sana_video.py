@@ -55,7 +55,7 @@ def _shape_check(config: Any, settings: dict[str, Any], name: Callable[[str], st
         check_multiple(settings, key, 32, name, "Sana-Video's pipelines take multiples of 32")
 
 
-def _frames(ctx: Any) -> tuple[int, int]:
+def rank_frames(ctx: Any) -> tuple[int, int]:
     """This rank's ``(first frame, real frames)``: its shard of ``ceil(F / sp)`` frames, the tail padding excluded."""
     from dit_sp.parallel.comm import shard_len  # torch: not at import (the registry is read by --help)
 
@@ -105,7 +105,7 @@ class SequenceParallelSanaLinearAttnProcessor:
         query, key, value = (x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
         query, key = F.relu(query), F.relu(key)
         per_frame = hidden_states.shape[1] // shard_len(self.ctx.seq_len, self.ctx.parallel)
-        real = _frames(self.ctx)[1] * per_frame
+        real = rank_frames(self.ctx)[1] * per_frame
         if real < hidden_states.shape[1]:  # padded frames take no part in the sums
             key = key * (torch.arange(key.shape[1], device=key.device) < real).to(key.dtype)[None, :, None, None]
         query_rotate, key_rotate = _rotate(query, *rotary_emb), _rotate(key, *rotary_emb)
@@ -134,11 +134,47 @@ class _Restore:
         self.module.processor = self.processor
 
 
-def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
+def frame_halo_hooks(conv: torch.nn.Module, ctx: Any) -> list[Any]:
+    """Hooks that run a convolution over frames (input ``(B, C, F_local, X)``, kernel ``(2p+1, 1)``, zero padding
+    ``p`` along F) on this rank's frames exactly: padded frames zeroed, then ``p`` frames of each neighbour rank
+    around them (``dit_sp.parallel.comm.halo``; zeros past the first and last frame, the model's zero padding), and
+    the halo frames' outputs dropped. Returns the removable handles."""
     import torch
 
-    from dit_sp.parallel.comm import gather_sequence, halo
+    from dit_sp.parallel.comm import halo
 
+    width = conv.padding[0]
+
+    def before(module, args):
+        x = args[0]
+        real = rank_frames(ctx)[1]
+        if real < x.shape[2]:  # the last real frame sees zeros after it, as in one process
+            x = x * (torch.arange(x.shape[2], device=x.device) < real).to(x.dtype)[:, None]
+        return (halo(x, ctx.parallel.sp_group, dim=2, width=width),)
+
+    def after(module, args, output):
+        return output.narrow(2, width, output.shape[2] - 2 * width)  # this rank's frames
+
+    return [conv.register_forward_pre_hook(before), conv.register_forward_hook(after)]
+
+
+def gather_frames(ctx: Any) -> Callable[..., Any]:
+    """A model forward hook gathering its output ``(B, C, F_local, H, W)`` (a tuple's first entry or ``.sample``)
+    along F, the padding dropped."""
+    from dit_sp.parallel.comm import gather_sequence
+
+    def gather(module, args, output):
+        sample = output[0] if isinstance(output, (tuple, list)) else output.sample
+        whole = gather_sequence(sample, ctx.parallel, dim=2, seq_len=ctx.seq_len, grad=ctx.gather_grad)
+        if isinstance(output, (tuple, list)):
+            return type(output)((whole, *output[1:]))
+        output.sample = whole
+        return output
+
+    return gather
+
+
+def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
     def rope(module, args, output):
         # the whole video's table (the module reads only the shape of its input), this rank's frames cut out
         hidden = args[0]
@@ -155,31 +191,12 @@ def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
         start = ctx.parallel.sp_rank * frames * per_frame
         return tuple(t.narrow(1, start, frames * per_frame).clone() for t in whole)
 
-    def temporal_in(conv, args):
-        x = args[0]  # (B, C, F_local, H*W): zero the padded frames, then one frame of each neighbour around
-        real = _frames(ctx)[1]
-        if real < x.shape[2]:
-            x = x * (torch.arange(x.shape[2], device=x.device) < real).to(x.dtype)[:, None]
-        return (halo(x, ctx.parallel.sp_group, dim=2, width=1),)
-
-    def temporal_out(conv, args, output):
-        return output.narrow(2, 1, output.shape[2] - 2)  # this rank's frames (the halo frames' outputs dropped)
-
-    def gather(module, args, output):
-        sample = output[0] if isinstance(output, (tuple, list)) else output.sample
-        whole = gather_sequence(sample, ctx.parallel, dim=2, seq_len=ctx.seq_len, grad=ctx.gather_grad)
-        if isinstance(output, (tuple, list)):
-            return type(output)((whole, *output[1:]))
-        output.sample = whole
-        return output
-
     handles = [model.rope.register_forward_hook(rope)]
     for block in model.transformer_blocks:
-        handles.append(block.ff.conv_temp.register_forward_pre_hook(temporal_in))
-        handles.append(block.ff.conv_temp.register_forward_hook(temporal_out))
+        handles += frame_halo_hooks(block.ff.conv_temp, ctx)
         handles.append(_Restore(block.attn1, block.attn1.processor))
         block.attn1.processor = SequenceParallelSanaLinearAttnProcessor(ctx)
-    return [*handles, model.register_forward_hook(gather)]
+    return [*handles, model.register_forward_hook(gather_frames(ctx))]
 
 
 def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:

@@ -154,6 +154,7 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
         return
     check_video_input(config, name, takes)
     check_motion_videos(config, name, takes)
+    check_camera(config, name, takes)
     if "image" not in takes:
         if config.image or config.last_image:
             raise ConfigError(f"--image: {config.model} is a text-to-video model ({name}) and takes no image; use an "
@@ -348,6 +349,26 @@ def read_video(path: str, flag: str = "--video") -> list[Any]:
     if not frames:
         raise ConfigError(f"{flag} {path}: the video has no frames")
     return [frame.convert("RGB") for frame in frames]
+
+
+def check_camera(config: GenerateConfig, name: str, takes: Any) -> None:
+    """``--camera`` and ``--intrinsics`` go to a camera-controlled pipeline (Sana-WM's ``action`` and ``intrinsics``),
+    which needs both (or its built-in model's spec fixes them)."""
+    from dit_sp.zoo import call_arguments
+
+    given = {"--camera": config.camera, "--intrinsics": config.intrinsics}
+    if "action" not in takes:
+        if flags := [flag for flag, value in given.items() if value is not None]:
+            raise ConfigError(f"{flags[0]}: {config.model} ({name}) takes no camera; it is Sana-WM's "
+                              f"(SanaWMPipeline): drop {'/'.join(flags)}")  # fmt: skip
+        return
+    fixed = call_arguments(config.model)
+    if config.camera is None and not {"action", "c2w"} & fixed.keys():
+        raise ConfigError(f"{config.model} ({name}) is camera-controlled: give its path with --camera KEYS-FRAMES,... "
+                          "(WASD move, IJKL turn, e.g. w-80,jw-40)")  # fmt: skip
+    if config.intrinsics is None and "intrinsics" not in fixed:
+        raise ConfigError(f"{config.model} ({name}) is camera-controlled: give --intrinsics fx,fy,cx,cy (the first "
+                          "frame's pinhole intrinsics, in its pixels)")  # fmt: skip
 
 
 def read_image(path: str, flag: str) -> Any:

@@ -59,6 +59,13 @@ class GenerateConfig:
     image: str | None = setting(None, "image-to-video: the first frame (default: none, text-to-video)")
     """Image-to-video: the first frame (PNG, JPEG, ...), for an image-to-video model (Wan I2V / FLF2V, Wan 2.2
     I2V and TI2V, CogVideoX I2V); resized to ``height`` x ``width`` by the pipeline."""
+    camera: str | None = setting(None, "Sana-WM: the camera's path, KEYS-FRAMES,... (WASD move, IJKL turn: w-80,jw-40)")
+    """Sana-WM's camera trajectory, its pipeline's ``action`` string: comma-separated ``KEYS-FRAMES`` segments, WASD
+    moving and IJKL turning the camera for that many frames (``none`` holds it); default: the model's (a built-in
+    model's spec), else the pipeline requires it."""
+    intrinsics: str | None = setting(None, "Sana-WM: the first frame's pinhole intrinsics fx,fy,cx,cy in its pixels")
+    """Sana-WM's camera intrinsics, ``fx,fy,cx,cy`` in the pixels of ``--image`` (the pipeline rescales them for its
+    resize and crop); default: the model's (a built-in model's spec), else the pipeline requires them."""
     last_image: str | None = setting(None, "first-last-frame: the last frame too (Wan FLF2V; default: none)")
     video: str | None = setting(
         None, "video-to-video: the input video (SkyReels-V2 DF, Wan, CogVideoX V2V; default: none)"
@@ -155,6 +162,8 @@ class GenerateConfig:
             ar_step=">= 0",
         )
         check_ranges(self, embedding_cache_mb=">= 0")  # fmt: skip
+        if self.intrinsics is not None and not _numbers(self.intrinsics, 4):
+            raise ConfigError(f"intrinsics {self.intrinsics!r}: expected fx,fy,cx,cy, four numbers (e.g. 40,40,24,16)")
         if self.guidance_2 is not None and not self.guidance > 1:
             raise ConfigError(f"guidance_2 {self.guidance_2} is the low-noise expert's classifier-free guidance, "
                               f"and guidance {self.guidance} turns guidance off for both experts; use guidance > 1 "
@@ -216,3 +225,12 @@ class GenerateConfig:
         model = values.get("model") or default_model()
         where = str(path) if path is not None else "settings"
         return from_mapping(cls, merge(cls, model_defaults(model), values | {"model": model}), where=where)
+
+
+def _numbers(text: str, count: int) -> bool:
+    """Whether ``text`` is ``count`` comma-separated finite numbers."""
+    try:
+        values = [float(part) for part in text.split(",")]
+    except ValueError:
+        return False
+    return len(values) == count and all(math.isfinite(v) for v in values)

@@ -170,6 +170,10 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
     if "pyramid_num_inference_steps_list" in inspect.signature(stock.__call__).parameters:  # Helios pyramid
         arguments["pyramid_num_inference_steps_list"] = [config.steps] * pipe.scheduler.config.stages  # per stage
     arguments |= call_arguments(config.model)  # a built-in model's fixed call arguments (its spec's ``call:``)
+    if config.camera is not None:  # Sana-WM's camera path and intrinsics (a built-in model's spec has its own)
+        arguments["action"] = config.camera
+    if config.intrinsics is not None:
+        arguments["intrinsics"] = [float(value) for value in config.intrinsics.split(",")]
     if stock.__name__ in STALE_CALLBACK_LATENTS:  # the scheduler's steps are recorded instead (_steps_recorded)
         del arguments["callback_on_step_end"]
     modular = _is_modular(pipe)
@@ -180,8 +184,8 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
     steps = [b - a for a, b in zip([start, *step_times[:-1]], step_times)]
     if modular:  # its outputs by name: the decoded videos and the final (unpacked) latents
         frames, final["latents"] = result["videos"][0], result["latents"].detach().cpu()
-    elif hasattr(result, "frames"):
-        frames = result.frames[0]
+    elif hasattr(result, "frames"):  # (B, F, H, W, 3); Sana-WM's output (with its camera poses, c2w) is one video
+        frames = result.frames if hasattr(result, "c2w") else result.frames[0]
     elif hasattr(result, "video"):  # Cosmos 3 (Cosmos3OmniPipelineOutput): the one sample's frames
         frames = result.video
     else:  # a text-to-image pipeline (Cosmos-Predict2 Text2Image; Kandinsky 5's, as ``image``) returns images: its

@@ -66,7 +66,8 @@ class TransformerShape:
         blocks = [b for name in (*BLOCK_LISTS, "control_blocks") for b in getattr(model, name, [])]
         if "num_attention_heads" in config:  # Cosmos 3: a Qwen-style head_dim (its heads x head_dim may differ from
             # hidden_size: the attention's width is what its activations take)
-            heads, head_dim = config["num_attention_heads"], config.get("attention_head_dim") or config["head_dim"]
+            heads = config["num_attention_heads"]  # Sana-WM: its linear attention's head (hidden_size / heads)
+            head_dim = config.get("attention_head_dim") or config.get("linear_head_dim") or config["head_dim"]
         else:  # Kandinsky 5: the width is model_dim, a head the rotary axes' sum
             head_dim = sum(config["axes_dims"])
             heads = config["model_dim"] // head_dim

@@ -184,6 +184,8 @@ def plan_sampling(
     shape = TransformerShape.of(class_name, config)
     if shape.heads % s.ulysses:
         raise ConfigError(f"ulysses {s.ulysses} does not divide {s.arch}'s {shape.heads} heads")
+    if s.ring > 1 and (why := _ring_refused(class_name)):  # Sana-WM's scans: Ulysses alone
+        raise ConfigError(f"ring {s.ring}: {why}")
     size = ELEMENT_BYTES[s.dtype]
     sharded = s.shard_weights and n > 1
     resident = {}
@@ -277,3 +279,10 @@ def _advise(plan: SamplingPlan, gpus: int, gpu_memory_gb: float) -> list[str]:
     if not lines:
         lines.append(f"{component}: no generate flag lowers it; GPUs with more memory")
     return lines
+
+
+def _ring_refused(class_name: str) -> str:
+    """Why a ring cannot split ``class_name`` (its family's ``ring_refused``), or ``""``."""
+    from dit_sp.families import FAMILIES
+
+    return next((f.ring_refused for f in FAMILIES if class_name in f.class_names and f.ring_refused), "")

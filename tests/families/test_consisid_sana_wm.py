@@ -2,14 +2,14 @@
 and backward (every parameter's gradient, the facial extractor's and the perceivers' included) with an odd count of
 video tokens, the joint attention seeing its shard and the identity perceiver its rank's queries only; a tiny
 ``ConsisIDPipeline`` (identity inputs given as tensors: its face models are not built) on 1x2, 2x1 and CFG parallel,
-frames and latents. Sana-WM refused with its reason."""
+frames and latents. (Sana-WM, once refused here, is split: ``tests/families/test_sana_wm.py``.)"""
 
 from __future__ import annotations
 
 import pytest
 from split_errors import assert_matches_one_process
 
-from dit_sp import ParallelConfig, init_parallel, parallelize, spawn
+from dit_sp import spawn
 
 LAYOUTS = [(1, 1, 2), (1, 2, 1)]
 TOL = 1e-5
@@ -68,18 +68,3 @@ def test_consisid_is_registered_with_batched_guidance_and_cogvideox_vae():
         )
         is COGVIDEOX_VAE
     )
-
-
-def test_sana_wm_is_refused_with_its_reason():
-    import diffusers
-
-    config = {"in_channels": 4, "num_layers": 2, "hidden_size": 32, "num_attention_heads": 2, "linear_head_dim": 16,
-              "caption_channels": 16, "chunk_plucker_channels": 8, "chunk_plucker_post_attn_blocks": 2,
-              "softmax_every_n": 2, "image_size": 32}  # fmt: skip
-    model = diffusers.SanaWMTransformer3DModel(**config)
-    message = (r"^SanaWMTransformer3DModel cannot run sequence-parallel exactly: .*gated-delta-rule recurrence .*"
-               r"not torch SDPA.*one process per sample \(dp\)$")  # fmt: skip
-    with pytest.raises(NotImplementedError, match=message) as e:
-        parallelize(model, init_parallel(ParallelConfig()))
-    assert "\n" not in str(e.value)
-    assert not any(type(m).__name__.startswith("SequenceParallel") for m in model.modules())

@@ -59,6 +59,10 @@ def model_inputs(family: str, batch: int = 2) -> dict:
         from kandinsky6_sr_checks import sr_inputs
 
         return sr_inputs(batch)
+    if family == "tiny-sana-wm":  # 5 latent frames of 2 x 3, camera conditions, Plucker embeddings
+        from sana_wm_checks import sana_wm_inputs
+
+        return sana_wm_inputs(batch)
     if family.startswith("tiny-sana-video"):
         from sana_video_checks import builtin_inputs
 
