@@ -17,6 +17,7 @@ from unittest import mock
 
 import torch
 import torch.distributed as dist
+from model_checks import outputs_and_grads
 from torch.nn.attention import flex_attention
 
 from dit_sp import ParallelConfig, init_parallel, parallelize
@@ -101,18 +102,6 @@ def _denoise_inputs(cache: dict) -> dict:
                             "kv_cache_flag": {"num_cached_chunks": 3, "is_cache_step": False}}  # fmt: skip
 
 
-def _run(model: torch.nn.Module, inputs: dict, grad_scale: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Output and gradients of ``sum(out * w) * grad_scale`` w.r.t. the latents, the text and every parameter."""
-    model.zero_grad(set_to_none=True)
-    leaves = {k: inputs[k].clone().requires_grad_() for k in ("hidden_states", "encoder_hidden_states")}
-    out = model(**(inputs | leaves), return_dict=False)[0]
-    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
-    ((out * weight).sum() * grad_scale).backward()
-    grads = {f"input.{k}": v.grad for k, v in leaves.items()}
-    grads |= {f"param.{n}": p.grad for n, p in model.named_parameters() if p.grad is not None}
-    return out.detach(), grads
-
-
 def _lengths(model: torch.nn.Module) -> tuple[list[int], set[int]]:
     """Hooks recording the token count each ``attn1`` gets (its shard, when the sequence really is split)."""
     seen: set[int] = set()
@@ -162,8 +151,8 @@ def check_far(layouts: list[tuple[int, int, int]]) -> dict:
     with dense_attention():
         dense_cache = _prefill(model)
         reference = {
-            "train": _run(model, train_inputs(), 1.0),
-            "denoise": _run(model, _denoise_inputs(dense_cache), 1.0),
+            "train": outputs_and_grads(model, train_inputs(), 1.0),
+            "denoise": outputs_and_grads(model, _denoise_inputs(dense_cache), 1.0),
         }
     caches = [(dense_cache[i][n] - flex_cache[i][n]).abs().max().item() for i in flex_cache for n in flex_cache[i]]
     results: dict = {"dense_vs_flex": max(*caches, *((flex[m] - reference[m][0]).abs().max().item() for m in flex))}
@@ -188,7 +177,8 @@ def check_far(layouts: list[tuple[int, int, int]]) -> dict:
                 cache = _prefill(model)
                 for mode, inputs in (("train", train_inputs()), ("denoise", _denoise_inputs(cache))):
                     seen.clear()
-                    results[key][mode] = _errors(*_run(model, inputs, 1.0 / parallel.sp), *reference[mode], parallel)
+                    split = outputs_and_grads(model, inputs, 1.0 / parallel.sp)
+                    results[key][mode] = _errors(*split, *reference[mode], parallel)
                     results[key][mode]["lengths"] = (sorted(seen), math.ceil(TOKENS[mode] / parallel.sp))
         for h in handles:
             h.remove()

@@ -73,7 +73,7 @@ def model_inputs(family: str, batch: int = 2) -> dict:
     raise ValueError(family)
 
 
-def _run(model, inputs: dict, grad_scale: float):
+def outputs_and_grads(model, inputs: dict, grad_scale: float):
     """Output and gradients of ``sum(out * w) * grad_scale`` w.r.t. float inputs and parameters."""
     model.zero_grad(set_to_none=True)
     leaves = {
@@ -102,7 +102,7 @@ def check_transformer(
     if setup is not None:
         setup(model)
     inputs = model_inputs(family) if inputs is None else inputs
-    ref_out, ref_grads = _run(model, inputs, 1.0)
+    ref_out, ref_grads = outputs_and_grads(model, inputs, 1.0)
     results = {}
     for dp, ring, ulysses in layouts:
         parallel = init_parallel(ParallelConfig(dp=dp, ring=ring, ulysses=ulysses))
@@ -110,7 +110,7 @@ def check_transformer(
         with parallelize(model, parallel, verify_inputs=True):
             # Every rank computes the same loss from the gathered output: with the exact-adjoint gather,
             # each rank's share is 1/sp of it and summing the partial gradients over SP gives the total.
-            out, grads = _run(model, inputs, 1.0 / parallel.sp)
+            out, grads = outputs_and_grads(model, inputs, 1.0 / parallel.sp)
         errors["out"] = (out - ref_out).abs().max().item()
         worst = {"input": (0.0, ""), "param": (0.0, "")}
         for name, ref in ref_grads.items():
@@ -121,7 +121,7 @@ def check_transformer(
             worst[kind] = max(worst[kind], ((summed - ref).abs().max().item() / scale, name))
         errors["input_grads"], errors["input_grads_worst"] = worst["input"]
         errors["param_grads"], errors["param_grads_worst"] = worst["param"]
-        restored, _ = _run(model, inputs, 1.0)
+        restored, _ = outputs_and_grads(model, inputs, 1.0)
         errors["restored_bit_identical"] = float(torch.equal(restored, ref_out))
         errors["ref_scale"] = ref_out.abs().max().item()
         results[f"dp{dp}-r{ring}-u{ulysses}"] = errors
