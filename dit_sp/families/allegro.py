@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
-from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.families.family import ModelFamily, generation_defaults, timestep_probe
 from dit_sp.vae import TileProtocol, VAEPlan
 
 if TYPE_CHECKING:
@@ -61,6 +61,7 @@ ALLEGRO_VAE = VAEPlan(
 ALLEGRO = ModelFamily(
     name="allegro",
     block_outputs={"AllegroTransformerBlock": (0, None)},
+    teacache_probe=timestep_probe,
     class_names=("AllegroTransformer3DModel",),
     plan=_plan,
     attention_modules=("transformer_blocks.*.attn1",),

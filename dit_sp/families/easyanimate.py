@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
-from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.families.family import ModelFamily, generation_defaults, timestep_probe
 from dit_sp.vae import Padding, VAEPlan
 from dit_sp.vae.tiles import TileProtocol
 
@@ -86,6 +86,7 @@ _PIPELINES = ("EasyAnimatePipeline", "EasyAnimateInpaintPipeline", "EasyAnimateC
 EASYANIMATE = ModelFamily(
     name="easyanimate",
     block_outputs={"EasyAnimateTransformerBlock": (0, 1)},
+    teacache_probe=timestep_probe,
     class_names=("EasyAnimateTransformer3DModel",),
     plan=_plan,
     attention_modules=("transformer_blocks.*.attn1",),

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from dit_sp._compat import block_argument
 from dit_sp.vae import VAEPlan
 
 if TYPE_CHECKING:
@@ -31,6 +32,13 @@ SETTINGS = ("frames", "height", "width", "steps", "guidance", "max_sequence_leng
 def generation_defaults(*values: Any) -> dict[str, Any]:
     """``{frames, height, width, steps, guidance, max_sequence_length}`` of the values in that order."""
     return dict(zip(SETTINGS, values, strict=True))
+
+
+def timestep_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict) -> tuple[torch.Tensor, bool]:
+    """A ``teacache_probe``: the timestep modulation the blocks get (their ``temb`` argument), as TeaCache measures
+    Wan: per sample (``(B, C)``, Wan's ``(B, 6, C)``), or per token, ``(B, S, 6, C)`` (Wan 2.2 TI2V, Helios)."""
+    temb = block_argument(meta, "temb", args, kwargs)
+    return temb, temb.dim() == 4
 
 
 def no_grad(fn: Callable) -> Callable:

@@ -18,7 +18,7 @@ import inspect
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
-from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.families.family import ModelFamily, generation_defaults, timestep_probe
 
 if TYPE_CHECKING:
     import torch
@@ -82,6 +82,7 @@ PIPELINES = ("HeliosPipeline", "HeliosPyramidPipeline")
 HELIOS = ModelFamily(
     name="helios",
     block_outputs={"HeliosTransformerBlock": (0, None)},
+    teacache_probe=timestep_probe,
     class_names=("HeliosTransformer3DModel",),
     plan=_plan,
     hooks=_hooks,

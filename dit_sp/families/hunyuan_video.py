@@ -103,12 +103,13 @@ HUNYUAN_VIDEO_VAE = VAEPlan(
 )
 
 
-def _teacache_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict) -> tuple[torch.Tensor, bool]:
-    """The first double-stream block's modulated video input (``norm1``), ``(B, S_local, C)``, as TeaCache
-    measures HunyuanVideo."""
-    if type(block).__name__ != "HunyuanVideoTransformerBlock":
-        raise ConfigError(f"teacache: no probe for {type(block).__name__} (HunyuanVideo I2V's token replacement); "
-                          "use the first_block cache")  # fmt: skip
+def modulated_input_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict) -> tuple[torch.Tensor, bool]:
+    """A ``teacache_probe``: the first double-stream block's modulated video input (``norm1``, an
+    ``AdaLayerNormZero``), ``(B, S_local, C)``, as TeaCache measures HunyuanVideo (and the families whose blocks are
+    built like it: HunyuanVideo-1.5, Motif-Video)."""
+    if type(block.norm1).__name__ != "AdaLayerNormZero":
+        raise ConfigError(f"teacache: no probe for {type(block).__name__} (its norm1 is {type(block.norm1).__name__}: "
+                          "HunyuanVideo I2V's token replacement); use the first_block cache")  # fmt: skip
     hidden = block_argument(meta, "hidden_states", args, kwargs)
     temb = block_argument(meta, "temb", args, kwargs)
     return block.norm1(hidden, emb=temb)[0], True
@@ -146,7 +147,7 @@ HUNYUAN_VIDEO = ModelFamily(
     pipelines=("HunyuanVideoPipeline",),
     policy=HunyuanVideoPolicy,
     vae=HUNYUAN_VIDEO_VAE,
-    teacache_probe=_teacache_probe,
+    teacache_probe=modulated_input_probe,
     tiny_models=("tiny-hunyuanvideo", "tiny-hunyuanvideo-i2v", "tiny-hunyuanvideo-skyreels-i2v"),
     checkpoint_defaults={
         # guidance-distilled: true classifier-free guidance off; its embedded guidance_scale stays at 6.0

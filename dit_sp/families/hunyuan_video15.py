@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
 from dit_sp.families.family import ModelFamily, no_grad
+from dit_sp.families.hunyuan_video import modulated_input_probe
 from dit_sp.families.policy import DiffusersPolicy
 from dit_sp.vae import Padding, TileProtocol, VAEPlan
 
@@ -132,6 +133,7 @@ and Glyph-ByT5 text encoders, the 16x-spatial VAE."""
 HUNYUAN_VIDEO15 = ModelFamily(
     name="hunyuan_video15",
     block_outputs={"HunyuanVideo15TransformerBlock": (0, 1)},
+    teacache_probe=modulated_input_probe,
     class_names=("HunyuanVideo15Transformer3DModel",),
     plan=_plan,
     attention_modules=("transformer_blocks.*.attn",),

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dit_sp.families.family import ModelFamily, generation_defaults
-from dit_sp.families.hunyuan_video import hunyuan_video_plan
+from dit_sp.families.hunyuan_video import hunyuan_video_plan, modulated_input_probe
 
 if TYPE_CHECKING:
     import torch
@@ -37,6 +37,7 @@ PIPELINES = ("MotifVideoPipeline", "MotifVideoImage2VideoPipeline")
 
 MOTIF_VIDEO = ModelFamily(
     name="motif_video",
+    teacache_probe=modulated_input_probe,
     class_names=("MotifVideoTransformer3DModel",),
     plan=hunyuan_video_plan,
     attention_modules=("transformer_blocks.*.attn", "single_transformer_blocks.*.attn"),

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dit_sp._compat import context_parallel_types
+from dit_sp._compat import block_argument, context_parallel_types
 from dit_sp.families.family import ModelFamily, generation_defaults
 from dit_sp.families.wan import WanPolicy, wan_architecture, wan_vae_factors
 
@@ -45,6 +45,13 @@ class SkyReelsV2Policy(WanPolicy):
     """SkyReels-V2 text-to-video (``SkyReelsV2Pipeline``): a Wan 2.1 transformer with Wan's UMT5 text and VAE, so
     GRPO samples and trains it as ``WanPolicy`` does Wan 2.1 T2V (flow matching, velocity prediction, guidance on the
     velocity). The diffusion-forcing and image-to-video pipelines are not trained."""
+
+
+def _teacache_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict) -> tuple[torch.Tensor, bool]:
+    """The blocks' timestep modulation (``temb``), as TeaCache measures Wan: ``(B, 6, C)``, or under diffusion forcing
+    one per token, ``(B, 6, S, C)``, laid out ``(B, S, 6, C)`` for the per-token change."""
+    temb = block_argument(meta, "temb", args, kwargs)
+    return (temb.movedim(2, 1), True) if temb.dim() == 4 else (temb, False)
 
 
 def _plan(model: torch.nn.Module) -> dict:
@@ -83,6 +90,7 @@ _ARCHITECTURES = {
 SKYREELS_V2 = ModelFamily(
     name="skyreels_v2",
     block_outputs={"SkyReelsV2TransformerBlock": (0, None)},
+    teacache_probe=_teacache_probe,
     class_names=("SkyReelsV2Transformer3DModel",),
     plan=_plan,
     attention_modules=("blocks.*.attn1",),

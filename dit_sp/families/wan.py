@@ -12,9 +12,9 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from dit_sp._compat import block_argument, model_cp_plan, wan_conv_padding
+from dit_sp._compat import model_cp_plan, wan_conv_padding
 from dit_sp.errors import ConfigError
-from dit_sp.families.family import TRANSFORMERS, ModelFamily, generation_defaults, no_grad
+from dit_sp.families.family import TRANSFORMERS, ModelFamily, generation_defaults, no_grad, timestep_probe
 from dit_sp.families.policy import DiffusersPolicy
 from dit_sp.families.shape import check_largest, check_multiple
 from dit_sp.vae import Padding, VAEPlan
@@ -154,13 +154,6 @@ WAN_VAE = VAEPlan(
 )
 
 
-def _teacache_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict) -> tuple[torch.Tensor, bool]:
-    """The timestep modulation the blocks get (``temb``, ``(B, 6, C)``; Wan 2.2 TI2V: per token,
-    ``(B, S, 6, C)``), as TeaCache measures Wan."""
-    temb = block_argument(meta, "temb", args, kwargs)
-    return temb, temb.dim() == 4
-
-
 def wan_vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
     """``(temporal, spatial)`` compression of an ``AutoencoderKLWan`` config (every Wan-based pipeline's)."""
     return vae.get("scale_factor_temporal", 4), vae.get("scale_factor_spatial", 8)
@@ -229,7 +222,7 @@ WAN = ModelFamily(
     pipelines=("WanPipeline", "WanImageToVideoPipeline"),
     policy=WanPolicy,
     vae=WAN_VAE,
-    teacache_probe=_teacache_probe,
+    teacache_probe=timestep_probe,
     shape_check=_shape_check,
     tiny_models=(
         "tiny-wan",

@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
-from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.families.family import ModelFamily, generation_defaults, timestep_probe
 from dit_sp.families.wan import WAN, wan_architecture, wan_vae_factors
 
 if TYPE_CHECKING:
@@ -116,6 +116,7 @@ PIPELINE = "WanAnimatePipeline"
 WAN_ANIMATE = ModelFamily(
     name="wan_animate",
     block_outputs={"WanTransformerBlock": (0, None)},
+    teacache_probe=timestep_probe,
     class_names=("WanAnimateTransformer3DModel",),
     plan=_plan,
     hooks=_hooks,

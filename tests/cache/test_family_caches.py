@@ -1,7 +1,7 @@
-"""The first-block step cache on the families whose blocks diffusers has no metadata for (``ModelFamily.block_outputs``
-registers it) or whose cache was never checked: each tiny pipeline, run through ``generate --cache`` on Ulysses 2,
-skips the same steps as one process with the same cache and gives its frames and latents within 1e-4. One spawn
-runs them all."""
+"""The step caches on the families whose blocks diffusers has no metadata for (``ModelFamily.block_outputs`` registers
+it) or whose cache was never checked: each tiny pipeline, run through ``generate --cache`` on Ulysses 2, skips the same
+steps as one process with the same cache (first-block, and TeaCache with each new kind of probe) and gives its frames
+and latents within 1e-4. One spawn runs them all."""
 
 from __future__ import annotations
 
@@ -14,25 +14,28 @@ from dit_sp import GenerateConfig, generate
 
 pytestmark = pytest.mark.slow  # spawns worker processes
 
-# model: (the cache's threshold, which skips some of its tiny model's steps but not all; its pipeline's inputs, files
-# made in the test's directory)
+# model: (the first-block cache's threshold and TeaCache's (None: not run here; TeaCache's probe is another's),
+# each skipping some of the tiny model's steps but not all; the pipeline's inputs, files made in the test's directory)
 MODELS = {
-    "tiny-skyreels-v2": (0.14, {}),  # a Wan 2.1 transformer of its own block class; guidance in cache contexts
-    "tiny-wan-animate": (0.14, {"image": "image.png", "pose_video": "pose", "face_video": "face"}),  # own Wan blocks
-    "tiny-hunyuanvideo15": (0.3, {}),  # dual-stream blocks returning (video, text)
-    "tiny-helios": (0.14, {}),
-    "tiny-easyanimate": (0.14, {}),  # batched guidance outside cache contexts: one context for its one call a step
-    "tiny-allegro": (0.3, {}),  # the same
-    "tiny-motif-video": (0.14, {}),  # diffusers' own block metadata; its guider's calls in cache contexts
+    "tiny-skyreels-v2": (0.14, 0.5, {}),  # a Wan 2.1 transformer of its own block class; guidance in cache contexts
+    "tiny-skyreels-v2-df": (None, 0.2, {}),  # diffusion forcing: TeaCache's probe per token (a timestep per frame)
+    "tiny-wan-animate": (0.14, None, {"image": "image.png", "pose_video": "pose", "face_video": "face"}),  # own blocks
+    "tiny-hunyuanvideo15": (0.3, 0.2, {}),  # dual-stream blocks returning (video, text); TeaCache: norm1's output
+    "tiny-helios": (0.14, 0.5, {}),  # TeaCache: its per-token timestep modulation
+    "tiny-easyanimate": (0.14, 0.2, {}),  # batched guidance outside cache contexts: one context for its one call a step
+    "tiny-allegro": (0.3, None, {}),  # the same
+    "tiny-motif-video": (0.14, None, {}),  # diffusers' own block metadata; its guider's calls in cache contexts
 }
+RUNS = [(m, policy) for policy, i in (("first_block", 0), ("teacache", 1)) for m, spec in MODELS.items() if spec[i]]
 
 
-def _settings(tmp, model: str, name: str, **flags) -> GenerateConfig:
-    threshold, files = MODELS[model]
+def _settings(tmp, model: str, policy: str, name: str, **flags) -> GenerateConfig:
+    first_block, teacache, files = MODELS[model]
+    threshold = first_block if policy == "first_block" else teacache
     inputs = {key: str(tmp / value) for key, value in files.items()}
-    return GenerateConfig.load(overrides={"model": model, "out": str(tmp / f"{model}-{name}.mp4"),
-                                          "save_latents": str(tmp / f"{model}-{name}.pt"), **inputs, "steps": 4,
-                                          "cache": f"first_block:{threshold}", **flags})  # fmt: skip
+    return GenerateConfig.load(overrides={"model": model, "out": str(tmp / f"{model}-{policy}-{name}.mp4"),
+                                          "save_latents": str(tmp / f"{model}-{policy}-{name}.pt"), **inputs,
+                                          "steps": 4, "cache": f"{policy}:{threshold}", **flags})  # fmt: skip
 
 
 def _write_inputs(tmp) -> None:
@@ -48,13 +51,13 @@ def _write_inputs(tmp) -> None:
 def videos(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("family_caches")
     _write_inputs(tmp)
-    reports = {(model, "single"): generate(_settings(tmp, model, "single"), True) for model in MODELS}
-    return reports | layout_reports([((model, "1x2"), _settings(tmp, model, "1x2", ulysses=2)) for model in MODELS])
+    reports = {(*run, "single"): generate(_settings(tmp, *run, "single"), True) for run in RUNS}
+    return reports | layout_reports([((*run, "1x2"), _settings(tmp, *run, "1x2", ulysses=2)) for run in RUNS])
 
 
-@pytest.mark.parametrize("model", list(MODELS))
-def test_the_first_block_cache_decides_as_one_process(videos, model):
-    reference, report = videos[(model, "single")], videos[(model, "1x2")]
+@pytest.mark.parametrize(("model", "policy"), RUNS)
+def test_the_step_cache_decides_as_one_process(videos, model, policy):
+    reference, report = videos[(model, policy, "single")], videos[(model, policy, "1x2")]
     assert report["cache"]["computed"] == reference["cache"]["computed"]
     assert 0 < reference["cache"]["saved_fraction"] < 1, reference["cache"]  # it skipped some blocks, not all
     assert_same_video(report, reference)

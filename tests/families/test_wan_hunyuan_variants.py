@@ -81,13 +81,12 @@ def test_step_caches_the_family_never_checked_are_refused_in_one_line(model):
             enable_cache(pipe, cache)
 
 
-def test_skyreels_v2_takes_the_first_block_cache_and_refuses_teacache_without_a_probe():
-    """SkyReels-V2's blocks get their metadata from the family (``block_outputs``); no TeaCache probe is written."""
+def test_skyreels_v2_takes_both_step_caches():
+    """SkyReels-V2's blocks get their metadata from the family (``block_outputs``), TeaCache its own probe (the
+    timestep modulation, per frame under diffusion forcing); both run in tests/cache/test_family_caches.py."""
     from dit_sp.cache import enable_cache
-    from dit_sp.errors import ConfigError
     from dit_sp.zoo import build_tiny
 
     pipe = build_tiny("tiny-skyreels-v2-df")
-    enable_cache(pipe, "first_block:0.1").undo()
-    with pytest.raises(ConfigError, match=r"^teacache: no probe for the skyreels_v2 family; use the first_block"):
-        enable_cache(pipe, "teacache:0.1")
+    for cache in ("first_block:0.1", "teacache:0.1"):
+        enable_cache(pipe, cache).undo()
