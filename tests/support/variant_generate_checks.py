@@ -27,10 +27,11 @@ def generate_recording(jobs: list[GenerateConfig], then: Callable[[], Any] | Non
         def record(module, args, kwargs, output, seen=seen, rows=rows):
             if type(getattr(module, "processor", None)).__name__.startswith("SequenceParallel"):
                 seen.add((args[0] if args else kwargs["hidden_states"]).shape[1])
-            # a wrapper without a kernel_size (HunyuanVideo-1.5's causal convolution) counts
-            kind, tall = type(module), bool(args) and getattr(module, "kernel_size", (3, 3))[-2] > 1
-            if kind.__module__.startswith("diffusers.models.autoencoders") and "Conv" in kind.__name__ and tall:
-                rows.append(args[0].shape[-2])
+            kind = type(module)
+            if kind.__module__.startswith("diffusers.models.autoencoders") and "Conv" in kind.__name__ and args:
+                kernel = getattr(module, "kernel_size", ())  # a wrapper without one (HunyuanVideo-1.5's) counts
+                if len(kernel) < 2 or kernel[-2] > 1:
+                    rows.append(args[0].shape[-2])
 
         handle = torch.nn.modules.module.register_module_forward_hook(record, with_kwargs=True)
         try:
