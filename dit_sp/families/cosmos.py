@@ -16,6 +16,9 @@ control and base tokens at its first block), its residuals gathered whole and sp
 blocks take them. The ControlNet and the transformer's padding-mask channel (``concat_padding_mask``) resize a mask
 with torchvision: where it is missing, ``prepare_pipeline`` puts torch's nearest interpolation in its place.
 
+Cosmos 1's wavelet VAE (``AutoencoderKLCosmos``) decodes and encodes with each frame's rows split over a sample's
+processes (``COSMOS_VAE``); Cosmos 2 / 2.5 ship Wan's VAE, split by the Wan family's plan.
+
 GRPO (``Cosmos25Policy``) trains Cosmos-Predict2.5 text-to-world: its velocity is already the flow-matching one, at
 the timestep ``s`` itself (not ``1000 s``); its guidance is ``cond + w (cond - uncond)``.
 """
