@@ -16,6 +16,9 @@ control and base tokens at its first block), its residuals gathered whole and sp
 blocks take them. The ControlNet and the transformer's padding-mask channel (``concat_padding_mask``) resize a mask
 with torchvision: where it is missing, ``prepare_pipeline`` puts torch's nearest interpolation in its place.
 
+Cosmos 1's wavelet VAE (``AutoencoderKLCosmos``) decodes and encodes with each frame's rows split over a sample's
+processes (``COSMOS_VAE``); Cosmos 2 / 2.5 ship Wan's VAE, split by the Wan family's plan.
+
 GRPO (``Cosmos25Policy``) trains Cosmos-Predict2.5 text-to-world: its velocity is already the flow-matching one, at
 the timestep ``s`` itself (not ``1000 s``); its guidance is ``cond + w (cond - uncond)``.
 """
@@ -28,6 +31,7 @@ from dit_sp._compat import context_parallel_types, install_cosmos_resize
 from dit_sp.errors import ConfigError
 from dit_sp.families.family import ModelFamily, generation_defaults
 from dit_sp.families.policy import DiffusersPolicy
+from dit_sp.vae import Padding, VAEPlan
 
 if TYPE_CHECKING:
     import torch
@@ -177,6 +181,47 @@ _ARCHITECTURES = {
 runs whole beside the split transformer (``dit_sp.memory.sampling``)."""
 
 
+def _vae_padded_inputs(part: torch.nn.Module) -> dict[torch.nn.Module, Padding]:
+    """Cosmos 1's causal convolutions pad their input's rows in ``forward`` (``F.pad`` by ``spatial_pad``, in their
+    ``pad_mode``) and their convolution pads nothing; a spatial downsampler pads one zero row below before its
+    strided convolution (its average pool over 2 x 2 pixels never reaches that row: each rank's rows are even)."""
+    padded: dict[torch.nn.Module, Padding] = {}
+    for module in part.modules():
+        kind = type(module).__name__
+        if kind == "CosmosCausalConv3d" and (module.spatial_pad[2] or module.spatial_pad[3]):
+            padded[module] = (module.spatial_pad[2], module.spatial_pad[3], module.pad_mode)
+        elif kind == "CosmosDownsample3d" and module.spatial_downsample:
+            top, bottom, mode = padded.get(module.conv1, (0, 0, "constant"))
+            padded[module.conv1] = (top, bottom + 1, mode)
+    return padded
+
+
+def _vae_spatial_attentions(part: torch.nn.Module) -> list[torch.nn.Module]:
+    # a CosmosCausalAttention attends over a frame's pixels (the spatial processor) or over a pixel's frames (the
+    # temporal one, with the frame-causal mask: per pixel, it runs on each rank's own rows)
+    return [module for module in part.modules() if type(module).__name__ == "CosmosCausalAttention"
+            and type(module.processor).__name__.startswith("CosmosSpatialAttention")]  # fmt: skip
+
+
+def _vae_patching(part: torch.nn.Module) -> int:
+    # the encoder's Haar wavelet patching (or rearrange): log2(p) steps, each halving the rows in pairs (the step's
+    # reflected row below the last is never read: each rank's rows are a multiple of p); the decoder's inverse
+    # doubles each row, local too
+    patch_embed = getattr(part, "patch_embed", None)
+    return patch_embed.patch_size if patch_embed is not None else 1
+
+
+COSMOS_VAE = VAEPlan(
+    class_names=("AutoencoderKLCosmos",),
+    padded_inputs=_vae_padded_inputs,
+    whole_frame_of=_vae_spatial_attentions,
+    downsampling=_vae_patching,
+)
+"""Cosmos 1's wavelet VAE split by rows: its convolutions with halos, its per-frame group norms with the whole frame's
+statistics, its spatial attention on gathered frames; the Haar steps, the temporal attention (per pixel), the
+nearest upsampling and the causal frame padding are local to each rank's rows. (Cosmos 2 / 2.5 use Wan's VAE.)"""
+
+
 def _prepare(pipe: Any) -> None:
     # the ControlNet (always) and the transformer (with concat_padding_mask) resize a padding mask with torchvision,
     # which this toolkit does not install: torch's nearest interpolation stands in, where it is missing
@@ -195,6 +240,7 @@ COSMOS = ModelFamily(
     cfg_mode="sequential",
     prepare_pipeline=_prepare,
     controlnet=CONTROLNET,
+    vae=COSMOS_VAE,
     cfg_refused=(
         "the Cosmos pipelines compute with the conditional prediction before they make the unconditional call, so "
         "the two guidance branches cannot run at once on two process groups; use cfg=1"

@@ -9,11 +9,6 @@ checks that every leader-decode VAE of the table has one (and that none is left 
 from __future__ import annotations
 
 LEADER_DECODE_REASONS: dict[str, str] = {
-    "AutoencoderKLCosmos": (
-        "no row-split plan is written yet: it patchifies with a Haar wavelet transform (CosmosPatchEmbed3d, "
-        "CosmosUnpatcher3d), pads its causal convolutions in the caller, and attends over whole frames and over "
-        "time (CosmosCausalAttention); none of these is adapted or tested split"
-    ),
     "AutoencoderDC": (
         "an image autoencoder (deep compression, 32x) that Sana-Video's pipelines also accept: its EfficientViT blocks "
         "attend over the whole frame with linear attention (SanaMultiscaleLinearAttention); no row-split plan is "

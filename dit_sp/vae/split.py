@@ -49,6 +49,9 @@ class VAEPlan:
     whole_frame: tuple[str, ...] = ()
     """Classes of modules that need whole frames (attention over the frame), input and output
     ``(B, C, T, H, W)``."""
+    whole_frame_of: Callable[[nn.Module], list[nn.Module]] = lambda part: []
+    """The modules of a decoder or encoder that need whole frames, picked by more than their class (Cosmos' spatial
+    attention: a ``CosmosCausalAttention`` with the spatial processor; the temporal one, per pixel, runs split)."""
     unchunked: tuple[str, ...] = ()
     """Convolution classes that cut big inputs into chunks by their own size: while split they run in
     one piece, so that every process makes the same calls (each input is 1/N as big)."""
@@ -271,9 +274,10 @@ def _adapters(part: nn.Module, plan: VAEPlan) -> list[Adapter]:
 
     padded = plan.padded_inputs(part)
     adapters = [_whole_noise(module) for module in plan.noise(part)]
+    whole = set(plan.whole_frame_of(part))
     for module in part.modules():
         names = {cls.__name__ for cls in type(module).__mro__}
-        if names & set(plan.whole_frame):
+        if names & set(plan.whole_frame) or module in whole:
             adapters.append(_whole_frame(module))
         elif isinstance(module, nn.GroupNorm):
             adapters.append(_group_norm(module))

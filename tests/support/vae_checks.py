@@ -75,6 +75,12 @@ VAES = {
                                                                      block_out_channels=(8, 8, 16, 16),
                                                                      layers_per_block=1, spatial_compression_ratio=8,
                                                                      temporal_compression_ratio=4),
+    # Cosmos 1's wavelet VAE: Haar patches of 2, then x4 in space (two strided downsamplers and two upsamplers) and x2
+    # in time; attention over the frame and over time in the mid-blocks and in a block at each end
+    "cosmos": lambda: diffusers.AutoencoderKLCosmos(latent_channels=4, encoder_block_out_channels=(8, 8, 8, 8),
+                                                    decode_block_out_channels=(8, 8, 8, 8), attention_resolutions=(16,),
+                                                    resolution=64, num_layers=1, patch_size=2,
+                                                    spatial_compression_ratio=8, temporal_compression_ratio=4),
     # decodes and encodes only in tiles, blended in space and time (the tiles are set in _run)
     "allegro": lambda: diffusers.AutoencoderKLAllegro(block_out_channels=(8, 8, 8, 8), latent_channels=4,
                                                       layers_per_block=1, norm_num_groups=2),
@@ -91,14 +97,16 @@ SPATIAL = {
     "ltx2": 8,
     "hunyuan_video15": 8,
     "allegro": 8,
+    "cosmos": 8,
 }
 DECODE_ARGS = dict.fromkeys(("ltx0.9.1", "ltx2"), lambda latents: {"temb": torch.full((latents.shape[0],), 0.05)})
 """Arguments of a VAE's decode besides the latents (a timestep-conditioned decoder's timestep)."""
 TILES_SPLIT = {"ltx0.9.1": ("decoder",)}
 """Parts whose tiles are split by rows, not shared out (a decoder that draws noise tile after tile)."""
-UNTILED = {"ltx2"}
+UNTILED = {"ltx2", "cosmos"}
 """VAEs checked untiled only: LTX-2's reflection-padded decoder fails on one process on a last tile of one latent row
-or column, which these sizes' tiles of 4 (stride 3) leave (its tiles are LTX-Video's, shared out the same way)."""
+or column, which these sizes' tiles of 4 (stride 3) leave (its tiles are LTX-Video's, shared out the same way);
+Cosmos 1's has no tiled methods (its ``enable_tiling`` sets flags that nothing reads)."""
 TILED_ONLY = {"allegro"}
 """VAEs that decode and encode only tiled (their pixel frames: 4 a latent frame, no first frame of its own)."""
 CASES = [(3, 7, 5), (1, 5, 6), (2, 9, 4)]
@@ -155,7 +163,7 @@ def _run(vae: torch.nn.Module, name: str, tiled: bool) -> dict[str, torch.Tensor
             key = f"{frames}x{height}x{width}" + (" tiled" if tiled else "")
             torch.manual_seed(frames)  # the same noise (a decoder that injects it) on one process and split
             out["decode " + key] = decode(vae, name, latents)
-            out["encode " + key] = vae.encode(pixels).latent_dist.mean
+            out["encode " + key] = vae.encode(pixels).latent_dist.mode()
     return out
 
 

@@ -16,8 +16,9 @@ from dit_sp import GenerateConfig, generate, spawn
 def generate_recording(jobs: list[GenerateConfig], then: Callable[[], Any] | None = None) -> list[Any]:
     """``generate`` per job; each report gains ``attention_lengths``: the sorted distinct ``hidden_states``
     lengths of the modules whose processor dit-sp made sequence-parallel; and ``vae_rows``: the most rows a VAE
-    convolution (a diffusers autoencoder's ``*Conv*`` module) took on this rank, 0 if none ran (a VAE split by rows
-    takes its own rows and a halo). ``then``: a check run after the jobs in the same workers, its result last."""
+    convolution (a diffusers autoencoder's ``*Conv*`` module; not one of one row, as the 1 x 1 ``post_quant_conv``,
+    which runs whole beside the split decoder) took on this rank, 0 if none ran (a VAE split by rows takes its own
+    rows and a halo). ``then``: a check run after the jobs in the same workers, its result last."""
     reports = []
     for settings in jobs:
         seen: set[int] = set()
@@ -28,7 +29,9 @@ def generate_recording(jobs: list[GenerateConfig], then: Callable[[], Any] | Non
                 seen.add((args[0] if args else kwargs["hidden_states"]).shape[1])
             kind = type(module)
             if kind.__module__.startswith("diffusers.models.autoencoders") and "Conv" in kind.__name__ and args:
-                rows.append(args[0].shape[-2])
+                kernel = getattr(module, "kernel_size", ())  # a wrapper without one (HunyuanVideo-1.5's) counts
+                if len(kernel) < 2 or kernel[-2] > 1:
+                    rows.append(args[0].shape[-2])
 
         handle = torch.nn.modules.module.register_module_forward_hook(record, with_kwargs=True)
         try:

@@ -47,6 +47,24 @@ def test_unsupported_vae_is_a_clear_error():
         parallelize_vae(AutoencoderKL(), None)
 
 
+def test_cosmos_vae_gathers_only_its_attention_over_the_frame():
+    """Cosmos 1's VAE attends over a frame's pixels and over a pixel's frames with one class: only the first runs on
+    gathered frames, the second on each rank's own rows."""
+    from diffusers.models.autoencoders.autoencoder_kl_cosmos import CosmosSpatialAttentionProcessor2_0
+    from vae_checks import build
+
+    from dit_sp.families import vae_plan_of
+
+    vae = build("cosmos")
+    plan = vae_plan_of(vae)
+    for part in (vae.encoder, vae.decoder):
+        whole = plan.whole_frame_of(part)
+        attentions = [module for module in part.modules() if type(module).__name__ == "CosmosCausalAttention"]
+        # the mid-block's and a block's (or two: the decoder's blocks have a layer more), each spatial and temporal
+        assert len(whole) >= 2 and len(attentions) == 2 * len(whole)
+        assert all(isinstance(module.processor, CosmosSpatialAttentionProcessor2_0) for module in whole)
+
+
 def test_split_vae_misuse_is_a_clear_error():
     for errors in spawn(_misuse, 2, timeout=120):
         assert "inference-only: run it under torch.no_grad()" in errors["grad"], errors
