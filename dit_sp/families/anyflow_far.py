@@ -11,7 +11,8 @@ hands them to ``attend_whole_sequence``; after the all-to-all a rank holds the w
 the stock processor's per-head part (the cache's write or read, the rotary tables over cached and new keys, the
 128-padding, the block mask) runs as it is. So the cache holds this rank's head group (and, under CFG parallelism, its
 guidance half): the pipeline allocates every head of every layer (``(2, B, H, T, D)``), and the processor replaces
-each layer's tensors with its own ``(2, B_local, H_pad/U, T, D)`` part at their first use, which frees the whole ones.
+each layer's tensors with its own ``(2, B_local, H_pad/U, T, D)`` part at their first use, which frees the whole ones
+(the peak, before the first call, still holds every layer's whole cache: the stock pipeline allocates it).
 A ring, which holds one block of keys at a time, cannot apply the mask or the cache: refused. Cross-attention to text
 (``attn2``) stays local. Its VAE is Wan's.
 """
