@@ -23,7 +23,7 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
-from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.families.family import ModelFamily, Undo, generation_defaults
 from dit_sp.families.wan import wan_architecture, wan_vae_factors
 
 if TYPE_CHECKING:
@@ -131,13 +131,6 @@ def _processor_class() -> type:
     return SequenceParallelFARProcessor
 
 
-class _Undo:
-    """A removable handle (what ``ModelFamily.hooks`` returns) around an undo function."""
-
-    def __init__(self, undo: Any):
-        self.remove = undo
-
-
 def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
     """Every block's ``attn1`` gets a ``SequenceParallelFARProcessor`` around its stock processor."""
     stock = [block.attn1.processor for block in model.blocks]
@@ -148,7 +141,7 @@ def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
         for block, processor in zip(model.blocks, stock):
             block.attn1.processor = processor
 
-    return [_Undo(undo)]
+    return [Undo(undo)]
 
 
 def _plan(model: torch.nn.Module) -> dict:

@@ -28,6 +28,13 @@ SETTINGS = ("frames", "height", "width", "steps", "guidance", "max_sequence_leng
 """The generation settings of ``ModelFamily.checkpoint_defaults``, in the order ``generation_defaults`` takes them."""
 
 
+class Undo:
+    """A removable handle (what ``ModelFamily.hooks`` returns) around an undo function: ``remove()`` calls it."""
+
+    def __init__(self, undo: Callable[[], object]):
+        self.remove = undo
+
+
 def generation_defaults(*values: Any) -> dict[str, Any]:
     """``{frames, height, width, steps, guidance, max_sequence_length}`` of the values in that order."""
     return dict(zip(SETTINGS, values, strict=True))

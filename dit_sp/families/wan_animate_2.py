@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
-from dit_sp.families.family import ModelFamily
+from dit_sp.families.family import ModelFamily, Undo
 
 if TYPE_CHECKING:
     import torch
@@ -102,13 +102,6 @@ class WanAnimate2SequenceParallelProcessor:
         return attn.to_out[1](attn.to_out[0](out.flatten(2).type_as(query)))
 
 
-class _Undo:
-    """A removable handle (what ``ModelFamily.hooks`` returns) around an undo function."""
-
-    def __init__(self, undo: Any):
-        self.remove = undo
-
-
 def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
     """Every block's self-attention processor replaced by ``WanAnimate2SequenceParallelProcessor`` over its own."""
     undo = []
@@ -123,7 +116,7 @@ def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
             )
         attention.processor = WanAnimate2SequenceParallelProcessor(stock, ctx)
         undo.append(lambda attention=attention, stock=stock: setattr(attention, "processor", stock))
-    return [_Undo(lambda: [fn() for fn in reversed(undo)])]
+    return [Undo(lambda: [fn() for fn in reversed(undo)])]
 
 
 MODULAR_PIPELINES = ("WanAnimate2ModularPipeline", "WanAnimate2DistilledModularPipeline")
