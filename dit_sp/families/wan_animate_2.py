@@ -96,6 +96,9 @@ class WanAnimate2SequenceParallelProcessor:
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:  # (B, S, h, D) each
             out = self.stock(_HeadGroup(q, k, v), q.flatten(2), **kwargs)  # (B, S, h * D)
+            if kwargs.get("kv_cache_mode") == "extract":  # k and v are views of the all-to-all's q, k, v buffer:
+                cache = kwargs["kv_cache"]  # stored as they are, the cache would keep the queries alive too (1.5x)
+                cache.store(cache.key.contiguous(), cache.value.contiguous())
             return out.unflatten(2, (q.shape[2], -1))
 
         out = attend_whole_sequence(attend, [query, key, value], self.ctx.parallel, self.ctx.seq_len)
