@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
 from dit_sp.families.family import ModelFamily, Undo, generation_defaults
+from dit_sp.families.head_group import HeadGroupAttention
 from dit_sp.families.wan import wan_architecture, wan_vae_factors
 
 if TYPE_CHECKING:
@@ -37,18 +38,6 @@ RING_REFUSAL = (
     "ring 1 and Ulysses for the sequence parallelism"
 )
 _CACHES = ("full_cache", "compressed_cache")
-
-
-class _HeadGroup:
-    """What the stock processor reads of its attention module, standing for one head group whose q, k, v are already
-    projected and normalised: ``to_q``/``to_k``/``to_v`` hand them back, no norms, no output projection."""
-
-    norm_q = norm_k = None
-    to_out = (lambda x: x, lambda x: x)
-
-    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        self.heads = q.shape[2]
-        self.to_q, self.to_k, self.to_v = (lambda _, x=x: x.flatten(2) for x in (q, k, v))
 
 
 def own_cache(kv_cache: dict[str, torch.Tensor], parallel: ParallelState, heads: int, batch: int) -> dict:
@@ -109,8 +98,8 @@ class FARProcessor:
             kv_cache = own_cache(kv_cache, parallel, attn.heads, q.shape[0])
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:  # (B, S, H_pad/U, D) each
-            out = self.stock(_HeadGroup(q, k, v), q.flatten(2), attention_mask=attention_mask, rotary_emb=rotary_emb,
-                             kv_cache=kv_cache, kv_cache_flag=kv_cache_flag)  # fmt: skip
+            out = self.stock(HeadGroupAttention(q, k, v), q.flatten(2), attention_mask=attention_mask,
+                             rotary_emb=rotary_emb, kv_cache=kv_cache, kv_cache_flag=kv_cache_flag)  # fmt: skip
             return out.unflatten(2, (q.shape[2], -1))
 
         out = attend_whole_sequence(attend, [q, k, v], parallel, self.ctx.seq_len).flatten(2).type_as(q)
