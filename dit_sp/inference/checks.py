@@ -117,8 +117,9 @@ def check_modular(config: GenerateConfig, name: str) -> bool:
 
 
 def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
-    """``--image`` / ``--last-image`` against what the model's pipeline takes, and the files readable
-    (``ConfigError`` saying which flag to add or drop)."""
+    """The model's pipeline against the flags, before loading: a pipeline ``generate`` refuses or leaves to Python, a
+    ring its family refuses (``ModelFamily.ring_refused``), and the inputs it takes (``--image`` / ``--last-image``,
+    videos, references, ``--camera``, ...) given and readable (``ConfigError`` saying which flag to add or drop)."""
     import inspect
 
     import diffusers
