@@ -78,7 +78,9 @@ def _context_for_every_call(model: torch.nn.Module, family: Any) -> Callable[[],
             set_cache_context(module, None)
             del module._dit_sp_default_context
 
-    handles = [model.register_forward_pre_hook(enter, with_kwargs=True), model.register_forward_hook(leave)]
+    # always_call: a call that raises leaves no context behind (the next call outside one would silently reuse it)
+    leaves = model.register_forward_hook(leave, always_call=True)
+    handles = [model.register_forward_pre_hook(enter, with_kwargs=True), leaves]
     return lambda: [handle.remove() for handle in handles]
 
 

@@ -11,7 +11,8 @@ hands them to ``attend_whole_sequence``; after the all-to-all a rank holds the w
 the stock processor's per-head part (the cache's write or read, the rotary tables over cached and new keys, the
 128-padding, the block mask) runs as it is. So the cache holds this rank's head group (and, under CFG parallelism, its
 guidance half): the pipeline allocates every head of every layer (``(2, B, H, T, D)``), and the processor replaces
-each layer's tensors with its own ``(2, B_local, H_pad/U, T, D)`` part at their first use, which frees the whole ones.
+each layer's tensors with its own ``(2, B_local, H_pad/U, T, D)`` part at their first use, which frees the whole ones
+(the peak, before the first call, still holds every layer's whole cache: the stock pipeline allocates it).
 A ring, which holds one block of keys at a time, cannot apply the mask or the cache: refused. Cross-attention to text
 (``attn2``) stays local. Its VAE is Wan's.
 """
@@ -22,7 +23,8 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
-from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.families.family import ModelFamily, Undo, generation_defaults
+from dit_sp.families.head_group import HeadGroupAttention
 from dit_sp.families.wan import wan_architecture, wan_vae_factors
 
 if TYPE_CHECKING:
@@ -36,18 +38,6 @@ RING_REFUSAL = (
     "ring 1 and Ulysses for the sequence parallelism"
 )
 _CACHES = ("full_cache", "compressed_cache")
-
-
-class _HeadGroup:
-    """What the stock processor reads of its attention module, standing for one head group whose q, k, v are already
-    projected and normalised: ``to_q``/``to_k``/``to_v`` hand them back, no norms, no output projection."""
-
-    norm_q = norm_k = None
-    to_out = (lambda x: x, lambda x: x)
-
-    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        self.heads = q.shape[2]
-        self.to_q, self.to_k, self.to_v = (lambda _, x=x: x.flatten(2) for x in (q, k, v))
 
 
 def own_cache(kv_cache: dict[str, torch.Tensor], parallel: ParallelState, heads: int, batch: int) -> dict:
@@ -108,8 +98,8 @@ class FARProcessor:
             kv_cache = own_cache(kv_cache, parallel, attn.heads, q.shape[0])
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:  # (B, S, H_pad/U, D) each
-            out = self.stock(_HeadGroup(q, k, v), q.flatten(2), attention_mask=attention_mask, rotary_emb=rotary_emb,
-                             kv_cache=kv_cache, kv_cache_flag=kv_cache_flag)  # fmt: skip
+            out = self.stock(HeadGroupAttention(q, k, v), q.flatten(2), attention_mask=attention_mask,
+                             rotary_emb=rotary_emb, kv_cache=kv_cache, kv_cache_flag=kv_cache_flag)  # fmt: skip
             return out.unflatten(2, (q.shape[2], -1))
 
         out = attend_whole_sequence(attend, [q, k, v], parallel, self.ctx.seq_len).flatten(2).type_as(q)
@@ -130,13 +120,6 @@ def _processor_class() -> type:
     return SequenceParallelFARProcessor
 
 
-class _Undo:
-    """A removable handle (what ``ModelFamily.hooks`` returns) around an undo function."""
-
-    def __init__(self, undo: Any):
-        self.remove = undo
-
-
 def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
     """Every block's ``attn1`` gets a ``SequenceParallelFARProcessor`` around its stock processor."""
     stock = [block.attn1.processor for block in model.blocks]
@@ -147,7 +130,7 @@ def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
         for block, processor in zip(model.blocks, stock):
             block.attn1.processor = processor
 
-    return [_Undo(undo)]
+    return [Undo(undo)]
 
 
 def _plan(model: torch.nn.Module) -> dict:

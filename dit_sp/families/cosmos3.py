@@ -27,7 +27,7 @@ import copy
 import functools
 from typing import TYPE_CHECKING, Any
 
-from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.families.family import ModelFamily, Undo, generation_defaults
 
 if TYPE_CHECKING:
     import torch
@@ -117,13 +117,6 @@ def _processor_class(stock: type) -> type:
     return SequenceParallelProcessor
 
 
-class _Undo:
-    """A removable handle (what ``ModelFamily.hooks`` returns) around an undo function."""
-
-    def __init__(self, undo: Any):
-        self.remove = undo
-
-
 def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
     """The gen tokens and their rotary tables split at the model's shard seam, gathered at its gather seam; each
     layer's attention processor routed (``_processor_class``)."""
@@ -148,7 +141,7 @@ def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
         use_native_attention(processor)  # the stock call must reach torch SDPA
         attention.processor = processor
         undo.append(lambda attention=attention, stock=stock: setattr(attention, "processor", stock))
-    return [_Undo(lambda: [fn() for fn in reversed(undo)])]
+    return [Undo(lambda: [fn() for fn in reversed(undo)])]
 
 
 def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:

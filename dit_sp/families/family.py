@@ -29,6 +29,13 @@ SETTINGS = ("frames", "height", "width", "steps", "guidance", "max_sequence_leng
 """The generation settings of ``ModelFamily.checkpoint_defaults``, in the order ``generation_defaults`` takes them."""
 
 
+class Undo:
+    """A removable handle (what ``ModelFamily.hooks`` returns) around an undo function: ``remove()`` calls it."""
+
+    def __init__(self, undo: Callable[[], object]):
+        self.remove = undo
+
+
 def generation_defaults(*values: Any) -> dict[str, Any]:
     """``{frames, height, width, steps, guidance, max_sequence_length}`` of the values in that order."""
     return dict(zip(SETTINGS, values, strict=True))
@@ -92,8 +99,9 @@ class ModelFamily:
     ring_refused: str = ""
     """Why a ring cannot split the family's attention exactly (empty: it can): one that only Ulysses splits, run on
     the whole sequence of each rank's heads by ``attend_whole_sequence`` (AnyFlow FAR's and Wan-Animate-2's block masks
-    and KV caches, Kandinsky 6 SR's NABLA sparse attention); ``parallelize`` refuses ``ring > 1`` with it
-    (``LayoutRefused``), ``generate`` before loading, and the README's table shows Ulysses alone."""
+    and KV caches, Kandinsky 6 SR's NABLA sparse attention, Sana-WM's gated-delta-rule scans); ``parallelize`` refuses
+    ``ring > 1`` with it (``LayoutRefused``), ``generate`` and the memory planner before loading, and the family table
+    shows "ulysses (ring refused)"."""
     cfg_batched_args: tuple[str, ...] = ()
     """Forward arguments that carry the guidance batch (``batched`` mode)."""
     guidance_arg: str = "guidance_scale"
@@ -104,9 +112,6 @@ class ModelFamily:
     check: Callable[[torch.nn.Module], None] = lambda model: None
     """Raises for configurations of the family that are not supported (at ``parallelize`` and at every call: a
     pipeline may reconfigure its model per call)."""
-    ring_refused: str = ""
-    """Why a ring cannot split the family exactly (empty: it can): ``layout_check`` refuses ``ring > 1`` with it, and
-    the family table shows Ulysses alone."""
     layout_check: Callable[[torch.nn.Module, ParallelState], None] = lambda model, parallel: None
     """Raises for configurations of the family that split exactly on some layouts only (SkyReels-V2's block-causal
     frames: Ulysses alone); called with ``check``."""

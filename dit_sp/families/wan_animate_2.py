@@ -25,7 +25,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
-from dit_sp.families.family import ModelFamily
+from dit_sp.families.family import ModelFamily, Undo
+from dit_sp.families.head_group import HeadGroupAttention
 
 if TYPE_CHECKING:
     import torch
@@ -60,22 +61,6 @@ def _plan(model: torch.nn.Module) -> dict:
     }
 
 
-class _HeadGroup:
-    """What the stock processor reads of its attention module, standing in for it over one head group's whole
-    sequence: its projections give the (already projected and normalised) ``(B, S, h, D)`` queries, keys and values,
-    flattened; its norms and output projection are the identity (they ran, or run, on the split tokens)."""
-
-    fused_projections = False
-    is_cross_attention = False
-
-    def __init__(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
-        self.heads = query.shape[2]
-        self.to_q, self.to_k, self.to_v = (lambda _, x=x: x.flatten(2) for x in (query, key, value))
-        identity = lambda x: x
-        self.norm_q = self.norm_k = identity
-        self.to_out = (identity, identity)
-
-
 class WanAnimate2SequenceParallelProcessor:
     """Wan-Animate-2's self-attention with its sequence split under Ulysses: projections and norms on this rank's
     tokens ``(B, S_local, C)``, the stock processor's per-head part (cache, RoPE, packing, block-mask attention) on
@@ -95,18 +80,14 @@ class WanAnimate2SequenceParallelProcessor:
         query, key, value = (x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:  # (B, S, h, D) each
-            out = self.stock(_HeadGroup(q, k, v), q.flatten(2), **kwargs)  # (B, S, h * D)
+            out = self.stock(HeadGroupAttention(q, k, v), q.flatten(2), **kwargs)  # (B, S, h * D)
+            if kwargs.get("kv_cache_mode") == "extract":  # k and v are views of the all-to-all's q, k, v buffer:
+                cache = kwargs["kv_cache"]  # stored as they are, the cache would keep the queries alive too (1.5x)
+                cache.store(cache.key.contiguous(), cache.value.contiguous())
             return out.unflatten(2, (q.shape[2], -1))
 
         out = attend_whole_sequence(attend, [query, key, value], self.ctx.parallel, self.ctx.seq_len)
         return attn.to_out[1](attn.to_out[0](out.flatten(2).type_as(query)))
-
-
-class _Undo:
-    """A removable handle (what ``ModelFamily.hooks`` returns) around an undo function."""
-
-    def __init__(self, undo: Any):
-        self.remove = undo
 
 
 def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
@@ -123,7 +104,7 @@ def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
             )
         attention.processor = WanAnimate2SequenceParallelProcessor(stock, ctx)
         undo.append(lambda attention=attention, stock=stock: setattr(attention, "processor", stock))
-    return [_Undo(lambda: [fn() for fn in reversed(undo)])]
+    return [Undo(lambda: [fn() for fn in reversed(undo)])]
 
 
 MODULAR_PIPELINES = ("WanAnimate2ModularPipeline", "WanAnimate2DistilledModularPipeline")

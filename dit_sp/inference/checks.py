@@ -117,8 +117,9 @@ def check_modular(config: GenerateConfig, name: str) -> bool:
 
 
 def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
-    """``--image`` / ``--last-image`` against what the model's pipeline takes, and the files readable
-    (``ConfigError`` saying which flag to add or drop)."""
+    """The model's pipeline against the flags, before loading: a pipeline ``generate`` refuses or leaves to Python, a
+    ring its family refuses (``ModelFamily.ring_refused``), and the inputs it takes (``--image`` / ``--last-image``,
+    videos, references, ``--camera``, ...) given and readable (``ConfigError`` saying which flag to add or drop)."""
     import inspect
 
     import diffusers
@@ -365,10 +366,26 @@ def check_camera(config: GenerateConfig, name: str, takes: Any) -> None:
     fixed = call_arguments(config.model)
     if config.camera is None and not {"action", "c2w"} & fixed.keys():
         raise ConfigError(f"{config.model} ({name}) is camera-controlled: give its path with --camera KEYS-FRAMES,... "
-                          "(WASD move, IJKL turn, e.g. w-80,jw-40)")  # fmt: skip
+                          "(WASD move, IJKL turn, e.g. w-80,jw-40: one pose a frame after the first)")  # fmt: skip
     if config.intrinsics is None and "intrinsics" not in fixed:
         raise ConfigError(f"{config.model} ({name}) is camera-controlled: give --intrinsics fx,fy,cx,cy (the first "
                           "frame's pinhole intrinsics, in its pixels)")  # fmt: skip
+    if (path := config.camera if config.camera is not None else fixed.get("action")) is not None:
+        _check_camera_path(path, config.frames)
+
+
+def _check_camera_path(path: str, frames: int) -> None:
+    """A camera path must pose every frame: the pipeline silently cuts the video to its poses (its frames + 1)."""
+    from diffusers.pipelines.sana_wm.cam_utils import action_string_to_c2w
+
+    try:
+        poses = len(action_string_to_c2w(path))
+    except ValueError as error:
+        raise ConfigError(f"--camera {path!r}: {error}") from None
+    if frames > poses:
+        raise ConfigError(f"--camera {path!r} poses {poses} frames (its {poses - 1} moves and the first), fewer than "
+                          f"--frames {frames}, and the pipeline would cut the video to them: give a path of at least "
+                          f"{frames - 1} frames, or fewer --frames")  # fmt: skip
 
 
 def read_image(path: str, flag: str) -> Any:

@@ -61,8 +61,9 @@ class GenerateConfig:
     I2V and TI2V, CogVideoX I2V); resized to ``height`` x ``width`` by the pipeline."""
     camera: str | None = setting(None, "Sana-WM: the camera's path, KEYS-FRAMES,... (WASD move, IJKL turn: w-80,jw-40)")
     """Sana-WM's camera trajectory, its pipeline's ``action`` string: comma-separated ``KEYS-FRAMES`` segments, WASD
-    moving and IJKL turning the camera for that many frames (``none`` holds it); default: the model's (a built-in
-    model's spec), else the pipeline requires it."""
+    moving and IJKL turning the camera for that many frames (``none`` holds it), at least ``frames - 1`` in all (the
+    pipeline cuts the video to the path's poses: refused before loading); default: the model's (a built-in model's
+    spec), else the pipeline requires it."""
     intrinsics: str | None = setting(None, "Sana-WM: the first frame's pinhole intrinsics fx,fy,cx,cy in its pixels")
     """Sana-WM's camera intrinsics, ``fx,fy,cx,cy`` in the pixels of ``--image`` (the pipeline rescales them for its
     resize and crop); default: the model's (a built-in model's spec), else the pipeline requires them."""

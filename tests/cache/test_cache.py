@@ -13,6 +13,7 @@ from cli_run import run_cli
 
 from dit_sp import spawn
 from dit_sp.cache import CacheSpec, enable_cache
+from dit_sp.cache.blocks import cache_context_of
 from dit_sp.errors import ConfigError
 from dit_sp.zoo import load_pipeline
 
@@ -86,6 +87,10 @@ def test_a_call_outside_a_cache_context_is_refused_or_given_one_for_a_batched_fa
         output_type="latent",
     )
     assert {record.context for record in cache.stats.records} == {"cond_uncond"}
+    transformer = easyanimate.transformer
+    with pytest.raises(TypeError):  # a call that fails midway (no text states) leaves no cache context behind
+        transformer(hidden_states=torch.randn(1, 4, 2, 4, 4), timestep=torch.tensor([500]))
+    assert cache_context_of(transformer) is None
     cache.undo()
 
 

@@ -140,6 +140,13 @@ def test_camera_flags_are_checked_before_loading():
         check_before_loading(GenerateConfig.load(overrides={"model": "tiny-wan", "camera": "w-8"}))
     with pytest.raises(ConfigError, match=r"intrinsics '1,2': expected fx,fy,cx,cy, four numbers"):
         GenerateConfig.load(overrides={"model": "tiny-sana-wm", "intrinsics": "1,2"})
+    # the pipeline would cut the video to the path's poses (9 here): refused; a malformed path too
+    sana_wm = {"model": "tiny-sana-wm", "image": "first_frame.png", "frames": 17}
+    with pytest.raises(ConfigError, match=r"^--camera 'w-8' poses 9 frames .*fewer than --frames 17"):
+        check_before_loading(GenerateConfig.load(overrides=sana_wm | {"camera": "w-8"}))
+    with pytest.raises(ConfigError, match=r"^--camera 'w-8,x-2': .*unknown keys"):
+        check_before_loading(GenerateConfig.load(overrides=sana_wm | {"camera": "w-8,x-2"}))
+    check_before_loading(GenerateConfig.load(overrides=sana_wm | {"camera": "w-8", "frames": 9}))
 
 
 def test_the_stage_2_refiner_is_refused_with_its_reason():

@@ -34,6 +34,8 @@ def test_transformer_matches_single_process_in_both_modes(results):
         assert errors["lengths"] == [REF_TOKENS // 2, -(-GEN_TOKENS // 2)], errors["lengths"]
         # the cache holds this rank's head group (3 heads padded to 4: 2 a rank) of every reference token, head dim 12
         assert errors["cache"] == (2, REF_TOKENS, 2, 12), errors["cache"]
+        # and only its keys: not the all-to-all's whole q, k, v buffer that they arrived in (3x before the fix)
+        assert errors["cache_storage"] == 1.0, errors["cache_storage"]
 
 
 @pytest.mark.slow

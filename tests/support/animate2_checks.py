@@ -186,8 +186,9 @@ def check_pipeline(layouts: list[tuple[int, int, int]]) -> dict[str, dict]:
 
 def check_animate2(layouts: list[tuple[int, int, int]]) -> dict[str, dict | str]:
     """Per layout: the max errors of outputs and input and parameter gradients against one process (dense attention),
-    ``restored_bit_identical``, ``"lengths"`` (tokens the first self-attention got per call) and ``"cache"`` (the first
-    layer's cached key shape); or a refused layout's message."""
+    ``restored_bit_identical``, ``"lengths"`` (tokens the first self-attention got per call), ``"cache"`` (the first
+    layer's cached key shape) and ``"cache_storage"`` (the bytes a batch-1 extract call's cached key keeps alive, over
+    its own); or a refused layout's message."""
     model = build_tiny(MODEL, "transformer").float()
     uncompiled_mask(model)
     ref_out, ref_grads, _ = _run(model, 1.0)
@@ -202,6 +203,11 @@ def check_animate2(layouts: list[tuple[int, int, int]]) -> dict[str, dict | str]
             continue
         with split:
             out, grads, observed = _run(model, 1.0 / parallel.sp)
+            one = extract_inputs(1)  # batch 1: the all-to-all hands back views of one q, k, v buffer
+            with torch.no_grad(), dense_flex():
+                model(**one)
+        key = one["kv_cache"].get(0).key
+        observed["cache_storage"] = key.untyped_storage().nbytes() / (key.numel() * key.element_size())
         errors = {"out": (out - ref_out).abs().max().item(), "ref_scale": ref_out.abs().max().item(), **observed}
         worst = {"input": (0.0, ""), "param": (0.0, "")}
         for key, ref in ref_grads.items():
