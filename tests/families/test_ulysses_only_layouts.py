@@ -6,7 +6,7 @@ outputs and every gradient within 1e-5 of one process, through each family's own
 rank's attention saw ``ceil(S / sp)`` tokens (uneven: 6 and 9 tokens of Wan-Animate-2's two calls, AnyFlow FAR's 37,
 11 and 9; Kandinsky 6 SR's NABLA blocks of 64 always split evenly; Sana-WM's whole frames, ``ceil(F / sp)`` a rank).
 Flex attention has no backward on CPU: gradients through it are taken with each family's dense stand-in (the same
-mask), in both runs; Sana-WM's softmax branches are kept fp32 (``ulysses_only_layouts.fp32_softmax``)."""
+mask), in both runs; Sana-WM's softmax branches are kept fp32 (``sana_wm_checks.fp32_softmax``)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,10 @@ is split) and the refusals that need a 2-process world."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 import torch
 
@@ -97,6 +100,21 @@ def _case_inputs(spec: dict[str, Any], seed: int) -> dict[str, Any]:
     if not spec.get("config", {}).get("use_chunk_plucker_post_attn", True):
         kwargs.pop("chunk_plucker")
     return kwargs
+
+
+@contextlib.contextmanager
+def fp32_softmax() -> Iterator[None]:
+    """Sana-WM's softmax branches cast fp32 queries, keys and values to bf16 for SDPA (diffusers, for flash kernels):
+    the one-process gradients then move by 4e-5 with the thread count alone, and bf16's rounding turns a split's
+    fp32 reorderings (1e-7) into steps of 1e-5. Both runs of the comparison keep them fp32 (``Tensor.bfloat16`` a
+    no-op on fp32 tensors while inside)."""
+    cast = torch.Tensor.bfloat16
+
+    def keep(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self if self.dtype == torch.float32 else cast(self, *args, **kwargs)
+
+    with mock.patch.object(torch.Tensor, "bfloat16", keep):
+        yield
 
 
 def check_sana_wm(

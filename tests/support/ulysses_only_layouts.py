@@ -5,13 +5,9 @@ one process."""
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterator
 from typing import Any
 from unittest import mock
-
-import torch
 
 LAYOUTS = [(2, 1, 2), (1, 1, 4)]
 """(dp, ring, ulysses)."""
@@ -24,28 +20,13 @@ SANA_WM_CASES = {
 padding head) over 10 latent frames (3 a rank over 4 ranks, the short convolution's reach; the last rank's 1 real)."""
 
 
-@contextlib.contextmanager
-def fp32_softmax() -> Iterator[None]:
-    """Sana-WM's softmax branches cast fp32 queries, keys and values to bf16 for SDPA (diffusers, for flash kernels):
-    the one-process gradients then move by 4e-5 with the thread count alone, and bf16's rounding turns a split's
-    fp32 reorderings (1e-7) into steps of 1e-5. Both runs of the comparison keep them fp32 (``Tensor.bfloat16`` a
-    no-op on fp32 tensors while inside)."""
-    cast = torch.Tensor.bfloat16
-
-    def keep(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return self if self.dtype == torch.float32 else cast(self, *args, **kwargs)
-
-    with mock.patch.object(torch.Tensor, "bfloat16", keep):
-        yield
-
-
 def check_all() -> dict[str, Any]:
     """Every family's results per layout (``"dp2-r1-u2"``, ``"dp1-r1-u4"``; Sana-WM's per case too, as
-    ``"<case>/<layout>"``) and the seconds each family took."""
+    ``"<case>/<layout>"``) and the seconds (wall and CPU) each family took."""
     from animate2_checks import check_animate2
     from anyflow_far_checks import check_far
     from kandinsky6_sr_checks import check_sr_transformer
-    from sana_wm_checks import check_sana_wm
+    from sana_wm_checks import check_sana_wm, fp32_softmax
     from torch.nn.attention import flex_attention
 
     def sana_wm() -> dict[str, Any]:
@@ -60,12 +41,13 @@ def check_all() -> dict[str, Any]:
         },
         "sana_wm": sana_wm,
     }
-    results: dict[str, Any] = {"seconds": {}}
+    results: dict[str, Any] = {"seconds": {}, "cpu_seconds": {}}
     # flex attention (forward only here) run as its eager implementation, without tracing it with dynamo for every
     # new shape (seconds each; the same ops, the same results)
     with mock.patch.object(flex_attention, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", True):
         for name, check in checks.items():
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             results[name] = check()
             results["seconds"][name] = round(time.perf_counter() - start, 2)
+            results["cpu_seconds"][name] = round(time.process_time() - cpu, 2)
     return results
