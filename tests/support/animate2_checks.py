@@ -27,10 +27,13 @@ GEN_TOKENS, REF_TOKENS = 9, 6  # generation: 3 frames (2 + the reference image's
 BATCH = 2
 
 
-def call_inputs(batch: int = BATCH) -> tuple[dict, dict]:
+SEED = 11
+
+
+def call_inputs(batch: int = BATCH, seed: int = SEED) -> tuple[dict, dict]:
     """The extract call's and the cached call's arguments (without the cache): per-sample lists of latents
-    ``(C, F, H, W)`` and of text, CLIP image tokens ``(B, 3, 1280)``."""
-    g = torch.Generator().manual_seed(11)
+    ``(C, F, H, W)`` and of text, CLIP image tokens ``(B, 3, 1280)``; ``seed``: a dp replica's (``dp_seed``)."""
+    g = torch.Generator().manual_seed(seed)
     rand = lambda *shape: torch.randn(*shape, generator=g)
     image = rand(batch, 3, 1280)
     latents = lambda channels, frames: [rand(channels, frames, 2, 6) for _ in range(batch)]
@@ -103,11 +106,13 @@ def _leaves(inputs: dict) -> dict:
         "encoder_hidden_states_image": leaf(inputs["encoder_hidden_states_image"])}  # fmt: skip
 
 
-def _run(model: torch.nn.Module, grad_scale: float) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict]:
+def _run(
+    model: torch.nn.Module, grad_scale: float, seed: int = SEED
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict]:
     """Both calls' outputs, the gradients of ``sum(out * w) * grad_scale`` w.r.t. inputs and parameters, and what was
     observed: the tokens the first self-attention got per call, the shape of the keys the first layer's cache holds."""
     model.zero_grad(set_to_none=True)
-    extract, cached = (_leaves(x) for x in call_inputs())
+    extract, cached = (_leaves(x) for x in call_inputs(seed=seed))
     seen: list[int] = []
     hook = model.blocks[0].self_attn.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape[1]))
     try:
@@ -188,27 +193,33 @@ def check_animate2(layouts: list[tuple[int, int, int]]) -> dict[str, dict | str]
     """Per layout: the max errors of outputs and input and parameter gradients against one process (dense attention),
     ``restored_bit_identical``, ``"lengths"`` (tokens the first self-attention got per call), ``"cache"`` (the first
     layer's cached key shape) and ``"cache_storage"`` (the bytes a batch-1 extract call's cached key keeps alive, over
-    its own); or a refused layout's message."""
+    its own); or a refused layout's message. Each dp replica runs its own inputs (``seed``: its ``dp_seed``), against
+    one process on them."""
     model = build_tiny(MODEL, "transformer").float()
     uncompiled_mask(model)
-    ref_out, ref_grads, _ = _run(model, 1.0)
+    references = {SEED: _run(model, 1.0)[:2]}
     results: dict[str, dict | str] = {}
     for dp, ring, ulysses in layouts:
         name = f"dp{dp}-r{ring}-u{ulysses}"
         parallel = init_parallel(ParallelConfig(dp=dp, ring=ring, ulysses=ulysses))
+        seed = parallel.dp_seed(SEED)
+        if seed not in references:  # one process on this replica's inputs (the model not split yet)
+            references[seed] = _run(model, 1.0, seed)[:2]
+        ref_out, ref_grads = references[seed]
         try:
             split = parallelize(model, parallel)
         except NotImplementedError as error:
             results[name] = str(error)
             continue
         with split:
-            out, grads, observed = _run(model, 1.0 / parallel.sp)
+            out, grads, observed = _run(model, 1.0 / parallel.sp, seed)
             one = extract_inputs(1)  # batch 1: the all-to-all hands back views of one q, k, v buffer
             with torch.no_grad(), dense_flex():
                 model(**one)
         key = one["kv_cache"].get(0).key
         observed["cache_storage"] = key.untyped_storage().nbytes() / (key.numel() * key.element_size())
         errors = {"out": (out - ref_out).abs().max().item(), "ref_scale": ref_out.abs().max().item(), **observed}
+        errors["seed"] = seed
         worst = {"input": (0.0, ""), "param": (0.0, "")}
         for key, ref in ref_grads.items():
             summed = grads[key].clone()
@@ -218,7 +229,7 @@ def check_animate2(layouts: list[tuple[int, int, int]]) -> dict[str, dict | str]
         errors["input_grads"], errors["input_grads_worst"] = worst["input"]
         errors["param_grads"], errors["param_grads_worst"] = worst["param"]
         errors["grads_compared"] = len(ref_grads)
-        errors["restored_bit_identical"] = float(torch.equal(_run(model, 1.0)[0], ref_out))
+        errors["restored_bit_identical"] = float(torch.equal(_run(model, 1.0, seed)[0], ref_out))
         results[name] = errors
     return results
 

@@ -80,16 +80,18 @@ def _inputs(frames: int, seed: int) -> dict:
             "encoder_hidden_states": _rand(g, BATCH, 8, 16)}  # fmt: skip
 
 
-def train_inputs() -> dict:
-    g = torch.Generator().manual_seed(5)
-    return _inputs(3, 1) | {"chunk_partition": [1, 1, 1], "clean_hidden_states": _rand(g, BATCH, 2, 4, HEIGHT, WIDTH),
-                            "clean_timestep": torch.zeros(BATCH, 2)}  # fmt: skip
+def train_inputs(offset: int = 0) -> dict:
+    """``offset``: added to every seed (a dp replica's inputs: ``parallel.dp_seed(0)``)."""
+    g = torch.Generator().manual_seed(5 + offset)
+    return _inputs(3, 1 + offset) | {"chunk_partition": [1, 1, 1],
+                                     "clean_hidden_states": _rand(g, BATCH, 2, 4, HEIGHT, WIDTH),
+                                     "clean_timestep": torch.zeros(BATCH, 2)}  # fmt: skip
 
 
-def _prefill(model: torch.nn.Module) -> dict:
+def _prefill(model: torch.nn.Module, offset: int = 0) -> dict:
     """The cache after the pipeline's prefill of chunks [1, 1, 1] (timesteps 0), which ``model`` writes."""
     cache = _cache(model, [1, 1, 1, 1])
-    inputs = _inputs(3, 2) | {"timestep": torch.zeros(BATCH, 3), "r_timestep": torch.zeros(BATCH, 3)}
+    inputs = _inputs(3, 2 + offset) | {"timestep": torch.zeros(BATCH, 3), "r_timestep": torch.zeros(BATCH, 3)}
     with torch.no_grad():
         out = model(**inputs, chunk_partition=[1, 1, 1], kv_cache=cache,
                     kv_cache_flag={"num_cached_chunks": 2, "is_cache_step": True}, return_dict=False)  # fmt: skip
@@ -97,8 +99,8 @@ def _prefill(model: torch.nn.Module) -> dict:
     return cache
 
 
-def _denoise_inputs(cache: dict) -> dict:
-    return _inputs(1, 3) | {"chunk_partition": [1, 1, 1, 1], "kv_cache": cache,
+def _denoise_inputs(cache: dict, offset: int = 0) -> dict:
+    return _inputs(1, 3 + offset) | {"chunk_partition": [1, 1, 1, 1], "kv_cache": cache,
                             "kv_cache_flag": {"num_cached_chunks": 3, "is_cache_step": False}}  # fmt: skip
 
 
@@ -140,22 +142,32 @@ def _cache_error(cache: dict, reference: dict, parallel) -> float:
     return max((cache[i][n] - own[i][n]).abs().max().item() for i in cache for n in ("full_cache", "compressed_cache"))
 
 
+def _reference(model: torch.nn.Module, offset: int) -> dict:
+    """One process on the inputs of seed ``offset``: the prefilled cache and the training and denoising outputs with
+    flex attention; the training and denoising outputs and gradients with ``dense_flex``; how far the two are apart."""
+    flex_cache = _prefill(model, offset)
+    flex = {"train": _forward(model, train_inputs(offset)),
+            "denoise": _forward(model, _denoise_inputs(flex_cache, offset))}  # fmt: skip
+    with dense_attention():
+        dense_cache = _prefill(model, offset)
+        dense = {
+            "train": outputs_and_grads(model, train_inputs(offset), 1.0),
+            "denoise": outputs_and_grads(model, _denoise_inputs(dense_cache, offset), 1.0),
+        }
+    caches = [(dense_cache[i][n] - flex_cache[i][n]).abs().max().item() for i in flex_cache for n in flex_cache[i]]
+    apart = max(*caches, *((flex[m] - dense[m][0]).abs().max().item() for m in flex))
+    return {"flex_cache": flex_cache, "flex": flex, "dense": dense, "dense_vs_flex": apart}
+
+
 def check_far(layouts: list[tuple[int, int, int]]) -> dict:
     """Per Ulysses layout: the prefill's cache with flex attention against this rank's part of the one-process
     cache; in training and denoising with ``dense_flex``, the output, input and parameter gradient errors (summed over
     SP); the token counts ``attn1`` saw next to ``ceil(tokens / sp)``; ``unparallelize`` restoring the output. Per
-    ring layout, the refusal. ``dense_vs_flex``: how far the stand-in is from flex attention."""
+    ring layout, the refusal. ``dense_vs_flex``: how far the stand-in is from flex attention. Each dp replica runs its
+    own inputs (seeds offset by ``dp_seed(0)``, ``"seed"``) against one process on them."""
     model = build_tiny("tiny-anyflow-far", "transformer").float()
-    flex_cache = _prefill(model)
-    flex = {"train": _forward(model, train_inputs()), "denoise": _forward(model, _denoise_inputs(flex_cache))}
-    with dense_attention():
-        dense_cache = _prefill(model)
-        reference = {
-            "train": outputs_and_grads(model, train_inputs(), 1.0),
-            "denoise": outputs_and_grads(model, _denoise_inputs(dense_cache), 1.0),
-        }
-    caches = [(dense_cache[i][n] - flex_cache[i][n]).abs().max().item() for i in flex_cache for n in flex_cache[i]]
-    results: dict = {"dense_vs_flex": max(*caches, *((flex[m] - reference[m][0]).abs().max().item() for m in flex))}
+    references = {0: _reference(model, 0)}
+    results: dict = {"dense_vs_flex": references[0]["dense_vs_flex"]}
     for dp, ring, ulysses in layouts:
         parallel = init_parallel(ParallelConfig(dp=dp, ring=ring, ulysses=ulysses))
         key = f"dp{dp}-r{ring}-u{ulysses}"
@@ -166,23 +178,30 @@ def check_far(layouts: list[tuple[int, int, int]]) -> dict:
             except NotImplementedError as error:
                 results[key] = str(error)
             continue
+        offset = parallel.dp_seed(0)
+        if offset not in references:  # one process on this replica's inputs (the model not split yet)
+            references[offset] = _reference(model, offset)
+            results["dense_vs_flex"] = max(results["dense_vs_flex"], references[offset]["dense_vs_flex"])
+        ref = references[offset]
         handles, seen = _lengths(model)
         with parallelize(model, parallel, verify_inputs=True):
-            cache = _prefill(model)  # with flex attention (the denoising call's with flex: generate's test)
+            cache = _prefill(model, offset)  # with flex attention (the denoising call's with flex: generate's test)
             local = math.ceil(TOKENS["prefill"] / parallel.sp)
-            results[key] = {"prefill": {"cache": _cache_error(cache, flex_cache, parallel),
-                                       "cache_shape": list(cache[0]["full_cache"].shape),
-                                       "lengths": (sorted(seen), local)}}  # fmt: skip
+            results[key] = {"seed": offset,
+                            "prefill": {"cache": _cache_error(cache, ref["flex_cache"], parallel),
+                                        "cache_shape": list(cache[0]["full_cache"].shape),
+                                        "lengths": (sorted(seen), local)}}  # fmt: skip
             with dense_attention():
-                cache = _prefill(model)
-                for mode, inputs in (("train", train_inputs()), ("denoise", _denoise_inputs(cache))):
+                cache = _prefill(model, offset)
+                for mode, inputs in (("train", train_inputs(offset)), ("denoise", _denoise_inputs(cache, offset))):
                     seen.clear()
                     split = outputs_and_grads(model, inputs, 1.0 / parallel.sp)
-                    results[key][mode] = _errors(*split, *reference[mode], parallel)
+                    results[key][mode] = _errors(*split, *ref["dense"][mode], parallel)
                     results[key][mode]["lengths"] = (sorted(seen), math.ceil(TOKENS[mode] / parallel.sp))
         for h in handles:
             h.remove()
-        results[key]["restored_bit_identical"] = float(torch.equal(_forward(model, train_inputs()), flex["train"]))
+        restored = _forward(model, train_inputs(offset))
+        results[key]["restored_bit_identical"] = float(torch.equal(restored, ref["flex"]["train"]))
     return results
 
 

@@ -27,8 +27,9 @@ TOKENS = 384
 HEADS = 3
 
 
-def sr_inputs(batch: int = 2) -> dict[str, Any]:
-    g = torch.Generator().manual_seed(7)
+def sr_inputs(batch: int = 2, seed: int = 7) -> dict[str, Any]:
+    """``seed``: a dp replica's (``dp_seed``)."""
+    g = torch.Generator().manual_seed(seed)
     latents = torch.randn(batch, 3, 8, 16, 4, generator=g)
     hidden = torch.cat([latents, torch.zeros_like(latents), torch.zeros(batch, 3, 8, 16, 1)], -1)
     return {"hidden_states": hidden, "timestep": torch.tensor([1000.0, 500.0][:batch])}
@@ -104,18 +105,21 @@ def _refusal(fn: Any) -> str:
     return ""
 
 
-def check_sr_transformer() -> dict[str, Any]:
-    """Ulysses 2 against this process's unsplit runs: masks, the flex output, the dense output and gradients (summed
-    over the group), token counts, ``unparallelize`` restoring the original; and the refusals of a ring and of CFG."""
+def check_sr_transformer(layout: tuple[int, int, int] = (1, 1, 2), extras: bool = True) -> dict[str, Any]:
+    """``layout`` (dp, ring, ulysses; default Ulysses 2) against this process's unsplit runs on this dp replica's
+    inputs (``"seed"``): masks, the flex output, the dense output and gradients (summed over the group), token
+    counts, ``unparallelize`` restoring the original; with ``extras`` (a 2-process world), the gradients with
+    gradient checkpointing and the refusals of a ring and of CFG."""
     model = build_tiny(MODEL, "transformer").float()
-    kwargs = sr_inputs()
+    dp, ring, ulysses = layout
+    parallel = init_parallel(ParallelConfig(dp=dp, ring=ring, ulysses=ulysses))
+    kwargs = sr_inputs(seed=parallel.dp_seed(7))
     ref_masks: list[torch.Tensor] = []
     with torch.no_grad(), recorded_masks(ref_masks):
         ref_flex = model(**kwargs, return_dict=False)[0]
     with dense_block_attention():
         ref_out, ref_grads = _run(model, kwargs, 1.0)
 
-    parallel = init_parallel(ParallelConfig(ulysses=2))
     masks: list[torch.Tensor] = []
     seen: set = set()
     handles = _seen(model, seen)
@@ -124,9 +128,11 @@ def check_sr_transformer() -> dict[str, Any]:
             flex = model(**kwargs, return_dict=False)[0]
         with dense_block_attention():
             out, grads = _run(model, kwargs, 1.0 / parallel.sp)
-            model.enable_gradient_checkpointing()  # blocks recomputed in backward: their hooks split and gather again
-            checkpointed, checkpointed_grads = _run(model, kwargs, 1.0 / parallel.sp)
-            model.disable_gradient_checkpointing()
+            runs = {"": grads}
+            if extras:
+                model.enable_gradient_checkpointing()  # blocks recomputed in backward: hooks split and gather again
+                checkpointed, runs["checkpointed"] = _run(model, kwargs, 1.0 / parallel.sp)
+                model.disable_gradient_checkpointing()
     for h in handles:
         h.remove()
     heads = head_group(HEADS, parallel)
@@ -141,21 +147,25 @@ def check_sr_transformer() -> dict[str, Any]:
         "seen": sorted(seen),
         "grads_compared": len(ref_grads),
         "params": len(list(model.parameters())),
+        "seed": parallel.dp_seed(7),
     }
     worst = {"input": (0.0, ""), "param": (0.0, ""), "checkpointed": (0.0, "")}
     for key, ref in ref_grads.items():
-        for kind, found in ((key.split(".", 1)[0], grads), ("checkpointed", checkpointed_grads)):
+        for kind, found in ((run or key.split(".", 1)[0], found) for run, found in runs.items()):
             summed = found[key].clone()
             dist.all_reduce(summed, group=parallel.sp_group)
             error = (summed - ref).abs().max().item() / max(ref.abs().max().item(), 1.0)
             worst[kind] = max(worst[kind], (error, key))
     errors["input_grads"], errors["input_grads_worst"] = worst["input"]
     errors["param_grads"], errors["param_grads_worst"] = worst["param"]
-    errors["checkpointed_grads"], errors["checkpointed_grads_worst"] = worst["checkpointed"]
-    errors["checkpointed_out"] = (checkpointed - ref_out).abs().max().item()
+    if extras:
+        errors["checkpointed_grads"], errors["checkpointed_grads_worst"] = worst["checkpointed"]
+        errors["checkpointed_out"] = (checkpointed - ref_out).abs().max().item()
     with torch.no_grad():
         restored = model(**kwargs, return_dict=False)[0]
     errors["restored_bit_identical"] = float(torch.equal(restored, ref_flex))
+    if not extras:
+        return errors
     ring = init_parallel(ParallelConfig(ring=2))
     errors["ring_refusal"] = _refusal(lambda: parallelize(model, ring))
     errors["cfg_refusal"] = _refusal(lambda: parallelize(build_tiny(MODEL), init_parallel(ParallelConfig(cfg=2))))
