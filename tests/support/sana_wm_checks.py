@@ -215,7 +215,8 @@ def run_sana_wm(layouts: list[tuple[int, int, int]], jobs: list[Any]) -> dict[st
     token counts the attention branches were called with."""
     from dit_sp import generate
 
-    results = check_sana_wm(layouts)
+    with fp32_softmax():  # the transformer check in fp32 throughout (the pipelines below run as they are)
+        results = check_sana_wm(layouts)
     results["videos"] = []
     for settings in jobs:
         seen: dict[str, set[int]] = {}
