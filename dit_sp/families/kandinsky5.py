@@ -220,6 +220,15 @@ def _check(model: torch.nn.Module) -> None:
         )
 
 
+def _prepare(pipe: Any) -> None:
+    """A NABLA checkpoint's visual self-attention on diffusers' flex backend: the stock processor's NABLA block mask
+    runs nowhere else (the default backend fails on it), on one process too."""
+    transformer = pipe.transformer
+    if transformer.config.get("attention_type", "regular") == "nabla":
+        for block in transformer.visual_transformer_blocks:
+            block.self_attention.set_attention_backend("flex")
+
+
 I2V_LATENT_FRAMES = 5
 """Latent frames Kandinsky 5's image-to-video pipeline needs at least: it renormalises the first 4 against the ones
 after them (``normalize_first_frame``), and with none after them the statistics are NaN (so is the video)."""
@@ -229,9 +238,19 @@ def _image_vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
     return 1, 8  # the image pipelines' AutoencoderKL: no frames to compress (the pipelines fix x8 in space)
 
 
+NABLA_TILE = 8
+"""NABLA's neighbourhoods are ``8 x 8`` tokens (``fractal_flatten``): the token grid's sides are multiples of it."""
+
+
 def _shape_check(config: Any, settings: dict[str, Any], name: Any, vae: tuple[int, int]) -> None:
     if "in_visual_dim" not in config:  # another family's model
         return
+    if config.get("attention_type", "regular") == "nabla":
+        from dit_sp.families.shape import check_multiple
+
+        for key, patch in (("height", config.patch_size[1]), ("width", config.patch_size[2])):
+            why = f"NABLA's {NABLA_TILE} x {NABLA_TILE} token neighbourhoods, VAE x{vae[1]}, patch x{patch}"
+            check_multiple(settings, key, vae[1] * patch * NABLA_TILE, name, why)
     if vae[0] == 1:  # an image pipeline (its VAE compresses no frames): one frame
         if settings["frames"] != 1:
             raise ConfigError(f"{name('frames')} {settings['frames']}: Kandinsky 5's image pipelines make one image; "
@@ -300,6 +319,7 @@ KANDINSKY5 = ModelFamily(
     check=_check,
     layout_check=_layout_check,
     shape_check=_shape_check,
+    prepare_pipeline=_prepare,
     tiny_models=("tiny-kandinsky5", "tiny-kandinsky5-i2v", "tiny-kandinsky5-t2i", "tiny-kandinsky5-i2i"),
     checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(121, 512, 768, 50, 5.0, 512) | {"fps": 24})
     | dict.fromkeys(IMAGE_PIPELINES, generation_defaults(1, 1024, 1024, 50, 3.5, 512)),

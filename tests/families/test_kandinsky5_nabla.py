@@ -9,16 +9,33 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kandinsky5_nabla_checks import TOKENS, build, check_nabla_transformer, nabla_inputs
+from kandinsky5_nabla_checks import TOKENS, build, check_all, nabla_inputs, save_nabla_checkpoint
 
-from dit_sp import ParallelConfig, init_parallel, parallelize, spawn
+from dit_sp import GenerateConfig, ParallelConfig, generate, init_parallel, parallelize, spawn
 
 TOL = 1e-5
+GENERATE = {"frames": 5, "height": 128, "width": 128, "steps": 2, "guidance": 4.0, "max_sequence_length": 16}
+"""A NABLA run of the tiny pipeline: 2 latent frames of 8 x 8 tokens (one NABLA block each), guided (two calls a
+step)."""
+
+
+def _settings(tmp, checkpoint: str, name: str, **flags) -> GenerateConfig:
+    paths = {"out": str(tmp / f"{name}.mp4"), "save_latents": str(tmp / f"{name}.pt")}
+    return GenerateConfig.load(overrides={"model": checkpoint, "verify_inputs": True, **GENERATE, **paths, **flags})
 
 
 @pytest.fixture(scope="module")
-def runs():
-    return spawn(check_nabla_transformer, 2, timeout=300)
+def spawned(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("kandinsky5_nabla")
+    checkpoint = save_nabla_checkpoint(tmp / "ckpt")
+    single = generate(_settings(tmp, checkpoint, "single"), True)
+    by_rank = spawn(check_all, 2, args=(_settings(tmp, checkpoint, "1x2", ulysses=2),), timeout=300)
+    return {"single": single, "by_rank": by_rank}
+
+
+@pytest.fixture(scope="module")
+def runs(spawned):
+    return [r["transformer"] for r in spawned["by_rank"]]
 
 
 @pytest.mark.slow
@@ -44,6 +61,21 @@ def test_ring_is_refused_for_nabla_only(runs):
     assert refusal.startswith("LayoutRefused: Kandinsky 5's NABLA sparse attention (attention_type 'nabla') keeps")
     assert refusal.endswith("use ring 1 (got ring 2)") and "\n" not in refusal
     assert runs[0]["dense_ring"]  # attention_type 'regular' is still split by a ring
+
+
+@pytest.mark.slow
+def test_generate_matches_single_process(spawned):
+    """``generate --model CKPT --ulysses 2`` of a NABLA checkpoint (the tiny pipeline saved with NABLA on) against
+    ``generate`` on one process (the stock pipeline, its self-attention on diffusers' flex backend): frames and final
+    latents within 1e-4, NABLA's masks built (2 blocks x 2 steps x 2 guidance calls), the tokens split."""
+    reference = spawned["single"]
+    assert reference["frames"].shape == (5, 128, 128, 3) and reference["frames"].std() > 0.01  # a real video
+    reports = [r["generate"] for r in spawned["by_rank"]]
+    leaders = [report for report in reports if "frames" in report]
+    assert len(leaders) == 1, "exactly one rank writes the output"
+    assert abs(leaders[0]["frames"] - reference["frames"]).max() <= 1e-4
+    assert (leaders[0]["latents"] - torch.load(reference["latents"])).abs().max() <= 1e-4
+    assert all(report["masks"] == 8 and report["attention_tokens"] == 64 for report in reports), reports
 
 
 def test_single_process_parallelize_is_exact():

@@ -203,3 +203,30 @@ def check_nabla_transformer() -> dict[str, Any]:
     with parallelize(dense, ring):  # the dense mode keeps its ring
         errors["dense_ring"] = True
     return errors
+
+
+def save_nabla_checkpoint(path: Any) -> str:
+    """The built-in ``tiny-kandinsky5`` pipeline saved (``save_pretrained``) with NABLA on in its transformer's config,
+    as the 10 s checkpoints ship it: ``generate --model PATH`` then runs NABLA (the pipeline passes ``sparse_params``
+    for it)."""
+    from dit_sp.zoo import build_tiny
+
+    pipe = build_tiny("tiny-kandinsky5")
+    pipe.transformer.register_to_config(**NABLA)
+    pipe.save_pretrained(path)
+    return str(path)
+
+
+def check_all(job: Any) -> dict[str, Any]:
+    """One spawned world: the transformer checks, then ``generate`` for ``job`` (a ``GenerateConfig`` of a NABLA
+    checkpoint on Ulysses 2) with the NABLA masks built and the largest token count the split attention computed."""
+    from kandinsky_cosmos_checks import generate_counting_tokens
+
+    results = {"transformer": check_nabla_transformer()}
+    masks: list[torch.Tensor] = []
+    with recorded_masks(masks):
+        report = generate_counting_tokens([job])[0]
+    results["generate"] = {"masks": len(masks), "attention_tokens": report["attention_tokens"]}
+    if "out" in report:  # the leader
+        results["generate"] |= {"frames": report["frames"], "latents": torch.load(report["latents"])}
+    return results
