@@ -7,9 +7,11 @@ line in NABLA mode only; in one 2-process spawn."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
-from kandinsky5_nabla_checks import TOKENS, build, check_all, nabla_inputs, save_nabla_checkpoint
+from kandinsky5_nabla_checks import NABLA, TOKENS, build, check_all, nabla_inputs, save_nabla_checkpoint
 
 from dit_sp import GenerateConfig, ParallelConfig, generate, init_parallel, parallelize, spawn
 
@@ -90,3 +92,21 @@ def test_single_process_parallelize_is_exact():
             out = model(**kwargs).sample
     assert out.shape == (1, 3, 16, 32, 4)
     torch.testing.assert_close(out, ref, atol=0, rtol=0)
+
+
+def test_nabla_sizes_are_checked_in_one_line():
+    """NABLA takes 8 x 8 token neighbourhoods: a size off that grid is refused before sampling, naming the multiple."""
+    from dit_sp.errors import ConfigError
+    from dit_sp.families import check_shape
+    from dit_sp.zoo import build_tiny
+
+    pipe = build_tiny("tiny-kandinsky5")
+    settings = dataclasses.asdict(GenerateConfig.load(overrides={"model": "tiny-kandinsky5", **GENERATE}))
+    check_shape(pipe, settings | {"height": 48})  # the dense model: multiples of 16
+    pipe.transformer.register_to_config(**NABLA)
+    check_shape(pipe, settings)
+    message = (
+        r"^--height 200: must be a multiple of 128 \(NABLA's 8 x 8 token neighbourhoods, VAE x8, patch x2\), e\.g\. "
+    )
+    with pytest.raises(ConfigError, match=message):
+        check_shape(pipe, settings | {"height": 200})  # e.g. 128 or 256
