@@ -15,11 +15,13 @@ rotary table is flattened alike before each self-attention takes it). A self-att
 runs on ``dit_sp.families.nabla.SequenceParallelNablaProcessor`` (shared with Kandinsky 6 SR: the per-head mask and
 flex attention on the whole sequence of each rank's head group, exactly the one-process masks of its heads), one
 without them on the routed stock processor; so NABLA splits under Ulysses alone (``NABLA_RING_REFUSAL``; the dense
-mode keeps its ring). The stock model needs diffusers' flex attention backend for NABLA on one process
-(``transformer.set_attention_backend("flex")``; the default backend fails on NABLA's ``BlockMask``); the split one
-always uses flex attention for it. Its VAE is
-HunyuanVideo's (``AutoencoderKLHunyuanVideo``), split by the HunyuanVideo family's VAE plan. Guidance runs as two
-calls per step, conditional first (``guidance_scale``; the stock pipeline brings its own negative prompt).
+mode keeps its ring). The stock model needs diffusers' flex attention backend for NABLA on one process too (the
+default backend fails on NABLA's ``BlockMask``): ``prepare_pipeline`` puts a NABLA checkpoint's visual self-attention
+on it; the split one always uses flex attention for NABLA. In both modes the text leaves the text blocks with its
+gradient averaged over the group (``_hooks``), so that the text blocks' bfloat16 rounding sees the whole gradient.
+
+Its VAE is HunyuanVideo's (``AutoencoderKLHunyuanVideo``), split by the HunyuanVideo family's VAE plan. Guidance runs
+as two calls per step, conditional first (``guidance_scale``; the stock pipeline brings its own negative prompt).
 
 GRPO (``Kandinsky5Policy``) trains text-to-video: the transformer masks no text token, so each prompt's Qwen2.5-VL
 tokens are kept at their own length (as the pipeline encodes one prompt) and samples of different text lengths run

@@ -31,7 +31,8 @@ def spawned(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("kandinsky5_nabla")
     checkpoint = save_nabla_checkpoint(tmp / "ckpt")
     single = generate(_settings(tmp, checkpoint, "single"), True)
-    by_rank = spawn(check_all, 2, args=(_settings(tmp, checkpoint, "1x2", ulysses=2),), timeout=300)
+    jobs = (_settings(tmp, checkpoint, "1x2", ulysses=2), _settings(tmp, checkpoint, "2x1", ring=2))
+    by_rank = spawn(check_all, 2, args=jobs, timeout=300)
     return {"single": single, "by_rank": by_rank}
 
 
@@ -63,6 +64,15 @@ def test_ring_is_refused_for_nabla_only(runs):
     assert refusal.startswith("LayoutRefused: Kandinsky 5's NABLA sparse attention (attention_type 'nabla') keeps")
     assert refusal.endswith("use ring 1 (got ring 2)") and "\n" not in refusal
     assert runs[0]["dense_ring"]  # attention_type 'regular' is still split by a ring
+
+
+@pytest.mark.slow
+def test_generate_refuses_a_ring_for_a_nabla_checkpoint(spawned):
+    """``generate --ring 2`` of a NABLA checkpoint: refused in one line where the pipeline is parallelized (the family
+    keeps its ring for the dense checkpoints, so the refusal reads the loaded config)."""
+    refusal = spawned["by_rank"][0]["generate_ring"]
+    assert refusal.startswith("LayoutRefused: Kandinsky 5's NABLA sparse attention"), refusal
+    assert refusal.endswith("use ring 1 (got ring 2)") and "\n" not in refusal
 
 
 @pytest.mark.slow
