@@ -6,10 +6,22 @@ and cross-attend to the text (``cross_attention``: local queries against replica
 video tokens and their rotary table are flattened inside the model's forward, in front of the first visual block, so
 the plan splits the tokens where the first block takes them, the rotary table (``(B, S, 1, D/2, 2, 2)``, the same
 full table for every block) where each block's self-attention takes it, and gathers after the last block (the output
-layer unflattens the whole video). The NABLA sparse attention (``attention_type: nabla``) builds a block mask over
-the whole sequence (flex attention) and is refused. diffusers ships no ``_cp_plan`` for this model. Its VAE is
-HunyuanVideo's (``AutoencoderKLHunyuanVideo``), split by the HunyuanVideo family's VAE plan. Guidance runs as two
-calls per step, conditional first (``guidance_scale``; the stock pipeline brings its own negative prompt).
+layer unflattens the whole video). diffusers ships no ``_cp_plan`` for this model.
+
+NABLA sparse attention (``attention_type: nabla``, the 10 s checkpoints: the pipelines then pass ``sparse_params``)
+flattens the tokens in fractal order (64-token ``8 x 8`` neighbourhoods, ``fractal_flatten``) in the model's forward,
+in front of the first visual block, where the plan splits them: each rank holds whole NABLA blocks in that order (the
+rotary table is flattened alike before each self-attention takes it). A self-attention call with ``sparse_params``
+runs on ``dit_sp.families.nabla.SequenceParallelNablaProcessor`` (shared with Kandinsky 6 SR: the per-head mask and
+flex attention on the whole sequence of each rank's head group, exactly the one-process masks of its heads), one
+without them on the routed stock processor; so NABLA splits under Ulysses alone (``NABLA_RING_REFUSAL``; the dense
+mode keeps its ring). The stock model needs diffusers' flex attention backend for NABLA on one process too (the
+default backend fails on NABLA's ``BlockMask``): ``prepare_pipeline`` puts a NABLA checkpoint's visual self-attention
+on it; the split one always uses flex attention for NABLA. In both modes the text leaves the text blocks with its
+gradient averaged over the group (``_hooks``), so that the text blocks' bfloat16 rounding sees the whole gradient.
+
+Its VAE is HunyuanVideo's (``AutoencoderKLHunyuanVideo``), split by the HunyuanVideo family's VAE plan. Guidance runs
+as two calls per step, conditional first (``guidance_scale``; the stock pipeline brings its own negative prompt).
 
 GRPO (``Kandinsky5Policy``) trains text-to-video: the transformer masks no text token, so each prompt's Qwen2.5-VL
 tokens are kept at their own length (as the pipeline encodes one prompt) and samples of different text lengths run
@@ -18,16 +30,20 @@ in separate transformer calls.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
-from dit_sp.errors import ConfigError
+from dit_sp.errors import ConfigError, LayoutRefused
 from dit_sp.families.family import ModelFamily, generation_defaults, no_grad
 from dit_sp.families.hunyuan_video import hunyuan_video_vae_factors
+from dit_sp.families.nabla import NablaOps, SequenceParallelNablaProcessor, Undo
 from dit_sp.families.policy import DiffusersPolicy
 
 if TYPE_CHECKING:
     import torch
+
+    from dit_sp.parallel.state import ParallelState
 
     Tensor = torch.Tensor
 
@@ -46,9 +62,9 @@ class Kandinsky5Policy(DiffusersPolicy):
     def __init__(self, pipe: Any, transformer: torch.nn.Module, **kwargs: Any):
         attention = transformer.config.get("attention_type", "regular")
         if attention != "regular":
-            raise ConfigError(f"Kandinsky 5 GRPO: attention_type {attention!r} (NABLA sparse attention) builds a block "
-                              "mask over the whole video sequence, which a sequence split cannot take; use a "
-                              "checkpoint with attention_type 'regular'")  # fmt: skip
+            raise ConfigError(f"Kandinsky 5 GRPO: attention_type {attention!r} (NABLA sparse attention) is not "
+                              "trained: the policy calls the transformer without NABLA's sparse_params, as the "
+                              "dense model this checkpoint is not; use attention_type 'regular'")  # fmt: skip
         super().__init__(pipe, transformer, **kwargs)
         self.height, self.width = kwargs["height"], kwargs["width"]
 
@@ -111,17 +127,108 @@ def _plan(model: torch.nn.Module) -> dict:
     return plan
 
 
+NABLA_RING_REFUSAL = (
+    "Kandinsky 5's NABLA sparse attention (attention_type 'nabla') keeps, per head and query block, the key blocks "
+    "with the top share of a softmax over every key block, so it splits exactly under Ulysses alone (each rank holds "
+    "the whole sequence of its heads); a ring rank would hold one block of keys: use ring 1"
+)
+"""Why a ring is refused for NABLA (one line; ``parallelize`` and every call add the layout); the dense mode keeps
+it."""
+
+
+def _rotary(x: Tensor, rope: Tensor) -> Tensor:
+    """The stock processor's rotation of ``(B, S, h, D)`` by ``(B, S, 1, D/2, 2, 2)`` (a closure in its call, so
+    restated): per token, rounded through bfloat16 as the stock one rounds it, back in ``x``'s dtype."""
+    import torch
+
+    pairs = x.reshape(*x.shape[:-1], -1, 1, 2).to(torch.float32)
+    return (rope * pairs).sum(dim=-1).reshape(*x.shape).to(torch.bfloat16).type_as(x)
+
+
+NABLA = NablaOps(module="diffusers.models.transformers.transformer_kandinsky", mask="nablaT_v2", heads_first=False,
+                 threshold="P", rotary=_rotary, ring_refusal=NABLA_RING_REFUSAL)  # fmt: skip
+"""Kandinsky 5's NABLA steps (``dit_sp.families.nabla``): its module's ``nablaT_v2`` with ``sparse_params['P']``."""
+
+
+@functools.cache
+def _average_gradient() -> type:
+    import torch
+    import torch.distributed as dist
+
+    class AverageGradient(torch.autograd.Function):
+        """The identity; backward: the mean over the group of the ranks' gradients."""
+
+        @staticmethod
+        def forward(ctx: Any, x: Tensor, group: Any) -> Tensor:
+            ctx.group = group
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+            total = grad.contiguous().clone()
+            dist.all_reduce(total, group=ctx.group)
+            return total / dist.get_world_size(ctx.group), None
+
+    return AverageGradient
+
+
+def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
+    """Each visual block's self-attention picks its processor per call (an instance ``forward``): with
+    ``sparse_params`` (NABLA), ``SequenceParallelNablaProcessor``; without, the module's own forward and processor
+    (the routed stock one, ``attention_modules``): the pipelines decide per call (``get_sparse_params``), so it must
+    too. And the text tokens ``(B, L, C)`` leave the text blocks with their gradient averaged over the group: each
+    rank's cross-attention gives a part of it, and the text blocks' rotary embedding rounds the queries' and keys'
+    gradients to bfloat16, which a part would round otherwise than the whole (the mean of ``sp`` ranks, ``sp`` a
+    power of 2, rounds as the whole does, then scaled)."""
+    processor = SequenceParallelNablaProcessor(ctx, NABLA)
+    handles = []
+    if ctx.parallel.sp > 1 and len(model.text_transformer_blocks):
+
+        def average(module: torch.nn.Module, args: Any, output: Tensor) -> Tensor:
+            import torch
+
+            if not torch.is_grad_enabled():
+                return output
+            return _average_gradient().apply(output, ctx.parallel.sp_group)
+
+        handles.append(model.text_transformer_blocks[-1].register_forward_hook(average))
+    undo = []
+    for block in model.visual_transformer_blocks:
+        attention = block.self_attention
+
+        def forward(hidden_states: Tensor, encoder_hidden_states: Tensor | None = None,
+                    sparse_params: dict[str, Any] | None = None, rotary_emb: Tensor | None = None,
+                    _attention: Any = attention, **kwargs: Any) -> Tensor:  # fmt: skip
+            if sparse_params is None:
+                return type(_attention).forward(_attention, hidden_states, encoder_hidden_states, sparse_params,
+                                                rotary_emb, **kwargs)  # fmt: skip
+            return processor(_attention, hidden_states, rotary_emb, sparse_params)
+
+        attention.forward = forward
+        undo.append(lambda attention=attention: delattr(attention, "forward"))
+    return [*handles, Undo(lambda: [fn() for fn in undo])]
+
+
+def _layout_check(model: torch.nn.Module, parallel: ParallelState) -> None:
+    if model.config.get("attention_type", "regular") == "nabla" and parallel.ring > 1:
+        raise LayoutRefused(f"{NABLA_RING_REFUSAL} (got ring {parallel.ring})")
+
+
 def _check(model: torch.nn.Module) -> None:
-    if model.config.get("attention_type", "regular") != "regular":
-        raise NotImplementedError(
-            f"Kandinsky 5 with attention_type {model.config.attention_type!r} (NABLA sparse attention) builds a block "
-            "mask over the whole video sequence, which a sequence split cannot take; use attention_type 'regular'"
-        )
     if len(model.visual_transformer_blocks) < 2:
         raise NotImplementedError(
             "Kandinsky 5 with one visual block: the split (at the first block) and the gather (after the last) "
             "need two blocks; use num_visual_blocks >= 2"
         )
+
+
+def _prepare(pipe: Any) -> None:
+    """A NABLA checkpoint's visual self-attention on diffusers' flex backend: the stock processor's NABLA block mask
+    runs nowhere else (the default backend fails on it), on one process too."""
+    transformer = pipe.transformer
+    if transformer.config.get("attention_type", "regular") == "nabla":
+        for block in transformer.visual_transformer_blocks:
+            block.self_attention.set_attention_backend("flex")
 
 
 I2V_LATENT_FRAMES = 5
@@ -133,9 +240,19 @@ def _image_vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
     return 1, 8  # the image pipelines' AutoencoderKL: no frames to compress (the pipelines fix x8 in space)
 
 
+NABLA_TILE = 8
+"""NABLA's neighbourhoods are ``8 x 8`` tokens (``fractal_flatten``): the token grid's sides are multiples of it."""
+
+
 def _shape_check(config: Any, settings: dict[str, Any], name: Any, vae: tuple[int, int]) -> None:
     if "in_visual_dim" not in config:  # another family's model
         return
+    if config.get("attention_type", "regular") == "nabla":
+        from dit_sp.families.shape import check_multiple
+
+        for key, patch in (("height", config.patch_size[1]), ("width", config.patch_size[2])):
+            why = f"NABLA's {NABLA_TILE} x {NABLA_TILE} token neighbourhoods, VAE x{vae[1]}, patch x{patch}"
+            check_multiple(settings, key, vae[1] * patch * NABLA_TILE, name, why)
     if vae[0] == 1:  # an image pipeline (its VAE compresses no frames): one frame
         if settings["frames"] != 1:
             raise ConfigError(f"{name('frames')} {settings['frames']}: Kandinsky 5's image pipelines make one image; "
@@ -197,11 +314,14 @@ KANDINSKY5 = ModelFamily(
     step_cache=False,
     class_names=("Kandinsky5Transformer3DModel",),
     plan=_plan,
+    hooks=_hooks,
     attention_modules=("visual_transformer_blocks.*.self_attention",),
     cfg_mode="sequential",
     channels_last=True,
     check=_check,
+    layout_check=_layout_check,
     shape_check=_shape_check,
+    prepare_pipeline=_prepare,
     tiny_models=("tiny-kandinsky5", "tiny-kandinsky5-i2v", "tiny-kandinsky5-t2i", "tiny-kandinsky5-i2i"),
     checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(121, 512, 768, 50, 5.0, 512) | {"fps": 24})
     | dict.fromkeys(IMAGE_PIPELINES, generation_defaults(1, 1024, 1024, 50, 3.5, 512)),

@@ -7,14 +7,14 @@ blocks' mean queries and keys give a softmax map over key blocks, each query blo
 the top ``nabla_threshold`` of that row's mass, OR a static sliding-tile prior (``sta_mask``), and flex attention
 runs with that ``BlockMask``. Nothing mixes heads, so the mask of one head needs that head's whole sequence only.
 
-Under Ulysses, each block's self-attention runs ``attend_whole_sequence``: the projections, RMS norms and rotary
-embedding on this rank's tokens (per token), then one all-to-all gives this rank's head group the whole sequence, in
-the fractal order, where it builds exactly the one-process mask of its heads (``nabla_block_mask``) and attends
-(flex attention, as the stock processor does), and the result returns to the token shards. The sequence is split in
-that fractal order where the first block takes it, each block's rotary table (``(S, 1, D/2, 2, 2)``) where its
-self-attention takes it; the tokens are gathered after the last block (the model restores the grid there). The
-sequence is ``T * H * W`` tokens with ``H`` and ``W`` multiples of 8, so it always splits evenly; heads that
-``ulysses`` does not divide are padded (zeros, dropped).
+Under Ulysses, each block's self-attention runs ``attend_whole_sequence`` (``dit_sp.families.nabla``, shared with
+Kandinsky 5): the projections, RMS norms and rotary embedding on this rank's tokens (per token), then one all-to-all
+gives this rank's head group the whole sequence, in the fractal order, where it builds exactly the one-process mask
+of its heads (``nabla_block_mask``) and attends (flex attention, as the stock processor does), and the result
+returns to the token shards. The sequence is split in that fractal order where the first block takes it, each
+block's rotary table (``(S, 1, D/2, 2, 2)``) where its self-attention takes it; the tokens are gathered after the
+last block (the model restores the grid there). The sequence is ``T * H * W`` tokens with ``H`` and ``W`` multiples
+of 8, so it always splits evenly; heads that ``ulysses`` does not divide are padded (zeros, dropped).
 
 A ring is refused at ``parallelize`` (``RING_REFUSAL``): a ring rank would hold one block of keys, and the mask's
 per-row top mass needs the scores of every key block. CFG parallelism is refused too (``CFG_REFUSAL``): the pipeline
@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
 from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.families.nabla import NablaOps, SequenceParallelNablaProcessor, Undo
 
 if TYPE_CHECKING:
     import torch
@@ -54,41 +55,15 @@ def _plan(model: torch.nn.Module) -> dict:
     return plan
 
 
-class SequenceParallelNablaProcessor:
-    """The SR self-attention on this rank's tokens ``(B, S_local, C)``: projections, norms and rotary embedding per
-    token, as the stock processor; NABLA's mask and flex attention on the whole sequence of this rank's head group
-    (``attend_whole_sequence``)."""
+def _rotary(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    from diffusers.models.transformers import transformer_kandinsky6_sr as k6sr
 
-    def __init__(self, ctx: Any):
-        self.ctx = ctx  # the model's dit_sp.sp.context.SequenceContext
-
-    def __call__(self, attn: Any, hidden_states: Any, rotary_emb: Any, sparse_params: dict[str, Any]) -> Any:
-        from diffusers.models.transformers import transformer_kandinsky6_sr as k6sr
-
-        from dit_sp.attention import attend_whole_sequence
-
-        heads = attn.num_heads
-        query, key, value = (layer(hidden_states).unflatten(-1, (heads, -1))
-                             for layer in (attn.to_query, attn.to_key, attn.to_value))  # fmt: skip
-        query = k6sr.apply_rotary(attn.query_norm(query.float()).type_as(query), rotary_emb)
-        key = k6sr.apply_rotary(attn.key_norm(key.float()).type_as(key), rotary_emb)
-
-        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            # (B, S, h, D), the whole fractal-ordered sequence of this rank's heads: the stock mask and attention (the
-            # names the stock processor calls, from its module)
-            mask = k6sr.nabla_block_mask(q.transpose(1, 2), k.transpose(1, 2), sparse_params["sta_mask"],
-                                         thr=sparse_params["threshold"])  # fmt: skip
-            return k6sr.dispatch_attention_fn(q, k, v, attn_mask=mask, backend=k6sr.AttentionBackendName.FLEX)
-
-        out = attend_whole_sequence(attend, [query, key, value], self.ctx.parallel, self.ctx.seq_len)
-        return attn.out_layer(out.flatten(2, 3))
+    return k6sr.apply_rotary(x, rope)
 
 
-class _Undo:
-    """A removable handle (what ``ModelFamily.hooks`` returns) around an undo function."""
-
-    def __init__(self, undo: Any):
-        self.remove = undo
+NABLA = NablaOps(module="diffusers.models.transformers.transformer_kandinsky6_sr", mask="nabla_block_mask",
+                 heads_first=True, threshold="threshold", rotary=_rotary, ring_refusal=RING_REFUSAL)  # fmt: skip
+"""The SR model's NABLA steps (``dit_sp.families.nabla``): its module's ``apply_rotary`` and ``nabla_block_mask``."""
 
 
 def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
@@ -102,10 +77,10 @@ def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
     undo = []
     for block in model.visual_transformer_blocks:
         attention, stock = block.self_attention, block.self_attention.processor
-        attention.processor = SequenceParallelNablaProcessor(ctx)
+        attention.processor = SequenceParallelNablaProcessor(ctx, NABLA)
         undo.append(lambda attention=attention, stock=stock: setattr(attention, "processor", stock))
     handle = model.visual_transformer_blocks[-1].register_forward_hook(gather)
-    return [handle, _Undo(lambda: [fn() for fn in undo])]
+    return [handle, Undo(lambda: [fn() for fn in undo])]
 
 
 def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:  # Kandinsky6SRVAE: x2 per encoder level in space

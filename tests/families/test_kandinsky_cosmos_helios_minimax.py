@@ -96,7 +96,6 @@ def test_motif_video_pipeline_matches_single_process(matrix, layout):
 
 
 REFUSED = [  # (tiny family, config changes, what the one-line error says)
-    ("kandinsky5", {"attention_type": "nabla"}, r"NABLA sparse attention\) .* use attention_type 'regular'"),
     ("kandinsky5", {"num_visual_blocks": 1}, "one visual block.* use num_visual_blocks >= 2"),
     ("motif_video", {"num_single_layers": 2, "num_decoder_layers": 1}, "decoder layers attend to the whole video"),
 ]

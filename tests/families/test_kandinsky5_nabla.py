@@ -1,0 +1,122 @@
+"""Kandinsky 5's NABLA sparse attention (``attention_type: nabla``) parallelized against one process (the stock model
+on diffusers' flex backend) under Ulysses 2: a tiny transformer (256 tokens in 4 NABLA blocks, 3 heads over 2
+processes), its masks equal to the one-process masks of each rank's heads, each rank's tokens a contiguous run of
+whole blocks of the fractal-ordered sequence, its output, and its output and every gradient with flex attention made
+dense SDPA under the same block mask in both runs (torch's flex attention has no CPU backward); a ring refused in one
+line in NABLA mode only; ``generate --ulysses 2`` of the tiny pipeline saved with NABLA on against one process, and
+``generate --ring 2`` of it refused; in one 2-process spawn."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from kandinsky5_nabla_checks import NABLA, TOKENS, build, check_all, nabla_inputs, save_nabla_checkpoint
+
+from dit_sp import GenerateConfig, ParallelConfig, generate, init_parallel, parallelize, spawn
+
+TOL = 1e-5
+GENERATE = {"frames": 5, "height": 128, "width": 128, "steps": 2, "guidance": 4.0, "max_sequence_length": 16}
+"""A NABLA run of the tiny pipeline: 2 latent frames of 8 x 8 tokens (one NABLA block each), guided (two calls a
+step)."""
+
+
+def _settings(tmp, checkpoint: str, name: str, **flags) -> GenerateConfig:
+    paths = {"out": str(tmp / f"{name}.mp4"), "save_latents": str(tmp / f"{name}.pt")}
+    return GenerateConfig.load(overrides={"model": checkpoint, "verify_inputs": True, **GENERATE, **paths, **flags})
+
+
+@pytest.fixture(scope="module")
+def spawned(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("kandinsky5_nabla")
+    checkpoint = save_nabla_checkpoint(tmp / "ckpt")
+    single = generate(_settings(tmp, checkpoint, "single"), True)
+    jobs = (_settings(tmp, checkpoint, "1x2", ulysses=2), _settings(tmp, checkpoint, "2x1", ring=2))
+    by_rank = spawn(check_all, 2, args=jobs, timeout=300)
+    return {"single": single, "by_rank": by_rank}
+
+
+@pytest.fixture(scope="module")
+def runs(spawned):
+    return [r["transformer"] for r in spawned["by_rank"]]
+
+
+@pytest.mark.slow
+def test_transformer_matches_single_process(runs):
+    for rank, errors in enumerate(runs):
+        assert errors["ref_scale"] > 0.1, errors  # a real output
+        for key in ("flex", "out", "input_grads", "param_grads"):
+            assert errors[key] <= TOL, f"rank {rank}: {key} error {errors[key]:.2e} ({errors.get(key + '_worst')})"
+        assert errors["grads_compared"] == errors["params"] + 2  # every parameter's, the latents' and the text's
+        # one mask per block; identical, block for block, to the one-process masks of this rank's heads
+        assert errors["masks"] == 2 and errors["masks_equal"], errors
+        assert 0.2 < errors["mask_density"] < 0.9, f"NABLA kept {errors['mask_density']:.0%} of the blocks"
+        # the split: half the sequence, this rank's contiguous half of the one-process fractal order (2 whole blocks)
+        assert errors["taken"] == (2, TOKENS // 2, 48) and errors["taken_error"] == 0.0, errors
+        assert errors["left_stock"], "unparallelize left dit-sp's self-attention forward installed"
+
+
+@pytest.mark.slow
+def test_ring_is_refused_for_nabla_only(runs):
+    refusal = runs[0]["ring_refusal"]
+    # LayoutRefused: a NotImplementedError (a split refused) and a ConfigError (one line from the CLI)
+    assert refusal.startswith("LayoutRefused: Kandinsky 5's NABLA sparse attention (attention_type 'nabla') keeps")
+    assert refusal.endswith("use ring 1 (got ring 2)") and "\n" not in refusal
+    assert runs[0]["dense_ring"]  # attention_type 'regular' is still split by a ring
+
+
+@pytest.mark.slow
+def test_generate_refuses_a_ring_for_a_nabla_checkpoint(spawned):
+    """``generate --ring 2`` of a NABLA checkpoint: refused in one line where the pipeline is parallelized (the family
+    keeps its ring for the dense checkpoints, so the refusal reads the loaded config)."""
+    refusal = spawned["by_rank"][0]["generate_ring"]
+    assert refusal.startswith("LayoutRefused: Kandinsky 5's NABLA sparse attention"), refusal
+    assert refusal.endswith("use ring 1 (got ring 2)") and "\n" not in refusal
+
+
+@pytest.mark.slow
+def test_generate_matches_single_process(spawned):
+    """``generate --model CKPT --ulysses 2`` of a NABLA checkpoint (the tiny pipeline saved with NABLA on) against
+    ``generate`` on one process (the stock pipeline, its self-attention on diffusers' flex backend): frames and final
+    latents within 1e-4, NABLA's masks built (2 blocks x 2 steps x 2 guidance calls), the tokens split."""
+    reference = spawned["single"]
+    assert reference["frames"].shape == (5, 128, 128, 3) and reference["frames"].std() > 0.01  # a real video
+    reports = [r["generate"] for r in spawned["by_rank"]]
+    leaders = [report for report in reports if "frames" in report]
+    assert len(leaders) == 1, "exactly one rank writes the output"
+    assert abs(leaders[0]["frames"] - reference["frames"]).max() <= 1e-4
+    assert (leaders[0]["latents"] - torch.load(reference["latents"])).abs().max() <= 1e-4
+    assert all(report["masks"] == 8 and report["attention_tokens"] == 64 for report in reports), reports
+
+
+def test_single_process_parallelize_is_exact():
+    """On one process the NABLA calls run dit-sp's processor (flex attention whatever the backend): bit-identical to
+    the stock model on the flex backend."""
+    model = build()
+    kwargs = nabla_inputs(model, batch=1)
+    with torch.no_grad():
+        ref = model(**kwargs).sample
+        with parallelize(model, init_parallel(ParallelConfig())):
+            assert "forward" in vars(model.visual_transformer_blocks[0].self_attention)
+            out = model(**kwargs).sample
+    assert out.shape == (1, 2, 16, 32, 4)
+    torch.testing.assert_close(out, ref, atol=0, rtol=0)
+
+
+def test_nabla_sizes_are_checked_in_one_line():
+    """NABLA takes 8 x 8 token neighbourhoods: a size off that grid is refused before sampling, naming the multiple."""
+    from dit_sp.errors import ConfigError
+    from dit_sp.families import check_shape
+    from dit_sp.zoo import build_tiny
+
+    pipe = build_tiny("tiny-kandinsky5")
+    settings = dataclasses.asdict(GenerateConfig.load(overrides={"model": "tiny-kandinsky5", **GENERATE}))
+    check_shape(pipe, settings | {"height": 48})  # the dense model: multiples of 16
+    pipe.transformer.register_to_config(**NABLA)
+    check_shape(pipe, settings)
+    message = (
+        r"^--height 200: must be a multiple of 128 \(NABLA's 8 x 8 token neighbourhoods, VAE x8, patch x2\), e\.g\. "
+    )
+    with pytest.raises(ConfigError, match=message):
+        check_shape(pipe, settings | {"height": 200})  # e.g. 128 or 256
