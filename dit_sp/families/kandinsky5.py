@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
 from dit_sp.errors import ConfigError, LayoutRefused
-from dit_sp.families.family import ModelFamily, generation_defaults, no_grad
+from dit_sp.families.family import ModelFamily, Undo, generation_defaults, no_grad
 from dit_sp.families.hunyuan_video import hunyuan_video_vae_factors
-from dit_sp.families.nabla import NablaOps, SequenceParallelNablaProcessor, Undo
+from dit_sp.families.nabla import NablaOps, SequenceParallelNablaProcessor
 from dit_sp.families.policy import DiffusersPolicy
 
 if TYPE_CHECKING:

@@ -78,10 +78,3 @@ class SequenceParallelNablaProcessor:
         out = attend_whole_sequence(lambda q, k, v: self.ops.attend(q, k, v, sparse_params), [query, key, value],
                                     parallel, self.ctx.seq_len)  # fmt: skip
         return attn.out_layer(out.flatten(2, 3))
-
-
-class Undo:
-    """A removable handle (what ``ModelFamily.hooks`` returns) around an undo function."""
-
-    def __init__(self, undo: Any):
-        self.remove = undo
