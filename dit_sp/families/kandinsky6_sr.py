@@ -15,7 +15,8 @@ returns to the token shards. The sequence is split in that fractal order where t
 block's rotary table (``(S, 1, D/2, 2, 2)``) where its self-attention takes it; the tokens are gathered after the
 last block (the model restores the grid there). The sequence is ``T * H * W`` tokens with ``H`` and ``W`` multiples
 of 8, whole NABLA blocks of 64; a Ulysses degree that does not divide it pads the last shard (cut off before the
-attention, as everywhere: checked by hand exact on 128 tokens over Ulysses 3); heads that ``ulysses`` does not divide are padded (zeros, dropped).
+attention, as everywhere: checked by hand exact on 128 tokens over Ulysses 3); heads that ``ulysses`` does not
+divide are padded (zeros, dropped).
 
 A ring is refused at ``parallelize`` (``RING_REFUSAL``): a ring rank would hold one block of keys, and the mask's
 per-row top mass needs the scores of every key block. CFG parallelism is refused too (``CFG_REFUSAL``): the pipeline
