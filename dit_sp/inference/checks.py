@@ -358,7 +358,7 @@ def check_camera(config: GenerateConfig, name: str, takes: Any) -> None:
     from dit_sp.zoo import call_arguments
 
     given = {"--camera": config.camera, "--intrinsics": config.intrinsics}
-    if "action" not in takes:
+    if "intrinsics" not in takes:  # Cosmos 3 takes an `action` too: a robot's, not a camera path
         if flags := [flag for flag, value in given.items() if value is not None]:
             raise ConfigError(f"{flags[0]}: {config.model} ({name}) takes no camera; it is Sana-WM's "
                               f"(SanaWMPipeline): drop {'/'.join(flags)}")  # fmt: skip

@@ -138,6 +138,10 @@ def test_camera_flags_are_checked_before_loading():
 
     with pytest.raises(ConfigError, match=r"^--camera: tiny-wan \(WanPipeline\) takes no camera; it is Sana-WM's"):
         check_before_loading(GenerateConfig.load(overrides={"model": "tiny-wan", "camera": "w-8"}))
+    # Cosmos 3 takes an `action` (a robot's), no camera: it needs no --camera, and refuses one
+    check_before_loading(GenerateConfig.load(overrides={"model": "tiny-cosmos3"}))
+    with pytest.raises(ConfigError, match=r"^--camera: tiny-cosmos3 \(Cosmos3OmniPipeline\) takes no camera"):
+        check_before_loading(GenerateConfig.load(overrides={"model": "tiny-cosmos3", "camera": "w-8"}))
     with pytest.raises(ConfigError, match=r"intrinsics '1,2': expected fx,fy,cx,cy, four numbers"):
         GenerateConfig.load(overrides={"model": "tiny-sana-wm", "intrinsics": "1,2"})
     # the pipeline would cut the video to the path's poses (9 here): refused; a malformed path too
