@@ -14,8 +14,8 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
-import torch.distributed as dist
 from diffusers.models.transformers import transformer_wan_animate_2 as stock
+from model_checks import worst_grad_errors
 from torch.nn.attention.flex_attention import BlockMask
 
 from dit_sp import ParallelConfig, init_parallel, parallelize
@@ -220,14 +220,7 @@ def check_animate2(layouts: list[tuple[int, int, int]]) -> dict[str, dict | str]
         observed["cache_storage"] = key.untyped_storage().nbytes() / (key.numel() * key.element_size())
         errors = {"out": (out - ref_out).abs().max().item(), "ref_scale": ref_out.abs().max().item(), **observed}
         errors["seed"] = seed
-        worst = {"input": (0.0, ""), "param": (0.0, "")}
-        for key, ref in ref_grads.items():
-            summed = grads[key].clone()
-            dist.all_reduce(summed, group=parallel.sp_group)
-            kind = key.split(".", 1)[0]
-            worst[kind] = max(worst[kind], ((summed - ref).abs().max().item(), key))
-        errors["input_grads"], errors["input_grads_worst"] = worst["input"]
-        errors["param_grads"], errors["param_grads_worst"] = worst["param"]
+        errors |= worst_grad_errors(grads, ref_grads, parallel)
         errors["grads_compared"] = len(ref_grads)
         errors["restored_bit_identical"] = float(torch.equal(_run(model, 1.0, seed)[0], ref_out))
         results[name] = errors

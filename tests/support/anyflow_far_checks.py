@@ -16,8 +16,7 @@ from collections.abc import Iterator
 from unittest import mock
 
 import torch
-import torch.distributed as dist
-from model_checks import outputs_and_grads
+from model_checks import outputs_and_grads, worst_grad_errors
 from torch.nn.attention import flex_attention
 
 from dit_sp import ParallelConfig, init_parallel, parallelize
@@ -113,15 +112,7 @@ def _lengths(model: torch.nn.Module) -> tuple[list[int], set[int]]:
 
 def _errors(out, grads, ref_out, ref_grads, parallel) -> dict:
     errors = {"out": (out - ref_out).abs().max().item(), "ref_scale": ref_out.abs().max().item()}
-    worst = {"input": (0.0, ""), "param": (0.0, "")}
-    for name, ref in ref_grads.items():
-        summed = grads[name].clone()
-        dist.all_reduce(summed, group=parallel.sp_group)
-        kind = name.split(".", 1)[0]
-        worst[kind] = max(worst[kind], ((summed - ref).abs().max().item(), name))
-    errors["input_grads"], errors["input_grads_worst"] = worst["input"]
-    errors["param_grads"], errors["param_grads_worst"] = worst["param"]
-    return errors
+    return errors | worst_grad_errors(grads, ref_grads, parallel)
 
 
 def _own_heads(cache: dict, parallel) -> dict:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch.distributed as dist
+from model_checks import worst_grad_errors
 
 from dit_sp import ParallelConfig, init_parallel, parallelize
 from dit_sp.attention import head_group
@@ -185,15 +185,7 @@ def check_nabla_transformer() -> dict[str, Any]:
         "grads_compared": len(ref_grads),
         "params": len(list(model.parameters())),
     }
-    worst = {"input": (0.0, ""), "param": (0.0, "")}
-    for key, ref in ref_grads.items():
-        summed = grads[key].clone()
-        dist.all_reduce(summed, group=parallel.sp_group)
-        error = (summed - ref).abs().max().item() / max(ref.abs().max().item(), 1.0)
-        kind = key.split(".", 1)[0]
-        worst[kind] = max(worst[kind], (error, key))
-    errors["input_grads"], errors["input_grads_worst"] = worst["input"]
-    errors["param_grads"], errors["param_grads_worst"] = worst["param"]
+    errors |= worst_grad_errors(grads, ref_grads, parallel, relative=True)
     errors["left_stock"] = all("forward" not in vars(b.self_attention) for b in model.visual_transformer_blocks)
     ring = init_parallel(ParallelConfig(ring=2))
     errors["ring_refusal"] = _refusal(lambda: parallelize(model, ring))

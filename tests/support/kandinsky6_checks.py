@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
+from model_checks import worst_grad_errors
 
 from dit_sp import ParallelConfig, init_parallel, parallelize
 from dit_sp.zoo import build_tiny
@@ -103,16 +103,7 @@ def check_kandinsky6(layouts: list[tuple[int, int, int]]) -> dict[str, dict]:
                 "ref_scale": min(r.abs().max().item() for r in ref_outs),
                 "seen": {k: sorted(v) for k, v in seen.items()},
             }
-            worst = {"input": (0.0, ""), "param": (0.0, "")}
-            for key, ref in ref_grads.items():
-                summed = grads[key].clone()
-                dist.all_reduce(summed, group=parallel.sp_group)
-                # above 1 relative to the gradient's scale (a patch embedding sums over every token)
-                error = (summed - ref).abs().max().item() / max(ref.abs().max().item(), 1.0)
-                kind = key.split(".", 1)[0]
-                worst[kind] = max(worst[kind], (error, key))
-            errors["input_grads"], errors["input_grads_worst"] = worst["input"]
-            errors["param_grads"], errors["param_grads_worst"] = worst["param"]
+            errors |= worst_grad_errors(grads, ref_grads, parallel, relative=True)
             errors["grads_compared"] = len(ref_grads)
             errors["params"] = len(list(model.parameters()))
             restored, _ = _run(model, kwargs, 1.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -87,6 +88,22 @@ def outputs_and_grads(model, inputs: dict, grad_scale: float):
     return out.detach(), grads
 
 
+def worst_grad_errors(grads: dict, ref_grads: dict, parallel, relative: bool = False) -> dict[str, Any]:
+    """The largest error of the input and of the parameter gradients (``"input.*"``, ``"param.*"``), each summed
+    over the SP group (the ranks' partials) against one process's, and the name of the worst: ``input_grads``,
+    ``input_grads_worst``, ``param_grads``, ``param_grads_worst``. ``relative``: relative to the gradient's scale
+    above 1 (a patch embedding sums over every token)."""
+    worst = {"input": (0.0, ""), "param": (0.0, "")}
+    for name, ref in ref_grads.items():
+        summed = grads[name].clone()
+        dist.all_reduce(summed, group=parallel.sp_group)
+        scale = max(1.0, ref.abs().max().item()) if relative else 1.0
+        kind = name.split(".", 1)[0]
+        worst[kind] = max(worst[kind], ((summed - ref).abs().max().item() / scale, name))
+    return {"input_grads": worst["input"][0], "input_grads_worst": worst["input"][1],
+            "param_grads": worst["param"][0], "param_grads_worst": worst["param"][1]}  # fmt: skip
+
+
 def check_transformer(
     family: str,
     layouts: list[tuple[int, int, int]],
@@ -112,15 +129,7 @@ def check_transformer(
             # each rank's share is 1/sp of it and summing the partial gradients over SP gives the total.
             out, grads = outputs_and_grads(model, inputs, 1.0 / parallel.sp)
         errors["out"] = (out - ref_out).abs().max().item()
-        worst = {"input": (0.0, ""), "param": (0.0, "")}
-        for name, ref in ref_grads.items():
-            summed = grads[name].clone()
-            dist.all_reduce(summed, group=parallel.sp_group)
-            kind = name.split(".", 1)[0]
-            scale = max(1.0, ref.abs().max().item()) if relative else 1.0
-            worst[kind] = max(worst[kind], ((summed - ref).abs().max().item() / scale, name))
-        errors["input_grads"], errors["input_grads_worst"] = worst["input"]
-        errors["param_grads"], errors["param_grads_worst"] = worst["param"]
+        errors |= worst_grad_errors(grads, ref_grads, parallel, relative)
         restored, _ = outputs_and_grads(model, inputs, 1.0)
         errors["restored_bit_identical"] = float(torch.equal(restored, ref_out))
         errors["ref_scale"] = ref_out.abs().max().item()
