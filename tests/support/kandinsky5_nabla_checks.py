@@ -12,9 +12,9 @@ The inputs: 2 latent frames of 16 x 32 at patch (1, 2, 2), 8 x 16 tokens a frame
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from typing import Any
 
+import nabla_stand_ins
 import torch
 from model_checks import worst_grad_errors
 
@@ -64,54 +64,15 @@ def nabla_inputs(model: torch.nn.Module, batch: int = 2) -> dict[str, Any]:
             "scale_factor": (1.0, 2.0, 2.0), "sparse_params": sparse_params(model, hidden)}  # fmt: skip
 
 
-@contextlib.contextmanager
-def recorded_masks(masks: list[torch.Tensor]) -> Iterator[None]:
-    """Record each NABLA mask built (``(B, h, blocks, blocks)``, dense) while inside: the stock processor and dit-sp's
-    both call the diffusers module's ``nablaT_v2``."""
-    import importlib
-
-    module = importlib.import_module(MODULE)
-    stock = module.nablaT_v2
-
-    def record(*args: Any, **kwargs: Any) -> Any:
-        mask = stock(*args, **kwargs)
-        masks.append(mask.to_dense().clone())
-        return mask
-
-    module.nablaT_v2 = record
-    try:
-        yield
-    finally:
-        module.nablaT_v2 = stock
+def recorded_masks(masks: list[torch.Tensor]) -> contextlib.AbstractContextManager:
+    """Each NABLA mask built while inside (the stock processor and dit-sp's both call the module's ``nablaT_v2``)."""
+    return nabla_stand_ins.recorded_masks(MODULE, "nablaT_v2", masks)
 
 
-@contextlib.contextmanager
-def dense_block_attention() -> Iterator[None]:
-    """Every attention of the model (its ``dispatch_attention_fn``: the text blocks', the cross-attention's, NABLA's)
-    as SDPA, NABLA's ``BlockMask`` made dense (64 x 64 token blocks): differentiable on CPU, where torch's flex
-    attention has no backward. Both runs of a comparison use it. It applies the mask's block sparsity, which the
-    compiled flex kernel does and eager flex does not (NABLA's ``BlockMask`` has no ``mask_mod``)."""
-    import importlib
-
-    import torch.nn.functional as F
-    from torch.nn.attention.flex_attention import BlockMask
-
-    module = importlib.import_module(MODULE)
-    stock = module.dispatch_attention_fn
-
-    def dense(query, key, value, attn_mask=None, **options):  # (B, S, h, D); the backend named
-        if isinstance(attn_mask, BlockMask):
-            size = attn_mask.BLOCK_SIZE[0]
-            blocks = attn_mask.to_dense().bool().repeat_interleave(size, -2).repeat_interleave(size, -1)
-            attn_mask = blocks[..., : query.shape[1], : key.shape[1]]
-        out = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (query, key, value)), attn_mask=attn_mask)
-        return out.transpose(1, 2)
-
-    module.dispatch_attention_fn = dense
-    try:
-        yield
-    finally:
-        module.dispatch_attention_fn = stock
+def dense_block_attention() -> contextlib.AbstractContextManager:
+    """Every attention of the model (the text blocks', the cross-attention's, NABLA's) as SDPA
+    (``nabla_stand_ins.dense_block_attention``)."""
+    return nabla_stand_ins.dense_block_attention(MODULE)
 
 
 def _run(model: torch.nn.Module, kwargs: dict, grad_scale: float) -> tuple[torch.Tensor, dict]:

@@ -11,9 +11,9 @@ latent frames of 8 x 16 at patch (1, 1, 1): 384 tokens in 6 NABLA blocks of 64 (
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from typing import Any
 
+import nabla_stand_ins
 import torch
 import torch.distributed as dist
 
@@ -23,6 +23,7 @@ from dit_sp.errors import ConfigError
 from dit_sp.zoo import build_tiny
 
 MODEL = "tiny-kandinsky6-sr"
+MODULE = "diffusers.models.transformers.transformer_kandinsky6_sr"
 TOKENS = 384
 HEADS = 3
 
@@ -35,49 +36,14 @@ def sr_inputs(batch: int = 2, seed: int = 7) -> dict[str, Any]:
     return {"hidden_states": hidden, "timestep": torch.tensor([1000.0, 500.0][:batch])}
 
 
-@contextlib.contextmanager
-def recorded_masks(masks: list[torch.Tensor]) -> Iterator[None]:
-    """Record each NABLA mask built (``(B, h, blocks, blocks)``, dense) while inside: the stock processor and dit-sp's
-    both call the diffusers module's ``nabla_block_mask``."""
-    from diffusers.models.transformers import transformer_kandinsky6_sr as k6sr
-
-    stock = k6sr.nabla_block_mask
-
-    def record(*args: Any, **kwargs: Any) -> Any:
-        mask = stock(*args, **kwargs)
-        masks.append(mask.to_dense().clone())
-        return mask
-
-    k6sr.nabla_block_mask = record
-    try:
-        yield
-    finally:
-        k6sr.nabla_block_mask = stock
+def recorded_masks(masks: list[torch.Tensor]) -> contextlib.AbstractContextManager:
+    """Each NABLA mask built while inside (the stock processor and dit-sp's both call ``nabla_block_mask``)."""
+    return nabla_stand_ins.recorded_masks(MODULE, "nabla_block_mask", masks)
 
 
-@contextlib.contextmanager
-def dense_block_attention() -> Iterator[None]:
-    """Flex attention replaced by SDPA with the same ``BlockMask`` made dense (64 x 64 token blocks): differentiable
-    on CPU, where torch's flex attention has no backward. Both runs of a comparison use it. It also applies the
-    mask's block sparsity, which the compiled flex kernel does and eager flex does not: NABLA's ``BlockMask`` has no
-    ``mask_mod``, and eager flex attention (on CPU) applies only a ``mask_mod``, attending to every key."""
-    import torch.nn.functional as F
-    from diffusers.models.transformers import transformer_kandinsky6_sr as k6sr
-
-    stock = k6sr.dispatch_attention_fn
-
-    def dense(query, key, value, attn_mask, **options):  # (B, S, h, D) and a BlockMask; the backend named
-        size = attn_mask.BLOCK_SIZE[0]
-        blocks = attn_mask.to_dense().bool().repeat_interleave(size, -2).repeat_interleave(size, -1)
-        out = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (query, key, value)),
-                                             attn_mask=blocks[..., : query.shape[1], : key.shape[1]])  # fmt: skip
-        return out.transpose(1, 2)
-
-    k6sr.dispatch_attention_fn = dense
-    try:
-        yield
-    finally:
-        k6sr.dispatch_attention_fn = stock
+def dense_block_attention() -> contextlib.AbstractContextManager:
+    """Flex attention as SDPA with the same block mask, dense (``nabla_stand_ins.dense_block_attention``)."""
+    return nabla_stand_ins.dense_block_attention(MODULE)
 
 
 def _run(model: torch.nn.Module, kwargs: dict, grad_scale: float) -> tuple[torch.Tensor, dict]:
