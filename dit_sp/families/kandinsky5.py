@@ -30,7 +30,6 @@ in separate transformer calls.
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
@@ -150,28 +149,6 @@ NABLA = NablaOps(module="diffusers.models.transformers.transformer_kandinsky", m
 """Kandinsky 5's NABLA steps (``dit_sp.families.nabla``): its module's ``nablaT_v2`` with ``sparse_params['P']``."""
 
 
-@functools.cache
-def _average_gradient() -> type:
-    import torch
-    import torch.distributed as dist
-
-    class AverageGradient(torch.autograd.Function):
-        """The identity; backward: the mean over the group of the ranks' gradients."""
-
-        @staticmethod
-        def forward(ctx: Any, x: Tensor, group: Any) -> Tensor:
-            ctx.group = group
-            return x.view_as(x)
-
-        @staticmethod
-        def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
-            total = grad.contiguous().clone()
-            dist.all_reduce(total, group=ctx.group)
-            return total / dist.get_world_size(ctx.group), None
-
-    return AverageGradient
-
-
 def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
     """Each visual block's self-attention picks its processor per call (an instance ``forward``): with
     ``sparse_params`` (NABLA), ``SequenceParallelNablaProcessor``; without, the module's own forward and processor
@@ -187,9 +164,11 @@ def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
         def average(module: torch.nn.Module, args: Any, output: Tensor) -> Tensor:
             import torch
 
+            from dit_sp.parallel.comm import average_gradient  # torch: not at import (the registry is read by --help)
+
             if not torch.is_grad_enabled():
                 return output
-            return _average_gradient().apply(output, ctx.parallel.sp_group)
+            return average_gradient(output, ctx.parallel.sp_group)
 
         handles.append(model.text_transformer_blocks[-1].register_forward_hook(average))
     undo = []

@@ -282,6 +282,30 @@ def all_reduce_sum(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Te
     return AllReduce.apply(x, group)
 
 
+class AverageGradient(torch.autograd.Function):
+    """The identity. Backward: the mean over the group of the ranks' gradients (each rank then holds the same share
+    of the total; their sum is unchanged). With a power-of-two group the mean is exact, so a gradient that a model
+    rounds further down (Kandinsky 5's bf16 rotary) rounds as one process's total would, scaled."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        total = grad.contiguous().clone()
+        dist.all_reduce(total, group=ctx.group)
+        return total / dist.get_world_size(ctx.group), None
+
+
+def average_gradient(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """``x``, its gradient averaged over ``group`` in backward (``AverageGradient``); identity for a group of one."""
+    if _group_size(group) == 1:
+        return x
+    return AverageGradient.apply(x, group)
+
+
 def _swap_edges(first: torch.Tensor, last: torch.Tensor, group: dist.ProcessGroup) -> tuple[torch.Tensor, ...]:
     """Send ``first`` to the previous rank and ``last`` to the next one; returns what the previous rank sent as its
     ``last`` and the next rank as its ``first``, zeros at the ends of the group (rank 0 and the last rank)."""

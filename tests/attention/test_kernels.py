@@ -79,9 +79,19 @@ def test_every_autograd_function_has_a_backward_test():
     """Each Function's backward runs in a test (the wrong-gradient-count crash cannot come back):
     AllToAll, AllGather, ScatterHeads and GatherHeads in test_comm (Ulysses' pair also in test_usp_parity),
     RingAttention in test_usp_parity and gradcheck here, AllReduce and Halo (Sana-Video's token sums and frame
-    halos) in tests/families/test_sana_video.py against one process.
+    halos) in tests/families/test_sana_video.py against one process, AverageGradient (Kandinsky 5's text gradient) in
+    tests/families/test_kandinsky5_nabla.py against one process.
     A new Function must be added to this list together with its backward test."""
     found = set()
     for info in pkgutil.walk_packages(dit_sp.__path__, prefix="dit_sp."):
         found |= _autograd_functions(importlib.import_module(info.name))
-    assert found == {"AllToAll", "AllGather", "ScatterHeads", "GatherHeads", "RingAttention", "AllReduce", "Halo"}
+    assert found == {
+        "AllToAll",
+        "AllGather",
+        "ScatterHeads",
+        "GatherHeads",
+        "RingAttention",
+        "AllReduce",
+        "Halo",
+        "AverageGradient",
+    }
