@@ -171,10 +171,19 @@ def attend_whole_sequence(
             "this attention (not plain softmax attention over the sequence) is exact under Ulysses alone, where "
             f"every rank holds the whole sequence of its heads; use ring 1 (got ring {parallel.ring})"
         )
+    if not tensors:
+        raise ValueError(
+            "attend_whole_sequence takes one or more (B, S_local, H, D) tensors (e.g. [q, k, v]); got none"
+        )
     local_len = tensors[0].shape[1]
     seq_len = true_length(seq_len, local_len, parallel, "attend_whole_sequence")
     blocks = scatter_heads(tensors, parallel)
     out = attend(*(block[:, :seq_len] for block in blocks))
+    expected = (blocks[0].shape[0], seq_len, blocks[0].shape[2])
+    if not isinstance(out, Tensor) or out.dim() != 4 or tuple(out.shape[:3]) != expected:
+        got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+        raise ValueError(f"attend_whole_sequence: attend must return (B, S, h, D_out) with (B, S, h) = {expected}, the "
+                         f"whole sequence of this rank's head group it was given; got {got}")  # fmt: skip
     padding = blocks[0].shape[1] - seq_len
     if padding:  # the shards' padding positions get zeros, which gather_heads sends back to be dropped
         out = torch.cat([out, out.new_zeros(out.shape[0], padding, *out.shape[2:])], 1)

@@ -30,3 +30,21 @@ def test_ring_refuses(results):
         "this attention (not plain softmax attention over the sequence) is exact under Ulysses alone, where every "
         "rank holds the whole sequence of its heads; use ring 1 (got ring 2)"
     )
+
+
+def test_bad_inputs_are_told_what_is_wrong():
+    """No tensors, or an ``attend`` that returns something else than the whole sequence of the heads it was given."""
+    import torch
+
+    from dit_sp import ParallelConfig, init_parallel
+    from dit_sp.attention import attend_whole_sequence
+
+    parallel = init_parallel(ParallelConfig())
+    with pytest.raises(ValueError, match=r"^attend_whole_sequence takes one or more \(B, S_local, H, D\) tensors"):
+        attend_whole_sequence(lambda: None, [], parallel)
+    q = torch.randn(2, 5, 3, 4)
+    with pytest.raises(
+        ValueError, match=r"attend must return \(B, S, h, D_out\) with \(B, S, h\) = \(2, 5, 3\).*got \(2, 4, 3, 4\)"
+    ):
+        attend_whole_sequence(lambda q, k: q[:, :4], [q, q], parallel)
+    assert torch.equal(attend_whole_sequence(lambda q, k: q + k, [q, q], parallel), 2 * q)
