@@ -63,6 +63,8 @@ def _context_for_every_call(model: torch.nn.Module, family: Any) -> Callable[[],
     (batched guidance: EasyAnimate, Allegro), that call gets the one context ``"cond_uncond"``; for one that makes a
     call per guidance branch, it is refused, since one state would then serve both branches. Returns the undo."""
 
+    given = []  # the context this hook set for the call in progress (the model's own hooks: one model, one call)
+
     def enter(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         if cache_context_of(module) is not None:
             return
@@ -71,12 +73,12 @@ def _context_for_every_call(model: torch.nn.Module, family: Any) -> Callable[[],
                               "guidance branches could not be kept apart; call it inside model.cache_context(name) "
                               "(diffusers' pipelines of the family do), or run without a cache")  # fmt: skip
         set_cache_context(module, CacheContext("cond_uncond"))
-        module._dit_sp_default_context = True
+        given.append(True)
 
     def leave(module: torch.nn.Module, args: tuple, output: Any) -> None:
-        if getattr(module, "_dit_sp_default_context", False):
+        if given:
             set_cache_context(module, None)
-            del module._dit_sp_default_context
+            given.clear()
 
     # always_call: a call that raises leaves no context behind (the next call outside one would silently reuse it)
     leaves = model.register_forward_hook(leave, always_call=True)
