@@ -88,7 +88,8 @@ def vae_plan_of(vae: torch.nn.Module) -> VAEPlan | None:
 
 
 def supported_vaes() -> list[str]:
-    return [name for family in FAMILIES if family.vae is not None for name in family.vae.class_names]
+    # (a VAE that several families' pipelines take, registered by each, once)
+    return list(dict.fromkeys(name for family in FAMILIES if family.vae is not None for name in family.vae.class_names))
 
 
 def policy_for(pipe: Any) -> type[DiffusersPolicy]:

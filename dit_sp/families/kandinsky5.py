@@ -36,6 +36,7 @@ from dit_sp._compat import context_parallel_types
 from dit_sp.errors import ConfigError, LayoutRefused
 from dit_sp.families.family import ModelFamily, Undo, generation_defaults, no_grad
 from dit_sp.families.hunyuan_video import hunyuan_video_vae_factors
+from dit_sp.families.image_vae import AUTOENCODER_KL_VAE
 from dit_sp.families.nabla import NablaOps, SequenceParallelNablaProcessor
 from dit_sp.families.policy import DiffusersPolicy
 
@@ -301,6 +302,7 @@ KANDINSKY5 = ModelFamily(
     layout_check=_layout_check,
     shape_check=_shape_check,
     prepare_pipeline=_prepare,
+    vae=AUTOENCODER_KL_VAE,  # the image pipelines' (the video ones' is HunyuanVideo's, split by that family's plan)
     tiny_models=("tiny-kandinsky5", "tiny-kandinsky5-i2v", "tiny-kandinsky5-t2i", "tiny-kandinsky5-i2i"),
     checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(121, 512, 768, 50, 5.0, 512) | {"fps": 24})
     | dict.fromkeys(IMAGE_PIPELINES, generation_defaults(1, 1024, 1024, 50, 3.5, 512)),

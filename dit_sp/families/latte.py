@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
 from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.families.image_vae import AUTOENCODER_KL_VAE
 
 if TYPE_CHECKING:
     import torch
@@ -95,6 +96,7 @@ LATTE = ModelFamily(
     # the pipeline calls the model on [unconditional, conditional] (``do_classifier_free_guidance``)
     step_cache=False,
     shape_check=_shape_check,
+    vae=AUTOENCODER_KL_VAE,  # its image VAE, split by rows (it decodes the frames in chunks of a batch)
     tiny_models=("tiny-latte",),
     checkpoint_defaults={"LattePipeline": generation_defaults(16, 512, 512, 50, 7.5, 120) | {"fps": 8}},
     vae_factors={"LattePipeline": lambda vae: (1, 2 ** (len(vae.get("block_out_channels", [0] * 4)) - 1))},

@@ -19,10 +19,6 @@ LEADER_DECODE_REASONS: dict[str, str] = {
         "spans every latent voxel of a temporal clip (with register and class tokens), and it decodes tiled by "
         "default (tiles blended, clips cross-faded in time), for which no tile protocol (dit_sp.vae.tiles) is written"
     ),
-    "AutoencoderKL": (
-        "an image VAE (Kandinsky 5's text-to-image and image-to-image pipelines): one frame, with attention over "
-        "the whole frame in its mid-block; no row-split plan is written for it"
-    ),
     "Kandinsky6SRVAE": (
         "Kandinsky 6's super-resolution K-VAE, which its pipeline calls on one tile at a time inside the denoising "
         "loop (the decoded tiles blended with Hann windows); no row-split plan is written for its causal convolutions "

@@ -4,7 +4,7 @@ parallelism as on one process, with each rank's attention holding half of the to
 Wan Animate: a reference image animated by a pose video and a face video (``--image``, ``--pose-video``,
 ``--face-video``) in two segments, the second conditioned on the first's last frame (18 tokens per forward: 3 latent
 frames of 6, so the split cuts a frame). Latte: 5 frames of 15 patches each (8 and 7 over two ranks), batched
-guidance."""
+guidance; its image VAE decodes the frames split by rows over the sample's 2 processes."""
 
 from __future__ import annotations
 
@@ -22,6 +22,9 @@ MODEL = "tiny-wan-animate"
 TOKENS = {MODEL: 18, "tiny-latte": 15}  # per forward (Latte: per frame, its spatial attention's sequence)
 LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}  # cfg2: a branch per rank
 SP = {"1x2": 2, "2x1": 2, "cfg2": 1}  # processes per guidance branch
+# Latte's AutoencoderKL runs split by rows over the sample's 2 processes (both CFG halves too): the most rows a VAE
+# convolution took on the leader is its half of the 48 pixel rows (one process: 48)
+SPLIT_VAE_ROWS = {"tiny-latte": 24}
 
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "families-wan-animate.md"  # its command runs below
@@ -91,6 +94,8 @@ def test_every_layout_gives_the_same_video_from_a_split_sequence(videos, model, 
     assert reference["frames"].std() > 0.01  # a real video, not a constant
     local = -(-TOKENS[model] // SP[layout])
     assert report["lengths"] == [[local], [local]], f"each rank's attention saw {report['lengths']}, not {local} tokens"
+    if model in SPLIT_VAE_ROWS:
+        assert report["vae_rows"] == SPLIT_VAE_ROWS[model], report["vae_rows"]
 
 
 @pytest.mark.slow  # spawns worker processes

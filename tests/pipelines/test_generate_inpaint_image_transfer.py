@@ -42,6 +42,10 @@ CFG_REFUSED: set[str] = set()  # the families that refuse CFG parallelism
 # CFG run adds no new path (CI time)
 CFG_SAME = {"easyanimate-inpaint-video", "kandinsky5-i2i"}
 SP = {"1x2": 2, "2x1": 2, "cfg2": 1}  # processes per guidance branch
+# Kandinsky 5's image VAE (AutoencoderKL) runs split by rows over the sample's 2 processes: the most rows a VAE
+# convolution took on the leader is its half of the 64 pixel rows (one process: 64), and for image-to-image one row
+# more, the zero row the encoder's first downsampler pads below (its halo row, in place)
+SPLIT_VAE_ROWS = {"kandinsky5-t2i": 32, "kandinsky5-i2i": 33}
 SETTINGS = {"steps": 2, "verify_inputs": True}
 
 
@@ -87,6 +91,8 @@ def test_every_layout_gives_the_same_frames_from_a_split_sequence(videos, case, 
     assert_same_video(report, reference)
     local = math.ceil(CASES_BY_NAME[case][1] / SP[layout])
     assert report["lengths"] == [[local], [local]], f"each rank's attention saw {report['lengths']}, not {local} tokens"
+    if case in SPLIT_VAE_ROWS:
+        assert report["vae_rows"] == SPLIT_VAE_ROWS[case], report["vae_rows"]
 
 
 def test_an_image_pipeline_writes_one_frame(videos):

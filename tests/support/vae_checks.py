@@ -84,6 +84,11 @@ VAES = {
     # decodes and encodes only in tiles, blended in space and time (the tiles are set in _run)
     "allegro": lambda: diffusers.AutoencoderKLAllegro(block_out_channels=(8, 8, 8, 8), latent_channels=4,
                                                       layers_per_block=1, norm_num_groups=2),
+    # the 2D image VAE (Latte's, Kandinsky 5's image pipelines'): x8, attention over the frame in the mid-blocks; tiles
+    # of 4 latent rows (sample_size 32), overlapping by one
+    "kl": lambda: diffusers.AutoencoderKL(down_block_types=("DownEncoderBlock2D",) * 4,
+                                          up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(8, 8, 16, 16),
+                                          norm_num_groups=4, sample_size=32),
 }  # fmt: skip
 SPATIAL = {
     "wan2.1": 8,
@@ -98,6 +103,7 @@ SPATIAL = {
     "hunyuan_video15": 8,
     "allegro": 8,
     "cosmos": 8,
+    "kl": 8,
 }
 DECODE_ARGS = dict.fromkeys(("ltx0.9.1", "ltx2"), lambda latents: {"temb": torch.full((latents.shape[0],), 0.05)})
 """Arguments of a VAE's decode besides the latents (a timestep-conditioned decoder's timestep)."""
@@ -109,6 +115,8 @@ or column, which these sizes' tiles of 4 (stride 3) leave (its tiles are LTX-Vid
 Cosmos 1's has no tiled methods (its ``enable_tiling`` sets flags that nothing reads)."""
 TILED_ONLY = {"allegro"}
 """VAEs that decode and encode only tiled (their pixel frames: 4 a latent frame, no first frame of its own)."""
+IMAGE = {"kl"}
+"""Image VAEs: ``(B, C, H, W)``, a case's frames folded into the batch (as Latte decodes its frames)."""
 CASES = [(3, 7, 5), (1, 5, 6), (2, 9, 4)]
 """(latent frames, latent height, latent width): odd heights and widths, one or more latent frames."""
 
@@ -126,6 +134,9 @@ def _inputs(name: str, frames: int, height: int, width: int) -> tuple[torch.Tens
     spatial = SPATIAL[name]
     generator = torch.Generator().manual_seed(frames * 100 + height * 10 + width)
     latents = torch.randn(1, 4, frames, height, width, generator=generator)
+    if name in IMAGE:
+        pixels = torch.rand(frames, 3, height * spatial, width * spatial, generator=generator) * 2 - 1
+        return latents[0].transpose(0, 1), pixels
     pixel_frames = 4 * frames if name in TILED_ONLY else 4 * (frames - 1) + 1
     pixels = torch.rand(1, 3, pixel_frames, height * spatial, width * spatial, generator=generator) * 2 - 1
     return latents, pixels
@@ -145,6 +156,8 @@ def _run(vae: torch.nn.Module, name: str, tiled: bool) -> dict[str, torch.Tensor
             vae.enable_tiling(size, size, tile_overlap_factor_height=0.25, tile_overlap_factor_width=0.25)
         elif name == "hunyuan_video15":  # its latent tile size is set apart from the sample's
             vae.enable_tiling(size, size, 4, 4, tile_overlap_factor=0.25)
+        elif name == "kl":  # its tiles: sample_size (32), overlapping by a quarter
+            vae.enable_tiling()
         elif name == "allegro":  # tiles of 8 pixel frames (2 latent), overlapping by 4 (its kernel and stride: fixed)
             vae.enable_tiling()
             vae.kernel, vae.stride = (8, size, size), (4, size * 3 // 4, size * 3 // 4)

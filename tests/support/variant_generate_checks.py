@@ -16,10 +16,17 @@ from dit_sp import GenerateConfig, generate, spawn
 def generate_recording(jobs: list[GenerateConfig], then: Callable[[], Any] | None = None) -> list[Any]:
     """``generate`` per job; each report gains ``attention_lengths``: the sorted distinct ``hidden_states``
     lengths of the modules whose processor dit-sp made sequence-parallel; and ``vae_rows``: the most rows a VAE
-    convolution (a diffusers autoencoder's ``*Conv*`` module; not one of one row, as the 1 x 1 ``post_quant_conv``,
-    which runs whole beside the split decoder) took on this rank, 0 if none ran (a VAE split by rows takes its own
-    rows and a halo). ``then``: a check run after the jobs in the same workers, its result last."""
+    convolution (a diffusers autoencoder's ``*Conv*`` module, or a torch convolution inside an image VAE's encoder or
+    decoder, ``diffusers.models.autoencoders.vae``; not one of one row, as the 1 x 1 ``post_quant_conv``, which runs
+    whole beside the split decoder) took on this rank, 0 if none ran (a VAE split by rows takes its own rows and a
+    halo). ``then``: a check run after the jobs in the same workers, its result last."""
     reports = []
+    image_vae: set[torch.nn.Module] = set()  # the modules of the image VAE parts that ran
+
+    def enter(module, args):
+        if type(module).__module__ == "diffusers.models.autoencoders.vae":
+            image_vae.update(module.modules())
+
     for settings in jobs:
         seen: set[int] = set()
         rows = [0]
@@ -28,16 +35,19 @@ def generate_recording(jobs: list[GenerateConfig], then: Callable[[], Any] | Non
             if type(getattr(module, "processor", None)).__name__.startswith("SequenceParallel"):
                 seen.add((args[0] if args else kwargs["hidden_states"]).shape[1])
             kind = type(module)
-            if kind.__module__.startswith("diffusers.models.autoencoders") and "Conv" in kind.__name__ and args:
+            in_vae = kind.__module__.startswith("diffusers.models.autoencoders") or module in image_vae
+            if in_vae and "Conv" in kind.__name__ and args:
                 kernel = getattr(module, "kernel_size", ())  # a wrapper without one (HunyuanVideo-1.5's) counts
                 if len(kernel) < 2 or kernel[-2] > 1:
                     rows.append(args[0].shape[-2])
 
-        handle = torch.nn.modules.module.register_module_forward_hook(record, with_kwargs=True)
+        handles = [torch.nn.modules.module.register_module_forward_pre_hook(enter),
+                   torch.nn.modules.module.register_module_forward_hook(record, with_kwargs=True)]  # fmt: skip
         try:
             report = generate(settings, True)
         finally:
-            handle.remove()
+            for handle in handles:
+                handle.remove()
         reports.append(report | {"attention_lengths": sorted(seen), "vae_rows": max(rows)})
     return reports if then is None else [*reports, then()]
 

@@ -41,10 +41,10 @@ def test_split_vae_equals_one_process(results, family):
 
 
 def test_unsupported_vae_is_a_clear_error():
-    from diffusers import AutoencoderKL
+    from diffusers import AutoencoderTiny
 
     with pytest.raises(TypeError, match="no parallel VAE plan; supported VAEs: AutoencoderKLWan"):
-        parallelize_vae(AutoencoderKL(), None)
+        parallelize_vae(AutoencoderTiny(), None)
 
 
 def test_cosmos_vae_gathers_only_its_attention_over_the_frame():
