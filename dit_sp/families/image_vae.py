@@ -6,6 +6,11 @@
   halos (the encoder's downsamplers pad one zero row below before their strided convolution), its group norms with the
   whole frame's statistics, the mid-block's attention on the gathered frame; the nearest upsampling is local to each
   rank's rows.
+- ``AutoencoderDC`` (deep compression, x32; Sana-Video's pipelines accept it): its convolutions with halos, its
+  multiscale linear attention (``SanaMultiscaleLinearAttention``: the 5x5 projections and the sums over the frame, or
+  a quadratic attention on a small frame) on the gathered frame; its RMS norms are per pixel and its batch norms (in
+  eval mode) per channel, so local; its pixel-unshuffle downsamplers (``DCDownBlock2d``) pair rows within each rank's
+  rows (the split's rows are whole blocks of the part's downsampling), its pixel-shuffle upsamplers double each row.
 """
 
 from __future__ import annotations
@@ -49,3 +54,21 @@ AUTOENCODER_KL_VAE = VAEPlan(
     tiles=_image_tiles("_tiled_encode"),  # what its _encode calls (its tiled_encode is the deprecated twin)
 )
 """The 2D image VAE split by rows (the module docstring); tiled, its tiles are shared out whole."""
+
+
+def _dc_downsampling(part: torch.nn.Module) -> int:
+    # each pixel-unshuffle downsampler halves the rows by a reshape (its convolution has stride 1)
+    factor = 1
+    for module in part.modules():
+        if type(module).__name__ == "DCDownBlock2d" and module.downsample:
+            factor *= module.factor
+    return factor
+
+
+AUTOENCODER_DC_VAE = VAEPlan(
+    class_names=("AutoencoderDC",),
+    whole_frame=("SanaMultiscaleLinearAttention",),
+    downsampling=_dc_downsampling,
+    tiles=_image_tiles("tiled_encode"),
+)
+"""The deep-compression autoencoder split by rows (the module docstring); tiled, its tiles are shared out whole."""

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
 from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.families.image_vae import AUTOENCODER_DC_VAE
 from dit_sp.families.shape import check_multiple
 
 if TYPE_CHECKING:
@@ -226,6 +227,7 @@ SANA_VIDEO = ModelFamily(
     cfg_batched_args=("hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask", "guidance"),
     check=_check,
     shape_check=_shape_check,
+    vae=AUTOENCODER_DC_VAE,  # the deep-compression AE its pipelines accept (Wan's VAE: split by the Wan family's plan)
     step_cache=False,
     tiny_models=("tiny-sana-video", "tiny-sana-video-i2v"),
     checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(81, 480, 832, 50, 6.0, 300)),

@@ -9,11 +9,6 @@ checks that every leader-decode VAE of the table has one (and that none is left 
 from __future__ import annotations
 
 LEADER_DECODE_REASONS: dict[str, str] = {
-    "AutoencoderDC": (
-        "an image autoencoder (deep compression, 32x) that Sana-Video's pipelines also accept: its EfficientViT blocks "
-        "attend over the whole frame with linear attention (SanaMultiscaleLinearAttention); no row-split plan is "
-        "written for it"
-    ),
     "AutoencoderKLMiniMaxH3": (
         "no row-split plan is written yet: its decoder is a ViT (MiniMaxH3VideoTransformerBlock) whose attention "
         "spans every latent voxel of a temporal clip (with register and class tokens), and it decodes tiled by "

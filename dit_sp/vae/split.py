@@ -202,6 +202,25 @@ def _group_norm(norm: nn.GroupNorm) -> Adapter:
     return adapter
 
 
+def _batch_norm(norm: nn.Module) -> Adapter:
+    """A batch norm with running statistics in eval mode is per channel, local to the rows; one that normalises with
+    its input's statistics (training mode, or none kept) would see only this rank's rows: refused in one line."""
+
+    def adapter(run: _Run):
+        original = norm.forward
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            if not run.bypass and (norm.training or norm.running_mean is None):
+                raise RuntimeError(f"parallel VAE: {type(norm).__name__} in training mode (or without running "
+                                   "statistics) normalises with its input's statistics, and each process holds its "
+                                   "own rows; put the VAE in eval mode (vae.eval())")  # fmt: skip
+            return original(x)
+
+        return norm, "forward", forward
+
+    return adapter
+
+
 def _whole_frame(module: nn.Module) -> Adapter:
     """A module run on the gathered frames; each rank keeps its own rows of the output."""
 
@@ -281,6 +300,8 @@ def _adapters(part: nn.Module, plan: VAEPlan) -> list[Adapter]:
             adapters.append(_whole_frame(module))
         elif isinstance(module, nn.GroupNorm):
             adapters.append(_group_norm(module))
+        elif isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)):
+            adapters.append(_batch_norm(module))
         elif isinstance(module, (nn.Conv2d, nn.Conv3d)):
             top, bottom, _ = padded.get(module, (0, 0, ""))
             if module.kernel_size[-2] > 1 or module.stride[-2] > 1 or top or bottom:

@@ -89,6 +89,29 @@ VAES = {
     "kl": lambda: diffusers.AutoencoderKL(down_block_types=("DownEncoderBlock2D",) * 4,
                                           up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(8, 8, 16, 16),
                                           norm_num_groups=4, sample_size=32),
+    # the deep-compression AE (Sana-Video's pipelines accept it), here x8: pixel-unshuffle and strided-convolution
+    # downsamplers, pixel-shuffle and nearest upsamplers (two tiny variants), multiscale linear attention in the lower
+    # levels, RMS and batch norms
+    "dc": lambda: diffusers.AutoencoderDC(latent_channels=4, attention_head_dim=4,
+                                          encoder_block_types=("ResBlock", "ResBlock", "EfficientViTBlock",
+                                                               "EfficientViTBlock"),
+                                          decoder_block_types=("ResBlock", "ResBlock", "EfficientViTBlock",
+                                                               "EfficientViTBlock"),
+                                          encoder_block_out_channels=(8, 16, 16, 32),
+                                          decoder_block_out_channels=(8, 16, 16, 32),
+                                          encoder_layers_per_block=(1, 1, 1, 1), decoder_layers_per_block=(1, 1, 1, 1),
+                                          encoder_qkv_multiscales=((), (), (5,), (5,)),
+                                          decoder_qkv_multiscales=((), (), (5,), (5,)),
+                                          decoder_norm_types=("batch_norm", "batch_norm", "rms_norm", "rms_norm")),
+    "dc-conv": lambda: diffusers.AutoencoderDC(latent_channels=4, attention_head_dim=4,
+                                               encoder_block_types=("ResBlock",) + ("EfficientViTBlock",) * 2,
+                                               decoder_block_types=("ResBlock",) + ("EfficientViTBlock",) * 2,
+                                               encoder_block_out_channels=(8, 16, 16),
+                                               decoder_block_out_channels=(8, 16, 16),
+                                               encoder_layers_per_block=(0, 1, 1), decoder_layers_per_block=(0, 1, 1),
+                                               encoder_qkv_multiscales=((), (3,), (3,)),
+                                               decoder_qkv_multiscales=((), (3,), (3,)),
+                                               downsample_block_type="Conv", upsample_block_type="interpolate"),
 }  # fmt: skip
 SPATIAL = {
     "wan2.1": 8,
@@ -104,6 +127,8 @@ SPATIAL = {
     "allegro": 8,
     "cosmos": 8,
     "kl": 8,
+    "dc": 8,
+    "dc-conv": 4,
 }
 DECODE_ARGS = dict.fromkeys(("ltx0.9.1", "ltx2"), lambda latents: {"temb": torch.full((latents.shape[0],), 0.05)})
 """Arguments of a VAE's decode besides the latents (a timestep-conditioned decoder's timestep)."""
@@ -115,7 +140,7 @@ or column, which these sizes' tiles of 4 (stride 3) leave (its tiles are LTX-Vid
 Cosmos 1's has no tiled methods (its ``enable_tiling`` sets flags that nothing reads)."""
 TILED_ONLY = {"allegro"}
 """VAEs that decode and encode only tiled (their pixel frames: 4 a latent frame, no first frame of its own)."""
-IMAGE = {"kl"}
+IMAGE = {"kl", "dc", "dc-conv"}
 """Image VAEs: ``(B, C, H, W)``, a case's frames folded into the batch (as Latte decodes its frames)."""
 CASES = [(3, 7, 5), (1, 5, 6), (2, 9, 4)]
 """(latent frames, latent height, latent width): odd heights and widths, one or more latent frames."""
@@ -176,7 +201,8 @@ def _run(vae: torch.nn.Module, name: str, tiled: bool) -> dict[str, torch.Tensor
             key = f"{frames}x{height}x{width}" + (" tiled" if tiled else "")
             torch.manual_seed(frames)  # the same noise (a decoder that injects it) on one process and split
             out["decode " + key] = decode(vae, name, latents)
-            out["encode " + key] = vae.encode(pixels).latent_dist.mode()
+            encoded = vae.encode(pixels)  # a distribution, or the deep-compression AE's latents
+            out["encode " + key] = encoded.latent if name.startswith("dc") else encoded.latent_dist.mode()
     return out
 
 

@@ -70,10 +70,12 @@ def test_split_vae_misuse_is_a_clear_error():
         assert "inference-only: run it under torch.no_grad()" in errors["grad"], errors
         assert "inference-only: run it under torch.no_grad()" in errors["tiled grad"], errors
         assert "already split" in errors["twice"], errors
+        assert "BatchNorm2d in training mode" in errors["batch norm"] and "vae.eval()" in errors["batch norm"], errors
 
 
 def _misuse() -> dict[str, str]:
-    """A decode of a latent that requires grad, and splitting a VAE twice: the errors raised."""
+    """A decode of a latent that requires grad, splitting a VAE twice, and a decode through batch norms in training
+    mode (the deep-compression AE's, which normalise with their input's statistics): the errors raised."""
     import os
 
     from vae_checks import build
@@ -83,6 +85,8 @@ def _misuse() -> dict[str, str]:
     parallel = init_parallel(ParallelConfig(ulysses=int(os.environ["WORLD_SIZE"])))
     vae = build("wan2.1")
     parallelize_vae(vae, parallel)
+    dc = build("dc").train()
+    parallelize_vae(dc, parallel)
     errors = {}
 
     def tiled_grad():
@@ -93,7 +97,8 @@ def _misuse() -> dict[str, str]:
             vae.disable_tiling()
 
     for name, call in {"grad": lambda: vae.decode(torch.randn(1, 4, 1, 4, 4, requires_grad=True)),
-                       "tiled grad": tiled_grad, "twice": lambda: parallelize_vae(vae, parallel)}.items():  # fmt: skip
+                       "tiled grad": tiled_grad, "twice": lambda: parallelize_vae(vae, parallel),
+                       "batch norm": lambda: dc.decode(torch.randn(1, 4, 4, 4))}.items():  # fmt: skip
         try:
             call()
             errors[name] = "no error"
