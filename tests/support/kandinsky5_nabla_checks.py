@@ -55,8 +55,9 @@ def sparse_params(model: torch.nn.Module, latents: torch.Tensor) -> dict[str, An
     return Kandinsky5T2VPipeline.get_sparse_params(pipe, latents, latents.device)
 
 
-def nabla_inputs(model: torch.nn.Module, batch: int = 2) -> dict[str, Any]:
-    g = torch.Generator().manual_seed(7)
+def nabla_inputs(model: torch.nn.Module, batch: int = 2, seed: int = 7) -> dict[str, Any]:
+    """``seed``: a dp replica's (``dp_seed``)."""
+    g = torch.Generator().manual_seed(seed)
     hidden = torch.randn(batch, 2, 16, 32, 4, generator=g)
     return {"hidden_states": hidden, "encoder_hidden_states": torch.randn(batch, 7, 16, generator=g),
             "timestep": torch.tensor([500.0, 20.0][:batch]), "pooled_projections": torch.randn(batch, 8, generator=g),
@@ -101,13 +102,16 @@ def _refusal(fn: Any) -> str:
     return ""
 
 
-def check_nabla_transformer() -> dict[str, Any]:
-    """Ulysses 2 against this process's unsplit runs (the stock model on diffusers' flex backend): masks, the flex
-    output, the dense output and gradients (summed over the group), the tokens the
-    self-attention took (against the one-process fractal-ordered sequence), ``unparallelize`` restoring the stock
-    modules; the ring refused for NABLA and kept for the dense mode."""
+def check_nabla_transformer(layout: tuple[int, int, int] = (1, 1, 2), extras: bool = True) -> dict[str, Any]:
+    """``layout`` (dp, ring, ulysses; default Ulysses 2) against this process's unsplit runs (the stock model on
+    diffusers' flex backend) on this dp replica's inputs (``"seed"``): masks, the flex output, the dense output and
+    gradients (summed over the group), the tokens the self-attention took (against the one-process fractal-ordered
+    sequence), ``unparallelize`` restoring the stock modules; with ``extras`` (a 2-process world), the ring refused
+    for NABLA and kept for the dense mode."""
     model = build()
-    kwargs = nabla_inputs(model)
+    dp, ring, ulysses = layout
+    parallel = init_parallel(ParallelConfig(dp=dp, ring=ring, ulysses=ulysses))
+    kwargs = nabla_inputs(model, seed=parallel.dp_seed(7))
     ref_masks: list[torch.Tensor] = []
     ref_taken: list[torch.Tensor] = []
     handles = _taken(model, ref_taken)
@@ -118,7 +122,6 @@ def check_nabla_transformer() -> dict[str, Any]:
     with dense_block_attention():
         ref_out, ref_grads = _run(model, kwargs, 1.0)
 
-    parallel = init_parallel(ParallelConfig(ulysses=2))
     masks: list[torch.Tensor] = []
     taken: list[torch.Tensor] = []
     with parallelize(model, parallel, verify_inputs=True):
@@ -145,9 +148,14 @@ def check_nabla_transformer() -> dict[str, Any]:
         "ref_scale": ref_out.abs().max().item(),
         "grads_compared": len(ref_grads),
         "params": len(list(model.parameters())),
+        "seed": parallel.dp_seed(7),
     }
     errors |= worst_grad_errors(grads, ref_grads, parallel, relative=True)
     errors["left_stock"] = all("forward" not in vars(b.self_attention) for b in model.visual_transformer_blocks)
+    with torch.no_grad():
+        errors["restored_bit_identical"] = float(torch.equal(model(**kwargs).sample, ref_flex))
+    if not extras:
+        return errors
     ring = init_parallel(ParallelConfig(ring=2))
     errors["ring_refusal"] = _refusal(lambda: parallelize(model, ring))
     dense = model.from_config({k: v for k, v in model.config.items() if k not in NABLA})  # attention_type 'regular'
