@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
-from dit_sp.errors import ConfigError, LayoutRefused
+from dit_sp.errors import ConfigError
 from dit_sp.families.family import ModelFamily, Undo, generation_defaults, no_grad
 from dit_sp.families.hunyuan_video import hunyuan_video_vae_factors
 from dit_sp.families.nabla import NablaOps, SequenceParallelNablaProcessor
@@ -41,8 +41,6 @@ from dit_sp.families.policy import DiffusersPolicy
 
 if TYPE_CHECKING:
     import torch
-
-    from dit_sp.parallel.state import ParallelState
 
     Tensor = torch.Tensor
 
@@ -131,8 +129,9 @@ NABLA_RING_REFUSAL = (
     "with the top share of a softmax over every key block, so it splits exactly under Ulysses alone (each rank holds "
     "the whole sequence of its heads); a ring rank would hold one block of keys: use ring 1"
 )
-"""Why a ring is refused for NABLA (one line; ``parallelize`` and every call add the layout); the dense mode keeps
-it."""
+"""Why a ring is refused for NABLA (one line; ``parallelize`` and every call add the layout), read from the
+transformer's config (``ModelFamily.ring_refused_by``: ``generate``, the GRPO preflight and the memory planner refuse
+it before loading); the dense mode keeps it."""
 
 
 def _rotary(x: Tensor, rope: Tensor) -> Tensor:
@@ -188,9 +187,9 @@ def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
     return [*handles, Undo(lambda: [fn() for fn in undo])]
 
 
-def _layout_check(model: torch.nn.Module, parallel: ParallelState) -> None:
-    if model.config.get("attention_type", "regular") == "nabla" and parallel.ring > 1:
-        raise LayoutRefused(f"{NABLA_RING_REFUSAL} (got ring {parallel.ring})")
+def _ring_refused_by(config: Any) -> str:
+    """A NABLA checkpoint's ring refusal, from its transformer's config (``ModelFamily.ring_refused_by``)."""
+    return NABLA_RING_REFUSAL if config.get("attention_type", "regular") == "nabla" else ""
 
 
 def _check(model: torch.nn.Module) -> None:
@@ -298,7 +297,7 @@ KANDINSKY5 = ModelFamily(
     cfg_mode="sequential",
     channels_last=True,
     check=_check,
-    layout_check=_layout_check,
+    ring_refused_by=_ring_refused_by,
     shape_check=_shape_check,
     prepare_pipeline=_prepare,
     tiny_models=("tiny-kandinsky5", "tiny-kandinsky5-i2v", "tiny-kandinsky5-t2i", "tiny-kandinsky5-i2i"),

@@ -4,14 +4,17 @@ processes), its masks equal to the one-process masks of each rank's heads, each 
 whole blocks of the fractal-ordered sequence, its output, and its output and every gradient with flex attention made
 dense SDPA under the same block mask in both runs (torch's flex attention has no CPU backward); a ring refused in one
 line in NABLA mode only; ``generate --ulysses 2`` of the tiny pipeline saved with NABLA on against one process, and
-``generate --ring 2`` of it refused; in one 2-process spawn."""
+``generate --ring 2`` of it refused in one line before loading (the CLI), as is ring 2 by the GRPO trainer's
+preflight; in one 2-process spawn."""
 
 from __future__ import annotations
 
 import dataclasses
+import shutil
 
 import pytest
 import torch
+from cli_run import run_cli
 from kandinsky5_nabla_checks import NABLA, TOKENS, build, check_all, nabla_inputs, save_nabla_checkpoint
 
 from dit_sp import GenerateConfig, ParallelConfig, generate, init_parallel, parallelize, spawn
@@ -28,12 +31,15 @@ def _settings(tmp, checkpoint: str, name: str, **flags) -> GenerateConfig:
 
 
 @pytest.fixture(scope="module")
-def spawned(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("kandinsky5_nabla")
-    checkpoint = save_nabla_checkpoint(tmp / "ckpt")
+def checkpoint(tmp_path_factory) -> str:
+    return save_nabla_checkpoint(tmp_path_factory.mktemp("kandinsky5_nabla") / "ckpt")
+
+
+@pytest.fixture(scope="module")
+def spawned(tmp_path_factory, checkpoint):
+    tmp = tmp_path_factory.mktemp("kandinsky5_nabla_runs")
     single = generate(_settings(tmp, checkpoint, "single"), True)
-    jobs = (_settings(tmp, checkpoint, "1x2", ulysses=2), _settings(tmp, checkpoint, "2x1", ring=2))
-    by_rank = spawn(check_all, 2, args=jobs, timeout=300)
+    by_rank = spawn(check_all, 2, args=(_settings(tmp, checkpoint, "1x2", ulysses=2),), timeout=300)
     return {"single": single, "by_rank": by_rank}
 
 
@@ -66,13 +72,42 @@ def test_ring_is_refused_for_nabla_only(runs):
     assert runs[0]["dense_ring"]  # attention_type 'regular' is still split by a ring
 
 
-@pytest.mark.slow
-def test_generate_refuses_a_ring_for_a_nabla_checkpoint(spawned):
-    """``generate --ring 2`` of a NABLA checkpoint: refused in one line where the pipeline is parallelized (the family
-    keeps its ring for the dense checkpoints, so the refusal reads the loaded config)."""
-    refusal = spawned["by_rank"][0]["generate_ring"]
-    assert refusal.startswith("LayoutRefused: Kandinsky 5's NABLA sparse attention"), refusal
-    assert refusal.endswith("use ring 1 (got ring 2)") and "\n" not in refusal
+@pytest.mark.slow  # runs the CLI
+def test_generate_refuses_a_ring_for_a_nabla_checkpoint_before_loading(checkpoint, tmp_path):
+    """``generate --ring 2`` of a NABLA checkpoint: refused in one line (exit code 2, no traceback) from its
+    transformer's config.json, before any weights load (the family keeps its ring for the dense checkpoints)."""
+    result = run_cli("pipelines.generate", ["--model", checkpoint, "--ring", "2", "--out", str(tmp_path / "v.mp4")],
+                     cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: --ring 2 for Kandinsky5T2VPipeline: Kandinsky 5's NABLA sparse attention "
+                                "(attention_type 'nabla') keeps"), result.stderr[-2000:]  # fmt: skip
+    assert lines[-1].endswith("use ring 1") and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert not (tmp_path / "v.mp4").exists()
+
+
+def test_grpo_preflight_refuses_a_ring_for_a_nabla_checkpoint(checkpoint, tmp_path, monkeypatch):
+    """The GRPO trainer's checks before loading (``dit_sp.rl.preflight``) refuse ring 2 for a NABLA checkpoint from
+    its config.json, and take Ulysses 2 (and ring 2 once the checkpoint's config is dense)."""
+    import json
+
+    from dit_sp import TrainConfig
+    from dit_sp.errors import ConfigError
+    from dit_sp.rl.preflight import check_before_loading
+
+    def config(model: str, name: str, **layout) -> TrainConfig:
+        overrides = {"model": model, "output_dir": str(tmp_path / name), "sample.frames": 5, "sample.height": 128,
+                     "sample.width": 128, "grpo.prompts_per_step": 2, **layout}  # fmt: skip
+        return TrainConfig.load(None, overrides)
+
+    with pytest.raises(ConfigError, match=r"^ring 2 for .*: Kandinsky 5's NABLA sparse attention .* use ring 1$"):
+        check_before_loading(config(checkpoint, "ring", ring=2), 2)
+    check_before_loading(config(checkpoint, "ulysses", ulysses=2), 2)
+    dense = tmp_path / "dense"
+    shutil.copytree(checkpoint, dense)
+    path = dense / "transformer" / "config.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"attention_type": "regular"}))
+    check_before_loading(config(str(dense), "dense", ring=2), 2)
 
 
 @pytest.mark.slow

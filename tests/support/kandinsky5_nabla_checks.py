@@ -176,13 +176,10 @@ def save_nabla_checkpoint(path: Any) -> str:
     return str(path)
 
 
-def check_all(job: Any, ring_job: Any) -> dict[str, Any]:
+def check_all(job: Any) -> dict[str, Any]:
     """One spawned world: the transformer checks, then ``generate`` for ``job`` (a ``GenerateConfig`` of a NABLA
-    checkpoint on Ulysses 2) with the NABLA masks built and the largest token count the split attention computed, and
-    ``generate`` for ``ring_job`` (the same on a ring) refused."""
+    checkpoint on Ulysses 2) with the NABLA masks built and the largest token count the split attention computed."""
     from kandinsky_cosmos_checks import generate_counting_tokens
-
-    from dit_sp import generate
 
     results = {"transformer": check_nabla_transformer()}
     masks: list[torch.Tensor] = []
@@ -191,5 +188,4 @@ def check_all(job: Any, ring_job: Any) -> dict[str, Any]:
     results["generate"] = {"masks": len(masks), "attention_tokens": report["attention_tokens"]}
     if "out" in report:  # the leader
         results["generate"] |= {"frames": report["frames"], "latents": torch.load(report["latents"])}
-    results["generate_ring"] = _refusal(lambda: generate(ring_job, True))
     return results
