@@ -266,6 +266,13 @@ _ARCHITECTURES = {
     # 1.93e10 parameters)
     "kandinsky5-t2v-lite": _architecture({"time_dim": 512, "model_dim": 1792, "ff_dim": 7168, "num_text_blocks": 2,
                                           "num_visual_blocks": 32, "axes_dims": [16, 24, 24]}),
+    # Kandinsky 5.0 Video Lite 10 s (sft-10s): the Lite transformer with NABLA sparse attention (its converted
+    # config's attention_* settings): Ulysses alone, the planner never picks or advises a ring for it
+    "kandinsky5-t2v-lite-10s": _architecture({"time_dim": 512, "model_dim": 1792, "ff_dim": 7168,
+                                              "num_text_blocks": 2, "num_visual_blocks": 32, "axes_dims": [16, 24, 24],
+                                              "attention_type": "nabla", "attention_P": 0.9, "attention_wT": 11,
+                                              "attention_wW": 3, "attention_wH": 3, "attention_add_sta": True,
+                                              "attention_method": "topcdf"}),
     "kandinsky5-t2v-pro": _architecture({"time_dim": 1024, "model_dim": 4096, "ff_dim": 16384, "num_text_blocks": 4,
                                          "num_visual_blocks": 60, "axes_dims": [32, 48, 48]}),
     # Kandinsky 5.0 I2V Pro: the Pro transformer (visual_cond: the image's latents and mask in channels too)

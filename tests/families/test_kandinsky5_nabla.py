@@ -155,3 +155,30 @@ def test_nabla_sizes_are_checked_in_one_line():
     )
     with pytest.raises(ConfigError, match=message):
         check_shape(pipe, settings | {"height": 200})  # e.g. 128 or 256
+
+
+def test_the_planner_never_picks_or_advises_a_ring_for_nabla():
+    """The memory planner on Kandinsky 5.0 Video Lite 10 s (``kandinsky5-t2v-lite-10s``: the Lite transformer, 2B as
+    published, with NABLA): GRPO on 8 GPUs that fit on no layout picks Ulysses alone (28 heads: Ulysses 4, dp 2) where
+    the dense Lite takes ring 2 x Ulysses 4; generate's advice offers no ring where the dense model's does; a ring
+    given is refused in one line, sampling and training."""
+    from dit_sp.errors import ConfigError
+    from dit_sp.memory.planner import ARCHITECTURES, TransformerShape, architecture_name, plan_training
+    from dit_sp.memory.sampling import SamplingSettings, plan_sampling
+    from dit_sp.rl.config import TrainConfig
+
+    nabla, dense = "kandinsky5-t2v-lite-10s", "kandinsky5-t2v-lite"
+    assert architecture_name(f"/models/{nabla}") == nabla and architecture_name(f"/models/{dense}") == dense
+    shape = TransformerShape.of(*ARCHITECTURES[nabla]["transformers"]["transformer"])
+    assert abs(shape.params - 2e9) <= 0.05 * 2e9 and shape.heads == 28, shape
+    config = TrainConfig.load("grpo_kandinsky5_t2v_lite")
+    layouts = {arch: plan_training(config, 8, 1, arch=arch).layout for arch in (nabla, dense)}
+    assert layouts == {nabla: {"dp": 2, "ring": 1, "ulysses": 4}, dense: {"dp": 1, "ring": 2, "ulysses": 4}}, layouts
+    with pytest.raises(ConfigError, match="^ring 2: Kandinsky 5's NABLA sparse attention .* use ring 1$"):
+        plan_training(config, 8, 80, arch=nabla, ring=2, ulysses=2)
+    video = {"frames": 241, "height": 512, "width": 768, "ulysses": 2}
+    advice = {arch: plan_sampling(SamplingSettings(arch, **video), 2, 12).advice for arch in (nabla, dense)}
+    assert advice[nabla] and not any("--ring" in line for line in advice[nabla]), advice[nabla]
+    assert any(line.startswith("--ring 2") for line in advice[dense]), advice[dense]
+    with pytest.raises(ConfigError, match="^ring 2: Kandinsky 5's NABLA sparse attention .* use ring 1$"):
+        plan_sampling(SamplingSettings(nabla, **video | {"ring": 2}), 4)
