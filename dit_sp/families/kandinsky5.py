@@ -54,14 +54,10 @@ class Kandinsky5Policy(DiffusersPolicy):
     the text cut to that length (guidance's two branches are two calls when their lengths differ, as in the
     pipeline). Latents are ``(B, C, F, H, W)`` here and channels-last ``(B, F, H, W, C)`` for the transformer, with a
     ``visual_cond`` model's all-zero image latents and mask in channels (text-to-video), the pipeline's rotary
-    positions and resolution-dependent rotary scale. Guidance is classifier-free guidance on the velocity."""
+    positions and resolution-dependent rotary scale, and a NABLA checkpoint's ``sparse_params`` (the pipeline's
+    ``get_sparse_params``: ``None`` for a dense one). Guidance is classifier-free guidance on the velocity."""
 
     def __init__(self, pipe: Any, transformer: torch.nn.Module, **kwargs: Any):
-        attention = transformer.config.get("attention_type", "regular")
-        if attention != "regular":
-            raise ConfigError(f"Kandinsky 5 GRPO: attention_type {attention!r} (NABLA sparse attention) is not "
-                              "trained: the policy calls the transformer without NABLA's sparse_params, as the "
-                              "dense model this checkpoint is not; use attention_type 'regular'")  # fmt: skip
         super().__init__(pipe, transformer, **kwargs)
         self.height, self.width = kwargs["height"], kwargs["width"]
 
@@ -97,13 +93,14 @@ class Kandinsky5Policy(DiffusersPolicy):
         rope = [torch.arange(frames, device=x.device), torch.arange(self.height // spatial // 2, device=x.device),
                 torch.arange(self.width // spatial // 2, device=x.device)]  # fmt: skip
         scale = self.pipe._get_scale_factor(self.height, self.width)
+        sparse = self.pipe.get_sparse_params(x, x.device)  # NABLA's, as the pipeline passes them; dense: None
         parts, order = [], []
         for length in lengths.unique().tolist():
             index = (lengths == length).nonzero().flatten()
             out = model(hidden_states=x[index], encoder_hidden_states=text[index, :length].to(x.dtype),
                         pooled_projections=pooled[index].to(x.dtype), timestep=timestep[index].to(x.dtype),
                         visual_rope_pos=rope, text_rope_pos=torch.arange(length, device=x.device), scale_factor=scale,
-                        sparse_params=None, return_dict=True).sample  # fmt: skip
+                        sparse_params=sparse, return_dict=True).sample  # fmt: skip
             parts.append(out)
             order.append(index)
         out = torch.cat(parts)[torch.cat(order).argsort()]  # back in the batch's order

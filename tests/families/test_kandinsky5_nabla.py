@@ -5,7 +5,8 @@ whole blocks of the fractal-ordered sequence, its output, and its output and eve
 dense SDPA under the same block mask in both runs (torch's flex attention has no CPU backward); a ring refused in one
 line in NABLA mode only; ``generate --ulysses 2`` of the tiny pipeline saved with NABLA on against one process, and
 ``generate --ring 2`` of it refused in one line before loading (the CLI), as is ring 2 by the GRPO trainer's
-preflight; in one 2-process spawn."""
+preflight; GRPO's policy velocity and gradients on Ulysses 2 against one process; in one 2-process spawn. The memory
+planner never picks or advises a ring for a NABLA checkpoint."""
 
 from __future__ import annotations
 
@@ -15,7 +16,16 @@ import shutil
 import pytest
 import torch
 from cli_run import run_cli
-from kandinsky5_nabla_checks import NABLA, TOKENS, build, check_all, nabla_inputs, save_nabla_checkpoint
+from kandinsky5_nabla_checks import (
+    NABLA,
+    TOKENS,
+    build,
+    check_all,
+    dense_block_attention,
+    nabla_inputs,
+    recorded_masks,
+    save_nabla_checkpoint,
+)
 
 from dit_sp import GenerateConfig, ParallelConfig, generate, init_parallel, parallelize, spawn
 
@@ -70,6 +80,47 @@ def test_ring_is_refused_for_nabla_only(runs):
     assert refusal.startswith("LayoutRefused: Kandinsky 5's NABLA sparse attention (attention_type 'nabla') keeps")
     assert refusal.endswith("use ring 1 (got ring 2)") and "\n" not in refusal
     assert runs[0]["dense_ring"]  # attention_type 'regular' is still split by a ring
+
+
+@pytest.mark.slow
+def test_grpo_policy_matches_single_process(spawned):
+    """GRPO on a NABLA checkpoint (``Kandinsky5Policy`` passes the pipeline's ``sparse_params``): the guided velocity
+    and its gradients (every transformer parameter's and the latents') on Ulysses 2 within 1e-5 of one process, the
+    dense stand-in in both runs; NABLA's masks built (2 blocks, one guided call), and they act: the velocity is not
+    the dense model's."""
+    for rank, errors in enumerate(r["policy"] for r in spawned["by_rank"]):
+        assert errors["ref_scale"] > 0.1, errors
+        for key in ("out", "input_grads", "param_grads"):
+            assert errors[key] <= TOL, f"rank {rank}: {key} error {errors[key]:.2e} ({errors.get(key + '_worst')})"
+        assert errors["grads_compared"] == errors["params"] + 1
+        assert errors["masks"] == errors["ref_masks"] == 2, errors
+        assert errors["vs_dense"] > 0.01, errors
+
+
+@pytest.mark.slow  # runs the stock pipeline
+@torch.no_grad()
+def test_grpo_policy_ode_is_the_pipelines_with_nabla():
+    """One process: the policy's Euler ODE through the scheduler's own sigmas is the stock pipeline's NABLA sampling
+    (guided, 2 steps), the masks' block sparsity applied in both (the dense stand-in): the policy passes the
+    pipeline's own ``sparse_params``."""
+    from kandinsky5_nabla_checks import POLICY, nabla_policy
+
+    policy = nabla_policy(max_sequence_length=600)
+    noise = torch.randn(1, *policy.latent_shape(), generator=torch.Generator().manual_seed(1))
+    masks: list[torch.Tensor] = []
+    with dense_block_attention(), recorded_masks(masks):
+        stock = policy.pipe(prompt="a red circle", negative_prompt="", max_sequence_length=600, output_type="latent",
+                            latents=noise.permute(0, 2, 3, 4, 1).clone(), num_frames=POLICY["frames"],
+                            height=POLICY["height"], width=POLICY["width"], num_inference_steps=2,
+                            guidance_scale=POLICY["guidance"]).frames  # fmt: skip
+        stock_masks = len(masks)
+        cond, x = policy.encode(["a red circle"]), noise
+        levels = policy.pipe.scheduler.sigmas[:-1].tolist()
+        for s, s_next in zip(levels, [*levels[1:], 0.0]):
+            x = x + (s_next - s) * policy.velocity(x, s, cond)
+    assert stock_masks == 8 and len(masks) == 16, (stock_masks, len(masks))  # 2 blocks x 2 steps x 2 calls each
+    assert stock.abs().max() > 1
+    torch.testing.assert_close(x.permute(0, 2, 3, 4, 1), stock, atol=1e-5, rtol=0)
 
 
 @pytest.mark.slow  # runs the CLI

@@ -164,6 +164,58 @@ def check_nabla_transformer(layout: tuple[int, int, int] = (1, 1, 2), extras: bo
     return errors
 
 
+POLICY = {"frames": 5, "height": 128, "width": 128, "guidance": 4.0, "max_sequence_length": 16}
+"""GRPO's sample: 2 latent frames of 8 x 8 tokens (one NABLA block each), guided."""
+
+
+def nabla_policy(**settings: Any) -> Any:
+    """``Kandinsky5Policy`` of ``tiny-kandinsky5`` with NABLA on in its transformer's config (fp32), on diffusers'
+    flex backend as ``load_pipeline`` leaves a NABLA checkpoint; ``settings`` over ``POLICY``."""
+    from dit_sp.families.kandinsky5 import Kandinsky5Policy
+    from dit_sp.zoo import build_tiny
+
+    pipe = build_tiny("tiny-kandinsky5")
+    pipe.transformer.register_to_config(**NABLA)
+    for block in pipe.transformer.visual_transformer_blocks:
+        block.self_attention.set_attention_backend("flex")
+    return Kandinsky5Policy(pipe, pipe.transformer, **POLICY | settings)
+
+
+def _policy_run(policy: Any, x: torch.Tensor, cond: Any, grad_scale: float) -> tuple[torch.Tensor, dict]:
+    """The guided velocity at ``s = 0.7`` and the gradients of ``sum(v * w)`` (times ``grad_scale``) w.r.t. ``x`` and
+    every transformer parameter."""
+    model = policy.transformer
+    model.zero_grad(set_to_none=True)
+    x = x.clone().requires_grad_()
+    v = policy.velocity(x, 0.7, cond)
+    ((v * torch.randn(v.shape, generator=torch.Generator().manual_seed(3))).sum() * grad_scale).backward()
+    return v.detach(), {"input.x": x.grad} | {f"param.{n}": p.grad for n, p in model.named_parameters()}
+
+
+def check_nabla_policy() -> dict[str, Any]:
+    """GRPO's velocity of a NABLA checkpoint (``Kandinsky5Policy``: the transformer called with the pipeline's
+    ``sparse_params``) and its gradients on Ulysses 2 against this process's unsplit run, the dense stand-in in both
+    (flex attention has no CPU backward): errors, the NABLA masks built, and how far the velocity is from the dense
+    model's (the same weights, ``attention_type`` regular: NABLA's masks act)."""
+    policy = nabla_policy()
+    cond = policy.encode(["a red circle"])
+    x = torch.randn(1, *policy.latent_shape(), generator=torch.Generator().manual_seed(1))
+    ref_masks: list[torch.Tensor] = []
+    with dense_block_attention(), recorded_masks(ref_masks):
+        ref_v, ref_grads = _policy_run(policy, x, cond, 1.0)
+    parallel = init_parallel(ParallelConfig(ulysses=2))
+    masks: list[torch.Tensor] = []
+    with parallelize(policy.transformer, parallel, verify_inputs=True), dense_block_attention(), recorded_masks(masks):
+        v, grads = _policy_run(policy, x, cond, 1.0 / parallel.sp)
+    policy.transformer.register_to_config(attention_type="regular")  # the same weights, dense
+    with torch.no_grad(), dense_block_attention():
+        dense = policy.velocity(x, 0.7, cond)
+    errors = {"out": (v - ref_v).abs().max().item(), "ref_scale": ref_v.abs().max().item(),
+              "masks": len(masks), "ref_masks": len(ref_masks), "vs_dense": (ref_v - dense).abs().max().item(),
+              "grads_compared": len(ref_grads), "params": len(list(policy.transformer.parameters()))}  # fmt: skip
+    return errors | worst_grad_errors(grads, ref_grads, parallel, relative=True)
+
+
 def save_nabla_checkpoint(path: Any) -> str:
     """The built-in ``tiny-kandinsky5`` pipeline saved (``save_pretrained``) with NABLA on in its transformer's config,
     as the 10 s checkpoints ship it: ``generate --model PATH`` then runs NABLA (the pipeline passes ``sparse_params``
@@ -177,11 +229,12 @@ def save_nabla_checkpoint(path: Any) -> str:
 
 
 def check_all(job: Any) -> dict[str, Any]:
-    """One spawned world: the transformer checks, then ``generate`` for ``job`` (a ``GenerateConfig`` of a NABLA
-    checkpoint on Ulysses 2) with the NABLA masks built and the largest token count the split attention computed."""
+    """One spawned world: the transformer checks, GRPO's policy's, then ``generate`` for ``job`` (a ``GenerateConfig``
+    of a NABLA checkpoint on Ulysses 2) with the NABLA masks built and the largest token count the split attention
+    computed."""
     from kandinsky_cosmos_checks import generate_counting_tokens
 
-    results = {"transformer": check_nabla_transformer()}
+    results = {"transformer": check_nabla_transformer(), "policy": check_nabla_policy()}
     masks: list[torch.Tensor] = []
     with recorded_masks(masks):
         report = generate_counting_tokens([job])[0]
