@@ -133,6 +133,15 @@ def architectures() -> dict[str, dict[str, Any]]:
     return {name: arch for family in FAMILIES for name, arch in family.architectures.items()}
 
 
+def ring_refusal(config: Any, *, class_name: str = "", pipeline: str = "") -> str:
+    """Why a ring cannot split exactly the transformer of ``config`` (its ``config.json`` mapping), of transformer
+    class ``class_name`` or in a pipeline of class ``pipeline``, from its family (``ModelFamily.ring_refusal``); empty
+    where a ring splits it or the family is not known. Read before any weights load (``generate``, the GRPO trainer's
+    preflight, the memory planner)."""
+    family = next((f for f in FAMILIES if class_name in f.class_names or pipeline in f.checkpoint_defaults), None)
+    return family.ring_refusal(config or {}) if family is not None else ""
+
+
 def check_shape(pipe: Any, settings: dict[str, Any], flags: bool = True) -> None:
     """``check_latent_shape`` with every registered family's own limits (``ModelFamily.shape_check``)."""
     check_latent_shape(pipe, settings, flags, rules=[family.shape_check for family in FAMILIES])
@@ -150,6 +159,7 @@ __all__ = [
     "family_of",
     "policy_for",
     "python_only_pipelines",
+    "ring_refusal",
     "supported_classes",
     "supported_vaes",
     "tiny_models",

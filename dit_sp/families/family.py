@@ -102,6 +102,10 @@ class ModelFamily:
     and KV caches, Kandinsky 6 SR's NABLA sparse attention, Sana-WM's gated-delta-rule scans); ``parallelize`` refuses
     ``ring > 1`` with it (``LayoutRefused``), ``generate`` and the memory planner before loading, and the family table
     shows "ulysses (ring refused)"."""
+    ring_refused_by: Callable[[Any], str] = lambda config: ""
+    """Why a ring cannot split exactly a transformer of the family with this config (its ``config.json`` mapping),
+    where only some of its checkpoints refuse one (Kandinsky 5's NABLA ones); empty: it can. Read, as
+    ``ring_refused``, by ``parallelize`` and, from the checkpoint's files, before loading (``ring_refusal``)."""
     cfg_batched_args: tuple[str, ...] = ()
     """Forward arguments that carry the guidance batch (``batched`` mode)."""
     guidance_arg: str = "guidance_scale"
@@ -171,3 +175,8 @@ class ModelFamily:
     architectures: dict[str, dict[str, Any]] = field(default_factory=dict, hash=False)
     """The real checkpoints, for the memory planner (``dit_sp.memory.planner.ARCHITECTURES``): their
     transformer configs, text-encoder and VAE parameter counts, VAE compression and text length."""
+
+    def ring_refusal(self, config: Any) -> str:
+        """Why a ring cannot split the family's transformer of ``config`` (a ``config.json`` mapping) exactly:
+        ``ring_refused``, else ``ring_refused_by(config)``; empty where a ring splits it."""
+        return self.ring_refused or self.ring_refused_by(config)

@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
-from dit_sp.errors import ConfigError, LayoutRefused
+from dit_sp.errors import ConfigError
 from dit_sp.families.family import ModelFamily, Undo, generation_defaults, no_grad
 from dit_sp.families.hunyuan_video import hunyuan_video_vae_factors
 from dit_sp.families.image_vae import AUTOENCODER_KL_VAE
@@ -42,8 +42,6 @@ from dit_sp.families.policy import DiffusersPolicy
 
 if TYPE_CHECKING:
     import torch
-
-    from dit_sp.parallel.state import ParallelState
 
     Tensor = torch.Tensor
 
@@ -57,14 +55,10 @@ class Kandinsky5Policy(DiffusersPolicy):
     the text cut to that length (guidance's two branches are two calls when their lengths differ, as in the
     pipeline). Latents are ``(B, C, F, H, W)`` here and channels-last ``(B, F, H, W, C)`` for the transformer, with a
     ``visual_cond`` model's all-zero image latents and mask in channels (text-to-video), the pipeline's rotary
-    positions and resolution-dependent rotary scale. Guidance is classifier-free guidance on the velocity."""
+    positions and resolution-dependent rotary scale, and a NABLA checkpoint's ``sparse_params`` (the pipeline's
+    ``get_sparse_params``: ``None`` for a dense one). Guidance is classifier-free guidance on the velocity."""
 
     def __init__(self, pipe: Any, transformer: torch.nn.Module, **kwargs: Any):
-        attention = transformer.config.get("attention_type", "regular")
-        if attention != "regular":
-            raise ConfigError(f"Kandinsky 5 GRPO: attention_type {attention!r} (NABLA sparse attention) is not "
-                              "trained: the policy calls the transformer without NABLA's sparse_params, as the "
-                              "dense model this checkpoint is not; use attention_type 'regular'")  # fmt: skip
         super().__init__(pipe, transformer, **kwargs)
         self.height, self.width = kwargs["height"], kwargs["width"]
 
@@ -100,13 +94,14 @@ class Kandinsky5Policy(DiffusersPolicy):
         rope = [torch.arange(frames, device=x.device), torch.arange(self.height // spatial // 2, device=x.device),
                 torch.arange(self.width // spatial // 2, device=x.device)]  # fmt: skip
         scale = self.pipe._get_scale_factor(self.height, self.width)
+        sparse = self.pipe.get_sparse_params(x, x.device)  # NABLA's, as the pipeline passes them; dense: None
         parts, order = [], []
         for length in lengths.unique().tolist():
             index = (lengths == length).nonzero().flatten()
             out = model(hidden_states=x[index], encoder_hidden_states=text[index, :length].to(x.dtype),
                         pooled_projections=pooled[index].to(x.dtype), timestep=timestep[index].to(x.dtype),
                         visual_rope_pos=rope, text_rope_pos=torch.arange(length, device=x.device), scale_factor=scale,
-                        sparse_params=None, return_dict=True).sample  # fmt: skip
+                        sparse_params=sparse, return_dict=True).sample  # fmt: skip
             parts.append(out)
             order.append(index)
         out = torch.cat(parts)[torch.cat(order).argsort()]  # back in the batch's order
@@ -132,8 +127,9 @@ NABLA_RING_REFUSAL = (
     "with the top share of a softmax over every key block, so it splits exactly under Ulysses alone (each rank holds "
     "the whole sequence of its heads); a ring rank would hold one block of keys: use ring 1"
 )
-"""Why a ring is refused for NABLA (one line; ``parallelize`` and every call add the layout); the dense mode keeps
-it."""
+"""Why a ring is refused for NABLA (one line; ``parallelize`` and every call add the layout), read from the
+transformer's config (``ModelFamily.ring_refused_by``: ``generate``, the GRPO preflight and the memory planner refuse
+it before loading); the dense mode keeps it."""
 
 
 def _rotary(x: Tensor, rope: Tensor) -> Tensor:
@@ -189,9 +185,9 @@ def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
     return [*handles, Undo(lambda: [fn() for fn in undo])]
 
 
-def _layout_check(model: torch.nn.Module, parallel: ParallelState) -> None:
-    if model.config.get("attention_type", "regular") == "nabla" and parallel.ring > 1:
-        raise LayoutRefused(f"{NABLA_RING_REFUSAL} (got ring {parallel.ring})")
+def _ring_refused_by(config: Any) -> str:
+    """A NABLA checkpoint's ring refusal, from its transformer's config (``ModelFamily.ring_refused_by``)."""
+    return NABLA_RING_REFUSAL if config.get("attention_type", "regular") == "nabla" else ""
 
 
 def _check(model: torch.nn.Module) -> None:
@@ -268,6 +264,13 @@ _ARCHITECTURES = {
     # 1.93e10 parameters)
     "kandinsky5-t2v-lite": _architecture({"time_dim": 512, "model_dim": 1792, "ff_dim": 7168, "num_text_blocks": 2,
                                           "num_visual_blocks": 32, "axes_dims": [16, 24, 24]}),
+    # Kandinsky 5.0 Video Lite 10 s (sft-10s): the Lite transformer with NABLA sparse attention (its converted
+    # config's attention_* settings): Ulysses alone, the planner never picks or advises a ring for it
+    "kandinsky5-t2v-lite-10s": _architecture({"time_dim": 512, "model_dim": 1792, "ff_dim": 7168,
+                                              "num_text_blocks": 2, "num_visual_blocks": 32, "axes_dims": [16, 24, 24],
+                                              "attention_type": "nabla", "attention_P": 0.9, "attention_wT": 11,
+                                              "attention_wW": 3, "attention_wH": 3, "attention_add_sta": True,
+                                              "attention_method": "topcdf"}),
     "kandinsky5-t2v-pro": _architecture({"time_dim": 1024, "model_dim": 4096, "ff_dim": 16384, "num_text_blocks": 4,
                                          "num_visual_blocks": 60, "axes_dims": [32, 48, 48]}),
     # Kandinsky 5.0 I2V Pro: the Pro transformer (visual_cond: the image's latents and mask in channels too)
@@ -299,7 +302,7 @@ KANDINSKY5 = ModelFamily(
     cfg_mode="sequential",
     channels_last=True,
     check=_check,
-    layout_check=_layout_check,
+    ring_refused_by=_ring_refused_by,
     shape_check=_shape_check,
     prepare_pipeline=_prepare,
     vae=AUTOENCODER_KL_VAE,  # the image pipelines' (the video ones' is HunyuanVideo's, split by that family's plan)

@@ -16,7 +16,8 @@ block's rotary table (``(S, 1, D/2, 2, 2)``) where its self-attention takes it; 
 last block (the model restores the grid there). The sequence is ``T * H * W`` tokens with ``H`` and ``W`` multiples
 of 8, whole NABLA blocks of 64; a Ulysses degree that does not divide it pads the last shard (cut off before the
 attention, as everywhere: checked by hand exact on 128 tokens over Ulysses 3); heads that ``ulysses`` does not
-divide are padded (zeros, dropped).
+divide are padded (zeros, dropped). The processor replaced must be diffusers' own ``Kandinsky6SRAttnProcessor``, which
+``SequenceParallelNablaProcessor`` restates: any other is refused in one line, not silently replaced.
 
 A ring is refused at ``parallelize`` (``RING_REFUSAL``): a ring rank would hold one block of keys, and the mask's
 per-row top mass needs the scores of every key block. CFG parallelism is refused too (``CFG_REFUSAL``): the pipeline
@@ -68,14 +69,33 @@ NABLA = NablaOps(module="diffusers.models.transformers.transformer_kandinsky6_sr
 """The SR model's NABLA steps (``dit_sp.families.nabla``): its module's ``apply_rotary`` and ``nabla_block_mask``."""
 
 
+def _check_stock_processors(model: torch.nn.Module) -> None:
+    """Every block's self-attention processor is diffusers' own ``Kandinsky6SRAttnProcessor`` (its class exactly),
+    the one ``SequenceParallelNablaProcessor`` restates: another (a user's, a subclass, an upstream change) would be
+    replaced silently, so it is refused in one line."""
+    from diffusers.models.transformers.transformer_kandinsky6_sr import Kandinsky6SRAttnProcessor
+
+    for i, block in enumerate(model.visual_transformer_blocks):
+        found = type(block.self_attention.processor)
+        if found is not Kandinsky6SRAttnProcessor:
+            raise NotImplementedError(
+                f"Kandinsky 6 SR: visual_transformer_blocks.{i}.self_attention runs {found.__module__}."
+                f"{found.__qualname__}, not diffusers' Kandinsky6SRAttnProcessor, the processor whose NABLA attention "
+                "dit-sp splits (and would replace): set the stock one back with "
+                "set_processor(Kandinsky6SRAttnProcessor()), or run this model on one process"
+            )
+
+
 def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
-    """Each block's self-attention on ``SequenceParallelNablaProcessor``; the tokens gathered after the last block (a
-    hook rather than the plan, which cannot both split and gather at one module: a one-block model)."""
+    """Each block's self-attention on ``SequenceParallelNablaProcessor`` (where each runs the stock processor, else
+    refused); the tokens gathered after the last block (a hook rather than the plan, which cannot both split and
+    gather at one module: a one-block model)."""
     from dit_sp.parallel.comm import gather_sequence
 
     def gather(module: torch.nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
         return gather_sequence(output, ctx.parallel, dim=1, seq_len=ctx.seq_len, grad=ctx.gather_grad)
 
+    _check_stock_processors(model)
     undo = []
     for block in model.visual_transformer_blocks:
         attention, stock = block.self_attention, block.self_attention.processor

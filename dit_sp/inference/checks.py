@@ -9,7 +9,7 @@ import inspect
 from typing import Any
 
 from dit_sp.errors import ConfigError, MissingFileError
-from dit_sp.families import FAMILIES, family_of, python_only_pipelines, refused_pipelines
+from dit_sp.families import FAMILIES, family_of, python_only_pipelines, refused_pipelines, ring_refusal
 from dit_sp.inference.config import GenerateConfig
 from dit_sp.inference.inpaint import takes_inpaint
 from dit_sp.io.video import check_output, check_writable
@@ -118,8 +118,9 @@ def check_modular(config: GenerateConfig, name: str) -> bool:
 
 def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
     """The model's pipeline against the flags, before loading: a pipeline ``generate`` refuses or leaves to Python, a
-    ring its family refuses (``ModelFamily.ring_refused``), and the inputs it takes (``--image`` / ``--last-image``,
-    videos, references, ``--camera``, ...) given and readable (``ConfigError`` saying which flag to add or drop)."""
+    ring its family refuses (``ModelFamily.ring_refusal``, from the transformer's config files), and the inputs it
+    takes (``--image`` / ``--last-image``, videos, references, ``--camera``, ...) given and readable (``ConfigError``
+    saying which flag to add or drop)."""
     import inspect
 
     import diffusers
@@ -133,8 +134,8 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
         raise ConfigError(f"{config.model} ({name}): {refused_pipelines()[name]}")
     if name in python_only_pipelines():  # LTX-2's DFR temporal refine: it refines another pass's latent output
         raise ConfigError(f"{config.model} ({name}): generate does not run it: {python_only_pipelines()[name]}")
-    ring_refused = next((f.ring_refused for f in FAMILIES if f.ring_refused and name in f.checkpoint_defaults), "")
-    if config.ring > 1 and ring_refused:
+    transformer = info.transformer.config if info is not None else {}  # its config.json: NABLA refuses a ring
+    if config.ring > 1 and (ring_refused := ring_refusal(transformer, pipeline=name)):
         raise ConfigError(f"--ring {config.ring} for {name}: {ring_refused}")
     if check_modular(config, name):
         return
@@ -170,7 +171,6 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
     if config.last_image:
         if "last_image" not in takes or pipeline_class_name(config.model) != name:  # TI2V: first frame only
             raise ConfigError(f"--last-image: {config.model} takes the first frame only; drop --last-image")
-        transformer = info.transformer.config if info is not None else {}
         if transformer.get("image_dim") is not None and transformer.get("pos_embed_seq_len") is None:
             raise ConfigError(f"--last-image: {config.model} encodes one image (Wan2.1-I2V); first-last-frame video "
                               "needs a Wan2.1-FLF2V or Wan 2.2 I2V checkpoint, or drop --last-image")  # fmt: skip

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dit_sp.families import TRANSFORMERS, architectures
+from dit_sp.families import TRANSFORMERS, architectures, ring_refusal
 from dit_sp.memory.advice import advise_plan
 
 if TYPE_CHECKING:
@@ -214,15 +214,21 @@ def _from_directory(path: Path) -> dict[str, Any]:
             "text_tokens": 256 if joint else 512, "joint": joint}  # fmt: skip
 
 
-def _layouts(gpus: int, heads: int, ring: int | None, ulysses: int | None) -> list[tuple[int, int]]:
+def _layouts(gpus: int, heads: int, ring: int | None, ulysses: int | None, no_ring: str = "") -> list[tuple[int, int]]:
     """``(ring, ulysses)`` candidates, smallest sequence-parallel degree first (more data parallelism is
-    faster); Ulysses takes the largest share that divides the heads, ring the rest."""
+    faster); Ulysses takes the largest share that divides the heads, ring the rest. ``no_ring``: why the model
+    refuses a ring (``ModelFamily.ring_refusal``): Ulysses alone, a ring given is refused."""
     if ring or ulysses:
+        if (ring or 1) > 1 and no_ring:
+            from dit_sp.errors import ConfigError
+
+            raise ConfigError(f"ring {ring}: {no_ring}")
         return [(ring or 1, ulysses or 1)]
     out = []
     for sp in (d for d in range(1, gpus + 1) if gpus % d == 0):
         u = max(d for d in range(1, sp + 1) if sp % d == 0 and heads % d == 0)
-        out.append((sp // u, u))
+        if sp == u or not no_ring:
+            out.append((sp // u, u))
     return out
 
 
@@ -263,7 +269,7 @@ def plan_training(config: Any, gpus: int, gpu_memory_gb: float = 80, *, arch: st
     if not embeddings_cached:
         setup = dict([text_encoder_part(spec["text_encoders"], config.mixed_precision, gpus)]) | setup
     plan = None
-    layouts = _layouts(gpus, shape.heads, ring, ulysses)
+    layouts = _layouts(gpus, shape.heads, ring, ulysses, ring_refusal(transformer_config, class_name=class_name))
     layouts = [(r, u) for r, u in layouts if samples % (gpus // (r * u)) == 0] or layouts  # dp splits the step
     for r, u in layouts:
         sp, dp = r * u, gpus // (r * u)

@@ -37,7 +37,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
-from dit_sp.families import FAMILIES
+from dit_sp.families import ring_refusal
 from dit_sp.memory.planner import ARCHITECTURES, SAVED_PER_TOKEN, TransformerShape, tokens
 
 GiB = 2**30
@@ -185,7 +185,7 @@ def plan_sampling(
     shape = TransformerShape.of(class_name, config)
     if shape.heads % s.ulysses:
         raise ConfigError(f"ulysses {s.ulysses} does not divide {s.arch}'s {shape.heads} heads")
-    if s.ring > 1 and (why := _ring_refused(class_name)):  # an attention only Ulysses splits (ModelFamily.ring_refused)
+    if s.ring > 1 and (why := ring_refusal(config, class_name=class_name)):  # only Ulysses splits it (NABLA too)
         raise ConfigError(f"ring {s.ring}: {why}")
     size = ELEMENT_BYTES[s.dtype]
     sharded = s.shard_weights and n > 1
@@ -280,8 +280,3 @@ def _advise(plan: SamplingPlan, gpus: int, gpu_memory_gb: float) -> list[str]:
     if not lines:
         lines.append(f"{component}: no generate flag lowers it; GPUs with more memory")
     return lines
-
-
-def _ring_refused(class_name: str) -> str:
-    """Why a ring cannot split ``class_name`` (its family's ``ring_refused``), or ``""``."""
-    return next((f.ring_refused for f in FAMILIES if class_name in f.class_names and f.ring_refused), "")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
-from dit_sp.errors import require_package
+from dit_sp.errors import ConfigError, require_package
 from dit_sp.io.prompts import read_prompt_file
 from dit_sp.io.video import check_writable
 from dit_sp.parallel import ParallelConfig
@@ -35,8 +36,21 @@ def check_before_loading(config: TrainConfig, world_size: int) -> None:
             lora_file(getattr(config.lora, key), f"lora.{key}")  # a MissingFileError before any worker starts
     check_checkpoint(config.model)
     check_reward(config.reward)
-    check_shape_from_files(config.model, asdict(config.sample), flags=False)
+    info = check_shape_from_files(config.model, asdict(config.sample), flags=False)
+    check_ring(config, info)
     check_split(config.grpo, ParallelConfig.for_world(world_size, ring=config.ring, ulysses=config.ulysses).dp)
+
+
+def check_ring(config: TrainConfig, info: Any | None) -> None:
+    """A ring that the model's family refuses for its transformer's config (``ModelFamily.ring_refusal``: Kandinsky
+    5's NABLA checkpoints), refused from the config files (``info``: ``dit_sp.zoo.shape_info``) before loading."""
+    from dit_sp.families import ring_refusal
+    from dit_sp.zoo import pipeline_class_name
+
+    if config.ring > 1 and info is not None:
+        why = ring_refusal(info.transformer.config, pipeline=pipeline_class_name(config.model) or "")
+        if why:
+            raise ConfigError(f"ring {config.ring} for {config.model}: {why}")
 
 
 def check_packages(config: TrainConfig) -> None:

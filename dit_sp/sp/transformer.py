@@ -65,8 +65,8 @@ def parallelize_transformer(
 
     def check(module: torch.nn.Module, *args: object) -> None:
         family.check(module)
-        if family.ring_refused and parallel.ring > 1:
-            raise LayoutRefused(f"{family.ring_refused} (got ring {parallel.ring})")
+        if parallel.ring > 1 and (why := family.ring_refusal(getattr(module, "config", {}))):
+            raise LayoutRefused(f"{why} (got ring {parallel.ring})")
         family.layout_check(module, parallel)
 
     check(model)

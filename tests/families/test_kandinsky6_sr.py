@@ -115,3 +115,32 @@ def test_single_process_parallelize_is_exact():
             out = model(**kwargs, return_dict=False)[0]
     assert out.shape == (2, 3, 8, 16, 4)
     torch.testing.assert_close(out, ref, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["subclass", "other"])
+def test_a_processor_that_is_not_the_stock_one_is_refused_in_one_line(kind):
+    """A block whose self-attention runs another processor than diffusers' ``Kandinsky6SRAttnProcessor`` (a subclass
+    that changes it, or another class: an upstream change) is refused in one line, not replaced silently; nothing is
+    left installed, and with the stock one set back it splits."""
+    from diffusers.models.transformers.transformer_kandinsky6_sr import Kandinsky6SRAttnProcessor
+
+    class Changed(Kandinsky6SRAttnProcessor):
+        pass
+
+    class Other:
+        def __call__(self, attn, hidden_states, rotary_emb, sparse_params):
+            return hidden_states
+
+    model = build_tiny(MODEL, "transformer")
+    blocks = model.visual_transformer_blocks
+    blocks[-1].self_attention.processor = Changed() if kind == "subclass" else Other()
+    name = "Changed" if kind == "subclass" else "Other"
+    message = rf"^Kandinsky 6 SR: visual_transformer_blocks\.{len(blocks) - 1}\.self_attention runs \S*\.{name}, not "
+    with pytest.raises(NotImplementedError, match=message + "diffusers' Kandinsky6SRAttnProcessor") as e:
+        parallelize(model, init_parallel(ParallelConfig()))
+    assert "\n" not in str(e.value)
+    assert all(type(b.self_attention.processor) is Kandinsky6SRAttnProcessor for b in blocks[:-1])
+    assert not model._forward_hooks and not model._forward_pre_hooks
+    blocks[-1].self_attention.set_processor(Kandinsky6SRAttnProcessor())
+    with parallelize(model, init_parallel(ParallelConfig())):
+        assert type(blocks[-1].self_attention.processor).__name__ == "SequenceParallelNablaProcessor"

@@ -1,10 +1,11 @@
-"""The four Ulysses-only families (attention that is not softmax over the sequence, run whole on each rank's head group
+"""The Ulysses-only families (attention that is not softmax over the sequence, run whole on each rank's head group
 by ``attend_whole_sequence``) on the 4-process layouts, in one 4-process spawn: Wan-Animate-2, AnyFlow FAR, Kandinsky
-6 SR and Sana-WM on dp 2 x Ulysses 2 (each dp replica on its own inputs, against one process on them) and on Ulysses 4
-(3 heads padded to 4: the last rank's head group is padding only; Sana-WM, which refuses that, with 7 heads), their
-outputs and every gradient within 1e-5 of one process, through each family's own checks; the sequence split: each
-rank's attention saw ``ceil(S / sp)`` tokens (uneven: 6 and 9 tokens of Wan-Animate-2's two calls, AnyFlow FAR's 37,
-11 and 9; Kandinsky 6 SR's NABLA blocks of 64 always split evenly; Sana-WM's whole frames, ``ceil(F / sp)`` a rank).
+6 SR, Kandinsky 5 in NABLA mode and Sana-WM on dp 2 x Ulysses 2 (each dp replica on its own inputs, against one
+process on them) and on Ulysses 4 (3 heads padded to 4: the last rank's head group is padding only; Sana-WM, which
+refuses that, with 7 heads), their outputs and every gradient within 1e-5 of one process, through each family's own
+checks; the sequence split: each rank's attention saw ``ceil(S / sp)`` tokens (uneven: 6 and 9 tokens of
+Wan-Animate-2's two calls, AnyFlow FAR's 37, 11 and 9; Kandinsky 6 SR's 6 NABLA blocks of 64 and Kandinsky 5's 4
+always split evenly, one whole block a rank at least; Sana-WM's whole frames, ``ceil(F / sp)`` a rank).
 Flex attention has no backward on CPU: gradients through it are taken with each family's dense stand-in (the same
 mask), in both runs; Sana-WM's softmax branches are kept fp32 (``sana_wm_checks.fp32_softmax``)."""
 
@@ -23,6 +24,7 @@ RANKS = range(4)
 ANIMATE2_TOKENS, ANIMATE2_SEED = (6, 9), 11  # animate2_checks: REF_TOKENS, GEN_TOKENS; SEED
 FAR_TOKENS = {"train": 37, "prefill": 11, "denoise": 9}  # anyflow_far_checks.TOKENS; seeds offset by dp_seed(0)
 K6SR_TOKENS, K6SR_SEED = 384, 7  # kandinsky6_sr_checks.TOKENS; sr_inputs' seed
+K5_TOKENS, K5_SEED, K5_DIM = 256, 7, 48  # kandinsky5_nabla_checks.TOKENS; nabla_inputs' seed; CONFIG's model_dim
 SANA_WM_BRANCHES = ("SanaWMBidirectionalGDNAttention", "SanaWMBidirectionalGDNCamAttention", "SanaWMSoftmaxAttention",
                     "SanaWMSoftmaxCamAttention")  # fmt: skip
 SANA_WM_TOKENS_PER_FRAME, SANA_WM_SEED = 6, 7  # latents of 2 x 3; sana_wm_inputs' seed
@@ -99,6 +101,25 @@ def test_kandinsky6_sr(results, layout):
         assert errors["masks"] == 2 and errors["masks_equal"], errors
         assert errors["seen"] == [ceil(K6SR_TOKENS, sp)], errors["seen"]
     assert_seeds([results[rank]["kandinsky6_sr"][layout]["seed"] for rank in RANKS], layout, K6SR_SEED)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_kandinsky5_nabla(results, layout):
+    """Kandinsky 5's NABLA mode (attention_type 'nabla'): each rank's masks those of its heads (Ulysses 4: 3 heads
+    padded to 4, the last rank's group padding only), the flex output, the dense output and every gradient; each
+    rank's tokens a contiguous run of whole NABLA blocks of the one-process fractal order; 256 tokens (4 blocks)."""
+    sp = LAYOUTS[layout]
+    for rank in RANKS:
+        errors = results[rank]["kandinsky5_nabla"][layout]
+        assert_matches_one_process(errors, TOL, f"Kandinsky 5 NABLA {layout} rank {rank}")
+        assert errors["flex"] <= TOL, f"flex attention output error {errors['flex']:.2e}"
+        assert errors["grads_compared"] == errors["params"] + 2  # every parameter's, the latents' and the text's
+        assert errors["masks"] == 2 and errors["masks_equal"], errors
+        assert 0.2 < errors["mask_density"] < 0.9, f"NABLA kept {errors['mask_density']:.0%} of the blocks"
+        assert errors["taken"] == (2, K5_TOKENS // sp, K5_DIM) and errors["taken_error"] == 0.0, errors
+        assert errors["left_stock"], "unparallelize left dit-sp's self-attention forward installed"
+    assert_seeds([results[rank]["kandinsky5_nabla"][layout]["seed"] for rank in RANKS], layout, K5_SEED)
 
 
 @pytest.mark.slow

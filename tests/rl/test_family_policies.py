@@ -228,16 +228,6 @@ def test_kandinsky5_policy_ode_is_the_pipelines():
     assert (both[0] - both[1]).abs().max() > 1e-3
 
 
-def test_kandinsky5_policy_refuses_nabla_attention():
-    from diffusers import Kandinsky5Transformer3DModel
-
-    pipe = build_tiny("tiny-kandinsky5")
-    config = {key: value for key, value in pipe.transformer.config.items() if not key.startswith("_")}
-    nabla = Kandinsky5Transformer3DModel.from_config(config | {"attention_type": "nabla"})
-    with pytest.raises(ValueError, match=r"^Kandinsky 5 GRPO: attention_type 'nabla' \(NABLA sparse attention\)"):
-        Kandinsky5Policy(pipe, nabla, frames=9, height=48, width=32, guidance=4.0, max_sequence_length=32)
-
-
 @pytest.mark.slow
 def test_policy_steps_equal_single_process_on_1x2_and_2x1(hunyuanvideo15, prompts):
     """One GRPO step per family (guided, joint or isolated attention, 2 or 3 heads over 2 ranks): the rollout's

@@ -55,8 +55,9 @@ def sparse_params(model: torch.nn.Module, latents: torch.Tensor) -> dict[str, An
     return Kandinsky5T2VPipeline.get_sparse_params(pipe, latents, latents.device)
 
 
-def nabla_inputs(model: torch.nn.Module, batch: int = 2) -> dict[str, Any]:
-    g = torch.Generator().manual_seed(7)
+def nabla_inputs(model: torch.nn.Module, batch: int = 2, seed: int = 7) -> dict[str, Any]:
+    """``seed``: a dp replica's (``dp_seed``)."""
+    g = torch.Generator().manual_seed(seed)
     hidden = torch.randn(batch, 2, 16, 32, 4, generator=g)
     return {"hidden_states": hidden, "encoder_hidden_states": torch.randn(batch, 7, 16, generator=g),
             "timestep": torch.tensor([500.0, 20.0][:batch]), "pooled_projections": torch.randn(batch, 8, generator=g),
@@ -101,13 +102,16 @@ def _refusal(fn: Any) -> str:
     return ""
 
 
-def check_nabla_transformer() -> dict[str, Any]:
-    """Ulysses 2 against this process's unsplit runs (the stock model on diffusers' flex backend): masks, the flex
-    output, the dense output and gradients (summed over the group), the tokens the
-    self-attention took (against the one-process fractal-ordered sequence), ``unparallelize`` restoring the stock
-    modules; the ring refused for NABLA and kept for the dense mode."""
+def check_nabla_transformer(layout: tuple[int, int, int] = (1, 1, 2), extras: bool = True) -> dict[str, Any]:
+    """``layout`` (dp, ring, ulysses; default Ulysses 2) against this process's unsplit runs (the stock model on
+    diffusers' flex backend) on this dp replica's inputs (``"seed"``): masks, the flex output, the dense output and
+    gradients (summed over the group), the tokens the self-attention took (against the one-process fractal-ordered
+    sequence), ``unparallelize`` restoring the stock modules; with ``extras`` (a 2-process world), the ring refused
+    for NABLA and kept for the dense mode."""
     model = build()
-    kwargs = nabla_inputs(model)
+    dp, ring, ulysses = layout
+    parallel = init_parallel(ParallelConfig(dp=dp, ring=ring, ulysses=ulysses))
+    kwargs = nabla_inputs(model, seed=parallel.dp_seed(7))
     ref_masks: list[torch.Tensor] = []
     ref_taken: list[torch.Tensor] = []
     handles = _taken(model, ref_taken)
@@ -118,7 +122,6 @@ def check_nabla_transformer() -> dict[str, Any]:
     with dense_block_attention():
         ref_out, ref_grads = _run(model, kwargs, 1.0)
 
-    parallel = init_parallel(ParallelConfig(ulysses=2))
     masks: list[torch.Tensor] = []
     taken: list[torch.Tensor] = []
     with parallelize(model, parallel, verify_inputs=True):
@@ -145,15 +148,72 @@ def check_nabla_transformer() -> dict[str, Any]:
         "ref_scale": ref_out.abs().max().item(),
         "grads_compared": len(ref_grads),
         "params": len(list(model.parameters())),
+        "seed": parallel.dp_seed(7),
     }
     errors |= worst_grad_errors(grads, ref_grads, parallel, relative=True)
     errors["left_stock"] = all("forward" not in vars(b.self_attention) for b in model.visual_transformer_blocks)
+    with torch.no_grad():
+        errors["restored_bit_identical"] = float(torch.equal(model(**kwargs).sample, ref_flex))
+    if not extras:
+        return errors
     ring = init_parallel(ParallelConfig(ring=2))
     errors["ring_refusal"] = _refusal(lambda: parallelize(model, ring))
     dense = model.from_config({k: v for k, v in model.config.items() if k not in NABLA})  # attention_type 'regular'
     with parallelize(dense, ring):  # the dense mode keeps its ring
         errors["dense_ring"] = True
     return errors
+
+
+POLICY = {"frames": 5, "height": 128, "width": 128, "guidance": 4.0, "max_sequence_length": 16}
+"""GRPO's sample: 2 latent frames of 8 x 8 tokens (one NABLA block each), guided."""
+
+
+def nabla_policy(**settings: Any) -> Any:
+    """``Kandinsky5Policy`` of ``tiny-kandinsky5`` with NABLA on in its transformer's config (fp32), on diffusers'
+    flex backend as ``load_pipeline`` leaves a NABLA checkpoint; ``settings`` over ``POLICY``."""
+    from dit_sp.families.kandinsky5 import Kandinsky5Policy
+    from dit_sp.zoo import build_tiny
+
+    pipe = build_tiny("tiny-kandinsky5")
+    pipe.transformer.register_to_config(**NABLA)
+    for block in pipe.transformer.visual_transformer_blocks:
+        block.self_attention.set_attention_backend("flex")
+    return Kandinsky5Policy(pipe, pipe.transformer, **POLICY | settings)
+
+
+def _policy_run(policy: Any, x: torch.Tensor, cond: Any, grad_scale: float) -> tuple[torch.Tensor, dict]:
+    """The guided velocity at ``s = 0.7`` and the gradients of ``sum(v * w)`` (times ``grad_scale``) w.r.t. ``x`` and
+    every transformer parameter."""
+    model = policy.transformer
+    model.zero_grad(set_to_none=True)
+    x = x.clone().requires_grad_()
+    v = policy.velocity(x, 0.7, cond)
+    ((v * torch.randn(v.shape, generator=torch.Generator().manual_seed(3))).sum() * grad_scale).backward()
+    return v.detach(), {"input.x": x.grad} | {f"param.{n}": p.grad for n, p in model.named_parameters()}
+
+
+def check_nabla_policy() -> dict[str, Any]:
+    """GRPO's velocity of a NABLA checkpoint (``Kandinsky5Policy``: the transformer called with the pipeline's
+    ``sparse_params``) and its gradients on Ulysses 2 against this process's unsplit run, the dense stand-in in both
+    (flex attention has no CPU backward): errors, the NABLA masks built, and how far the velocity is from the dense
+    model's (the same weights, ``attention_type`` regular: NABLA's masks act)."""
+    policy = nabla_policy()
+    cond = policy.encode(["a red circle"])
+    x = torch.randn(1, *policy.latent_shape(), generator=torch.Generator().manual_seed(1))
+    ref_masks: list[torch.Tensor] = []
+    with dense_block_attention(), recorded_masks(ref_masks):
+        ref_v, ref_grads = _policy_run(policy, x, cond, 1.0)
+    parallel = init_parallel(ParallelConfig(ulysses=2))
+    masks: list[torch.Tensor] = []
+    with parallelize(policy.transformer, parallel, verify_inputs=True), dense_block_attention(), recorded_masks(masks):
+        v, grads = _policy_run(policy, x, cond, 1.0 / parallel.sp)
+    policy.transformer.register_to_config(attention_type="regular")  # the same weights, dense
+    with torch.no_grad(), dense_block_attention():
+        dense = policy.velocity(x, 0.7, cond)
+    errors = {"out": (v - ref_v).abs().max().item(), "ref_scale": ref_v.abs().max().item(),
+              "masks": len(masks), "ref_masks": len(ref_masks), "vs_dense": (ref_v - dense).abs().max().item(),
+              "grads_compared": len(ref_grads), "params": len(list(policy.transformer.parameters()))}  # fmt: skip
+    return errors | worst_grad_errors(grads, ref_grads, parallel, relative=True)
 
 
 def save_nabla_checkpoint(path: Any) -> str:
@@ -168,20 +228,17 @@ def save_nabla_checkpoint(path: Any) -> str:
     return str(path)
 
 
-def check_all(job: Any, ring_job: Any) -> dict[str, Any]:
-    """One spawned world: the transformer checks, then ``generate`` for ``job`` (a ``GenerateConfig`` of a NABLA
-    checkpoint on Ulysses 2) with the NABLA masks built and the largest token count the split attention computed, and
-    ``generate`` for ``ring_job`` (the same on a ring) refused."""
+def check_all(job: Any) -> dict[str, Any]:
+    """One spawned world: the transformer checks, GRPO's policy's, then ``generate`` for ``job`` (a ``GenerateConfig``
+    of a NABLA checkpoint on Ulysses 2) with the NABLA masks built and the largest token count the split attention
+    computed."""
     from kandinsky_cosmos_checks import generate_counting_tokens
 
-    from dit_sp import generate
-
-    results = {"transformer": check_nabla_transformer()}
+    results = {"transformer": check_nabla_transformer(), "policy": check_nabla_policy()}
     masks: list[torch.Tensor] = []
     with recorded_masks(masks):
         report = generate_counting_tokens([job])[0]
     results["generate"] = {"masks": len(masks), "attention_tokens": report["attention_tokens"]}
     if "out" in report:  # the leader
         results["generate"] |= {"frames": report["frames"], "latents": torch.load(report["latents"])}
-    results["generate_ring"] = _refusal(lambda: generate(ring_job, True))
     return results

@@ -1,7 +1,7 @@
-"""Worker side of the Ulysses-only families on 4-process layouts: Wan-Animate-2, AnyFlow FAR, Kandinsky 6 SR and
-Sana-WM, each run by its own checks (``animate2_checks``, ``anyflow_far_checks``, ``kandinsky6_sr_checks``,
-``sana_wm_checks``) on dp 2 x Ulysses 2 (each dp replica on its own inputs, ``dp_seed``) and on Ulysses 4, against
-one process."""
+"""Worker side of the Ulysses-only families on 4-process layouts: Wan-Animate-2, AnyFlow FAR, Kandinsky 6 SR,
+Kandinsky 5 in NABLA mode and Sana-WM, each run by its own checks (``animate2_checks``, ``anyflow_far_checks``,
+``kandinsky6_sr_checks``, ``kandinsky5_nabla_checks``, ``sana_wm_checks``) on dp 2 x Ulysses 2 (each dp replica on
+its own inputs, ``dp_seed``) and on Ulysses 4, against one process."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ def check_all() -> dict[str, Any]:
     ``"<case>/<layout>"``) and the seconds (wall and CPU) each family took."""
     from animate2_checks import check_animate2
     from anyflow_far_checks import check_far
+    from kandinsky5_nabla_checks import check_nabla_transformer
     from kandinsky6_sr_checks import check_sr_transformer
     from sana_wm_checks import check_sana_wm, fp32_softmax
     from torch.nn.attention import flex_attention
@@ -38,6 +39,9 @@ def check_all() -> dict[str, Any]:
         "anyflow_far": lambda: check_far(LAYOUTS),
         "kandinsky6_sr": lambda: {
             "dp{}-r{}-u{}".format(*layout): check_sr_transformer(layout, extras=False) for layout in LAYOUTS
+        },
+        "kandinsky5_nabla": lambda: {
+            "dp{}-r{}-u{}".format(*layout): check_nabla_transformer(layout, extras=False) for layout in LAYOUTS
         },
         "sana_wm": sana_wm,
     }
