@@ -44,9 +44,9 @@ CFG_REFUSAL = (
     "per-sample lists: dit-sp's guidance pair takes every call as one branch of a pair of tensors; use cfg=1"
 )
 
-PYTHON_ONLY = (
-    "it animates a reference image with a driving video (its image= and driving_video= inputs), which generate does "
-    "not pass to a modular pipeline: build it and call parallelize(pipe, layout) from Python "
+DISTILLED_PYTHON_ONLY = (
+    "generate loads Modular Diffusers pipelines only as built-in models (a modular repository is refused), and none "
+    "is of the distilled pipeline: load it with ModularPipeline.from_pretrained and call parallelize(pipe, layout) "
     "(docs/families-wan-animate-2.md)"
 )
 
@@ -114,11 +114,14 @@ WAN_ANIMATE_2 = ModelFamily(
     step_cache=False,
     class_names=("WanAnimate2Transformer3DModel",),
     modular_pipelines=MODULAR_PIPELINES,
-    python_only=dict.fromkeys(MODULAR_PIPELINES, PYTHON_ONLY),
+    # generate: --image is the character's reference image, --video the driving video, --frames a segment's length
+    modular_inputs={"image": "image", "video": "driving_video", "num_frames": "segment_frame_length"},
+    python_only={"WanAnimate2DistilledModularPipeline": DISTILLED_PYTHON_ONLY},
     tiny_models=("tiny-wan-animate-2",),
     plan=_plan,
     hooks=_hooks,
     attention_modules=(),  # its self-attention gets its own processor (``_hooks``); cross-attention stays local
+    guidance_arg="guider",  # its blocks take no guidance scale: their ClassifierFreeGuidance guider's scale
     ring_refused=RING_REFUSAL,
     cfg_refused=CFG_REFUSAL,
 )

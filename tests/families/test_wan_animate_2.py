@@ -1,7 +1,8 @@
 """Wan-Animate-2 parallelized vs. one process, all in one 2-process spawn: the transformer on Ulysses 2, an extract
 call that fills the key/value cache and a cached call over it (through the flex block mask), forward and backward,
 with the sequence split (9 generation tokens: uneven over 2 ranks) and a head group per rank in the cache; the whole
-tiny modular pipeline (``tiny-wan-animate-2``, guided) on Ulysses 2 from Python; a ring refused in one line."""
+tiny modular pipeline (``tiny-wan-animate-2``, guided) on Ulysses 2 from Python; a ring refused in one line
+(``generate``: tests/pipelines/test_generate_wan_animate_2.py)."""
 
 from __future__ import annotations
 
@@ -72,21 +73,6 @@ def test_cfg_parallel_is_refused_with_the_reason():
     with pytest.raises(ConfigError, match=r"^cfg parallelism \(cfg=2\) for SimpleNamespace: Wan-Animate-2's") as e:
         parallelize(pipe, SimpleNamespace(cfg=2))
     assert "kv_cache_mode='extract'" in str(e.value) and str(e.value).endswith("use cfg=1") and "\n" not in str(e.value)
-
-
-def test_generate_refuses_it_in_one_line_saying_to_call_it_from_python(tmp_path):
-    """Its inputs are a reference image and a driving video, which generate does not pass to a modular pipeline:
-    refused before anything loads (the pipeline runs split from Python, test_modular_pipeline_matches_...)."""
-    from dit_sp import GenerateConfig
-    from dit_sp.errors import ConfigError
-    from dit_sp.inference import check_before_loading
-
-    config = GenerateConfig.load(overrides={"model": "tiny-wan-animate-2", "out": str(tmp_path / "v.mp4")})
-    with pytest.raises(ConfigError) as error:
-        check_before_loading(config)
-    message = str(error.value)
-    assert message.startswith("tiny-wan-animate-2 (WanAnimate2ModularPipeline): generate does not run it: ")
-    assert "\n" not in message and "from Python" in message and "driving_video=" in message
 
 
 def test_one_process_parallelize_is_exact_and_undone():
