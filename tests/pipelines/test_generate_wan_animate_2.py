@@ -123,3 +123,20 @@ def test_its_input_names_are_the_blocks_inputs():
         assert set(family.modular_inputs.values()) <= names, pipeline
     assert "WanAnimate2ModularPipeline" not in python_only_pipelines()
     assert "ModularPipeline.from_pretrained" in python_only_pipelines()["WanAnimate2DistilledModularPipeline"]
+
+
+def test_guidance_is_its_guiders_scale():
+    """``--guidance`` replaces the scale of the pipeline's ClassifierFreeGuidance guider (the blocks take none); 1
+    turns its unconditional branch off (checked by hand: the extract call, then one cached call a step, not two)."""
+    from diffusers import WanAnimate2Blocks
+
+    from dit_sp.inference import guidance_arguments
+    from dit_sp.zoo import build_tiny
+
+    pipe = WanAnimate2Blocks().init_pipeline()  # its guider made from the blocks' config, as the tiny model's is
+    pipe.update_components(transformer=build_tiny(MODEL, "transformer"))
+    assert pipe.guider.guidance_scale == 3.0 and pipe.guider.num_conditions == 2  # the blocks' default
+    for scale, branches in ((1.5, 2), (1.0, 1)):
+        settings = GenerateConfig.load(overrides={"model": MODEL, "guidance": scale})
+        assert guidance_arguments(pipe, settings) == {}
+        assert pipe.guider.guidance_scale == scale and pipe.guider.num_conditions == branches
