@@ -24,7 +24,12 @@ def results():
 
 @pytest.mark.slow
 def test_transformer_matches_single_process_in_both_modes(results):
-    from animate2_checks import GEN_TOKENS, REF_TOKENS
+    import math
+
+    from animate2_checks import BATCH, GEN_TOKENS, REF_TOKENS
+
+    from dit_sp.families.wan_animate_2 import kv_cache
+    from dit_sp.zoo import model_spec
 
     for rank in (0, 1):
         errors = results[rank]["transformer"]["dp1-r1-u2"]
@@ -35,6 +40,10 @@ def test_transformer_matches_single_process_in_both_modes(results):
         assert errors["lengths"] == [REF_TOKENS // 2, -(-GEN_TOKENS // 2)], errors["lengths"]
         # the cache holds this rank's head group (3 heads padded to 4: 2 a rank) of every reference token, head dim 12
         assert errors["cache"] == (2, REF_TOKENS, 2, 12), errors["cache"]
+        # as the memory planner counts it a rank: keys and values of every layer, per sample (2 latent frames of 2 x 6)
+        config = model_spec("tiny-wan-animate-2")["components"]["transformer"]["config"]
+        held = config["num_layers"] * 2 * math.prod(errors["cache"])  # every layer's keys and values, BATCH samples
+        assert held == BATCH * kv_cache(config, 2, 2, 6, True, 2)[1], held
         # and only its keys: not the all-to-all's whole q, k, v buffer that they arrived in (3x before the fix)
         assert errors["cache_storage"] == 1.0, errors["cache_storage"]
 
