@@ -140,3 +140,13 @@ def test_guidance_is_its_guiders_scale():
         settings = GenerateConfig.load(overrides={"model": MODEL, "guidance": scale})
         assert guidance_arguments(pipe, settings) == {}
         assert pipe.guider.guidance_scale == scale and pipe.guider.num_conditions == branches
+
+
+def test_the_pages_command_is_the_tested_layout():
+    """docs/families-wan-animate-2.md's generate command: the model, inputs and layout the CLI runs above run."""
+    from doc_blocks import blocks, commands
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "families-wan-animate-2.md").read_text()
+    found = [command for block in blocks(text, "bash") for command in commands(block)]
+    assert found == [f"python -m pipelines.generate --model {MODEL} --image character.png --video driving.mp4 "
+                     "--ulysses 2 --out a.mp4"]  # fmt: skip
