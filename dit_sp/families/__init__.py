@@ -138,7 +138,8 @@ def ring_refusal(config: Any, *, class_name: str = "", pipeline: str = "") -> st
     class ``class_name`` or in a pipeline of class ``pipeline``, from its family (``ModelFamily.ring_refusal``); empty
     where a ring splits it or the family is not known. Read before any weights load (``generate``, the GRPO trainer's
     preflight, the memory planner)."""
-    family = next((f for f in FAMILIES if class_name in f.class_names or pipeline in f.checkpoint_defaults), None)
+    family = next((f for f in FAMILIES if class_name in f.class_names
+                   or pipeline in {*f.checkpoint_defaults, *f.modular_pipelines}), None)  # fmt: skip
     return family.ring_refusal(config or {}) if family is not None else ""
 
 

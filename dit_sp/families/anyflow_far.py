@@ -156,6 +156,28 @@ def _shape_check(config: Any, settings: dict[str, Any], name: Any, vae: tuple[in
                           f"{name('frames')} {(sum(chunks) - 1) * vae[0] + 1}")  # fmt: skip
 
 
+def kv_cache(config: dict[str, Any], latent_frames: int, height: int, width: int, guidance: bool,
+             ulysses: int) -> tuple[str, int]:  # fmt: skip
+    """The KV cache ``AnyFlowFARPipeline`` allocates before its first transformer call, in elements (of the
+    transformer's dtype), from the transformer's ``config`` and the latents' ``height`` x ``width``: per layer a
+    ``full_cache`` and a ``compressed_cache``, each ``(2, B, H, T, D)`` with ``B`` the batch doubled under guidance,
+    ``T`` ``full_chunk_limit`` (or the chunks past it, plus one) times the longest chunk of ``chunk_partition`` times
+    a full (or compressed) frame's tokens. Whole on every rank, whatever ``ulysses``: the stock pipeline allocates
+    every head (the split processor replaces a layer's tensors with its head group's at their first use)."""
+    chunks, limit = list(config["chunk_partition"]), config["full_chunk_limit"]
+    full, compressed = (
+        height // p[1] * (width // p[2]) for p in (config["patch_size"], config["compressed_patch_size"])
+    )
+    tokens = limit * max(chunks) * full + (len(chunks) - limit + 1) * max(chunks) * compressed
+    per_layer = 2 * (2 if guidance else 1) * config["num_attention_heads"] * tokens * config["attention_head_dim"]
+    return "KV cache, whole on every rank", config["num_layers"] * per_layer
+
+
+# nvidia/AnyFlow-FAR-Wan2.1-1.3B-Diffusers: Wan 2.1 1.3B's shape, a compressed patch embedding; its chunks and cache
+# sizes are diffusers' defaults (the chunk partition "matched to the released 81-frame checkpoints")
+_FAR_1_3B = {"num_attention_heads": 12, "ffn_dim": 8960, "num_layers": 30, "chunk_partition": [1, 3, 3, 3, 3, 3, 3, 2],
+             "full_chunk_limit": 3, "compressed_patch_size": [1, 4, 4]}  # fmt: skip
+
 ANYFLOW_FAR = ModelFamily(
     name="anyflow_far",
     step_cache=False,
@@ -170,10 +192,8 @@ ANYFLOW_FAR = ModelFamily(
     tiny_models=("tiny-anyflow-far",),
     checkpoint_defaults={"AnyFlowFARPipeline": generation_defaults(81, 480, 832, 4, 1.0, 512) | {"fps": 16}},
     vae_factors={"AnyFlowFARPipeline": wan_vae_factors},
-    architectures={  # nvidia/AnyFlow-FAR-Wan2.1-1.3B-Diffusers: Wan 2.1 1.3B's shape, a compressed patch embedding
-        "anyflow-far-wan2.1-1.3b": wan_architecture(
-            {"transformer": {"num_attention_heads": 12, "ffn_dim": 8960, "num_layers": 30}},
-            "AnyFlowFARTransformer3DModel",
-        )
+    architectures={
+        "anyflow-far-wan2.1-1.3b": wan_architecture({"transformer": _FAR_1_3B}, "AnyFlowFARTransformer3DModel")
+        | {"kv_cache": kv_cache}
     },
 )

@@ -154,6 +154,11 @@ class ModelFamily:
     refused_pipelines: dict[str, str] = field(default_factory=dict, hash=False)
     """Pipeline classes of the family that ``parallelize`` and ``generate`` refuse, each with its one-line reason
     (a stock pipeline that fails on one process too: nothing to match)."""
+    modular_inputs: dict[str, str] = field(default_factory=dict, hash=False)
+    """``generate``'s call arguments the family's modular pipelines' blocks take, each under its blocks' name
+    (Wan-Animate-2: ``image`` as it is; ``video``, the ``--video`` frames, as ``driving_video``; ``num_frames``,
+    ``--frames``, as ``segment_frame_length``). The input flags named here go to the blocks (required where the blocks
+    require them); the others are refused before loading."""
     python_only: dict[str, str] = field(default_factory=dict, hash=False)
     """Pipeline classes of the family that ``parallelize`` splits but ``generate`` does not run (they take another
     pass's output, which a CLI run does not chain), each with its one-line reason: called from Python."""

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from dit_sp._compat import context_parallel_types
 from dit_sp.families.family import ModelFamily, Undo
 from dit_sp.families.head_group import HeadGroupAttention
+from dit_sp.families.wan import wan_architecture
 
 if TYPE_CHECKING:
     import torch
@@ -44,9 +45,9 @@ CFG_REFUSAL = (
     "per-sample lists: dit-sp's guidance pair takes every call as one branch of a pair of tensors; use cfg=1"
 )
 
-PYTHON_ONLY = (
-    "it animates a reference image with a driving video (its image= and driving_video= inputs), which generate does "
-    "not pass to a modular pipeline: build it and call parallelize(pipe, layout) from Python "
+DISTILLED_PYTHON_ONLY = (
+    "generate loads Modular Diffusers pipelines only as built-in models (a modular repository is refused), and none "
+    "is of the distilled pipeline: load it with ModularPipeline.from_pretrained and call parallelize(pipe, layout) "
     "(docs/families-wan-animate-2.md)"
 )
 
@@ -107,6 +108,33 @@ def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
     return [Undo(lambda: [fn() for fn in reversed(undo)])]
 
 
+def kv_cache(config: dict[str, Any], latent_frames: int, height: int, width: int, guidance: bool,
+             ulysses: int) -> tuple[str, int]:  # fmt: skip
+    """The reference key/value cache one segment's extract call fills, in elements (of the transformer's dtype) per
+    rank, from the transformer's ``config``, a segment's ``latent_frames`` and the latents' ``height`` x ``width``:
+    every layer's keys and values ``(1, S_ref, H_pad / U, D)`` of the driving video's segment (one sample, guided or
+    not: the extract call is unpaired), this rank's head group (heads zero-padded to a multiple of ``ulysses``)."""
+    heads, (_, ph, pw) = config["num_heads"], config["patch_size"]
+    reference = latent_frames * (height // ph) * (width // pw)
+    per_rank = -(-heads // ulysses)  # the padded heads' share (attend_whole_sequence)
+    elements = config["num_layers"] * 2 * reference * per_rank * (config["dim"] // heads)
+    return f"KV cache of the reference, 1/{ulysses} of the heads", elements
+
+
+# Wan2.2-Animate-2-14B (Wan-AI/Wan2.2-Animate-2-14B-Diffusers): diffusers' defaults, Wan 2.1 I2V 14B's shape (36 input
+# channels: noise, mask, condition; CLIP image keys and values in every block): 1.64e10 parameters, named "14B" as
+# Wan 2.1 I2V 14B is. Its research repository (82.5 GB) holds two bf16 DiTs (base and distilled: 2 x 32.8 GB), UMT5-XXL
+# (11.4 GB), CLIP ViT-H (4.8 GB, not counted here) and the VAE. A segment's generation tokens are its latent frames and
+# the reference image's one (extra_latent_frames).
+_ARCHITECTURES = {
+    "wan2.2-animate-2-14b": wan_architecture({}) | {  # UMT5-XXL, Wan 2.1's VAE
+        "transformers": {"transformer": ("WanAnimate2Transformer3DModel", {
+            "patch_size": [1, 2, 2], "text_len": 512, "in_dim": 36, "dim": 5120, "ffn_dim": 13824, "freq_dim": 256,
+            "text_dim": 4096, "out_dim": 16, "num_heads": 40, "num_layers": 40})},
+        "extra_latent_frames": 1, "kv_cache": kv_cache},
+}  # fmt: skip
+"""The real checkpoint, for the memory planner (``ModelFamily.architectures``)."""
+
 MODULAR_PIPELINES = ("WanAnimate2ModularPipeline", "WanAnimate2DistilledModularPipeline")
 
 WAN_ANIMATE_2 = ModelFamily(
@@ -114,11 +142,15 @@ WAN_ANIMATE_2 = ModelFamily(
     step_cache=False,
     class_names=("WanAnimate2Transformer3DModel",),
     modular_pipelines=MODULAR_PIPELINES,
-    python_only=dict.fromkeys(MODULAR_PIPELINES, PYTHON_ONLY),
+    # generate: --image is the character's reference image, --video the driving video, --frames a segment's length
+    modular_inputs={"image": "image", "video": "driving_video", "num_frames": "segment_frame_length"},
+    python_only={"WanAnimate2DistilledModularPipeline": DISTILLED_PYTHON_ONLY},
     tiny_models=("tiny-wan-animate-2",),
+    architectures=_ARCHITECTURES,
     plan=_plan,
     hooks=_hooks,
     attention_modules=(),  # its self-attention gets its own processor (``_hooks``); cross-attention stays local
+    guidance_arg="guider",  # its blocks take no guidance scale: their ClassifierFreeGuidance guider's scale
     ring_refused=RING_REFUSAL,
     cfg_refused=CFG_REFUSAL,
 )

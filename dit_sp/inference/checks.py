@@ -101,18 +101,40 @@ def check_before_loading(config: GenerateConfig) -> None:
 
 
 def check_modular(config: GenerateConfig, name: str) -> bool:
-    """For a Modular Diffusers pipeline ``name`` (MiniMax-H3): ``--cfg-parallel`` refused with its family's reason,
-    and image or video inputs refused (``generate`` runs its text-only workflow); ``False`` for other pipelines."""
+    """For a Modular Diffusers pipeline ``name`` (MiniMax-H3, Wan-Animate-2): ``--cfg-parallel`` refused with its
+    family's reason, the input files its family passes (``ModelFamily.modular_inputs``) required where its blocks
+    require them and readable, the others refused (MiniMax-H3: ``generate`` runs its text-to-video workflow);
+    ``False`` for other pipelines."""
     family = next((f for f in FAMILIES if name in f.modular_pipelines), None)
     if family is None:
         return False
     if config.cfg_parallel and family.cfg_refused:
         raise ConfigError(f"--cfg-parallel for {name}: {family.cfg_refused}")
     inputs = ("image", "last_image", "video", "control_video", *MOTION_VIDEOS)
-    given = [flag for flag in inputs if getattr(config, flag, None)]
+    taken = [key for key in inputs if key in family.modular_inputs]
+    given = [key for key in inputs if getattr(config, key, None) and key not in taken]
     if given:
-        raise ConfigError(f"--{given[0].replace('_', '-')}: generate runs {name} from text only (its text-to-video "
-                          "workflow); for its keyframe or reference workflows, call it from Python")  # fmt: skip
+        flag = "--" + given[0].replace("_", "-")
+        if not taken:
+            raise ConfigError(f"{flag}: generate runs {name} from text only (its text-to-video workflow); for its "
+                              "keyframe or reference workflows, call it from Python")  # fmt: skip
+        raise ConfigError(f"{flag}: {config.model} ({name}) takes no {given[0].replace('_', ' ')}, only "
+                          f"{' and '.join('--' + k.replace('_', '-') for k in taken)}; drop {flag}")  # fmt: skip
+    if taken:
+        import diffusers
+
+        blocks = getattr(diffusers, getattr(diffusers, name).default_blocks_name)()
+        params = {param.name: param for param in blocks.inputs}
+        for key in taken:
+            flag, param = "--" + key.replace("_", "-"), params[family.modular_inputs[key]]
+            if not getattr(config, key) and param.required:
+                what = param.description.split(",")[0].split(".")[0]
+                raise ConfigError(f"{config.model} ({name}) needs {flag} PATH: its {param.name}, "
+                                  f"{what[:1].lower()}{what[1:]}")  # fmt: skip
+            if (path := getattr(config, key)) and key in ("image", "last_image"):
+                read_image(path, flag)
+            elif path:
+                read_video(path, flag)
     return True
 
 

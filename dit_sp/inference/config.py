@@ -58,7 +58,8 @@ class GenerateConfig:
     out: str = setting("outputs/video.mp4", "FILE.mp4, FILE.gif or a directory of PNG frames")
     image: str | None = setting(None, "image-to-video: the first frame (default: none, text-to-video)")
     """Image-to-video: the first frame (PNG, JPEG, ...), for an image-to-video model (Wan I2V / FLF2V, Wan 2.2
-    I2V and TI2V, CogVideoX I2V); resized to ``height`` x ``width`` by the pipeline."""
+    I2V and TI2V, CogVideoX I2V); resized to ``height`` x ``width`` by the pipeline. Wan Animate and Wan-Animate-2:
+    the reference image of the character to animate."""
     camera: str | None = setting(None, "Sana-WM: the camera's path, KEYS-FRAMES,... (WASD move, IJKL turn: w-80,jw-40)")
     """Sana-WM's camera trajectory, its pipeline's ``action`` string: comma-separated ``KEYS-FRAMES`` segments, WASD
     moving and IJKL turning the camera for that many frames (``none`` holds it), at least ``frames - 1`` in all (the
@@ -69,13 +70,15 @@ class GenerateConfig:
     resize and crop); default: the model's (a built-in model's spec), else the pipeline requires them."""
     last_image: str | None = setting(None, "first-last-frame: the last frame too (Wan FLF2V; default: none)")
     video: str | None = setting(
-        None, "video-to-video: the input video (SkyReels-V2 DF, Wan, CogVideoX V2V; default: none)"
+        None, "video-to-video: the input video (SkyReels-V2 DF, Wan, CogVideoX V2V; Wan-Animate-2: the driving video)"
     )
     """Video-to-video: the input video (an .mp4 or .gif file, or a directory of image frames), for a model whose
     pipeline takes one (SkyReels-V2 diffusion-forcing video-to-video: its last frames, up to 17, are the history the
     ``frames`` new ones continue; the written video is the input followed by them. Wan and CogVideoX
     video-to-video: the video is noised and denoised again, SDEdit-like; its length sets the frames. Kandinsky 6 SR:
-    the video to upscale; its length and size set the output's)."""
+    the video to upscale; its length and size set the output's. Wan-Animate-2: the driving video whose motion the
+    ``image``'s character follows, its ``driving_video``; the video written has its frame count, made in segments of
+    ``frames`` frames)."""
     control_video: str | None = setting(
         None, "a control video (CogVideoX-Fun Control, Cosmos-Transfer2.5; default: none)"
     )

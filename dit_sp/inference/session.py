@@ -182,8 +182,11 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
     with _steps_recorded(pipe, on_step_end, "callback_on_step_end" not in arguments):
         result = pipe(**arguments)
     steps = [b - a for a, b in zip([start, *step_times[:-1]], step_times)]
-    if modular:  # its outputs by name: the decoded videos and the final (unpacked) latents
-        frames, final["latents"] = result["videos"][0], result["latents"].detach().cpu()
+    if modular:  # its outputs by name: the decoded videos and the final (unpacked) latents; Wan-Animate-2 frees its
+        # segments' latents after decoding them: the scheduler's last step's (``_steps_recorded``)
+        frames = result["videos"][0]
+        if result["latents"] is not None:
+            final["latents"] = result["latents"].detach().cpu()
     elif hasattr(result, "frames"):  # (B, F, H, W, 3); Sana-WM's output (with its camera poses, c2w) is one video
         frames = result.frames if hasattr(result, "c2w") else result.frames[0]
     elif hasattr(result, "video"):  # Cosmos 3 (Cosmos3OmniPipelineOutput): the one sample's frames
@@ -251,8 +254,13 @@ def _is_modular(pipe: Any) -> bool:
 
 
 def _modular_inputs(pipe: Any, arguments: dict[str, Any]) -> dict[str, Any]:
-    """The ``arguments`` a modular pipeline's blocks take (no step callback: ``_steps_recorded`` times its scheduler's
-    steps), and the outputs ``sample`` reads: ``videos`` and ``latents``."""
+    """The ``arguments`` a modular pipeline's blocks take, under the names its family gives them
+    (``ModelFamily.modular_inputs``: Wan-Animate-2's ``driving_video``; no step callback: ``_steps_recorded`` times its
+    scheduler's steps), and the outputs ``sample`` reads: ``videos`` and ``latents``."""
+    from dit_sp.families import family_of
+
+    renamed = family_of(pipe.transformer).modular_inputs
+    arguments = {renamed.get(key, key): value for key, value in arguments.items()}
     names = {param.name for param in pipe.blocks.inputs}
     return {key: value for key, value in arguments.items() if key in names} | {"output": ["videos", "latents"]}
 

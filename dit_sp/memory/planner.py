@@ -68,6 +68,8 @@ class TransformerShape:
             # hidden_size: the attention's width is what its activations take)
             heads = config["num_attention_heads"]  # Sana-WM: its linear attention's head (hidden_size / heads)
             head_dim = config.get("attention_head_dim") or config.get("linear_head_dim") or config["head_dim"]
+        elif "num_heads" in config:  # Wan-Animate-2: the original Wan names (num_heads over dim)
+            heads, head_dim = config["num_heads"], config["dim"] // config["num_heads"]
         else:  # Kandinsky 5: the width is model_dim, a head the rotary axes' sum
             head_dim = sum(config["axes_dims"])
             heads = config["model_dim"] // head_dim

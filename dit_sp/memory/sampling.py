@@ -18,6 +18,9 @@ resident weights plus that phase's working set:
   (``SAVED_PER_TOKEN``, measured for training) bound its no-grad working set from above; one sequence per
   forward with ``--cfg-parallel`` or no guidance, two without it (an upper bound for pipelines that run the
   two guidance branches one after the other, exact for those that batch them);
+- **a KV cache** (an architecture's ``kv_cache``, its family's formula), in the denoising phase: AnyFlow FAR's,
+  whole on every rank (``AnyFlowFARPipeline`` allocates every head of every layer before the first call, so more
+  Ulysses does not lower it); Wan-Animate-2's reference cache of one segment, ``1/U`` of its heads a rank;
 - **VAE decode activations** (``vae_decode_bytes``): an estimate from the decoder's full-resolution width and
   the decoded size, rows split over a sample's processes with the parallel VAE.
 - **a ControlNet** (Cosmos-Transfer2.5, an architecture's ``controlnet``): its weights whole; it is split as the
@@ -209,6 +212,8 @@ def plan_sampling(
     if not s.free_text_encoders:
         resident |= encoders
     video = tokens(shape, s.frames, s.height, s.width, spec["compression"])
+    # Wan-Animate-2: a segment's latent frames and the reference image's (``extra_latent_frames``)
+    video += spec.get("extra_latent_frames", 0) * tokens(shape, 1, s.height, s.width, spec["compression"])
     total = video + (spec["text_tokens"] if spec["joint"] else 0)
     per_rank = math.ceil(total / (s.ring * s.ulysses))
     sequences = 2 if s.guidance and not s.cfg_parallel else 1
@@ -218,6 +223,11 @@ def plan_sampling(
     decode = vae_decode_bytes(s.frames, s.height, s.width, size, split, chunk)
     at_once = "all frames" if chunk is None or chunk >= s.frames else f"{chunk} frames"
     working = {f"activations (one block, {sequences} seq x {per_rank} tokens)": block}
+    if "kv_cache" in spec:  # AnyFlow FAR's chunk cache (whole), Wan-Animate-2's reference cache (1/U of its heads)
+        temporal, spatial = spec["compression"][:2]
+        latent = ((s.frames - 1) // temporal + 1, s.height // spatial, s.width // spatial)
+        label, elements = spec["kv_cache"](config, *latent, s.guidance, s.ulysses)
+        working[f"{label} ({s.dtype})"] = elements * size
     if controlnet is not None:  # one of its blocks split, its inputs and residuals whole: one branch at a time
         per_token = SAVED_PER_TOKEN["dim"] * controlnet.dim + SAVED_PER_TOKEN["ffn"] * controlnet.ffn
         whole = (controlnet.layers + 2) * controlnet.dim * size * video
@@ -263,6 +273,11 @@ def _advise(plan: SamplingPlan, gpus: int, gpu_memory_gb: float) -> list[str]:
         options.append((f"--ring {s.ring * 2} (more processes per sample)", {"ring": s.ring * 2}, gpus))
         if s.dtype == "float32":
             options.append(("--dtype bfloat16 (half the bytes)", {"dtype": "bfloat16"}, gpus))
+    elif component.startswith("KV cache"):  # Wan-Animate-2's: 1/U of its heads a rank; AnyFlow FAR's: whole
+        if "whole on every rank" not in component:
+            options.append((f"{more_text}: fewer of the cache's heads each", more, gpus))
+        if s.dtype == "float32":
+            options.append(("--dtype bfloat16 (half the bytes)", {"dtype": "bfloat16"}, gpus))
     elif component.startswith("gathered block") and s.dtype == "float32":
         options.append(("--dtype bfloat16 (half the bytes)", {"dtype": "bfloat16"}, gpus))
     lines = []
@@ -277,6 +292,9 @@ def _advise(plan: SamplingPlan, gpus: int, gpu_memory_gb: float) -> list[str]:
             gpus_note = f" on {count} GPUs" if count != gpus else ""
             verdict = "fits" if other.fits else "still does not fit"
             lines.append(f"{text}{gpus_note}: peak {other.peak / GiB:.1f} GiB at {other.peak_phase}: {verdict}")
+    if component.startswith("KV cache") and "whole on every rank" in component:
+        lines.append("(the KV cache is whole on every rank, as the stock pipeline allocates it: more --ulysses or "
+                     "--ring does not lower it; bfloat16 halves it, or GPUs with more memory)")  # fmt: skip
     if not lines:
         lines.append(f"{component}: no generate flag lowers it; GPUs with more memory")
     return lines

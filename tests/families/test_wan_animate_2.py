@@ -1,7 +1,8 @@
 """Wan-Animate-2 parallelized vs. one process, all in one 2-process spawn: the transformer on Ulysses 2, an extract
 call that fills the key/value cache and a cached call over it (through the flex block mask), forward and backward,
 with the sequence split (9 generation tokens: uneven over 2 ranks) and a head group per rank in the cache; the whole
-tiny modular pipeline (``tiny-wan-animate-2``, guided) on Ulysses 2 from Python; a ring refused in one line."""
+tiny modular pipeline (``tiny-wan-animate-2``, guided) on Ulysses 2 from Python; a ring refused in one line
+(``generate``: tests/pipelines/test_generate_wan_animate_2.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,12 @@ def results():
 
 @pytest.mark.slow
 def test_transformer_matches_single_process_in_both_modes(results):
-    from animate2_checks import GEN_TOKENS, REF_TOKENS
+    import math
+
+    from animate2_checks import BATCH, GEN_TOKENS, REF_TOKENS
+
+    from dit_sp.families.wan_animate_2 import kv_cache
+    from dit_sp.zoo import model_spec
 
     for rank in (0, 1):
         errors = results[rank]["transformer"]["dp1-r1-u2"]
@@ -34,6 +40,10 @@ def test_transformer_matches_single_process_in_both_modes(results):
         assert errors["lengths"] == [REF_TOKENS // 2, -(-GEN_TOKENS // 2)], errors["lengths"]
         # the cache holds this rank's head group (3 heads padded to 4: 2 a rank) of every reference token, head dim 12
         assert errors["cache"] == (2, REF_TOKENS, 2, 12), errors["cache"]
+        # as the memory planner counts it a rank: keys and values of every layer, per sample (2 latent frames of 2 x 6)
+        config = model_spec("tiny-wan-animate-2")["components"]["transformer"]["config"]
+        held = config["num_layers"] * 2 * math.prod(errors["cache"])  # every layer's keys and values, BATCH samples
+        assert held == BATCH * kv_cache(config, 2, 2, 6, True, 2)[1], held
         # and only its keys: not the all-to-all's whole q, k, v buffer that they arrived in (3x before the fix)
         assert errors["cache_storage"] == 1.0, errors["cache_storage"]
 
@@ -72,21 +82,6 @@ def test_cfg_parallel_is_refused_with_the_reason():
     with pytest.raises(ConfigError, match=r"^cfg parallelism \(cfg=2\) for SimpleNamespace: Wan-Animate-2's") as e:
         parallelize(pipe, SimpleNamespace(cfg=2))
     assert "kv_cache_mode='extract'" in str(e.value) and str(e.value).endswith("use cfg=1") and "\n" not in str(e.value)
-
-
-def test_generate_refuses_it_in_one_line_saying_to_call_it_from_python(tmp_path):
-    """Its inputs are a reference image and a driving video, which generate does not pass to a modular pipeline:
-    refused before anything loads (the pipeline runs split from Python, test_modular_pipeline_matches_...)."""
-    from dit_sp import GenerateConfig
-    from dit_sp.errors import ConfigError
-    from dit_sp.inference import check_before_loading
-
-    config = GenerateConfig.load(overrides={"model": "tiny-wan-animate-2", "out": str(tmp_path / "v.mp4")})
-    with pytest.raises(ConfigError) as error:
-        check_before_loading(config)
-    message = str(error.value)
-    assert message.startswith("tiny-wan-animate-2 (WanAnimate2ModularPipeline): generate does not run it: ")
-    assert "\n" not in message and "from Python" in message and "driving_video=" in message
 
 
 def test_one_process_parallelize_is_exact_and_undone():
