@@ -7,10 +7,19 @@ plan is the ``_cp_plan`` diffusers ships: the rotary tables, the packed rows at 
 modulation indices at every block and at the output norm, gathered at both output heads (the video and audio rows
 are selected from the whole sequence after). Its length needs no divisibility here: an uneven tail is padded and
 masked.
+
+VAE: ``AutoencoderKLMiniMaxH3`` decodes in temporal clips (``_decode``: one decoder call per clip, the clips
+cross-faded) and, tiled (its default), each clip in overlapping spatial tiles (one decoder call a tile, stitched per
+clip); it encodes the same way (``_encode``). Its decoder is a ViT whose attention spans the whole clip (or tile), so
+it is not split by rows (``parts=()``): every call is independent (no cache), and its plan (``MINIMAX_H3_VAE``) shares
+the calls of the tiles and clips out over a sample's processes (``dit_sp.vae.tiles``, call ``t`` on rank ``t % N``),
+the record pass running to the end on placeholders (``runs_through``: the method blends between calls). Untiled, a
+video of one clip (7 latent frames or fewer) is one decoder call, attending over the whole clip: one rank runs it.
 """
 
 from dit_sp._compat import model_cp_plan
 from dit_sp.families.family import ModelFamily
+from dit_sp.vae import TileProtocol, VAEPlan
 
 _ARCHITECTURES = {
     # MiniMax-H3's t2va/fl2va partition (transformer/): diffusers' defaults, the conversion script's config: 3.31e10
@@ -28,6 +37,14 @@ _ARCHITECTURES = {
 }  # fmt: skip
 """The real checkpoint, for the memory planner (``ModelFamily.architectures``)."""
 
+MINIMAX_H3_VAE = VAEPlan(
+    class_names=("AutoencoderKLMiniMaxH3",),
+    parts=(),  # a ViT decoder over the whole clip: its calls (tiles, clips) are shared out, not its rows
+    tiles=TileProtocol(starts_tile=lambda kwargs: True, answer=lambda kwargs, out: out,  # no cache: a call a tile
+                       methods=(("decoder", "_decode"), ("encoder", "_encode")), runs_through=True),
+)  # fmt: skip
+
+
 MINIMAX_H3 = ModelFamily(
     name="minimax_h3",
     step_cache=False,
@@ -37,6 +54,7 @@ MINIMAX_H3 = ModelFamily(
     architectures=_ARCHITECTURES,
     plan=model_cp_plan,
     attention_modules=("transformer_blocks.*.attn",),
+    vae=MINIMAX_H3_VAE,
     cfg_refused=(
         "MiniMax-H3 is guidance-distilled: its modular denoise step makes one transformer call a step (no guider, "
         "no unconditional branch), so there is no guidance pair to split; use cfg=1"

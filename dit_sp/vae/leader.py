@@ -9,11 +9,6 @@ checks that every leader-decode VAE of the table has one (and that none is left 
 from __future__ import annotations
 
 LEADER_DECODE_REASONS: dict[str, str] = {
-    "AutoencoderKLMiniMaxH3": (
-        "no row-split plan is written yet: its decoder is a ViT (MiniMaxH3VideoTransformerBlock) whose attention "
-        "spans every latent voxel of a temporal clip (with register and class tokens), and it decodes tiled by "
-        "default (tiles blended, clips cross-faded in time), for which no tile protocol (dit_sp.vae.tiles) is written"
-    ),
     "Kandinsky6SRVAE": (
         "Kandinsky 6's super-resolution K-VAE, which its pipeline calls on one tile at a time inside the denoising "
         "loop (the decoded tiles blended with Hann windows); no row-split plan is written for its causal convolutions "

@@ -10,6 +10,10 @@ blend the tiles. The tiles are independent, so each process runs whole tiles (ti
 2. **replay**: after the tile outputs are exchanged, the stock method runs again with every part call
    answered from the exchanged outputs, so the blending, cropping and clamping are diffusers' own.
 
+A method that blends between calls (MiniMax-H3's: each clip's tiles are stitched before the next clip's calls, and
+the clips cross-faded) has no point to stop at: its record pass runs to the end on placeholders only
+(``TileProtocol.runs_through``).
+
 A family's ``TileProtocol`` says how its tiled methods call the part: which call starts a tile, and what a
 call that did not run returns. Inference only.
 """
@@ -45,6 +49,10 @@ class TileProtocol:
     shares: Callable[[nn.Module], bool] = lambda part: True
     """Whether a part's tiles can be shared out; if not (a part that draws noise tile after tile from one
     generator), each tile runs split by rows."""
+    runs_through: bool = False
+    """The tiled method blends between calls, so the record pass cannot stop where the blending starts: it runs the
+    method to its end with every call answered by the 1x1x1 placeholder, the calls this rank ran too (their outputs
+    kept for the exchange), so that the blending in between (cheap) sees placeholders only."""
 
 
 def check_inference(x: torch.Tensor) -> None:
@@ -93,12 +101,13 @@ class _Record:
         call, owner = len(self.owners), self.tile % self.ranks
         self.device = x.device
         self.owners.append(owner)
-        if owner != self.rank:
-            # a 1x1x1 tensor with the output's channels, for what the method does to outputs before blending
-            return self.protocol.answer(kwargs, x.new_zeros((x.shape[0], self.channels, 1, 1, 1)))
-        out = type(self.part).forward(self.part, x, *args, **kwargs)
-        self.outputs[call] = out[0] if isinstance(out, tuple) else out
-        return out
+        if owner == self.rank:
+            out = type(self.part).forward(self.part, x, *args, **kwargs)
+            self.outputs[call] = out[0] if isinstance(out, tuple) else out
+            if not self.protocol.runs_through:
+                return out
+        # a 1x1x1 tensor with the output's channels, for what the method does to outputs before blending
+        return self.protocol.answer(kwargs, x.new_zeros((x.shape[0], self.channels, 1, 1, 1)))
 
 
 def _exchange(record: _Record, group: dist.ProcessGroup, gather_to: int | None) -> list[torch.Tensor]:

@@ -1,7 +1,8 @@
 """MiniMax-H3 (Modular Diffusers only: ``MiniMaxH3ModularPipeline``) through ``generate``: the built-in
 ``tiny-minimax-h3`` on Ulysses 2 and ring 2 gives the frames and latents of one process, with each rank's attention
-holding half of the one packed sequence (text, video and audio rows); CFG parallelism and guidance are refused in one
-line (the model is guidance-distilled). One spawn runs both layouts."""
+holding half of the one packed sequence (text, video and audio rows), and the video VAE's decoder calls (one a clip)
+shared out over the ranks; CFG parallelism and guidance are refused in one line (the model is guidance-distilled). One
+spawn runs both layouts."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from dit_sp import GenerateConfig, generate
+from dit_sp import GenerateConfig
 
 pytestmark = pytest.mark.slow  # spawns worker processes, runs the CLI
 
@@ -31,10 +32,10 @@ def _settings(tmp, name: str, **flags) -> GenerateConfig:
 @pytest.fixture(scope="module")
 def videos(tmp_path_factory):
     """{layout: the sample leader's report}, "single" being one process."""
-    from variant_generate_checks import layout_reports
+    from variant_generate_checks import generate_recording, layout_reports
 
     tmp = tmp_path_factory.mktemp("minimax_h3")
-    reports = {"single": generate(_settings(tmp, "single"), True)}
+    reports = {"single": generate_recording([_settings(tmp, "single")])[0]}
     return reports | layout_reports([(layout, _settings(tmp, layout, **flags)) for layout, flags in LAYOUTS.items()])
 
 
@@ -54,6 +55,10 @@ def test_every_layout_gives_the_same_video_from_a_split_sequence(videos, layout)
     text_rows = len(build_tiny(MODEL, "tokenizer")(prompt, add_special_tokens=False).input_ids)
     local = math.ceil((text_rows + VIDEO_ROWS + AUDIO_ROWS) / 2)
     assert report["lengths"] == [[local], [local]], f"each rank's attention saw {report['lengths']}, not {local} rows"
+    # the video VAE ran split: its decoder calls (37 latent frames: 7 clips, one tile each) shared out, call t on rank
+    # t % 2 (the leader assembles the frames)
+    one = reference["vae_calls"]
+    assert one > 2 and report["vae_calls"] == [one - one // 2, one // 2], (report["vae_calls"], one)
 
 
 def test_cfg_parallel_is_refused_in_one_line_before_loading(tmp_path):

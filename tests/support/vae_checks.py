@@ -112,6 +112,14 @@ VAES = {
                                                encoder_qkv_multiscales=((), (3,), (3,)),
                                                decoder_qkv_multiscales=((), (3,), (3,)),
                                                downsample_block_type="Conv", upsample_block_type="interpolate"),
+    # MiniMax-H3's: a causal CNN encoder and a ViT decoder (register tokens, rotary), x4 in space and time here; the
+    # released clip geometry (17 n + 5 frames -> 5 n + 2 latent frames, clips cross-faded); tiled by default
+    "minimax_h3": lambda: diffusers.AutoencoderKLMiniMaxH3(latent_channels=4, block_out_channels=(4, 8, 8),
+                                                           layers_per_block=1, spatial_downsample_factors=(1, 2, 2),
+                                                           temporal_downsample_factors=(1, 2, 2), norm_num_groups=2,
+                                                           decoder_num_layers=1, decoder_num_attention_heads=2,
+                                                           decoder_attention_head_dim=8,
+                                                           decoder_num_register_tokens=2, decoder_ffn_mult=2),
 }  # fmt: skip
 SPATIAL = {
     "wan2.1": 8,
@@ -129,6 +137,7 @@ SPATIAL = {
     "kl": 8,
     "dc": 8,
     "dc-conv": 4,
+    "minimax_h3": 4,
 }
 DECODE_ARGS = dict.fromkeys(("ltx0.9.1", "ltx2"), lambda latents: {"temb": torch.full((latents.shape[0],), 0.05)})
 """Arguments of a VAE's decode besides the latents (a timestep-conditioned decoder's timestep)."""
@@ -140,10 +149,20 @@ or column, which these sizes' tiles of 4 (stride 3) leave (its tiles are LTX-Vid
 Cosmos 1's has no tiled methods (its ``enable_tiling`` sets flags that nothing reads)."""
 TILED_ONLY = {"allegro"}
 """VAEs that decode and encode only tiled (their pixel frames: 4 a latent frame, no first frame of its own)."""
+CALLS_SHARED = {"minimax_h3"}
+"""VAEs whose parts run whole, call by call, tiled and untiled (MiniMax-H3's ViT decoder attends over a whole clip or
+tile, one call each): the calls are shared out, not the rows."""
 IMAGE = {"kl", "dc", "dc-conv"}
 """Image VAEs: ``(B, C, H, W)``, a case's frames folded into the batch (as Latte decodes its frames)."""
 CASES = [(3, 7, 5), (1, 5, 6), (2, 9, 4)]
 """(latent frames, latent height, latent width): odd heights and widths, one or more latent frames."""
+CASES_OF = {"minimax_h3": [(12, 5, 3), (7, 5, 6)]}
+"""A VAE's own cases: MiniMax-H3 decodes at least 7 latent frames (one clip); 12 are two clips (encoded: 39 frames, 3
+clips), in tiles of 4 latent rows and columns (2 x 1 and 2 x 2 tiles a clip)."""
+
+
+def cases(name: str) -> list[tuple[int, int, int]]:
+    return CASES_OF.get(name, CASES)
 
 
 def build(name: str) -> torch.nn.Module:
@@ -163,6 +182,8 @@ def _inputs(name: str, frames: int, height: int, width: int) -> tuple[torch.Tens
         pixels = torch.rand(frames, 3, height * spatial, width * spatial, generator=generator) * 2 - 1
         return latents[0].transpose(0, 1), pixels
     pixel_frames = 4 * frames if name in TILED_ONLY else 4 * (frames - 1) + 1
+    if name == "minimax_h3":  # 5 n + 2 latent frames <- 17 n + 5 frames
+        pixel_frames = (frames - 2) // 5 * 17 + 5
     pixels = torch.rand(1, 3, pixel_frames, height * spatial, width * spatial, generator=generator) * 2 - 1
     return latents, pixels
 
@@ -181,6 +202,8 @@ def _run(vae: torch.nn.Module, name: str, tiled: bool) -> dict[str, torch.Tensor
             vae.enable_tiling(size, size, tile_overlap_factor_height=0.25, tile_overlap_factor_width=0.25)
         elif name == "hunyuan_video15":  # its latent tile size is set apart from the sample's
             vae.enable_tiling(size, size, 4, 4, tile_overlap_factor=0.25)
+        elif name == "minimax_h3":  # its minimum overlap: 2 latent rows and columns
+            vae.enable_tiling(size, size, size // 2, size // 2)
         elif name == "kl":  # its tiles: sample_size (32), overlapping by a quarter
             vae.enable_tiling()
         elif name == "allegro":  # tiles of 8 pixel frames (2 latent), overlapping by 4 (its kernel and stride: fixed)
@@ -196,7 +219,7 @@ def _run(vae: torch.nn.Module, name: str, tiled: bool) -> dict[str, torch.Tensor
         vae.disable_tiling()
     out = {}
     with torch.no_grad():
-        for frames, height, width in CASES:
+        for frames, height, width in cases(name):
             latents, pixels = _inputs(name, frames, height, width)
             key = f"{frames}x{height}x{width}" + (" tiled" if tiled else "")
             torch.manual_seed(frames)  # the same noise (a decoder that injects it) on one process and split
@@ -209,18 +232,20 @@ def _run(vae: torch.nn.Module, name: str, tiled: bool) -> dict[str, torch.Tensor
 def check_vae(name: str, parallel) -> dict:
     """Every case on one process, then split over the world (the processes of one sample); the largest
     differences, the rows this rank's decoder and encoder ran untiled (their first convolution's input
-    height per call), and how many part calls ran tiled, on one process and on this rank."""
+    height per call; MiniMax-H3's ViT decoder: its tokens), and how many part calls ran, tiled and untiled, on one
+    process and on this rank."""
     vae = build(name)
     calls: dict[str, list[int]] = {}
     for part in ("decoder", "encoder"):
-        first = next(m for m in getattr(vae, part).modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d)))
+        convs = [m for m in getattr(vae, part).modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d))]
+        first = convs[0] if convs else getattr(vae, part).proj_in  # (MiniMax-H3's ViT decoder: a linear)
         first.register_forward_pre_hook(lambda m, args, part=part: calls[part].append(args[0].shape[-2]))
 
     def run(tiled: bool) -> tuple[dict, dict]:
         calls.update(decoder=[], encoder=[])
         return _run(vae, name, tiled), {part: list(heights) for part, heights in calls.items()}
 
-    (untiled, _), (tiled, tiled_calls) = run(False), run(True)
+    (untiled, untiled_calls), (tiled, tiled_calls) = run(False), run(True)
     reference = untiled | tiled
     handle = parallelize_vae(vae, parallel)
     (untiled, rows), (tiled, split_tiled_calls) = run(False), run(True)
@@ -228,15 +253,17 @@ def check_vae(name: str, parallel) -> dict:
     errors = {key: (split[key] - reference[key]).abs().max().item() for key in reference}
     shapes = {key: split[key].shape == reference[key].shape for key in reference}
     handle.undo()
-    key = f"decode {'x'.join(map(str, CASES[0]))}" + (" tiled" if name in TILED_ONLY else "")
+    key = f"decode {'x'.join(map(str, cases(name)[0]))}" + (" tiled" if name in TILED_ONLY else "")
     if name not in TILED_ONLY:
         vae.disable_tiling()
-    latents = _inputs(name, *CASES[0])[0]
-    torch.manual_seed(CASES[0][0])
+    latents = _inputs(name, *cases(name)[0])[0]
+    torch.manual_seed(cases(name)[0][0])
     undone = decode(vae, name, latents) - reference[key]
     return {"errors": errors, "shapes": shapes, "rows": rows, "undone": undone.abs().max().item(),
             "tiled_calls": {part: len(c) for part, c in split_tiled_calls.items()},
-            "one_process_tiled_calls": {part: len(c) for part, c in tiled_calls.items()}}  # fmt: skip
+            "one_process_tiled_calls": {part: len(c) for part, c in tiled_calls.items()},
+            "untiled_calls": {part: len(c) for part, c in rows.items()},
+            "one_process_untiled_calls": {part: len(c) for part, c in untiled_calls.items()}}  # fmt: skip
 
 
 def check_vaes(names: list[str]) -> dict[str, dict]:

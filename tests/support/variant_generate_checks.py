@@ -19,7 +19,8 @@ def generate_recording(jobs: list[GenerateConfig], then: Callable[[], Any] | Non
     convolution (a diffusers autoencoder's ``*Conv*`` module, or a torch convolution inside an image VAE's encoder or
     decoder, ``diffusers.models.autoencoders.vae``; not one of one row, as the 1 x 1 ``post_quant_conv``, which runs
     whole beside the split decoder) took on this rank, 0 if none ran (a VAE split by rows takes its own rows and a
-    halo). ``then``: a check run after the jobs in the same workers, its result last."""
+    halo); and ``vae_calls``: how many decoder calls of a VAE that is split by calls, not rows, ran on this rank (its
+    ``CALL_MARKERS`` module ran). ``then``: a check run after the jobs in the same workers, its result last."""
     reports = []
     image_vae: set[torch.nn.Module] = set()  # the modules of the image VAE parts that ran
 
@@ -30,11 +31,13 @@ def generate_recording(jobs: list[GenerateConfig], then: Callable[[], Any] | Non
     for settings in jobs:
         seen: set[int] = set()
         rows = [0]
+        calls = [0]
 
-        def record(module, args, kwargs, output, seen=seen, rows=rows):
+        def record(module, args, kwargs, output, seen=seen, rows=rows, calls=calls):
             if type(getattr(module, "processor", None)).__name__.startswith("SequenceParallel"):
                 seen.add((args[0] if args else kwargs["hidden_states"]).shape[1])
             kind = type(module)
+            calls[0] += kind.__name__ in CALL_MARKERS
             in_vae = kind.__module__.startswith("diffusers.models.autoencoders") or module in image_vae
             if in_vae and "Conv" in kind.__name__ and args:
                 kernel = getattr(module, "kernel_size", ())  # a wrapper without one (HunyuanVideo-1.5's) counts
@@ -48,20 +51,29 @@ def generate_recording(jobs: list[GenerateConfig], then: Callable[[], Any] | Non
         finally:
             for handle in handles:
                 handle.remove()
-        reports.append(report | {"attention_lengths": sorted(seen), "vae_rows": max(rows)})
+        reports.append(report | {"attention_lengths": sorted(seen), "vae_rows": max(rows), "vae_calls": calls[0]})
     return reports if then is None else [*reports, then()]
+
+
+CALL_MARKERS = ("MiniMaxH3VideoRotaryPosEmbed",)
+"""Modules that run once per call of a VAE decoder whose calls (clips, tiles) are shared out whole (MiniMax-H3's ViT
+decoder's rotary embedding): in a shared call that another rank ran, they do not run."""
 
 
 def layout_reports(jobs: list[tuple[object, GenerateConfig]], then: Callable[[], Any] | None = None) -> dict:
     """Each ``(key, settings)`` job run on 2 workers (one spawn for all): per key, the report of the one rank
-    that wrote the output, with every rank's attention lengths under ``"lengths"``; with ``then`` (a module-level
+    that wrote the output, with every rank's attention lengths under ``"lengths"`` and its ``vae_calls`` under
+    ``"vae_calls"``; with ``then`` (a module-level
     check run after the jobs in the same workers), its result on each rank under ``"then"``."""
     by_rank = spawn(generate_recording, 2, args=([settings for _, settings in jobs], then), timeout=300)
     reports = {}
     for i, (key, _) in enumerate(jobs):
         leaders = [rank_reports[i] for rank_reports in by_rank if "out" in rank_reports[i]]
         assert len(leaders) == 1, f"{key}: exactly one rank writes the output"
-        reports[key] = leaders[0] | {"lengths": [rank_reports[i]["attention_lengths"] for rank_reports in by_rank]}
+        reports[key] = leaders[0] | {
+            "lengths": [rank_reports[i]["attention_lengths"] for rank_reports in by_rank],
+            "vae_calls": [rank_reports[i]["vae_calls"] for rank_reports in by_rank],
+        }
     if then is not None:
         reports["then"] = [rank_reports[-1] for rank_reports in by_rank]
     return reports

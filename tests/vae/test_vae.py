@@ -1,11 +1,12 @@
 """The parallel VAE: decode and encode split over 2 and 4 processes equal one process, for every family's VAE,
-untiled and tiled (the tiles shared out), on odd latent heights and widths and several frame counts."""
+untiled and tiled (the tiles shared out), on odd latent heights and widths and several frame counts; MiniMax-H3's,
+whose ViT decoder attends over a whole clip, with its clips and tiles shared out."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from vae_checks import CASES, TILED_ONLY, TILES_SPLIT, UNTILED, VAES, check_vaes
+from vae_checks import CALLS_SHARED, CASES, TILED_ONLY, TILES_SPLIT, UNTILED, VAES, check_vaes
 
 from dit_sp import parallelize_vae, spawn
 from dit_sp.parallel.rows import RowSplit
@@ -26,7 +27,7 @@ def test_split_vae_equals_one_process(results, family):
         # each rank ran its own rows (plus at most a halo of a few), not the whole frame
         frames, height, width = CASES[0]
         own = RowSplit.even(height, ranks).sizes[rank]
-        if family not in TILED_ONLY:
+        if family not in TILED_ONLY | CALLS_SHARED:
             assert own <= result["rows"]["decoder"][0] <= own + 2 < height + 2, result["rows"]["decoder"][:3]
         assert result["undone"] == 0.0
     # tiled, the tiles are shared out: every part call of the one-process run ran once, on one of the ranks
@@ -38,6 +39,11 @@ def test_split_vae_equals_one_process(results, family):
             assert ran == [one] * ranks, (part, ran, one)
         else:
             assert sum(ran) == one and max(ran) < one, (part, ran, one)
+    # MiniMax-H3's untiled clips too: each clip's one call ran once, on one of the ranks
+    for part in ("decoder", "encoder") if family in CALLS_SHARED else ():
+        one = per_rank[0][family]["one_process_untiled_calls"][part]
+        ran = [r[family]["untiled_calls"][part] for r in per_rank]
+        assert sum(ran) == one and max(ran) < one, (part, ran, one)
 
 
 def test_unsupported_vae_is_a_clear_error():
