@@ -330,6 +330,16 @@ def test_mochi_easyanimate_motif_policies_refuse_what_they_cannot_match():
     MotifVideoPolicy(motif, motif.transformer, **size | {"guidance": 1.0})  # unguided: the guider is not used
 
 
+def test_helios_is_refused_with_its_reason():
+    from dit_sp.families import policy_for
+
+    for name in ("HeliosPipeline", "HeliosPyramidPipeline"):
+        with pytest.raises(ValueError, match=f"^GRPO does not train {name}: it generates the video chunk by chunk, "):
+            policy_for(type(name, (), {})())
+    with pytest.raises(ValueError, match="^GRPO has no policy for AllegroPipeline; supported pipelines: "):
+        policy_for(type("AllegroPipeline", (), {})())
+
+
 @pytest.mark.slow
 def test_policy_steps_equal_single_process_on_1x2_and_2x1(hunyuanvideo15, prompts):
     """One GRPO step per family (guided, joint or isolated attention, 2 or 3 heads over 2 ranks): the rollout's
