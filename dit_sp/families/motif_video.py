@@ -40,13 +40,16 @@ class MotifVideoPolicy(DiffusersPolicy):
 
     def __init__(self, pipe: Any, transformer: torch.nn.Module, **kwargs: Any):
         guider = getattr(pipe, "guider", None)
-        plain = type(guider).__name__ == "ClassifierFreeGuidance" and not guider.guidance_rescale
-        plain = plain and not guider.use_original_formulation and (guider._start, guider._stop) == (0.0, 1.0)
+        config = dict(getattr(guider, "config", {}))
+        settings = {key: config.get(key) for key in ("guidance_rescale", "use_original_formulation", "start", "stop")}
+        plain = type(guider).__name__ == "ClassifierFreeGuidance" and settings == {
+            "guidance_rescale": 0.0, "use_original_formulation": False, "start": 0.0, "stop": 1.0}  # fmt: skip
         if kwargs.get("guidance", 1.0) > 1 and not plain:
+            what = ", ".join(f"{key}={value}" for key, value in settings.items() if value is not None)
             raise ConfigError(f"Motif-Video GRPO guides by classifier-free guidance on the velocity at every step, and "
-                              f"this pipeline's guider is {guider!r}; use a ClassifierFreeGuidance guider without "
-                              "guidance_rescale, use_original_formulation or a start/stop range, or guidance "
-                              "1")  # fmt: skip
+                              f"this pipeline's guider is {type(guider).__name__}({what}); use a "
+                              "ClassifierFreeGuidance guider without guidance_rescale, use_original_formulation or a "
+                              "start/stop range, or guidance 1")  # fmt: skip
         super().__init__(pipe, transformer, **kwargs)
 
     @no_grad

@@ -344,8 +344,11 @@ def test_mochi_easyanimate_motif_kandinsky6_policies_refuse_what_they_cannot_mat
     for guider in (ClassifierFreeGuidance(guidance_rescale=0.7), ClassifierFreeGuidance(use_original_formulation=True),
                    ClassifierFreeGuidance(stop=0.5)):  # fmt: skip
         motif.guider = guider
-        with pytest.raises(ValueError, match="^Motif-Video GRPO guides by classifier-free guidance on the velocity"):
+        with pytest.raises(
+            ValueError, match="^Motif-Video GRPO guides by classifier-free guidance on the velocity"
+        ) as err:
             MotifVideoPolicy(motif, motif.transformer, **size)
+        assert "\n" not in str(err.value) and "ClassifierFreeGuidance(guidance_rescale=" in str(err.value)
     MotifVideoPolicy(motif, motif.transformer, **size | {"guidance": 1.0})  # unguided: the guider is not used
     kandinsky6 = build_tiny("tiny-kandinsky6")
     kandinsky6.scheduler = PiflowScheduler()
