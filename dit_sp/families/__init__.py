@@ -95,6 +95,9 @@ def supported_vaes() -> list[str]:
 def policy_for(pipe: Any) -> type[DiffusersPolicy]:
     """The GRPO policy class of a loaded pipeline, or a clear error listing the trainable pipelines."""
     name = type(pipe).__name__
+    why = next((f.policy_refused[name] for f in FAMILIES if name in f.policy_refused), None)
+    if why is not None:
+        raise ConfigError(f"GRPO does not train {name}: {why}")
     for family in FAMILIES:
         if family.policy is not None and any(cls.__name__ in family.pipelines for cls in type(pipe).__mro__):
             return family.policy

@@ -13,6 +13,8 @@ strided convolution (declared in ``padded_inputs``), its group norms (per frame 
 over the call's frames) take whole-frame statistics, and its upsampling is nearest in space (local to the rows);
 it has no attention. Tiled decode and encode share whole tiles: a tile's start shows in no call argument (the
 cache lives on the modules), so ``_clear_conv_cache``, which the tiled methods call after each tile, marks it.
+
+GRPO: ``EasyAnimatePolicy`` (text-to-video; flow matching, nothing converted).
 """
 
 from __future__ import annotations
@@ -20,12 +22,60 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
-from dit_sp.families.family import ModelFamily, generation_defaults, timestep_probe
+from dit_sp.errors import ConfigError
+from dit_sp.families.family import ModelFamily, generation_defaults, no_grad, timestep_probe
+from dit_sp.families.policy import DiffusersPolicy
 from dit_sp.vae import Padding, VAEPlan
 from dit_sp.vae.tiles import TileProtocol
 
 if TYPE_CHECKING:
     import torch
+
+    Tensor = torch.Tensor
+
+TEXT_TOKENS = 256
+"""The text length ``EasyAnimatePipeline`` encodes every prompt at: ``encode_prompt``'s default, which its
+``__call__`` does not change."""
+
+
+class EasyAnimatePolicy(DiffusersPolicy):
+    """EasyAnimate V5.1 text-to-video (``EasyAnimatePipeline``; flow matching, velocity prediction at timestep
+    ``1000 s``, nothing converted): the second-to-last hidden state of Qwen2-VL over the chat-formatted prompt, as
+    the pipeline encodes it. The transformer takes the text without its mask, so the padding is part of the
+    conditioning: the policy needs ``max_sequence_length`` 256, the length the pipeline pads every prompt to.
+    Guidance is classifier-free guidance on the velocity (the pipeline's ``guidance_rescale`` is not part of the
+    policy). Latents are ``(B, C, F, H, W)``, divided by the VAE's ``scaling_factor``."""
+
+    def __init__(self, pipe: Any, transformer: torch.nn.Module, **kwargs: Any):
+        length = kwargs.get("max_sequence_length")
+        if length != TEXT_TOKENS:
+            raise ConfigError(f"max_sequence_length {length}: EasyAnimatePipeline pads every prompt to {TEXT_TOKENS} "
+                              "tokens and its transformer masks none, so the padding is part of the conditioning; "
+                              f"use max_sequence_length {TEXT_TOKENS}")  # fmt: skip
+        super().__init__(pipe, transformer, **kwargs)
+
+    def _compression(self, pipe: Any) -> tuple[int, int]:
+        return pipe.vae_temporal_compression_ratio, pipe.vae_spatial_compression_ratio
+
+    def _channels(self, transformer: torch.nn.Module) -> int:
+        return transformer.config.in_channels  # text-to-video: the noise alone
+
+    @no_grad
+    def _encode(self, prompts: list[str]) -> tuple[Tensor, Tensor | None]:
+        positive, negative, _, _ = self.pipe.encode_prompt(
+            prompt=prompts,
+            negative_prompt=[self.negative_prompt] * len(prompts),
+            do_classifier_free_guidance=self.guided,
+            max_sequence_length=self.max_sequence_length,
+            device=self.device,
+        )
+        return positive, negative if self.guided else None
+
+    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: Tensor) -> Tensor:
+        return model(hidden, timestep, encoder_hidden_states=cond.to(hidden.dtype), return_dict=False)[0]
+
+    def _unscale(self, latents: Tensor) -> Tensor:
+        return latents / self.pipe.vae.config.scaling_factor
 
 
 def _plan(model: torch.nn.Module) -> dict:
@@ -106,4 +156,6 @@ EASYANIMATE = ModelFamily(
     checkpoint_defaults=dict.fromkeys(_PIPELINES, generation_defaults(49, 512, 512, 50, 5.0, 256) | {"fps": 8}),
     vae_factors=dict.fromkeys(_PIPELINES, _vae_factors),
     architectures=_ARCHITECTURES,
+    pipelines=("EasyAnimatePipeline",),
+    policy=EasyAnimatePolicy,
 )

@@ -126,6 +126,9 @@ class ModelFamily:
     """diffusers pipeline classes that GRPO can train (through ``policy``)."""
     policy: type | None = None
     """The GRPO policy class (a ``dit_sp.families.policy.DiffusersPolicy``) of those pipelines."""
+    policy_refused: dict[str, str] = field(default_factory=dict, hash=False)
+    """Pipeline classes of the family that GRPO does not train, each with its one-line reason (a sampler no
+    single-velocity policy reproduces: Helios's chunk-by-chunk generation); ``policy_for`` raises it."""
     vae: VAEPlan | None = None
     """How the family's VAE decodes and encodes with its rows split (``dit_sp.vae``)."""
     teacache_probe: Callable[[torch.nn.Module, object, tuple, dict], tuple[torch.Tensor, bool]] | None = None

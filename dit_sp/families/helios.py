@@ -79,6 +79,13 @@ _ARCHITECTURES = {
 
 PIPELINES = ("HeliosPipeline", "HeliosPyramidPipeline")
 
+NOT_TRAINED = (
+    "it generates the video chunk by chunk, each chunk denoised from fresh noise while conditioned on the clean "
+    "latents of the chunks before it, so the video is never one latent at one noise level and a single-velocity "
+    "policy over it would not be the pipeline's sampler"
+)
+"""Why GRPO has no Helios policy (``ModelFamily.policy_refused``)."""
+
 HELIOS = ModelFamily(
     name="helios",
     block_outputs={"HeliosTransformerBlock": (0, None)},
@@ -96,4 +103,5 @@ HELIOS = ModelFamily(
     },
     vae_factors=dict.fromkeys(PIPELINES, _vae_factors),
     architectures=_ARCHITECTURES,
+    policy_refused=dict.fromkeys(PIPELINES, NOT_TRAINED),
 )

@@ -26,6 +26,8 @@ HunyuanVideo family's VAE plan; the audio VAE and vocoder run whole on every ran
 
 The super-resolution stage (``Kandinsky6SRTransformer3DModel``, ``Kandinsky6SRPipeline``) is a family of its own:
 ``dit_sp/families/kandinsky6_sr.py``.
+
+GRPO: ``Kandinsky6Policy`` (text-to-video, audio off: the pipeline's ``sample_audio=False``).
 """
 
 from __future__ import annotations
@@ -33,11 +35,72 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
-from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.errors import ConfigError
+from dit_sp.families.family import ModelFamily, generation_defaults, no_grad
 from dit_sp.families.hunyuan_video import hunyuan_video_vae_factors
+from dit_sp.families.policy import DiffusersPolicy
 
 if TYPE_CHECKING:
     import torch
+
+    Tensor = torch.Tensor
+
+
+class Kandinsky6Policy(DiffusersPolicy):
+    """Kandinsky 6 text-to-video with the audio stream off (``Kandinsky6TI2VAPipeline`` with ``sample_audio=False``:
+    the transformer runs without audio tokens, and its audio path is skipped). Flow matching at timestep ``1000 s``,
+    nothing converted. Text: the pipeline's Qwen2.5-VL tokens (after its template's crop) with their padding mask
+    (all kept where the pipeline passes none: the same attention) and CLIP's pooled embedding; an empty negative
+    prompt is the pipeline's default one, as the pipeline encodes it. Latents are ``(B, C, F, H, W)`` here and
+    channels-last for the transformer, with a ``visual_cond`` model's all-zero condition latents and mask in
+    channels. Guidance is classifier-free guidance on the video velocity, as the pipeline's.
+
+    The distilled checkpoints' ``PiflowScheduler`` is refused in one line: their transformer's widened output is
+    ``n_grid`` predictions a network-free policy integrates between grid points, not one velocity."""
+
+    def __init__(self, pipe: Any, transformer: torch.nn.Module, **kwargs: Any):
+        if type(pipe.scheduler).__name__ != "FlowMatchEulerDiscreteScheduler":
+            raise ConfigError(f"Kandinsky 6 GRPO trains a flow velocity, and this pipeline samples with "
+                              f"{type(pipe.scheduler).__name__} (the distilled checkpoints' pi-Flow: the transformer's "
+                              "output is n_grid predictions, not one velocity); use the sft checkpoint with "
+                              "FlowMatchEulerDiscreteScheduler")  # fmt: skip
+        super().__init__(pipe, transformer, **kwargs)
+
+    def _channels(self, transformer: torch.nn.Module) -> int:
+        return transformer.config.out_visual_dim
+
+    @no_grad
+    def _encode(self, prompts: list[str]) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...] | None]:
+        import torch
+
+        text, pooled, mask, negative, negative_pooled, negative_mask = self.pipe.encode_prompt(
+            prompt=prompts,
+            negative_prompt=self.negative_prompt,  # "": the pipeline's default negative prompt, as it reads a str
+            do_classifier_free_guidance=self.guided,
+            max_sequence_length=self.max_sequence_length,
+            device=self.device,
+        )
+
+        def kept(embeds: Tensor, mask: Tensor | None) -> Tensor:
+            return torch.ones(embeds.shape[:2], dtype=torch.bool, device=embeds.device) if mask is None else mask
+
+        positive = (text, pooled, kept(text, mask))
+        return positive, (negative, negative_pooled, kept(negative, negative_mask)) if self.guided else None
+
+    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: tuple[Tensor, ...]) -> Tensor:
+        import torch
+
+        text, pooled, mask = cond
+        latents = hidden.permute(0, 2, 3, 4, 1)  # (B, F, H, W, C)
+        if model.config.visual_cond:  # [latent | condition latent (zero) | mask (zero)]
+            latents = torch.cat([latents, torch.zeros_like(latents), latents.new_zeros(*latents.shape[:-1], 1)], -1)
+        out = model(hidden_states=latents, encoder_hidden_states=text.to(hidden.dtype),
+                    pooled_projections=pooled.to(hidden.dtype), timestep=timestep, encoder_attention_mask=mask,
+                    return_dict=False)[0]  # fmt: skip
+        return out.permute(0, 4, 1, 2, 3)
+
+    def _unscale(self, latents: Tensor) -> Tensor:
+        return latents / self.pipe.vae.config.scaling_factor
 
 
 def _audio_output(model: torch.nn.Module, arguments: dict[str, Any]) -> tuple[tuple[int, ...], ...]:
@@ -106,4 +169,6 @@ KANDINSKY6 = ModelFamily(
     checkpoint_defaults={PIPELINE: generation_defaults(121, 512, 768, 50, 5.0, 1024) | {"fps": 24}},
     vae_factors={PIPELINE: hunyuan_video_vae_factors},
     architectures=_ARCHITECTURES,
+    pipelines=(PIPELINE,),
+    policy=Kandinsky6Policy,
 )

@@ -68,16 +68,8 @@ class LTXPolicy(DiffusersPolicy):
     def _compression(self, pipe: Any) -> tuple[int, int]:
         return pipe.vae_temporal_compression_ratio, pipe.vae_spatial_compression_ratio
 
-    @no_grad
     def _encode(self, prompts: list[str]) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor] | None]:
-        embeds, mask, negative, negative_mask = self.pipe.encode_prompt(
-            prompt=prompts,
-            negative_prompt=[self.negative_prompt] * len(prompts),
-            do_classifier_free_guidance=self.guided,
-            max_sequence_length=self.max_sequence_length,
-            device=self.device,
-        )
-        return (embeds, mask), (negative, negative_mask) if self.guided else None
+        return self._masked_text(prompts)
 
     def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: tuple[Tensor, Tensor]) -> Tensor:
         text, mask = cond

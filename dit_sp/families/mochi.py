@@ -15,6 +15,9 @@ frame with its whole-frame statistics; the decoder upsamples by a per-pixel line
 which maps each rank's rows ``[s*a, s*b)`` to ``[2s*a, 2s*b)`` and so stays local; the encoder's attention runs
 over the frames of each pixel (``(B*H*W, T, C)``, causal in time), local to its rows too. Tiled decode and encode
 share whole tiles (``TileProtocol``, as CogVideoX's: a call passes no ``conv_cache`` when it starts a tile).
+
+GRPO: ``MochiPolicy`` (Mochi's inverted time, ``t = 1000 (1 - s)`` and ``x0 - eps`` predicted, turned into the flow
+velocity exactly).
 """
 
 from __future__ import annotations
@@ -22,12 +25,74 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import block_argument, context_parallel_types
+from dit_sp.errors import ConfigError
 from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.families.policy import DiffusersPolicy
 from dit_sp.vae import Padding, VAEPlan
 from dit_sp.vae.tiles import TileProtocol
 
 if TYPE_CHECKING:
     import torch
+
+    Tensor = torch.Tensor
+
+TEMPORAL, SPATIAL = 6, 8
+"""``MochiPipeline``'s fixed VAE compression (its ``vae_temporal_scale_factor``, ``vae_spatial_scale_factor``)."""
+
+
+class MochiPolicy(DiffusersPolicy):
+    """Mochi 1 text-to-video (``MochiPipeline``): T5 text tokens with their mask, as the pipeline encodes them (the
+    transformer attends over each sample's real tokens only, so their padding does not matter). Latents are
+    ``(B, 12, F, H, W)``, normalised as the pipeline's (``latents_mean`` / ``latents_std`` of the VAE).
+
+    Mochi runs time backwards: its scheduler (``invert_sigmas``) walks ``sigma = 1 - s`` up from 0 to 1, the
+    transformer takes timestep ``1000 sigma = 1000 (1 - s)`` and predicts ``x0 - eps`` (the pipeline's Euler step is
+    ``x + (sigma_next - sigma) out``). The policy calls it at that timestep and returns ``-out``, the flow velocity
+    ``eps - x0`` at noise level ``s``: its Euler step is the pipeline's exactly, and guidance on it (classifier-free,
+    as the pipeline's) is guidance on the output. A scheduler without ``invert_sigmas`` is refused: Mochi's
+    transformer is trained on inverted time, and the stock pipeline samples it only so."""
+
+    def __init__(self, pipe: Any, transformer: torch.nn.Module, **kwargs: Any):
+        if not pipe.scheduler.config.get("invert_sigmas"):
+            raise ConfigError(f"Mochi GRPO: {type(pipe.scheduler).__name__} without invert_sigmas; Mochi's transformer "
+                              "runs on inverted time (timestep 1000 (1 - s)), which its scheduler declares with "
+                              "invert_sigmas: true, as mochi-1-preview ships")  # fmt: skip
+        frames = kwargs.get("frames", 1)
+        if (frames - 1) % TEMPORAL:
+            raise ConfigError(f"frames {frames}: Mochi's VAE needs {TEMPORAL}*k+1 frames, e.g. "
+                              f"{[TEMPORAL * k + 1 for k in range(1, 5)]}")  # fmt: skip
+        super().__init__(pipe, transformer, **kwargs)
+
+    def _compression(self, pipe: Any) -> tuple[int, int]:
+        return pipe.vae_temporal_scale_factor, pipe.vae_spatial_scale_factor
+
+    def _channels(self, transformer: torch.nn.Module) -> int:
+        return transformer.config.out_channels or transformer.config.in_channels
+
+    def _encode(self, prompts: list[str]) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor] | None]:
+        return self._masked_text(prompts)
+
+    def _timestep(self, s: float) -> float:
+        """``1000 (1 - s)``: the pipeline's timestep at inverted sigma ``1 - s`` (its float32 value, not
+        ``1000 - 1000 s`` rounded, to which the time embedding is sensitive)."""
+        return 1000.0 * (1.0 - s)
+
+    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: tuple[Tensor, Tensor]) -> Tensor:
+        text, mask = cond
+        out = model(hidden_states=hidden, encoder_hidden_states=text.to(hidden.dtype), timestep=timestep,
+                    encoder_attention_mask=mask, return_dict=False)[0]  # fmt: skip
+        return -out
+
+    def _unscale(self, latents: Tensor) -> Tensor:
+        import torch
+
+        config = self.pipe.vae.config
+        if config.get("latents_mean") is None or config.get("latents_std") is None:
+            return latents / config.scaling_factor
+        view = (1, -1, 1, 1, 1)
+        mean = torch.tensor(config.latents_mean, device=latents.device, dtype=latents.dtype).view(view)
+        std = torch.tensor(config.latents_std, device=latents.device, dtype=latents.dtype).view(view)
+        return latents * std / config.scaling_factor + mean
 
 
 def _plan(model: torch.nn.Module) -> dict:
@@ -88,6 +153,8 @@ MOCHI = ModelFamily(
     tiny_models=("tiny-mochi",),
     # the MochiPipeline's VAE factors are fixed (x6 in time, x8 in space), whatever the VAE's config
     checkpoint_defaults={"MochiPipeline": generation_defaults(85, 480, 848, 64, 4.5, 256) | {"fps": 30}},
-    vae_factors={"MochiPipeline": lambda vae: (6, 8)},
+    vae_factors={"MochiPipeline": lambda vae: (TEMPORAL, SPATIAL)},
     architectures=_ARCHITECTURES,
+    pipelines=("MochiPipeline",),
+    policy=MochiPolicy,
 )

@@ -8,17 +8,73 @@ and the rotary tables, and gathers at ``proj_out``; the key-padding mask the mod
 is what the USP processors read. Decoder layers (``num_decoder_layers > 0``) attend from a copy of the video to the
 video as their context, which a split cannot keep whole, and are refused. Its VAE is Wan's (``AutoencoderKLWan``),
 split by the Wan family's VAE plan. diffusers ships no ``_cp_plan`` for this model.
+
+GRPO: ``MotifVideoPolicy`` (text-to-video; flow matching, nothing converted).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.errors import ConfigError
+from dit_sp.families.family import ModelFamily, generation_defaults, no_grad
 from dit_sp.families.hunyuan_video import hunyuan_video_plan, modulated_input_probe
+from dit_sp.families.policy import DiffusersPolicy
 
 if TYPE_CHECKING:
     import torch
+
+    Tensor = torch.Tensor
+
+
+class MotifVideoPolicy(DiffusersPolicy):
+    """Motif-Video text-to-video (``MotifVideoPipeline``; flow matching, velocity prediction at timestep ``1000 s``,
+    nothing converted): T5Gemma2 text tokens with their mask, as the pipeline encodes them. The transformer's input
+    is the noise with text-to-video's all-zero condition latents and mask in channels (``(B, 2C + 1, F, H, W)``), no
+    image tokens. Latents are normalised by the Wan VAE's ``latents_mean`` / ``latents_std``.
+
+    The pipeline guides through its guider component; the policy's guidance is classifier-free guidance on the
+    velocity, ``uncond + guidance (cond - uncond)``, which is the pipeline's when its guider is a
+    ``ClassifierFreeGuidance`` in its standard form (``guidance`` replaces the guider's scale). Any other guider is
+    refused in one line: the policy would train a guidance the pipeline does not sample with."""
+
+    def __init__(self, pipe: Any, transformer: torch.nn.Module, **kwargs: Any):
+        guider = getattr(pipe, "guider", None)
+        config = dict(getattr(guider, "config", {}))
+        settings = {key: config.get(key) for key in ("guidance_rescale", "use_original_formulation", "start", "stop")}
+        plain = type(guider).__name__ == "ClassifierFreeGuidance" and settings == {
+            "guidance_rescale": 0.0, "use_original_formulation": False, "start": 0.0, "stop": 1.0}  # fmt: skip
+        if kwargs.get("guidance", 1.0) > 1 and not plain:
+            what = ", ".join(f"{key}={value}" for key, value in settings.items() if value is not None)
+            raise ConfigError(f"Motif-Video GRPO guides by classifier-free guidance on the velocity at every step, and "
+                              f"this pipeline's guider is {type(guider).__name__}({what}); use a "
+                              "ClassifierFreeGuidance guider without guidance_rescale, use_original_formulation or a "
+                              "start/stop range, or guidance 1")  # fmt: skip
+        super().__init__(pipe, transformer, **kwargs)
+
+    @no_grad
+    def _encode(self, prompts: list[str]) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor] | None]:
+        embeds, negative, mask, negative_mask = self.pipe.encode_prompt(
+            prompt=prompts,
+            negative_prompt=[self.negative_prompt] * len(prompts) if self.guided else None,
+            max_sequence_length=self.max_sequence_length,
+            device=self.device,
+        )
+        return (embeds, mask), (negative, negative_mask) if self.guided else None
+
+    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: tuple[Tensor, Tensor]) -> Tensor:
+        import torch
+
+        text, mask = cond
+        batch, channels, frames, height, width = hidden.shape
+        condition = hidden.new_zeros(batch, model.config.in_channels - channels, frames, height, width)
+        return model(hidden_states=torch.cat([hidden, condition], dim=1), timestep=timestep,
+                     encoder_hidden_states=text.to(hidden.dtype), encoder_attention_mask=mask,
+                     return_dict=False)[0]  # fmt: skip
+
+    def _unscale(self, latents: Tensor) -> Tensor:
+        config = self.pipe.vae.config
+        return self.pipe._denormalize_latents(latents, config.latents_mean, config.latents_std)
 
 
 def _check(model: torch.nn.Module) -> None:
@@ -51,4 +107,6 @@ MOTIF_VIDEO = ModelFamily(
     tiny_models=("tiny-motif-video", "tiny-motif-video-i2v"),
     checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(121, 736, 1280, 50, 5.0, 512) | {"fps": 24}),
     vae_factors=dict.fromkeys(PIPELINES, _vae_factors),
+    pipelines=("MotifVideoPipeline",),
+    policy=MotifVideoPolicy,
 )

@@ -128,6 +128,19 @@ class DiffusersPolicy:
         )
         return positive, negative if self.guided else None
 
+    @no_grad
+    def _masked_text(self, prompts: list[str]) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor] | None]:
+        """``((embeds, mask), (negative, negative_mask) or None)`` from a pipeline's ``encode_prompt`` that returns
+        ``(embeds, mask, negative, negative_mask)``, embeds ``(B, L, D)`` and masks ``(B, L)`` (LTX-Video, Mochi)."""
+        embeds, mask, negative, negative_mask = self.pipe.encode_prompt(
+            prompt=prompts,
+            negative_prompt=[self.negative_prompt] * len(prompts),
+            do_classifier_free_guidance=self.guided,
+            max_sequence_length=self.max_sequence_length,
+            device=self.device,
+        )
+        return (embeds, mask), (negative, negative_mask) if self.guided else None
+
     def text_settings(self) -> dict[str, Any]:
         """What, beside the model and the prompt, the conditioning depends on."""
         return {"policy": type(self).__name__, "max_sequence_length": self.max_sequence_length,
@@ -154,8 +167,13 @@ class DiffusersPolicy:
     def trains(self, s: float) -> bool:
         return self.expert_at(s) in self.trained_experts
 
+    def _timestep(self, s: float) -> float:
+        """The timestep ``_forward`` gets at noise level ``s`` (computed in float64 before the transformer's
+        float32): ``1000 s``, the flow-matching pipelines'."""
+        return s * 1000.0
+
     def velocity(self, x: Tensor, s: float, cond: tuple[Any, Any | None], *, reference: bool = False) -> Tensor:
-        """Guided velocity ``(B, C, F, H, W)`` fp32 at noise level ``s`` (timestep ``1000 s``), of the expert
+        """Guided velocity ``(B, C, F, H, W)`` fp32 at noise level ``s`` (timestep ``_timestep(s)``), of the expert
         that runs at ``s`` (or its reference model)."""
         import torch
 
@@ -167,7 +185,7 @@ class DiffusersPolicy:
         hidden = torch.cat([x, x]) if self.guided else x
         self.forwards += hidden.shape[0]
         branches = self._concat(negative, positive) if self.guided else positive
-        timestep = torch.full((hidden.shape[0],), s * 1000.0, device=x.device)
+        timestep = torch.full((hidden.shape[0],), self._timestep(s), device=x.device)
         dtype = next(model.parameters()).dtype
         out = self._forward(model, hidden.to(dtype), timestep, branches).float()
         if not self.guided:

@@ -1,7 +1,7 @@
-"""Worker-side checks of the GRPO policies of CogVideoX, LTX-2, LTX-Video, SkyReels-V2, HunyuanVideo-1.5, Cosmos 2.5
-and Kandinsky 5: the gradients and log-probs of one training step through the library's ``GRPOTrainer``, and a tiny
-HunyuanVideo-1.5 text-to-video pipeline (the zoo's ``tiny-hunyuanvideo15`` is a transformer only) built offline, as
-diffusers' fast tests build theirs."""
+"""Worker-side checks of the GRPO policies of CogVideoX, LTX-2, LTX-Video, SkyReels-V2, HunyuanVideo-1.5, Cosmos 2.5,
+Kandinsky 5, Mochi, EasyAnimate, Motif-Video and Kandinsky 6: the gradients and log-probs of one training step
+through the library's ``GRPOTrainer``, and a tiny HunyuanVideo-1.5 text-to-video pipeline (the zoo's
+``tiny-hunyuanvideo15`` is a transformer only) built offline, as diffusers' fast tests build theirs."""
 
 from __future__ import annotations
 
@@ -87,6 +87,16 @@ def family_configs(hunyuanvideo15: str, **layout) -> list:
         # its byte-level template leaves the prompt in the text at 600 tokens: prompt and negative prompt lengths
         # differ (two transformer calls a guided step); its VAE (HunyuanVideo's) decodes split by rows
         tiny_config(model="tiny-kandinsky5", height=48, width=32, **{"sample.max_sequence_length": 600}, **common),
+        # Mochi's VAE takes 6k+1 frames (2 latent frames); its VAE decodes split by rows
+        tiny_config(
+            model="tiny-mochi", height=32, width=32, **{"sample.max_sequence_length": 32}, **common | {"frames": 7}
+        ),
+        # the pipeline's 256 unmasked text tokens; MagVit's VAE decodes split by rows
+        tiny_config(model="tiny-easyanimate", height=32, width=32, **{"sample.max_sequence_length": 256}, **common),
+        # Wan's VAE decodes split by rows
+        tiny_config(model="tiny-motif-video", height=32, width=32, **{"sample.max_sequence_length": 32}, **common),
+        # audio off; HunyuanVideo's VAE decodes split by rows
+        tiny_config(model="tiny-kandinsky6", height=32, width=32, **{"sample.max_sequence_length": 32}, **common),
     ]
 
 
