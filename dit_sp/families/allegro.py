@@ -42,7 +42,9 @@ _ARCHITECTURES = {
         "patch_size": 2, "patch_size_t": 1, "num_attention_heads": 24, "attention_head_dim": 96, "in_channels": 4,
         "out_channels": 4, "num_layers": 32, "cross_attention_dim": 2304, "sample_height": 90, "sample_width": 160,
         "sample_frames": 22, "caption_channels": 4096})},
-                "text_encoders": 4.76e9, "vae": 175e6, "compression": (4, 8), "text_tokens": 512, "joint": False},
+                "text_encoders": 4.76e9, "vae": 175e6, "compression": (4, 8), "text_tokens": 512, "joint": False,
+                # its decoder's calls: 3D tiles of 24 frames x 320 x 320 pixels (its kernel), shared out whole
+                "vae_call": (24, 320, 320)},
 }  # fmt: skip
 """The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
 

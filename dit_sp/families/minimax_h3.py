@@ -33,7 +33,10 @@ _ARCHITECTURES = {
         "text_dim": 5120, "freq_dim": 256, "time_embed_hidden_dim": 5376, "time_embed_dim": 2688,
         "rope_freq_dim": 16})},
         "text_encoders": 33.3e9, "vae": 2.75e9, "compression": (4, 16, 17, 5), "text_tokens": 256 + 2 * 600,
-        "joint": True},
+        "joint": True,
+        # its decoder's calls, shared out whole: a clip of 7 latent frames (28 pixel frames), tiled (its default) in
+        # 256 x 256 pixel tiles
+        "vae_call": (28, 256, 256)},
 }  # fmt: skip
 """The real checkpoint, for the memory planner (``ModelFamily.architectures``)."""
 

@@ -103,7 +103,8 @@ def check_before_loading(config: GenerateConfig) -> None:
 def check_modular(config: GenerateConfig, name: str) -> bool:
     """For a Modular Diffusers pipeline ``name`` (MiniMax-H3, Wan-Animate-2): ``--cfg-parallel`` refused with its
     family's reason, the input files its family passes (``ModelFamily.modular_inputs``) required where its blocks
-    require them and readable, the others refused (MiniMax-H3: ``generate`` runs its text-to-video workflow);
+    require them and readable, the others refused (MiniMax-H3: ``generate`` runs its text-to-video workflow), and so
+    are ``--camera`` / ``--intrinsics`` and ``--causal-block-size`` / ``--ar-step``, which no blocks' inputs take;
     ``False`` for other pipelines."""
     family = next((f for f in FAMILIES if name in f.modular_pipelines), None)
     if family is None:
@@ -120,21 +121,22 @@ def check_modular(config: GenerateConfig, name: str) -> bool:
                               "keyframe or reference workflows, call it from Python")  # fmt: skip
         raise ConfigError(f"{flag}: {config.model} ({name}) takes no {given[0].replace('_', ' ')}, only "
                           f"{' and '.join('--' + k.replace('_', '-') for k in taken)}; drop {flag}")  # fmt: skip
-    if taken:
-        import diffusers
+    import diffusers
 
-        blocks = getattr(diffusers, getattr(diffusers, name).default_blocks_name)()
-        params = {param.name: param for param in blocks.inputs}
-        for key in taken:
-            flag, param = "--" + key.replace("_", "-"), params[family.modular_inputs[key]]
-            if not getattr(config, key) and param.required:
-                what = param.description.split(",")[0].split(".")[0]
-                raise ConfigError(f"{config.model} ({name}) needs {flag} PATH: its {param.name}, "
-                                  f"{what[:1].lower()}{what[1:]}")  # fmt: skip
-            if (path := getattr(config, key)) and key in ("image", "last_image"):
-                read_image(path, flag)
-            elif path:
-                read_video(path, flag)
+    blocks = getattr(diffusers, getattr(diffusers, name).default_blocks_name)()
+    params = {param.name: param for param in blocks.inputs}
+    check_diffusion_forcing(config, name, params)  # flags the blocks do not take, refused as for other pipelines
+    check_camera(config, name, params)
+    for key in taken:
+        flag, param = "--" + key.replace("_", "-"), params[family.modular_inputs[key]]
+        if not getattr(config, key) and param.required:
+            what = param.description.split(",")[0].split(".")[0]
+            raise ConfigError(f"{config.model} ({name}) needs {flag} PATH: its {param.name}, "
+                              f"{what[:1].lower()}{what[1:]}")  # fmt: skip
+        if (path := getattr(config, key)) and key in ("image", "last_image"):
+            read_image(path, flag)
+        elif path:
+            read_video(path, flag)
     return True
 
 

@@ -22,7 +22,8 @@ resident weights plus that phase's working set:
   whole on every rank (``AnyFlowFARPipeline`` allocates every head of every layer before the first call, so more
   Ulysses does not lower it); Wan-Animate-2's reference cache of one segment, ``1/U`` of its heads a rank;
 - **VAE decode activations** (``vae_decode_bytes``): an estimate from the decoder's full-resolution width and
-  the decoded size, rows split over a sample's processes with the parallel VAE.
+  the decoded size, rows split over a sample's processes with the parallel VAE; a VAE whose calls (tiles, clips)
+  are shared out whole (an architecture's ``vae_call``: Allegro, MiniMax-H3) holds one call at a time on a rank.
 - **a ControlNet** (Cosmos-Transfer2.5, an architecture's ``controlnet``): its weights whole; it is split as the
   transformer is, so its working set is one of its blocks at the transformer's tokens per rank, one guidance branch
   at a time, plus what it holds whole: its control and base tokens before the split and its blocks' residuals,
@@ -102,7 +103,7 @@ class SamplingSettings:
 
 
 def vae_decode_bytes(frames: int, height: int, width: int, element_bytes: int, row_split: int,
-                     frames_at_once: int | None = None) -> int:  # fmt: skip
+                     frames_at_once: int | None = None, call: tuple[int, int, int] | None = None) -> int:  # fmt: skip
     """Peak working memory of decoding one video on one process, in bytes:
 
         VAE_LIVE_TENSORS * VAE_TOP_CHANNELS * frames_at_once * ceil(height / row_split) * width * element_bytes
@@ -116,9 +117,14 @@ def vae_decode_bytes(frames: int, height: int, width: int, element_bytes: int, r
     decodes on CPU (HunyuanVideo's VAE within 25%; kernel workspaces such as cuDNN's are not tensors and not
     counted). All frames at once is right for decoders that take the whole video (HunyuanVideo, LTX) and an
     upper bound for those that decode a few latent frames at a time (CogVideoX: two). Tiling
-    (``vae.enable_tiling()``, not a ``generate`` flag) is not modelled."""
-    at_once = min(frames, frames_at_once or frames)
-    work = VAE_LIVE_TENSORS * VAE_TOP_CHANNELS * at_once * math.ceil(height / row_split) * width * element_bytes
+    (``vae.enable_tiling()``, not a ``generate`` flag) is not modelled, except for
+    ``call``: the ``(frames, height, width)`` pixels of one decoder call of a VAE whose calls (tiles, clips) are
+    shared out whole over a sample's processes (an architecture's ``vae_call``: Allegro's, MiniMax-H3's): a rank runs
+    one call at a time, whole, so its working set is one call's (clipped to the video), whatever ``row_split``."""
+    at_once, rows, columns = min(frames, frames_at_once or frames), math.ceil(height / row_split), width
+    if call is not None:
+        at_once, rows, columns = min(frames, call[0]), min(height, call[1]), min(width, call[2])
+    work = VAE_LIVE_TENSORS * VAE_TOP_CHANNELS * at_once * rows * columns * element_bytes
     return work + frames * height * width * 3 * 4
 
 
@@ -220,8 +226,13 @@ def plan_sampling(
     block = (SAVED_PER_TOKEN["dim"] * shape.dim + SAVED_PER_TOKEN["ffn"] * shape.ffn) * size * per_rank * sequences
     split = n if s.parallel_vae else 1
     chunk = spec["compression"][0] + 2 if s.arch.startswith(CAUSAL_CHUNK_VAES) else None
-    decode = vae_decode_bytes(s.frames, s.height, s.width, size, split, chunk)
+    call = spec.get("vae_call")  # a VAE whose calls are shared out whole: one call at a time on a rank, not 1/N
+    decode = vae_decode_bytes(s.frames, s.height, s.width, size, split, chunk, call)
     at_once = "all frames" if chunk is None or chunk >= s.frames else f"{chunk} frames"
+    decode_label = f"{at_once} at once, rows 1/{split}"
+    if call is not None:
+        extent = "x".join(str(min(a, b)) for a, b in zip(call, (s.frames, s.height, s.width)))
+        decode_label = f"one call of {extent} frames x rows x columns at a time, whole on a rank"
     working = {f"activations (one block, {sequences} seq x {per_rank} tokens)": block}
     if "kv_cache" in spec:  # AnyFlow FAR's chunk cache (whole), Wan-Animate-2's reference cache (1/U of its heads)
         temporal, spatial = spec["compression"][:2]
@@ -235,7 +246,7 @@ def plan_sampling(
     phases = {
         ENCODING: resident | encoders,
         DENOISING: resident | working,
-        DECODING: resident | {f"VAE decode activations ({at_once} at once, rows 1/{split})": decode},
+        DECODING: resident | {f"VAE decode activations ({decode_label})": decode},
     }
     plan = SamplingPlan(f"Sampling ({s.arch})", s, phases, int(gpu_memory_gb * GiB))
     if advise and not plan.fits:

@@ -169,3 +169,29 @@ def test_plan_generate_cli():
     ]:
         bad = run_cli("pipelines.plan", argv, cwd=ROOT)
         assert bad.returncode == 2 and words in bad.stderr and "Traceback" not in bad.stderr, bad.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("arch", "frames", "call"), [("allegro", 88, (24, 320, 320)), ("minimax-h3", 73, (28, 256, 256))]
+)
+def test_a_vae_whose_calls_are_shared_out_whole_holds_one_call_per_rank_not_rows(arch, frames, call):
+    # Allegro's 3D tiles and MiniMax-H3's clips and tiles go whole to one rank each (VAEPlan parts=(), tiles): a rank's
+    # decode peak is one call plus the decoded video, the same on 1, 2 or 4 processes (no rows split)
+    extent = "x".join(map(str, call))
+    label = f"VAE decode activations (one call of {extent} frames x rows x columns at a time, whole on a rank)"
+    figures = set()
+    for ulysses in (1, 2, 4):
+        plan = plan_sampling(SamplingSettings(arch, frames=frames, ulysses=ulysses, guidance=False), ulysses, 80)
+        figures.add(plan.phases[DECODING][label])
+    assert figures == {vae_decode_bytes(frames, 720, 1280, 2, 4, call=call)}
+    rows = vae_decode_bytes(frames, 720, 1280, 2, 4)  # the row split's 1/4 of every frame at once
+    assert figures != {rows} and vae_decode_bytes(frames, 720, 1280, 2, 1, call=call) == figures.pop()
+
+
+def test_vae_call_is_given_exactly_for_the_vaes_whose_calls_are_shared_out_whole():
+    from dit_sp.families import FAMILIES
+
+    for family in FAMILIES:
+        whole = family.vae is not None and family.vae.tiles is not None and not family.vae.parts
+        for name, spec in family.architectures.items():
+            assert ("vae_call" in spec) == whole, name

@@ -150,3 +150,27 @@ def test_the_pages_command_is_the_tested_layout():
     found = [command for block in blocks(text, "bash") for command in commands(block)]
     assert found == [f"python -m pipelines.generate --model {MODEL} --image character.png --video driving.mp4 "
                      "--ulysses 2 --out a.mp4"]  # fmt: skip
+
+
+def test_flags_no_modular_blocks_take_are_refused_not_dropped(tmp_path):
+    """``--camera`` / ``--intrinsics`` (Sana-WM's) and ``--causal-block-size`` / ``--ar-step`` (SkyReels-V2 diffusion
+    forcing's) reach no block of a modular pipeline: refused in one line before loading, not silently dropped."""
+    from dit_sp.inference import check_before_loading
+
+    _inputs(tmp_path)
+    refusals = {"camera": "--camera: {model} ({name}) takes no camera; it is Sana-WM's",
+                "intrinsics": "--intrinsics: {model} ({name}) takes no camera",
+                "ar_step": "--ar-step: {model} ({name}) takes none; it is SkyReels-V2 diffusion forcing's",
+                "causal_block_size": "--causal-block-size: {model} ({name}) takes none"}  # fmt: skip
+    files = {"image": str(tmp_path / "image.png"), "video": str(tmp_path / "drive")}
+    for model, name, inputs in (
+        (MODEL, "WanAnimate2ModularPipeline", files),
+        ("tiny-minimax-h3", "MiniMaxH3ModularPipeline", {}),
+    ):
+        for key, message in refusals.items():
+            value = "w-8" if key == "camera" else "1,1,1,1" if key == "intrinsics" else 2
+            overrides = {"model": model, "out": str(tmp_path / "v.mp4"), **inputs, key: value}
+            with pytest.raises(ConfigError) as refused:
+                check_before_loading(GenerateConfig.load(overrides=overrides))
+            text = str(refused.value)
+            assert text.startswith(message.format(model=model, name=name)) and "\n" not in text, text
