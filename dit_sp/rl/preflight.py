@@ -47,8 +47,9 @@ def check_ring(config: TrainConfig, info: Any | None) -> None:
     from dit_sp.families import ring_refusal
     from dit_sp.zoo import pipeline_class_name
 
-    if config.ring > 1 and info is not None:
-        why = ring_refusal(info.transformer.config, pipeline=pipeline_class_name(config.model) or "")
+    if config.ring > 1:  # without readable config files, the family's refusals that need none still apply
+        transformer = info.transformer.config if info is not None else {}
+        why = ring_refusal(transformer, pipeline=pipeline_class_name(config.model) or "")
         if why:
             raise ConfigError(f"ring {config.ring} for {config.model}: {why}")
 

@@ -113,3 +113,18 @@ def test_frames_must_fill_the_chunks_before_loading(tmp_path):
     with pytest.raises(ConfigError, match=r"^--frames 13: AnyFlow FAR denoises the chunks of its chunk_partition "
                                           r"\[1, 1, 1\], 3 latent frames, not 4; use --frames 9$"):  # fmt: skip
         check_before_loading(config(frames=13))
+
+
+def test_grpo_preflight_refuses_a_ring_of_a_ulysses_only_family_without_its_config_files(tmp_path):
+    """A family that refuses every ring (AnyFlow FAR) is refused before loading even where the checkpoint's
+    transformer config cannot be read (only its model_index.json names the pipeline)."""
+    from dit_sp import TrainConfig
+    from dit_sp.errors import ConfigError
+    from dit_sp.rl.preflight import check_before_loading
+
+    (tmp_path / "transformer").mkdir()
+    (tmp_path / "model_index.json").write_text('{"_class_name": "AnyFlowFARPipeline"}')
+    config = TrainConfig.load(None, {"model": str(tmp_path), "output_dir": str(tmp_path / "out"), "ring": 2,
+                                     "sample.frames": 9})  # fmt: skip
+    with pytest.raises(ConfigError, match=r"^ring 2 for .*: AnyFlow FAR \(AnyFlowFARTransformer3DModel\) attends "):
+        check_before_loading(config, 2)
