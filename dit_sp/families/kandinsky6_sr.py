@@ -21,7 +21,17 @@ divide are padded (zeros, dropped). The processor replaced must be diffusers' ow
 
 A ring is refused at ``parallelize`` (``RING_REFUSAL``): a ring rank would hold one block of keys, and the mask's
 per-row top mass needs the scores of every key block. CFG parallelism is refused too (``CFG_REFUSAL``): the pipeline
-does not guide (one transformer call a step). Its VAE (``Kandinsky6SRVAE``) runs whole on every rank.
+does not guide (one transformer call a step).
+
+Its VAE (``Kandinsky6SRVAE``, the causal K-VAE) runs split by rows (``KANDINSKY6_SR_VAE``): the pipeline calls it on
+one tile at a time (each tile encoded, then decoded right after its denoising, inside the loop over tiles), a call
+every rank needs before the next transformer call, so each call is split rather than calls shared out. Its causal
+convolutions pad rows with zeros before their ``conv`` (halos, ``VAEPlan.padded_inputs``; the temporal caches hold each
+rank's own rows), the encoder's strided convolution and pixel-unshuffle pair rows inside each rank's even block, the
+RMS norms are per pixel, and ``Kandinsky6SRSpatialNorm3D`` resizes the latent (``zq``, the decoder's own input rows)
+by nearest neighbour to an activation exactly ``2^k`` times finer, which maps each rank's latent rows onto its own
+activation rows: nothing is gathered. The decoded tiles are blended by the pipeline itself, so they assemble on every
+rank (``frames_used``).
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from dit_sp._compat import context_parallel_types
 from dit_sp.families.family import ModelFamily, Undo, generation_defaults
 from dit_sp.families.nabla import NablaOps, SequenceParallelNablaProcessor
+from dit_sp.vae import Padding, VAEPlan
 
 if TYPE_CHECKING:
     import torch
@@ -109,6 +120,22 @@ def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:  # Kandinsky6SRVAE: x2
     return vae.get("temporal_compression_ratio", 4), 2 ** (len(vae.get("encoder_block_out_channels", (0,) * 5)) - 1)
 
 
+def _vae_padded_inputs(part: torch.nn.Module) -> dict[torch.nn.Module, Padding]:
+    """``Kandinsky6SRCausalConv3d`` zero-pads ``height_pad`` rows above and below (``F.pad``, with the columns) before
+    its ``conv``; the first segment's repeated first frame and the cached frames of the next carry those rows too."""
+    return {module.conv: (module.height_pad, module.height_pad, "constant")
+            for module in part.modules() if type(module).__name__ == "Kandinsky6SRCausalConv3d"}  # fmt: skip
+
+
+KANDINSKY6_SR_VAE = VAEPlan(
+    class_names=("Kandinsky6SRVAE",),
+    padded_inputs=_vae_padded_inputs,
+    # it cuts an input above 2e9 elements into frame chunks by its own size: split, every rank makes the same calls
+    unchunked=("Kandinsky6SRSafeConv3d",),
+)
+"""How ``Kandinsky6SRVAE`` decodes and encodes with its rows split (``dit_sp.vae``); no tiled methods (the pipeline
+tiles)."""
+
 PIPELINE = "Kandinsky6SRPipeline"
 
 KANDINSKY6_SR = ModelFamily(
@@ -126,6 +153,8 @@ KANDINSKY6_SR = ModelFamily(
     # length are the input's (the sizes here: the TI2VA stage's output, which the SR stage takes)
     checkpoint_defaults={PIPELINE: generation_defaults(121, 512, 768, 4, 1.0, 512) | {"fps": 24}},
     vae_factors={PIPELINE: _vae_factors},
+    vae=KANDINSKY6_SR_VAE,
+    frames_used=(PIPELINE,),  # it blends its decoded tiles (Hann windows) on every rank
 )
 """Kandinsky 6's super-resolution stage, a family of its own (its pipeline and VAE, ``Kandinsky6SRVAE``, are its
 alone)."""

@@ -41,9 +41,9 @@ def parallelize_vae(vae: torch.nn.Module, group: dist.ProcessGroup | ParallelSta
     Args:
         vae: a VAE with a family's plan (``dit_sp.families.supported_vaes()``: Wan's, HunyuanVideo's,
             HunyuanVideo-1.5's, CogVideoX's, LTX-Video's, LTX-2's, Mochi's, EasyAnimate's, Cosmos 1's, the image VAEs
-            ``AutoencoderKL`` and ``AutoencoderDC``; Allegro's, tiled only; MiniMax-H3's, its decoder calls, clips
-            and tiles, shared out); with tiling (``vae.enable_tiling()``) the tiles are shared out whole, tile ``t``
-            on group rank ``t % N``.
+            ``AutoencoderKL`` and ``AutoencoderDC``, Kandinsky 6 SR's K-VAE; Allegro's, tiled only; MiniMax-H3's, its
+            decoder calls, clips and tiles, shared out); with tiling (``vae.enable_tiling()``) the tiles are shared out
+            whole, tile ``t`` on group rank ``t % N``.
         group: the processes that share the work.
         gather_to: assemble the decoded frames only on this rank of the group (the others get their own
             rows); by default on every rank. Encoded latents are always assembled on every rank.

@@ -93,10 +93,11 @@ def leader_decode_vaes() -> list[str]:
 
 
 def _leader_reasons() -> list[str]:
-    """Under the table: why each leader-decode VAE is not split (``dit_sp.vae.leader``)."""
-    lines = ["", "Leader decode, and why each of these VAEs is not split yet:", ""]
+    """Under the table: why each leader-decode VAE is not split (``dit_sp.vae.leader``); nothing where none is."""
+    shown = leader_decode_vaes()
+    lines = ["", "Leader decode, and why each of these VAEs is not split yet:", ""] if shown else []
     missing = "(no reason recorded: add one to dit_sp/vae/leader.py)"
-    return lines + [f"- `{v}`: {LEADER_DECODE_REASONS.get(v, missing)}." for v in leader_decode_vaes()]
+    return lines + [f"- `{v}`: {LEADER_DECODE_REASONS.get(v, missing)}." for v in shown]
 
 
 def _refused_reasons() -> list[str]:

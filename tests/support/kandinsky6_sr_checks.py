@@ -182,11 +182,31 @@ def _count_tokens(seen: set) -> Any:
     return torch.nn.modules.module.register_module_forward_pre_hook(hook)
 
 
+VAE_PARTS = {"Kandinsky6SRDecoder3D": "decoder", "Kandinsky6SREncoder3D": "encoder"}
+
+
+def _count_vae_rows(rows: dict[str, list[tuple[int, int]]]) -> Any:
+    """A global forward pre-hook (this worker only) recording, for each call of the K-VAE's decoder or encoder, the
+    rows it was given (the whole tile's) and the rows its first causal convolution then ran (this rank's, split)."""
+    pending: list[tuple[str, int]] = []
+
+    def hook(module: torch.nn.Module, args: tuple) -> None:
+        name = type(module).__name__
+        if name in VAE_PARTS:
+            pending[:] = [(VAE_PARTS[name], args[0].shape[-2])]
+        elif name == "Kandinsky6SRCausalConv3d" and pending:
+            part, whole = pending.pop()
+            rows.setdefault(part, []).append((whole, args[0].shape[-2]))
+
+    return torch.nn.modules.module.register_module_forward_pre_hook(hook)
+
+
 def check_sr_pipeline(video_dir: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """The tiny ``Kandinsky6SRPipeline`` on Ulysses 2 against this process's unsplit run, both with the masks' block
-    sparsity applied (``dense_block_attention``): max abs errors of the frames and of the latents, their spread, the
-    token counts the NABLA attention took; and an unsplit run with the stock (eager) flex attention, what ``generate``
-    calls (seed 0, ``resolution_scale`` 2, 2 steps)."""
+    """The tiny ``Kandinsky6SRPipeline`` on Ulysses 2 (``frames_on="leader"``) against this process's unsplit run,
+    both with the masks' block sparsity applied (``dense_block_attention``): max abs errors of the frames and of the
+    latents, their spread, the token counts the NABLA attention took, the rows the K-VAE's parts ran (split by rows);
+    and an unsplit run with the stock (eager) flex attention, what ``generate`` calls (seed 0, ``resolution_scale`` 2,
+    2 steps)."""
     from dit_sp.inference.checks import read_video
 
     pipe, video = build_tiny(MODEL), read_video(video_dir)
@@ -194,33 +214,40 @@ def check_sr_pipeline(video_dir: str) -> tuple[dict[str, Any], dict[str, torch.T
     with dense_block_attention():
         reference = _run_pipeline(pipe, video)
         seen: set = set()
-        handle = _count_tokens(seen)
+        rows: dict[str, list[tuple[int, int]]] = {}
+        handles = [_count_tokens(seen), _count_vae_rows(rows)]
         try:
-            with parallelize(pipe, init_parallel(ParallelConfig(ulysses=2))):
+            # frames_on="leader": the pipeline blends its decoded tiles itself (ModelFamily.frames_used), so they
+            # still assemble on every rank, and every rank's frames are checked
+            with parallelize(pipe, init_parallel(ParallelConfig(ulysses=2)), frames_on="leader"):
                 outputs = _run_pipeline(pipe, video)
         finally:
-            handle.remove()
+            for handle in handles:
+                handle.remove()
     errors = {k: (outputs[k] - ref).abs().max().item() for k, ref in reference.items()}
     errors |= {"std": {k: ref.std().item() for k, ref in reference.items()}, "seen": sorted(seen),
-               "shapes": {k: tuple(v.shape) for k, v in outputs.items()}}  # fmt: skip
+               "shapes": {k: tuple(v.shape) for k, v in outputs.items()}, "vae_rows": rows}  # fmt: skip
     return errors, stock
 
 
 def check_all(video_dir: str, job: Any, ring_job: Any) -> dict[str, Any]:
     """One spawned world: the transformer checks, the pipeline's, ``generate`` on Ulysses 2 (``job``, a
     ``GenerateConfig``) against the pipeline's unsplit run (the frames the leader returns, the final latents it
-    saves) with the NABLA attention's token counts, and ``generate`` on a ring (``ring_job``) refused."""
+    saves) with the NABLA attention's token counts and the rows the K-VAE's parts ran on this rank, and ``generate``
+    on a ring (``ring_job``) refused."""
     from dit_sp import generate
 
     results = {"transformer": check_sr_transformer()}
     results["pipeline"], reference = check_sr_pipeline(video_dir)
     seen: set = set()
-    handle = _count_tokens(seen)
+    rows: dict[str, list[tuple[int, int]]] = {}
+    handles = [_count_tokens(seen), _count_vae_rows(rows)]
     try:
         report = generate(job, True)
     finally:
-        handle.remove()
-    results["generate"] = {"attention_tokens": sorted(seen), "writes": "out" in report}
+        for handle in handles:
+            handle.remove()
+    results["generate"] = {"attention_tokens": sorted(seen), "writes": "out" in report, "vae_rows": rows}
     if "out" in report:
         frames, latents = torch.as_tensor(report["frames"]), torch.load(report["latents"])
         results["generate"] |= {"shape": tuple(frames.shape),

@@ -120,6 +120,10 @@ VAES = {
                                                            decoder_num_layers=1, decoder_num_attention_heads=2,
                                                            decoder_attention_head_dim=8,
                                                            decoder_num_register_tokens=2, decoder_ffn_mult=2),
+    # Kandinsky 6 SR's causal K-VAE: x4 in space and time, latent-conditioned spatial norms in the decoder; no tiled
+    # methods (its pipeline tiles the video itself)
+    "kandinsky6_sr": lambda: diffusers.Kandinsky6SRVAE(latent_channels=4, encoder_block_out_channels=(8, 8, 8),
+                                                       decoder_block_out_channels=(8, 8, 8), layers_per_block=1),
 }  # fmt: skip
 SPATIAL = {
     "wan2.1": 8,
@@ -138,15 +142,20 @@ SPATIAL = {
     "dc": 8,
     "dc-conv": 4,
     "minimax_h3": 4,
+    "kandinsky6_sr": 4,
 }
+PATCH = dict.fromkeys(("wan2.2", "ltx0.9.1", "ltx0.9.5", "ltx2", "cosmos"), 2)
+"""How many pixel rows the encoder's patchify folds into one before its first convolution (the rest: 1)."""
 DECODE_ARGS = dict.fromkeys(("ltx0.9.1", "ltx2"), lambda latents: {"temb": torch.full((latents.shape[0],), 0.05)})
 """Arguments of a VAE's decode besides the latents (a timestep-conditioned decoder's timestep)."""
 TILES_SPLIT = {"ltx0.9.1": ("decoder",)}
 """Parts whose tiles are split by rows, not shared out (a decoder that draws noise tile after tile)."""
-UNTILED = {"ltx2", "cosmos"}
+UNTILED = {"ltx2", "cosmos", "kandinsky6_sr"}
 """VAEs checked untiled only: LTX-2's reflection-padded decoder fails on one process on a last tile of one latent row
 or column, which these sizes' tiles of 4 (stride 3) leave (its tiles are LTX-Video's, shared out the same way);
-Cosmos 1's has no tiled methods (its ``enable_tiling`` sets flags that nothing reads)."""
+Cosmos 1's has no tiled methods (its ``enable_tiling`` sets flags that nothing reads), nor has Kandinsky 6 SR's."""
+NO_TILING = {"kandinsky6_sr"}
+"""VAEs without tiling methods at all (no ``enable_tiling``/``disable_tiling``)."""
 TILED_ONLY = {"allegro"}
 """VAEs that decode and encode only tiled (their pixel frames: 4 a latent frame, no first frame of its own)."""
 CALLS_SHARED = {"minimax_h3"}
@@ -156,9 +165,11 @@ IMAGE = {"kl", "dc", "dc-conv"}
 """Image VAEs: ``(B, C, H, W)``, a case's frames folded into the batch (as Latte decodes its frames)."""
 CASES = [(3, 7, 5), (1, 5, 6), (2, 9, 4)]
 """(latent frames, latent height, latent width): odd heights and widths, one or more latent frames."""
-CASES_OF = {"minimax_h3": [(12, 5, 3), (7, 5, 6)]}
+CASES_OF = {"minimax_h3": [(12, 5, 3), (7, 5, 6)], "kandinsky6_sr": [(6, 7, 5), (1, 5, 6), (2, 2, 3)]}
 """A VAE's own cases: MiniMax-H3 decodes at least 7 latent frames (one clip); 12 are two clips (encoded: 39 frames, 3
-clips), in tiles of 4 latent rows and columns (2 x 1 and 2 x 2 tiles a clip)."""
+clips), in tiles of 4 latent rows and columns (2 x 1 and 2 x 2 tiles a clip). Kandinsky 6 SR decodes 6 latent frames
+in two segments of its own (5 + 1 latent frames, the causal caches carried from one to the next) and encodes their 21
+pixel frames in two (17 + 4); 2 latent rows are too few for 4 processes (run whole)."""
 
 
 def cases(name: str) -> list[tuple[int, int, int]]:
@@ -215,7 +226,7 @@ def _run(vae: torch.nn.Module, name: str, tiled: bool) -> dict[str, torch.Tensor
             )
     elif name in TILED_ONLY:
         return {}
-    else:
+    elif name not in NO_TILING:
         vae.disable_tiling()
     out = {}
     with torch.no_grad():
@@ -254,7 +265,7 @@ def check_vae(name: str, parallel) -> dict:
     shapes = {key: split[key].shape == reference[key].shape for key in reference}
     handle.undo()
     key = f"decode {'x'.join(map(str, cases(name)[0]))}" + (" tiled" if name in TILED_ONLY else "")
-    if name not in TILED_ONLY:
+    if name not in TILED_ONLY | NO_TILING:
         vae.disable_tiling()
     latents = _inputs(name, *cases(name)[0])[0]
     torch.manual_seed(cases(name)[0][0])

@@ -1,12 +1,13 @@
 """The parallel VAE: decode and encode split over 2 and 4 processes equal one process, for every family's VAE,
-untiled and tiled (the tiles shared out), on odd latent heights and widths and several frame counts; MiniMax-H3's,
-whose ViT decoder attends over a whole clip, with its clips and tiles shared out."""
+untiled and tiled (the tiles shared out), on odd latent heights and widths and several frame counts (each rank's
+decoder and encoder rows counted); MiniMax-H3's, whose ViT decoder attends over a whole clip, with its clips and tiles
+shared out; Kandinsky 6 SR's K-VAE, untiled (its pipeline tiles), over its own causal segments."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from vae_checks import CALLS_SHARED, CASES, TILED_ONLY, TILES_SPLIT, UNTILED, VAES, check_vaes
+from vae_checks import CALLS_SHARED, PATCH, SPATIAL, TILED_ONLY, TILES_SPLIT, UNTILED, VAES, cases, check_vaes
 
 from dit_sp import parallelize_vae, spawn
 from dit_sp.parallel.rows import RowSplit
@@ -25,10 +26,13 @@ def test_split_vae_equals_one_process(results, family):
         worst = max(result["errors"], key=result["errors"].get)
         assert result["errors"][worst] <= 1e-4, f"rank {rank}: {worst} differs by {result['errors'][worst]:.2e}"
         # each rank ran its own rows (plus at most a halo of a few), not the whole frame
-        frames, height, width = CASES[0]
+        frames, height, width = cases(family)[0]
         own = RowSplit.even(height, ranks).sizes[rank]
         if family not in TILED_ONLY | CALLS_SHARED:
             assert own <= result["rows"]["decoder"][0] <= own + 2 < height + 2, result["rows"]["decoder"][:3]
+            # the encoder's first convolution: this rank's pixel rows (after any patchify), plus at most its padding
+            pixels = own * SPATIAL[family] // PATCH.get(family, 1)
+            assert pixels <= result["rows"]["encoder"][0] <= pixels + 2, (pixels, result["rows"]["encoder"][:3])
         assert result["undone"] == 0.0
     # tiled, the tiles are shared out: every part call of the one-process run ran once, on one of the ranks
     # (or, split by rows, on every rank)
