@@ -9,7 +9,8 @@ layout skips the same steps as the same cached run in one process.
     cache.undo()
 
 ``parallelize(pipe, parallel, cache="first_block:0.05")`` does the same in one call. Each guidance branch
-keeps its own state and decision, as in one process (diffusers' ``cache_context``); the decisions are taken
+keeps its own state and decision, as in one process (diffusers' ``cache_context``; a call made outside one gets
+its context from ``dit_sp.cache.contexts``); the decisions are taken
 from metrics reduced over the processes that share the branch's tokens (``dit_sp.cache.decide``).
 """
 

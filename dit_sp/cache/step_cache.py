@@ -3,15 +3,15 @@ package docstring (``dit_sp.cache``) says what the caches decide and how."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
-from diffusers.hooks.hooks import CacheContext, HookRegistry
+from diffusers.hooks.hooks import HookRegistry
 
 from dit_sp._compat import model_cache_config
 from dit_sp.cache import first_block, teacache
-from dit_sp.cache.blocks import cache_context_of, register_declared_blocks, set_cache_context
+from dit_sp.cache.blocks import register_declared_blocks
+from dit_sp.cache.contexts import context_for_every_call
 from dit_sp.cache.decide import CacheStats, DecisionGroup
 from dit_sp.cache.spec import CacheSpec
 from dit_sp.errors import ConfigError
@@ -57,35 +57,6 @@ def _decision_group(model: torch.nn.Module, family: Any) -> DecisionGroup:
     return DecisionGroup(group, real_tokens)
 
 
-def _context_for_every_call(model: torch.nn.Module, family: Any) -> Callable[[], None]:
-    """diffusers' cache hooks keep their state per cache context, which the pipeline names around each call
-    (``cache_context("cond")``). A call outside any context: for a family whose pipelines make one call per step
-    (batched guidance: EasyAnimate, Allegro), that call gets the one context ``"cond_uncond"``; for one that makes a
-    call per guidance branch, it is refused, since one state would then serve both branches. Returns the undo."""
-
-    given = []  # the context this hook set for the call in progress (the model's own hooks: one model, one call)
-
-    def enter(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-        if cache_context_of(module) is not None:
-            return
-        if family.cfg_mode != "batched":
-            raise ConfigError(f"step caching: {type(module).__name__} was called outside a cache context, so its "
-                              "guidance branches could not be kept apart; call it inside model.cache_context(name) "
-                              "(diffusers' pipelines of the family do), or run without a cache")  # fmt: skip
-        set_cache_context(module, CacheContext("cond_uncond"))
-        given.append(True)
-
-    def leave(module: torch.nn.Module, args: tuple, output: Any) -> None:
-        if given:
-            set_cache_context(module, None)
-            given.clear()
-
-    # always_call: a call that raises leaves no context behind (the next call outside one would silently reuse it)
-    leaves = model.register_forward_hook(leave, always_call=True)
-    handles = [model.register_forward_pre_hook(enter, with_kwargs=True), leaves]
-    return lambda: [handle.remove() for handle in handles]
-
-
 def _forget_hook_locations(model: torch.nn.Module) -> None:
     HookRegistry.check_if_exists_or_initialize(model).invalidate_child_registries_cache()
 
@@ -127,7 +98,7 @@ def enable_cache(obj: Any, cache: str | CacheSpec) -> StepCache:
                 if family.teacache_probe is None:
                     raise ConfigError(f"teacache: no probe for the {family.name} family; use the first_block cache")
                 handle._undo.append(teacache.apply(model, spec, family.teacache_probe, where, handle.stats))
-            handle._undo.append(_context_for_every_call(model, family))
+            handle._undo.append(context_for_every_call(model, family))
             setattr(model, _CACHE_ATTR, handle)
             handle._undo.append(lambda model=model: delattr(model, _CACHE_ATTR))
             # diffusers caches where the hooks of a model's tree are; a call made before (or since) left it stale

@@ -4,10 +4,14 @@ A Wan 2.1 I2V transformer: the input image's latents and mask join the noise in 
 join the text in cross-attention, and with temporal reasoning the rotary table skips frames (computed for
 the whole sequence, then split with it). Self-attention (``attn1``) runs through USP; cross-attention stays
 local. The split/gather plan is the ``_cp_plan`` diffusers ships with the model. Its VAE is Wan's.
+
+Step caches: its pipeline calls the transformer once per guidance branch outside diffusers' cache contexts, so each
+call's branch is named by its prompt tensor (``cache_branches``); with temporal reasoning the latents drop to their
+first and last frames midway, and that change of shape resets the cache states (``dit_sp.cache.contexts``).
 """
 
 from dit_sp._compat import model_cp_plan
-from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.families.family import BranchCalls, ModelFamily, generation_defaults, timestep_probe
 from dit_sp.families.wan import wan_architecture, wan_vae_factors
 
 _ARCHITECTURES = {
@@ -20,7 +24,6 @@ _ARCHITECTURES = {
 
 CHRONOEDIT = ModelFamily(
     name="chronoedit",
-    step_cache=False,  # ChronoEditPipeline calls its transformer per guidance branch outside diffusers' cache contexts
     class_names=("ChronoEditTransformer3DModel",),
     plan=model_cp_plan,
     attention_modules=("blocks.*.attn1",),
@@ -29,4 +32,8 @@ CHRONOEDIT = ModelFamily(
     checkpoint_defaults={"ChronoEditPipeline": generation_defaults(5, 480, 832, 50, 5.0, 512) | {"fps": 16}},
     vae_factors={"ChronoEditPipeline": wan_vae_factors},
     architectures=_ARCHITECTURES,
+    # its own copy of Wan's block class, which diffusers has no metadata for; TeaCache measures the blocks' temb
+    block_outputs={"WanTransformerBlock": (0, None)},
+    teacache_probe=timestep_probe,
+    cache_branches=BranchCalls(),  # ChronoEditPipeline calls per guidance branch outside diffusers' cache contexts
 )

@@ -62,6 +62,19 @@ def no_grad(fn: Callable) -> Callable:
     return wrapper
 
 
+@dataclass(frozen=True)
+class BranchCalls:
+    """How a step cache names the guidance branch of a transformer call that the family's pipelines make once per
+    branch outside diffusers' cache contexts (``ModelFamily.cache_branches``; the rule: ``dit_sp.cache.contexts``)."""
+
+    prompt: str = "encoder_hidden_states"
+    """The forward argument holding the branch's prompt embeddings: the pipeline passes one tensor per branch for the
+    whole run, the conditional one first, so a run's first tensor names ``cond`` and its second ``uncond``."""
+    timestep: str = "timestep"
+    """The forward argument holding the step's timestep: a call whose timestep is above the previous call's starts a
+    new schedule (Framepack's next section), and every branch's cache state is reset first."""
+
+
 VAEFactors = Callable[[dict[str, Any]], tuple[int, int]]
 """A pipeline class's ``(temporal, spatial)`` VAE compression, from the VAE's config."""
 
@@ -176,6 +189,10 @@ class ModelFamily:
     step_cache: bool = True
     """Whether step caching and regional compile find the family's blocks (diffusers has block metadata for
     them, or ``block_outputs`` gives it); ``tests/zoo/test_family_table.py`` checks this against the tiny models."""
+    cache_branches: BranchCalls | None = None
+    """For a ``sequential`` family whose pipelines call the transformer per guidance branch outside diffusers' cache
+    contexts (ChronoEdit, HunyuanVideo Framepack): how a step cache names each call's branch. None: such a call is
+    refused under a step cache (one state would serve both branches)."""
     block_outputs: dict[str, tuple[int, int | None]] = field(default_factory=dict, hash=False)
     """Blocks diffusers has no metadata for, by class name: where their outputs are (the hidden states' index, the
     encoder hidden states' index or None; ``(0, None)`` for a block returning one tensor). A step cache registers

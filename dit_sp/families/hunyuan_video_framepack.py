@@ -9,6 +9,12 @@ where each attention module takes it, and the packed sequence is gathered after 
 model keeps only its video part. The prompt mask is built before the split, over the whole sequence
 (``dit_sp.sp.processor`` reads it so). The text token refiner stays local. diffusers ships no ``_cp_plan``.
 
+Step caches: its pipeline calls the transformer once per guidance branch outside diffusers' cache contexts, so each
+call's branch is named by its prompt tensor (``cache_branches``). It samples section by section, each restarting the
+schedule at the top with new history latents, all in one pipeline call (so diffusers' hooks would keep the previous
+section's state): a call whose timestep is above the previous call's resets every branch's cache state first, so a
+section's first step computes (``dit_sp.cache.contexts``).
+
 VAE: HunyuanVideo's (``AutoencoderKLHunyuanVideo``: the parallel VAE of ``families/hunyuan_video.py``).
 """
 
@@ -17,8 +23,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dit_sp._compat import context_parallel_types
-from dit_sp.families.family import ModelFamily, generation_defaults
-from dit_sp.families.hunyuan_video import hunyuan_video_vae_factors
+from dit_sp.families.family import BranchCalls, ModelFamily, generation_defaults
+from dit_sp.families.hunyuan_video import hunyuan_video_vae_factors, modulated_input_probe
 
 if TYPE_CHECKING:
     import torch
@@ -51,7 +57,6 @@ encoders, the SigLIP image encoder, HunyuanVideo's VAE."""
 
 HUNYUAN_VIDEO_FRAMEPACK = ModelFamily(
     name="hunyuan_video_framepack",
-    step_cache=False,  # its pipeline calls the transformer per guidance branch outside diffusers' cache contexts
     class_names=("HunyuanVideoFramepackTransformer3DModel",),
     plan=_plan,
     attention_modules=("transformer_blocks.*.attn", "single_transformer_blocks.*.attn"),
@@ -66,4 +71,6 @@ HUNYUAN_VIDEO_FRAMEPACK = ModelFamily(
     },
     vae_factors={"HunyuanVideoFramepackPipeline": hunyuan_video_vae_factors},
     architectures=_ARCHITECTURES,
+    teacache_probe=modulated_input_probe,  # HunyuanVideo's blocks (diffusers has their metadata)
+    cache_branches=BranchCalls(),  # its pipeline calls per guidance branch outside diffusers' cache contexts
 )

@@ -199,3 +199,32 @@ def test_generate_cli_with_cache_and_compile(tmp_path):
     assert re.search(r"compile: [\d.]+ s \(first step\), then [\d.]+ s/step", result.stdout), result.stdout
     bad = run_cli("pipelines.generate", ["--cache", "magic", "--out", str(out)], cwd=tmp_path)
     assert bad.returncode == 2 and "unknown policy" in bad.stderr
+
+
+def test_calls_per_guidance_branch_are_named_by_their_prompt_tensor():
+    """ChronoEdit's pipeline calls its transformer once per guidance branch outside any cache context: each call is in
+    the context of the prompt tensor it gets (a run's first: cond, its second: uncond, a third refused), a call at a
+    higher timestep (a new schedule: Framepack's next section) starts every branch afresh, and diffusers' end-of-run
+    reset forgets the tensors."""
+    model = load_pipeline("tiny-chronoedit", torch.float32).transformer
+    g = torch.Generator().manual_seed(0)
+    hidden, image = torch.randn(1, 12, 3, 6, 4, generator=g), torch.randn(1, 5, 16, generator=g)
+    cond, uncond, third = (torch.randn(1, 8, 16, generator=g) for _ in range(3))
+    cache = enable_cache(model, "first_block:0")
+    call = lambda prompt, t: model(hidden_states=hidden, timestep=torch.tensor([t]), encoder_hidden_states=prompt,
+                                   encoder_hidden_states_image=image)  # fmt: skip
+    for prompt, t in [(cond, 900.0), (uncond, 900.0), (cond, 800.0), (uncond, 800.0), (cond, 950.0), (uncond, 950.0)]:
+        call(prompt, t)
+    records = cache.stats.records
+    assert [r.context for r in records] == ["cond", "uncond"] * 3
+    assert [r.change is None for r in records] == [True, True, False, False, True, True]  # 950 > 800: a new schedule
+    with pytest.raises(
+        ConfigError, match=r"^step caching: ChronoEditTransformer3DModel got a third 'encoder_hidden_st"
+    ):
+        call(third, 950.0)
+    assert cache_context_of(model) is None
+    model._reset_stateful_cache()  # what a stock pipeline does when its run ends: the next run names its own tensors
+    call(third, 900.0)
+    assert (records[-1].context, records[-1].change) == ("cond", None)
+    cache.undo()
+    assert not any(getattr(m, "_diffusers_hook", None) and m._diffusers_hook.hooks for m in model.modules())

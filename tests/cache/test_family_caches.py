@@ -1,12 +1,16 @@
 """The step caches on the families whose blocks diffusers has no metadata for (``ModelFamily.block_outputs`` registers
 it) or whose cache was never checked: each tiny pipeline, run through ``generate --cache`` on Ulysses 2, skips the same
 steps as one process with the same cache (first-block, and TeaCache with each new kind of probe) and gives its frames
-and latents within 1e-4. One spawn runs them all."""
+and latents within 1e-4. The families whose pipelines call per guidance branch outside cache contexts (ChronoEdit,
+Framepack: ``BranchCalls``) also run, in the same workers, where a state must be reset midway (Framepack's second
+section, ChronoEdit's temporal reasoning), whole and then split: each branch has its own state. One spawn runs them
+all."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from cache_checks import BRANCH_RUNS, branch_runs
 from PIL import Image
 from variant_generate_checks import assert_same_video, layout_reports
 
@@ -15,7 +19,8 @@ from dit_sp import GenerateConfig, generate
 pytestmark = pytest.mark.slow  # spawns worker processes
 
 # model: (the first-block cache's threshold and TeaCache's (None: not run here; TeaCache's probe is another's),
-# each skipping some of the tiny model's steps but not all; the pipeline's inputs, files made in the test's directory)
+# each skipping some of the tiny model's steps but not all; the pipeline's inputs: files made in the test's directory
+# (a string), and settings)
 MODELS = {
     "tiny-skyreels-v2": (0.14, 0.5, {}),  # a Wan 2.1 transformer of its own block class; guidance in cache contexts
     "tiny-skyreels-v2-df": (None, 0.2, {}),  # diffusion forcing: TeaCache's probe per token (a timestep per frame)
@@ -25,6 +30,9 @@ MODELS = {
     "tiny-easyanimate": (0.14, 0.2, {}),  # batched guidance outside cache contexts: one context for its one call a step
     "tiny-allegro": (0.3, None, {}),  # the same
     "tiny-motif-video": (0.14, None, {}),  # diffusers' own block metadata; its guider's calls in cache contexts
+    # a call per guidance branch outside cache contexts, named by its prompt tensor (the other cache: branch_runs)
+    "tiny-chronoedit": (0.2, None, {"image": "image.png"}),  # its own copy of Wan's block class
+    "tiny-hunyuanvideo-framepack": (None, 0.2, {"image": "image.png", "guidance": 4.0}),  # true CFG: two branches
 }
 RUNS = [(m, policy) for policy, i in (("first_block", 0), ("teacache", 1)) for m, spec in MODELS.items() if spec[i]]
 
@@ -32,7 +40,7 @@ RUNS = [(m, policy) for policy, i in (("first_block", 0), ("teacache", 1)) for m
 def _settings(tmp, model: str, policy: str, name: str, **flags) -> GenerateConfig:
     first_block, teacache, files = MODELS[model]
     threshold = first_block if policy == "first_block" else teacache
-    inputs = {key: str(tmp / value) for key, value in files.items()}
+    inputs = {key: str(tmp / value) if isinstance(value, str) else value for key, value in files.items()}
     return GenerateConfig.load(overrides={"model": model, "out": str(tmp / f"{model}-{policy}-{name}.mp4"),
                                           "save_latents": str(tmp / f"{model}-{policy}-{name}.pt"), **inputs,
                                           "steps": 4, "cache": f"{policy}:{threshold}", **flags})  # fmt: skip
@@ -52,7 +60,8 @@ def videos(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("family_caches")
     _write_inputs(tmp)
     reports = {(*run, "single"): generate(_settings(tmp, *run, "single"), True) for run in RUNS}
-    return reports | layout_reports([((*run, "1x2"), _settings(tmp, *run, "1x2", ulysses=2)) for run in RUNS])
+    jobs = [((*run, "1x2"), _settings(tmp, *run, "1x2", ulysses=2)) for run in RUNS]
+    return reports | layout_reports(jobs, then=branch_runs)
 
 
 @pytest.mark.parametrize(("model", "policy"), RUNS)
@@ -61,3 +70,26 @@ def test_the_step_cache_decides_as_one_process(videos, model, policy):
     assert report["cache"]["computed"] == reference["cache"]["computed"]
     assert 0 < reference["cache"]["saved_fraction"] < 1, reference["cache"]  # it skipped some blocks, not all
     assert_same_video(report, reference)
+
+
+def test_calls_per_guidance_branch_get_a_state_each_reset_at_a_new_section_or_shape(videos):
+    """ChronoEdit and Framepack: the two guidance calls of a step are in two contexts (``cond``, ``uncond``), each
+    starting with no state (no change to decide on: the failure mode, one shared state, would give the second call the
+    first's), and every branch's state is reset where the schedule restarts (Framepack's second section) or the latents
+    change shape (ChronoEdit's temporal reasoning), never reusing a residual cached before; split on Ulysses 2, the
+    same decisions, frames and last latents (within 1e-4) as one process."""
+    starts = {"tiny-hunyuanvideo-framepack": {0, 4}, "tiny-chronoedit": {0, 2}}  # steps that start a schedule or shape
+    for rank in videos["then"]:
+        for model, runs in rank.items():
+            whole, split = runs["whole"], runs["split"]
+            records = whole["records"]
+            assert [r["context"] for r in records] == ["cond", "uncond"] * (len(records) // 2), model
+            fresh = [i for i, r in enumerate(records) if r["change"] is None]
+            assert fresh == [2 * step + branch for step in sorted(starts[model]) for branch in (0, 1)], model
+            assert any(not r["computed"] for r in records), f"{model} {BRANCH_RUNS[model][0]} skipped nothing"
+            for r, s in zip(records, split["records"], strict=True):
+                assert (r["context"], r["computed"]) == (s["context"], s["computed"]), model
+                assert (r["change"] is None) == (s["change"] is None), model
+            assert np.abs(split["frames"] - whole["frames"]).max() <= 1e-4, model
+            assert np.abs(split["latents"] - whole["latents"]).max() <= 1e-4, model
+            assert whole["frames"].std() > 0.01, model

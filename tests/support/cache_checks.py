@@ -9,6 +9,7 @@ import torch
 
 from dit_sp import ParallelConfig, init_parallel, parallelize
 from dit_sp.cache import enable_cache
+from dit_sp.parallel import init_layout
 from dit_sp.zoo import load_pipeline
 
 
@@ -48,4 +49,53 @@ def cached_runs(model: str, specs: list, layout: dict) -> list[dict]:
         from torch._dynamo.utils import counters
 
         results.append({"graph_breaks": dict(counters["graph_break"]), "graphs": counters["stats"]["unique_graphs"]})
+    return results
+
+
+# The families whose pipelines call the transformer per guidance branch outside cache contexts (``BranchCalls``), each
+# where the state must be reset midway: Framepack over 2 sections (latent windows of 2 frames), ChronoEdit with temporal
+# reasoning (its latents drop to their first and last frames after 2 of 4 steps; that needs UniPC's multistep state)
+BRANCH_RUNS = {
+    "tiny-hunyuanvideo-framepack": ("first_block:0.3", {"true_cfg_scale": 4.0, "latent_window_size": 2}),
+    "tiny-chronoedit": ("teacache:0.5", {"guidance_scale": 4.0, "enable_temporal_reasoning": True,
+                                         "num_temporal_reasoning_steps": 2}),
+}  # fmt: skip
+
+
+def _branch_run(pipe, model: str) -> dict:
+    import numpy as np
+    from PIL import Image
+
+    spec, kwargs = BRANCH_RUNS[model]
+    image = Image.fromarray((np.random.RandomState(0).rand(48, 32, 3) * 255).astype("uint8"))
+    latents = []
+    keep = lambda pipe, i, t, tensors: latents.append(tensors["latents"]) or {}  # noqa: E731 (the last step's, below)
+    cache = enable_cache(pipe, spec)
+    try:
+        frames = pipe(image=image, prompt="a red circle moving left", negative_prompt="", height=48, width=32,
+                      num_frames=9, num_inference_steps=4, generator=torch.Generator().manual_seed(0),
+                      max_sequence_length=16, output_type="np", callback_on_step_end=keep,
+                      **kwargs).frames[0]  # fmt: skip
+    finally:
+        cache.undo()
+    return {"frames": frames, "latents": latents[-1].numpy(), "records": [vars(r) for r in cache.stats.records]}
+
+
+def branch_runs() -> dict:
+    """On Ulysses 2, per ``BRANCH_RUNS`` model: its cached run whole (every rank: one process's run) and then inside
+    ``parallelize``: frames, the last step's latents and the cache's records."""
+    from diffusers import UniPCMultistepScheduler
+
+    parallel = init_layout(ulysses=2)
+    results = {}
+    for model in BRANCH_RUNS:
+        pipe = load_pipeline(model, torch.float32, parallel.device)
+        pipe.set_progress_bar_config(disable=True)
+        if model == "tiny-chronoedit":
+            pipe.scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
+                                                     flow_shift=3.0)  # fmt: skip
+        whole = _branch_run(pipe, model)
+        with parallelize(pipe, parallel):
+            split = _branch_run(pipe, model)
+        results[model] = {"whole": whole, "split": split}
     return results

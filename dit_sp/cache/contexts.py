@@ -1,0 +1,130 @@
+"""The cache context of each transformer call: diffusers' cache hooks keep their state per context, which a stock
+pipeline names around each call (``with transformer.cache_context("cond")``). A call made outside any context gets one
+here, by the family's rule, or is refused:
+
+- batched guidance (``cfg_mode="batched"``: EasyAnimate, Allegro): the one call a step gets ``"cond_uncond"``;
+- one call per guidance branch, named by the family's ``cache_branches`` (``BranchCalls``: ChronoEdit, HunyuanVideo
+  Framepack): a call is in the branch of the prompt tensor it gets (the pipeline passes one tensor per branch for the
+  whole run, conditional first: the first tensor of a run names ``"cond"``, the second ``"uncond"``, a third is
+  refused). A call whose timestep is above the previous call's (the schedule restarted: Framepack's next section) or
+  whose latents differ in shape from the previous call's (ChronoEdit's temporal reasoning drops its reasoning frames)
+  first resets every branch's cache state, so no residual cached for another schedule or shape is reused;
+- otherwise: refused in one line, since one state would then serve both guidance branches.
+
+The rule reads only the call's arguments, which are the same on every process, so every layout names and resets the
+same calls as one process. What it remembers of a run lives in a stateful diffusers hook, so it is forgotten exactly
+when the cache states are (``_reset_stateful_cache``, which every stock pipeline calls when its run ends).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from diffusers.hooks.hooks import CacheContext, HookRegistry, ModelHook
+
+from dit_sp.cache.blocks import cache_context_of, register_hook, remove_hook, set_cache_context, transformer_blocks
+from dit_sp.errors import ConfigError
+
+BRANCHES = ("cond", "uncond")
+"""The contexts of a family's guidance calls, in the order its pipelines make them."""
+_RUN_HOOK = "dit_sp_branch_run"
+
+
+class _Run(ModelHook):
+    """What the naming remembers of the run in progress: the prompt tensors seen (by identity, in order), and the
+    previous call's timestep and latents shape. Stateful, so diffusers resets it with the cache states."""
+
+    _is_stateful = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reset_state(None)
+
+    def reset_state(self, module: torch.nn.Module | None) -> torch.nn.Module | None:
+        self.prompts: list[torch.Tensor] = []  # kept alive for the run: an id is never reused by another tensor
+        self.timestep: float | None = None
+        self.shape: tuple[int, ...] | None = None
+        return module
+
+
+@functools.cache
+def _signature(cls: type) -> inspect.Signature:
+    return inspect.signature(cls.forward)
+
+
+def _argument(model: torch.nn.Module, name: str, args: tuple, kwargs: dict) -> Any:
+    """Argument ``name`` of a call of ``model`` (its class's ``forward``, whatever wraps the instance's)."""
+    if name in kwargs:
+        return kwargs[name]
+    return _signature(type(model)).bind_partial(model, *args, **kwargs).arguments.get(name)
+
+
+def _branch_namer(model: torch.nn.Module, calls: Any) -> tuple[Callable[[tuple, dict], str], Callable[[], None]]:
+    """``(name, undo)``: ``name(args, kwargs)`` gives a call's branch, resetting the cache states first at a new
+    schedule or shape (see the module docstring); ``calls`` is the family's ``BranchCalls``."""
+    run, head = _Run(), transformer_blocks(model)[0]
+    register_hook(head, run, _RUN_HOOK)
+    kind = type(model).__name__
+
+    def name(args: tuple, kwargs: dict) -> str:
+        prompt, timestep = (_argument(model, arg, args, kwargs) for arg in (calls.prompt, calls.timestep))
+        hidden = _argument(model, "hidden_states", args, kwargs)
+        if not isinstance(prompt, torch.Tensor) or not isinstance(timestep, torch.Tensor):
+            raise ConfigError(f"step caching: {kind} names a call's guidance branch by its {calls.prompt!r} and "
+                              f"{calls.timestep!r} tensors, and this call lacks one; pass both")  # fmt: skip
+        t, shape = float(timestep.max()), tuple(hidden.shape) if isinstance(hidden, torch.Tensor) else None
+        if run.timestep is not None and (t > run.timestep or shape != run.shape):
+            HookRegistry.check_if_exists_or_initialize(model).reset_stateful_hooks()  # `run` too
+        run.timestep, run.shape = t, shape
+        for index, seen in enumerate(run.prompts):
+            if seen is prompt:
+                return BRANCHES[index]
+        if len(run.prompts) == len(BRANCHES):
+            raise ConfigError(f"step caching: {kind} got a third {calls.prompt!r} tensor in one run; its guidance "
+                              "branches are named by their prompt tensors (cond, uncond), so a run that replaces them "
+                              "(a step callback) cannot take a cache; run without one")  # fmt: skip
+        run.prompts.append(prompt)
+        return BRANCHES[len(run.prompts) - 1]
+
+    return name, lambda: remove_hook(head, _RUN_HOOK)
+
+
+def context_for_every_call(model: torch.nn.Module, family: Any) -> Callable[[], None]:
+    """Give each call of ``model`` made outside a cache context the context of the family's rule (the module
+    docstring), or refuse it. Returns the undo."""
+    undo: list[Callable[[], None]] = []
+    name = None
+    if family.cfg_mode != "batched" and family.cache_branches is not None:
+        name, forget = _branch_namer(model, family.cache_branches)
+        undo.append(forget)
+    given = []  # the context this hook set for the call in progress (the model's own hooks: one model, one call)
+
+    def enter(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        if cache_context_of(module) is not None:
+            return
+        if family.cfg_mode == "batched":
+            context = "cond_uncond"
+        elif name is not None:
+            context = name(args, kwargs)
+        else:
+            raise ConfigError(f"step caching: {type(module).__name__} was called outside a cache context, so its "
+                              "guidance branches could not be kept apart; call it inside model.cache_context(name) "
+                              "(diffusers' pipelines of the family do), or run without a cache")  # fmt: skip
+        set_cache_context(module, CacheContext(context))
+        given.append(True)
+
+    def leave(module: torch.nn.Module, args: tuple, output: Any) -> None:
+        if given:
+            set_cache_context(module, None)
+            given.clear()
+
+    # always_call: a call that raises leaves no context behind (the next call outside one would silently reuse it);
+    # prepend: the arguments as the caller passed them, before any hook of parallelize's replaces one
+    leaves = model.register_forward_hook(leave, always_call=True)
+    handles = [model.register_forward_pre_hook(enter, with_kwargs=True, prepend=True), leaves]
+    undo.extend(handle.remove for handle in handles)
+    return lambda: [fn() for fn in undo]
