@@ -18,7 +18,7 @@ Tensor = torch.Tensor
 JointPosition = Literal["front", "rear"]
 
 
-def _check_inputs(q: Tensor, k: Tensor, v: Tensor, joint_len: int, joint_position: str) -> None:
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, joint_len: int, joint_position: str, streams: int = 1) -> None:
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
             "usp_attention expects q, k, v in layout (B, S_local, H, D); got shapes "
@@ -39,6 +39,9 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, joint_len: int, joint_positio
         raise ValueError(f"joint_position must be 'front' or 'rear', got {joint_position!r}")
     if not 0 <= joint_len <= q.shape[1]:
         raise ValueError(f"joint_len={joint_len} must be between 0 and the local sequence length {q.shape[1]}")
+    if streams < 1 or q.shape[1] % streams:
+        raise ValueError(f"streams={streams} must be a positive count of equal shards making up the local sequence "
+                         f"length {q.shape[1]}")  # fmt: skip
 
 
 def _split_joint(x: Tensor, joint_len: int, position: str) -> tuple[Tensor, Tensor]:
@@ -93,6 +96,26 @@ def _masked_sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor, se
     return torch.cat([out, out.new_zeros(out.shape[0], pad, *out.shape[2:])], 1) if pad else out
 
 
+def _streams_to_batch(x: Tensor, streams: int) -> Tensor:
+    """``(B, n*L, ...)``, ``n`` sequences of ``L`` side by side -> ``(B*n, L, ...)``, each its own batch element."""
+    return x.unflatten(1, (streams, -1)).flatten(0, 1)
+
+
+def _streams_from_batch(x: Tensor, streams: int) -> Tensor:
+    """Inverse of ``_streams_to_batch``: ``(B*n, L, ...)`` -> ``(B, n*L, ...)``."""
+    return x.unflatten(0, (-1, streams)).flatten(1, 2)
+
+
+def _real_keys_first(x: Tensor, streams: int, valid: int) -> Tensor:
+    """A block of ``n`` streams' keys (or values) ``(B, n*L, h, D)``, each stream's ``valid`` real keys first and its
+    padding behind, reordered so that all ``n*valid`` real keys come first: attention without a mask does not depend
+    on the order of its keys, so the block is then one of ``n*valid`` real keys, as a ring block takes it."""
+    if valid * streams == x.shape[1]:
+        return x
+    parts = x.unflatten(1, (streams, -1))
+    return torch.cat([parts[:, :, :valid].flatten(1, 2), parts[:, :, valid:].flatten(1, 2)], 1)
+
+
 def _joint_key_mask(video_keys: int, joint_len: int, joint_valid: tuple[int, ...], device) -> Tensor:
     """``(B, 1, 1, video_keys + joint_len)`` bool: every video key, and each sample's real joint keys."""
     joint = torch.arange(joint_len, device=device) < torch.tensor(joint_valid, device=device).unsqueeze(1)
@@ -113,6 +136,7 @@ def usp_attention(
     scale: float | None = None,
     kernel: str | None = None,
     mask: Tensor | None = None,
+    streams: int = 1,
 ) -> Tensor:
     """Sequence-parallel, non-causal attention over the whole sequence of the SP group.
 
@@ -137,13 +161,22 @@ def usp_attention(
             block-causal frames). Ulysses only (``ring == 1``, no joint tokens, the SDPA kernel): after its
             all-to-all every rank holds the whole sequence of its heads, so any mask applies exactly; a ring
             holds one block of keys at a time and raises.
+        streams: how many split sequences the shard holds side by side, ``(B, n*S_local, H, D)``: ``n`` shards of
+            ``S_local`` positions, each the same rank's shard of its own sequence of ``seq_len`` tokens (split as
+            ``shard_sequence`` splits it, padding and all), attended together as one sequence of ``n*seq_len``
+            tokens (Motif-Video's decoder layers: a copy of the video attending over itself and the encoder's
+            video). No joint tokens and no mask.
 
     Returns:
-        This rank's output shard, ``(B, S_local, H, D)``, joint tokens in the same place. Outputs on padded
+        This rank's output shard, ``(B, S_local, H, D)``, joint tokens (or streams) in the same place. Outputs on padded
         positions are unspecified. Gradients of the joint tokens are per-rank partials: their sum over
         the SP group is the full gradient (as for replicated parameters).
     """
-    _check_inputs(q, k, v, joint_len, joint_position)
+    _check_inputs(q, k, v, joint_len, joint_position, streams)
+    if streams > 1:
+        if joint_len or mask is not None:
+            raise ValueError("usp_attention over several split streams takes no joint tokens and no mask")
+        return _attend_streams(q, k, v, parallel, streams, seq_len, scale, kernel)
     batch, local_len, heads, head_dim = q.shape
     seq_len = true_length(seq_len, local_len - joint_len, parallel, "usp_attention")
     scale = head_dim**-0.5 if scale is None else scale
@@ -198,3 +231,26 @@ def usp_attention(
     joint_out = ulysses.all_heads(out[:, block_len:], parallel)[:, :, :heads]
     parts = [joint_out, video_out] if joint_position == "front" else [video_out, joint_out]
     return torch.cat(parts, 1)
+
+
+def _attend_streams(q: Tensor, k: Tensor, v: Tensor, parallel: ParallelState, streams: int, seq_len: int | None,
+                    scale: float | None, kernel: str | None) -> Tensor:  # fmt: skip
+    """``usp_attention`` of ``streams`` split sequences side by side, ``(B, n*S_local, H, D)`` in and out: each
+    stream's shards gathered by Ulysses as a batch element of its own, then the streams of a block side by side
+    again, their real keys first (``_real_keys_first``) for the ring's per-block key count."""
+    batch, local_len, heads, head_dim = q.shape
+    seq_len = true_length(seq_len, local_len // streams, parallel, "usp_attention")
+    scale = head_dim**-0.5 if scale is None else scale
+    blocks = ulysses.scatter_heads([_streams_to_batch(x, streams) for x in (q, k, v)], parallel)
+    bq, bk, bv = (_streams_from_batch(x, streams) for x in blocks)
+    block_len = blocks[0].shape[1]
+    block_valid = tuple(min(max(seq_len - r * block_len, 0), block_len) for r in range(parallel.ring))
+    own = block_valid[parallel.ring_rank]
+    bk, bv = (_real_keys_first(x, streams, own) for x in (bk, bv))
+    if parallel.ring == 1 and kernel is None:
+        out = _sdpa(bq, bk[:, : streams * own], bv[:, : streams * own], scale)
+    else:
+        kern = get_kernel(kernel, q.device, q.dtype, head_dim)
+        spec = RingSpec(parallel, kern, scale, tuple(streams * n for n in block_valid))
+        out = ring_attention(bq, bk, bv, spec)
+    return _streams_from_batch(ulysses.gather_heads(_streams_to_batch(out, streams), parallel, heads), streams)

@@ -95,6 +95,10 @@ class ModelFamily:
     gathered_key_modules: tuple[str, ...] = ()
     """``fnmatch`` patterns of attention modules whose queries are whole on every rank and whose keys and values
     are the split video (LTX-2's video-to-audio attention): the keys and values are gathered."""
+    stream_modules: Callable[[torch.nn.Module], dict[str, int]] = lambda model: {}
+    """Attention modules (of ``attention_modules``, by name) whose tokens are several sequences split like the video,
+    side by side on each rank, with no joint tokens, from the model: how many (Motif-Video's decoder layers, whose
+    second stream is the encoder's video, 2). Their attention is ``usp_attention``'s ``streams``."""
     joint_position: Literal["front", "rear"] = "front"
     """Where the processors put text tokens when they attend jointly with the video."""
     cfg_mode: Literal["sequential", "batched"] = "sequential"

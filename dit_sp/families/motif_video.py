@@ -5,9 +5,13 @@ HunyuanVideo's layout: dual-stream blocks then single-stream blocks, each attend
 image-to-video puts the image's tokens in front of the text. The optional text cross-attention (``cross_attn``)
 takes local queries against the replicated text: no communication. The plan splits the patch embedding's tokens
 and the rotary tables, and gathers at ``proj_out``; the key-padding mask the model builds from the local token count
-is what the USP processors read. Decoder layers (``num_decoder_layers > 0``) attend from a copy of the video to the
-video as their context, which a split cannot keep whole, and are refused. Its VAE is Wan's (``AutoencoderKLWan``),
-split by the Wan family's VAE plan. diffusers ships no ``_cp_plan`` for this model.
+is what the USP processors read. Decoder layers (the last ``num_decoder_layers`` single-stream blocks; the released
+2B has 8) run a copy of the patch embedding's video tokens, taken after the split, with the encoder blocks' video
+output in the place of the text, without a mask: both streams are this rank's shard of a split video, so their joint
+attention is USP over two split streams side by side (``usp_attention``'s ``streams``, through
+``ModelFamily.stream_modules``), the rotary tables (the rank's shard) on the first stream as the stock processor puts
+them. Its VAE is Wan's (``AutoencoderKLWan``), split by the Wan family's VAE plan. diffusers ships no ``_cp_plan``
+for this model.
 
 GRPO: ``MotifVideoPolicy`` (text-to-video; flow matching, nothing converted).
 """
@@ -77,17 +81,33 @@ class MotifVideoPolicy(DiffusersPolicy):
         return self.pipe._denormalize_latents(latents, config.latents_mean, config.latents_std)
 
 
-def _check(model: torch.nn.Module) -> None:
-    if model.config.get("num_decoder_layers", 0):
-        raise NotImplementedError(
-            f"Motif-Video with num_decoder_layers {model.config.num_decoder_layers}: its decoder layers attend to the "
-            "whole video as their context, which a sequence split cannot keep whole; use num_decoder_layers 0"
-        )
+def _decoder_streams(model: torch.nn.Module) -> dict[str, int]:
+    """The decoder layers' attention modules (the last ``num_decoder_layers`` single-stream blocks): two split
+    streams, the decoder's copy of the video and the encoder's video."""
+    blocks = len(model.single_transformer_blocks)
+    decoders = model.config.get("num_decoder_layers", 0)
+    return {f"single_transformer_blocks.{i}.attn": 2 for i in range(blocks - decoders, blocks)}
 
 
 def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
     return vae.get("scale_factor_temporal", 4), vae.get("scale_factor_spatial", 8)
 
+
+_ARCHITECTURES = {
+    # Motif-Technologies/Motif-Video-2B (one transformer for text- and image-to-video), as its technical report has it:
+    # 12 dual-stream, 16 single-stream and 8 decoder blocks of 1536 (12 heads x 128), text cross-attention in the
+    # single-stream encoder blocks, T5Gemma2's 2560-d text (its SigLIP tower's 1152-d tokens for an image); counted on
+    # meta: 2.04e9. Text: T5Gemma2 4B's encoder with its SigLIP tower (about 3.9e9 + 0.4e9). Decoder blocks attend
+    # over two streams of the video: the planner counts their activations as any block's (one stream).
+    "motif-video-2b": {"transformers": {"transformer": ("MotifVideoTransformer3DModel", {
+        "in_channels": 33, "out_channels": 16, "num_attention_heads": 12, "attention_head_dim": 128, "num_layers": 12,
+        "num_single_layers": 24, "num_decoder_layers": 8, "mlp_ratio": 4.0, "patch_size": 2, "patch_size_t": 1,
+        "qk_norm": "rms_norm", "text_embed_dim": 2560, "image_embed_dim": 1152, "rope_theta": 256.0,
+        "rope_axes_dim": [16, 56, 56], "enable_text_cross_attention_dual": False,
+        "enable_text_cross_attention_single": True})},
+        "text_encoders": 4.3e9, "vae": 127e6, "compression": (4, 8), "text_tokens": 512, "joint": True},
+}  # fmt: skip
+"""The real checkpoint, for the memory planner (``ModelFamily.architectures``)."""
 
 PIPELINES = ("MotifVideoPipeline", "MotifVideoImage2VideoPipeline")
 
@@ -103,10 +123,11 @@ MOTIF_VIDEO = ModelFamily(
         "the Motif-Video pipelines run guidance through their Modular Diffusers guider (no guidance_scale argument), "
         "not as a pair of calls dit-sp can split; use cfg=1"
     ),
-    check=_check,
+    stream_modules=_decoder_streams,
     tiny_models=("tiny-motif-video", "tiny-motif-video-i2v"),
     checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(121, 736, 1280, 50, 5.0, 512) | {"fps": 24}),
     vae_factors=dict.fromkeys(PIPELINES, _vae_factors),
     pipelines=("MotifVideoPipeline",),
     policy=MotifVideoPolicy,
+    architectures=_ARCHITECTURES,
 )

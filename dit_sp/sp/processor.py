@@ -18,6 +18,10 @@ A mask over the whole split sequence that is more than padding (SkyReels-V2's bl
 ``usp_attention`` whole: exact under Ulysses, where every rank attends over the whole sequence of its heads; a ring
 refuses it.
 
+An attention module whose tokens are several split sequences side by side (Motif-Video's decoder layers: a copy of
+the video, then the encoder's video as the "joint" stream; ``ModelFamily.stream_modules``) attends them as
+``usp_attention``'s ``streams``: each rank's shard of each, no joint tokens.
+
 A processor call that routed no attention raises: its stock processor reached attention some other way
 (a non-native diffusers attention backend, a custom kernel, a hand-written softmax), which would have
 attended over this rank's shard of the sequence only.
@@ -105,9 +109,19 @@ def _whole_sequence_mask(mask: Tensor | None, ctx: SequenceContext, joint_len: i
 
 
 def _attend(ctx: SequenceContext, query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None,
-            scale: float | None) -> Tensor:  # fmt: skip
-    """USP attention of this rank's queries, ``(B, H, S, D)`` in and out, as ``scaled_dot_product_attention``."""
+            scale: float | None, streams: int = 1) -> Tensor:  # fmt: skip
+    """USP attention of this rank's queries, ``(B, H, S, D)`` in and out, as ``scaled_dot_product_attention``
+    (``streams > 1``: ``S`` is that many shards of split sequences side by side)."""
     local_len = ctx.local_len
+    if streams > 1:
+        if attn_mask is not None or key.shape[2] != query.shape[2] or query.shape[2] != streams * local_len:
+            raise RuntimeError(
+                f"attention over {query.shape[2]} queries and {key.shape[2]} keys (mask: {attn_mask is not None}) is "
+                f"not {streams} streams of this rank's {local_len} tokens without a mask, as this module's are"
+            )
+        out = usp_attention(*(x.transpose(1, 2) for x in (query, key, value)), ctx.parallel, seq_len=ctx.seq_len,
+                            scale=scale, kernel=ctx.kernel, streams=streams)  # fmt: skip
+        return out.transpose(1, 2)
     joint_len = query.shape[2] - local_len
     if joint_len < 0 or key.shape[2] != query.shape[2]:
         raise RuntimeError(
@@ -160,12 +174,13 @@ registered by ``sequence_parallel_processor``; an entry goes when its model does
 
 @torch.library.custom_op("dit_sp::usp_attention", mutates_args=())
 def _usp_attention_op(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None, context: int,
-                      scale: float | None) -> Tensor:  # fmt: skip
-    return _attend(_CONTEXTS[context], query, key, value, attn_mask, scale).contiguous()  # the layout fake gives
+                      scale: float | None, streams: int = 1) -> Tensor:  # fmt: skip
+    return _attend(_CONTEXTS[context], query, key, value, attn_mask, scale, streams).contiguous()  # the fake's layout
 
 
 @_usp_attention_op.register_fake
-def _(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None, context: int, scale: float | None):
+def _(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None, context: int, scale: float | None,
+      streams: int = 1):  # fmt: skip
     return torch.empty_like(query, memory_format=torch.contiguous_format)
 
 
@@ -173,10 +188,11 @@ class RouteAttention(TorchFunctionMode):
     """Sends ``F.scaled_dot_product_attention`` calls to ``usp_attention`` (counting them in ``routed``);
     all else runs unchanged."""
 
-    def __init__(self, ctx: SequenceContext, gather_keys: bool = False):
+    def __init__(self, ctx: SequenceContext, gather_keys: bool = False, streams: int = 1):
         super().__init__()
         self.ctx = ctx
         self.gather_keys = gather_keys
+        self.streams = streams
         self.routed = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -209,13 +225,13 @@ class RouteAttention(TorchFunctionMode):
         if self.gather_keys:
             return _attend_gathered_keys(self.ctx, query, key, value, attn_mask, scale)
         if not torch.compiler.is_compiling():
-            return _attend(self.ctx, query, key, value, attn_mask, scale)
+            return _attend(self.ctx, query, key, value, attn_mask, scale, self.streams)
         if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value)):
             raise NotImplementedError(
                 "compiled sequence-parallel attention is for inference (no autograd through the compiled op): "
                 "sample under torch.no_grad(), or train without compile"
             )
-        return torch.ops.dit_sp.usp_attention(query, key, value, attn_mask, id(self.ctx), scale)
+        return torch.ops.dit_sp.usp_attention(query, key, value, attn_mask, id(self.ctx), scale, self.streams)
 
 
 @functools.cache
@@ -226,7 +242,7 @@ def _sequence_parallel_class(stock: type) -> type:
     class SequenceParallelProcessor(stock):
         @functools.wraps(stock.__call__)
         def __call__(self, attn, *args, **kwargs):
-            route = RouteAttention(self._dit_sp_context, self._dit_sp_gather_keys)
+            route = RouteAttention(self._dit_sp_context, self._dit_sp_gather_keys, self._dit_sp_streams)
             with route:
                 out = super().__call__(attn, *args, **kwargs)
             if not route.routed:
@@ -245,16 +261,17 @@ def _sequence_parallel_class(stock: type) -> type:
 
 
 def sequence_parallel_processor(
-    stock: object, ctx: SequenceContext, name: str = "", gather_keys: bool = False
+    stock: object, ctx: SequenceContext, name: str = "", gather_keys: bool = False, streams: int = 1
 ) -> object:
     """A copy of ``stock`` (left untouched) that computes its attention with USP (``gather_keys``: whole queries
-    over the gathered split keys, ``_attend_gathered_keys``); ``name`` (the attention module's) is for error
-    messages."""
+    over the gathered split keys, ``_attend_gathered_keys``; ``streams > 1``: its tokens are that many split
+    sequences side by side); ``name`` (the attention module's) is for error messages."""
     processor = copy.copy(stock)
     processor.__class__ = _sequence_parallel_class(type(stock))
     processor._dit_sp_context = ctx
     _CONTEXTS[id(ctx)] = ctx
     processor._dit_sp_name = name
     processor._dit_sp_gather_keys = gather_keys
+    processor._dit_sp_streams = streams
     use_native_attention(processor)  # the stock call must reach torch SDPA
     return processor

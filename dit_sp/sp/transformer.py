@@ -91,6 +91,7 @@ def parallelize_transformer(
         h = model.register_forward_pre_hook(_verify_identical_inputs(parallel, ctx), with_kwargs=True, prepend=True)
         handle.add_undo(h.remove)
 
+    streams = family.stream_modules(model)
     for patterns, gather_keys in ((family.attention_modules, False), (family.gathered_key_modules, True)):
         matched = [
             (name, module)
@@ -99,9 +100,12 @@ def parallelize_transformer(
         ]
         if patterns and not matched:
             raise ValueError(f"no attention modules of {type(model).__name__} match {patterns}")
+        if not gather_keys and (stray := sorted(streams.keys() - {name for name, _ in matched})):
+            raise ValueError(f"stream modules {stray} of {type(model).__name__} are not among its attention modules")
         for name, module in matched:
             original = module.processor
-            module.processor = sequence_parallel_processor(original, ctx, name, gather_keys)
+            count = 1 if gather_keys else streams.get(name, 1)
+            module.processor = sequence_parallel_processor(original, ctx, name, gather_keys, count)
             handle.add_undo(lambda module=module, original=original: setattr(module, "processor", original))
 
     if guidance is not None:

@@ -32,6 +32,9 @@ CASES = [
     Case(seq=61, heads=4, mask="block_causal", batch=1),  # SkyReels-V2's frames; shards cut the blocks
     Case(seq=61, heads=3, mask="per_head"),  # per sample and head, heads padded under Ulysses 2 and 4
     Case(seq=64, heads=4, mask="additive"),
+    # two split streams side by side (Motif-Video's decoder layers): each shard padded, real keys first in a block
+    Case(seq=61, heads=3, streams=2),
+    Case(seq=5, heads=3, streams=2, kernel="math"),  # some ranks hold only padding of both
 ]
 WORLD2 = [(1, 1, 2), (1, 2, 1)]
 WORLD4 = [(1, 2, 2), (1, 1, 4), (1, 4, 1), (2, 1, 2)]

@@ -1,8 +1,8 @@
-"""Kandinsky 5, Motif-Video, Cosmos, Helios and MiniMax-H3, parallelized, against one process: the transformers
-forward and backward on 1x2 (Ulysses) and 2x1 (ring) with uneven token counts; ``generate`` with the built-in
-``tiny-kandinsky5`` on 1x2, 2x1 and CFG parallel; a tiny ``MotifVideoPipeline`` on 1x2 and 2x1; each with the
-attention's token count checked (the sequence really is split). All of it in one 2-process spawn. And the one-line
-refusals of the modes of supported families that cannot be split."""
+"""Kandinsky 5, Motif-Video (with and without decoder layers), Cosmos, Helios and MiniMax-H3, parallelized, against
+one process: the transformers forward and backward on 1x2 (Ulysses) and 2x1 (ring) with uneven token counts;
+``generate`` with the built-in ``tiny-kandinsky5`` on 1x2, 2x1 and CFG parallel; a tiny ``MotifVideoPipeline`` (decoder
+layers) on 1x2 and 2x1; each with the attention's token count checked (the sequence really is split). All of it in one
+2-process spawn. And the one-line refusals of the modes of supported families that cannot be split."""
 
 from __future__ import annotations
 
@@ -88,7 +88,8 @@ def test_pipeline_matches_single_process(matrix, model, layout):
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: "dp{}-r{}-u{}".format(*layout))
 def test_motif_video_pipeline_matches_single_process(matrix, layout):
-    """``MotifVideoPipeline`` (from prompt embeddings, guided through its guider, Wan's VAE split) on 1x2 and 2x1."""
+    """``MotifVideoPipeline`` (from prompt embeddings, guided through its guider, decoder layers, Wan's VAE split) on
+    1x2 and 2x1."""
     errors = matrix["motif_video"]["dp{}-r{}-u{}".format(*layout)]
     assert errors["frames_std"] > 0.01  # a real video
     assert errors["frames"] <= 1e-4 and errors["latents"] <= 1e-4, errors
@@ -97,7 +98,6 @@ def test_motif_video_pipeline_matches_single_process(matrix, layout):
 
 REFUSED = [  # (tiny family, config changes, what the one-line error says)
     ("kandinsky5", {"num_visual_blocks": 1}, "one visual block.* use num_visual_blocks >= 2"),
-    ("motif_video", {"num_single_layers": 2, "num_decoder_layers": 1}, "decoder layers attend to the whole video"),
 ]
 
 
@@ -153,15 +153,21 @@ def test_cfg_parallel_is_refused_where_the_pipeline_reads_the_first_branch_early
 
 def test_single_process_parallelize_is_exact():
     """sp=1: the parallelized transformer computes exactly what the stock one does (channels-last latents, a
-    family's own hooks, a plan with wildcards)."""
-    for name in ("kandinsky5", "helios", "minimax_h3"):
+    family's own hooks, a plan with wildcards, Motif-Video's decoder layers as two streams)."""
+    for name in ("kandinsky5", "helios", "minimax_h3", "motif_video-decoder"):
         model, kwargs = build(name), inputs(name)
         assert family_of(model).name in name
         with torch.no_grad():
             ref = model(**kwargs, return_dict=False)[0]
             with parallelize(model, init_parallel(ParallelConfig())):
                 out = model(**kwargs, return_dict=False)[0]
+                streams = {name: m.processor._dit_sp_streams for name, m in model.named_modules()
+                           if hasattr(getattr(m, "processor", None), "_dit_sp_streams")}  # fmt: skip
         torch.testing.assert_close(out, ref, atol=0, rtol=0)
+        if name == "motif_video-decoder":  # 3 single-stream blocks, the last 2 decoder layers
+            assert {key: n for key, n in streams.items() if n > 1} == {
+                "single_transformer_blocks.1.attn": 2, "single_transformer_blocks.2.attn": 2}  # fmt: skip
+            assert streams["single_transformer_blocks.0.attn"] == 1
 
 
 def test_settings_are_registered():

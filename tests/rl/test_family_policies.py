@@ -442,7 +442,8 @@ def test_tiny_grpo_runs_through_the_cli(hunyuanvideo15, prompts, tmp_path):
      ("grpo_skyreels_v2_t2v_14b", "skyreels-v2-t2v-14b-540p", 32),
      ("grpo_hunyuanvideo15", "hunyuanvideo-1.5-480p-t2v", 16), ("grpo_cosmos2.5_2b", "cosmos-predict2.5-2b", 8),
      ("grpo_kandinsky5_t2v_lite", "kandinsky5-t2v-lite", 8), ("grpo_mochi_1_preview", "mochi-1-preview", 8),
-     ("grpo_easyanimate_v5.1_12b", "easyanimate-v5.1-12b", 8), ("grpo_kandinsky6_pro", "kandinsky-6.0-pro", 16)],
+     ("grpo_easyanimate_v5.1_12b", "easyanimate-v5.1-12b", 8), ("grpo_kandinsky6_pro", "kandinsky-6.0-pro", 16),
+     ("grpo_motif_video_2b", "motif-video-2b", 8)],
 )  # fmt: skip
 def test_real_checkpoint_configs_load_and_fit_their_plan(name, arch, gpus):
     config = TrainConfig.load(name)

@@ -92,6 +92,12 @@ def _helios_inputs(batch: int) -> dict[str, Any]:
             "latents_history_long": rand(batch, 4, 4, 6, 4)}  # fmt: skip
 
 
+_MOTIF_VIDEO = {"in_channels": 4, "out_channels": 4, "num_attention_heads": 2, "attention_head_dim": 8, "num_layers": 1,
+                "num_single_layers": 1, "mlp_ratio": 2.0, "patch_size": 2, "patch_size_t": 1, "text_embed_dim": 16,
+                "rope_axes_dim": (2, 2, 4), "enable_text_cross_attention_dual": True,
+                "enable_text_cross_attention_single": True}  # fmt: skip
+
+
 _KANDINSKY5 = {"in_visual_dim": 4, "in_text_dim": 16, "in_text_dim2": 8, "time_dim": 16, "out_visual_dim": 4,
                "patch_size": (1, 2, 2), "model_dim": 32, "ff_dim": 64, "num_text_blocks": 1, "num_visual_blocks": 2,
                "axes_dims": (4, 6, 6)}  # fmt: skip
@@ -101,12 +107,12 @@ TINY: dict[str, tuple[str, dict[str, Any], Inputs]] = {
     "kandinsky5": ("Kandinsky5Transformer3DModel", _KANDINSKY5, _kandinsky5_inputs),
     "kandinsky5-i2v": ("Kandinsky5Transformer3DModel", _KANDINSKY5 | {"visual_cond": True},
                        lambda batch: _kandinsky5_inputs(batch, image=True)),
-    "motif_video": ("MotifVideoTransformer3DModel",
-                    {"in_channels": 4, "out_channels": 4, "num_attention_heads": 2, "attention_head_dim": 8,
-                     "num_layers": 1, "num_single_layers": 1, "mlp_ratio": 2.0, "patch_size": 2, "patch_size_t": 1,
-                     "text_embed_dim": 16, "rope_axes_dim": (2, 2, 4), "enable_text_cross_attention_dual": True,
-                     "enable_text_cross_attention_single": True},
-                    _motif_video_inputs),
+    "motif_video": ("MotifVideoTransformer3DModel", _MOTIF_VIDEO, _motif_video_inputs),
+    # the released 2B's layout: the last single-stream blocks are decoder layers, a copy of the video attending over
+    # itself and the encoder's video (two split streams)
+    "motif_video-decoder": ("MotifVideoTransformer3DModel", _MOTIF_VIDEO | {"num_single_layers": 3,
+                                                                            "num_decoder_layers": 2},
+                            _motif_video_inputs),
     "cosmos": ("CosmosTransformer3DModel", _COSMOS, _cosmos_inputs),
     "cosmos-frames": ("CosmosTransformer3DModel", _COSMOS | {"extra_pos_embed_type": None},
                       lambda batch: _cosmos_inputs(batch, per_frame=True)),
@@ -273,13 +279,13 @@ def run_family_matrix(names: list[str], layouts: list[tuple[int, int, int]], job
 
 def motif_video_pipeline() -> Any:
     """A tiny ``MotifVideoPipeline`` (Wan's VAE, classifier-free guidance through its guider), run from prompt
-    embeddings (its T5Gemma2 text encoder is left out)."""
+    embeddings (its T5Gemma2 text encoder is left out); its transformer has decoder layers, as the released 2B."""
     import diffusers
     from diffusers.guiders import ClassifierFreeGuidance
 
     from dit_sp.zoo import _component
 
-    class_name, config, _ = TINY["motif_video"]
+    class_name, config, _ = TINY["motif_video-decoder"]
     torch.manual_seed(0)
     transformer = redraw_zeros(getattr(diffusers, class_name)(**config | {"in_channels": 9})).eval()
     vae = _component({"class": "AutoencoderKLWan", "config": {

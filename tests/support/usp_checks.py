@@ -24,6 +24,8 @@ class Case:
     joint_valid: tuple[int, ...] | None = None
     mask: str | None = None
     """A mask over the whole sequence (``whole_mask``): ``"block_causal"``, ``"per_head"`` or ``"additive"``."""
+    streams: int = 1
+    """Split sequences of ``seq`` tokens attended together, each rank's shards of them side by side (no joint)."""
 
     @property
     def name(self) -> str:
@@ -32,7 +34,8 @@ class Case:
         k = f"-{self.kernel}" if self.kernel else ""
         jv = "-valid" + "_".join(map(str, self.joint_valid)) if self.joint_valid else ""
         m = f"-{self.mask}" if self.mask else ""
-        return f"S{self.seq}-H{self.heads}{j}{jv}{m}-{dt}{k}"
+        n = f"x{self.streams}" if self.streams > 1 else ""
+        return f"S{self.seq}{n}-H{self.heads}{j}{jv}{m}-{dt}{k}"
 
 
 def whole_mask(case: Case) -> torch.Tensor | None:
@@ -57,9 +60,9 @@ def reference(case: Case, seed: int):
     """Full-sequence tensors, their SDPA output and gradients of ``sum(out * grad_out)``."""
     g = torch.Generator().manual_seed(seed)
     rand = lambda n: torch.randn(case.batch, n, case.heads, case.head_dim, generator=g).to(case.dtype)
-    video = [rand(case.seq) for _ in range(3)]
+    video = [rand(case.seq * case.streams) for _ in range(3)]  # the streams one after the other
     joint = [rand(case.joint) for _ in range(3)]
-    grad_video, grad_joint = rand(case.seq), rand(case.joint)
+    grad_video, grad_joint = rand(case.seq * case.streams), rand(case.joint)
     full = [
         (torch.cat([j, x], 1) if case.position == "front" else torch.cat([x, j], 1)).double().requires_grad_()
         for x, j in zip(video, joint)
@@ -87,31 +90,42 @@ def _split(x: torch.Tensor, case: Case) -> tuple[torch.Tensor, torch.Tensor]:
     return x[:, : x.shape[1] - case.joint], x[:, x.shape[1] - case.joint :]
 
 
+def _shard(x: torch.Tensor, case: Case, parallel) -> torch.Tensor:
+    """This rank's shards of the case's streams ``(B, streams*S, ...)``, side by side."""
+    return torch.cat([shard_sequence(part, parallel) for part in x.chunk(case.streams, 1)], 1)
+
+
+def _gather(x: torch.Tensor, case: Case, parallel) -> torch.Tensor:
+    """Inverse of ``_shard``: the whole streams, one after the other."""
+    return torch.cat([gather_sequence(part, parallel, seq_len=case.seq) for part in x.chunk(case.streams, 1)], 1)
+
+
 def run_case(case: Case, parallel) -> dict[str, float]:
     """Max abs errors of output and q/k/v/joint gradients vs. the reference, for one layout."""
     video, joint, grad_video, grad_joint, ref_out, ref_grads = reference(case, seed=parallel.dp_seed(1234))
     local = []
     for x, j in zip(video, joint):
-        shard = shard_sequence(x, parallel)
+        shard = _shard(x, case, parallel)
         local.append(
             (torch.cat([j, shard], 1) if case.position == "front" else torch.cat([shard, j], 1)).requires_grad_()
         )
     out = usp_attention(*local, parallel, seq_len=case.seq, joint_len=case.joint, joint_position=case.position,
-                        joint_valid=case.joint_valid, kernel=case.kernel, mask=whole_mask(case))  # fmt: skip
+                        joint_valid=case.joint_valid, kernel=case.kernel, mask=whole_mask(case),
+                        streams=case.streams)  # fmt: skip
     out_video, out_joint = _split(out, case)
     # Every rank holds the joint output: count it once over the SP group, as the reference does.
-    loss = (out_video.float() * shard_sequence(grad_video, parallel).float()).sum()
+    loss = (out_video.float() * _shard(grad_video, case, parallel).float()).sum()
     loss = loss + (out_joint.float() * grad_joint.float()).sum() / parallel.sp
     loss.backward()
 
     ref_video, ref_joint = _split(ref_out, case)
-    errors = {"out": (gather_sequence(out_video.detach(), parallel, seq_len=case.seq).double() - ref_video).abs().max()}
+    errors = {"out": (_gather(out_video.detach(), case, parallel).double() - ref_video).abs().max()}
     if case.joint:
         errors["out_joint"] = (out_joint.detach().double() - ref_joint).abs().max()
     for name, x, ref in zip("qkv", local, ref_grads):
         grad_video_part, grad_joint_part = _split(x.grad, case)
         ref_video_part, ref_joint_part = _split(ref, case)
-        full = gather_sequence(grad_video_part, parallel, seq_len=case.seq)
+        full = _gather(grad_video_part, case, parallel)
         errors[f"d{name}"] = (full.double() - ref_video_part).abs().max()
         if case.joint:
             summed = grad_joint_part.double()
