@@ -25,6 +25,9 @@ along F at the root, ``ceil(F / sp)`` frames a rank, the last ranks padded with 
 - the output is gathered along F.
 
 Ulysses alone: a ring would hold one block of the scan's frames at a time (refused in one line at ``parallelize``).
+
+The stage-2 refiner (``SanaWMLTX2RefinerTransformer3DModel``, same family) has its own plan and hooks in
+``dit_sp.families.sana_wm_refiner``: its video tokens split, its key/value cache kept per Ulysses head group.
 """
 
 from __future__ import annotations
