@@ -25,6 +25,9 @@ along F at the root, ``ceil(F / sp)`` frames a rank, the last ranks padded with 
 - the output is gathered along F.
 
 Ulysses alone: a ring would hold one block of the scan's frames at a time (refused in one line at ``parallelize``).
+
+The stage-2 refiner (``SanaWMLTX2RefinerTransformer3DModel``, same family) has its own plan and hooks in
+``dit_sp.families.sana_wm_refiner``: its video tokens split, its key/value cache kept per Ulysses head group.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from dit_sp._compat import context_parallel_types
 from dit_sp.families.family import ModelFamily, generation_defaults
 from dit_sp.families.ltx import ltx_vae_factors
 from dit_sp.families.sana_video import frame_halo_hooks, gather_frames, rank_frames
+from dit_sp.families.sana_wm_refiner import REFINER, refiner_hooks, refiner_plan
 
 if TYPE_CHECKING:
     import torch
@@ -43,20 +47,16 @@ if TYPE_CHECKING:
     from dit_sp.parallel.state import ParallelState
 
 RING_REFUSAL = (
-    "SanaWMTransformer3DModel's gated-delta-rule attention scans each head's state over every frame in order, which "
-    "only Ulysses splits exactly (each rank then holds the whole sequence of its heads); use ring 1"
+    "SanaWMTransformer3DModel's gated-delta-rule attention scans each head's state over every frame in order, and "
+    "its refiner's self-attention (SanaWMLTX2RefinerTransformer3DModel) prepends a key/value cache of whole frames: "
+    "only Ulysses splits them exactly (each rank then holds the whole sequence of its heads); use ring 1"
 )
 """Why a ring cannot split Sana-WM (``ModelFamily.ring_refused``; ``parallelize`` adds the layout it was given)."""
 
-REFINER_REFUSAL = (
-    "SanaWMLTX2RefinerTransformer3DModel (SanaWMLTX2Refiner's stage-2 sliding-window refiner) attends over a key/value "
-    "cache of sink and recent frames carried from call to call, which dit-sp does not split; run it on one process "
-    "per sample (dp)"
-)
-"""Why ``parallelize`` refuses the refiner (one line)."""
-
 
 def _plan(model: torch.nn.Module) -> dict:
+    if type(model).__name__ == REFINER:
+        return refiner_plan(model)
     cp_input, _ = context_parallel_types()
     frames = cp_input(split_dim=2, expected_dims=5)  # (B, C, F, H, W): whole frames per rank
     per_frame = cp_input(split_dim=2, expected_dims=3)  # (B, 1, F) timesteps
@@ -64,11 +64,12 @@ def _plan(model: torch.nn.Module) -> dict:
 
 
 def _layout_check(model: torch.nn.Module, parallel: ParallelState) -> None:
-    heads = model.blocks[0].attn.heads
+    refiner = type(model).__name__ == REFINER
+    heads = model.transformer_blocks[0].attn1.heads if refiner else model.blocks[0].attn.heads
     group = -(-heads // parallel.ulysses)
     if (parallel.ulysses - 1) * group >= heads:  # the last head group would hold padding only
         raise NotImplementedError(
-            f"Ulysses {parallel.ulysses} over SanaWMTransformer3DModel's {heads} heads ({group} a rank) leaves the "
+            f"Ulysses {parallel.ulysses} over {type(model).__name__}'s {heads} heads ({group} a rank) leaves the "
             "last rank no head to scan: use a Ulysses degree that leaves every rank a head (one that divides the heads)"
         )
 
@@ -240,6 +241,9 @@ class _Forward:
 
 
 def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
+    if type(model).__name__ == REFINER:
+        return refiner_hooks(model, ctx)
+
     def rope(module, args):  # the whole video's table on every rank: the scans run over every frame
         return ((ctx.seq_len, *args[0][1:]),)
 
@@ -268,8 +272,8 @@ def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
 
 
 def _check(model: torch.nn.Module) -> None:
-    if type(model).__name__ == "SanaWMLTX2RefinerTransformer3DModel":
-        raise NotImplementedError(REFINER_REFUSAL)
+    if type(model).__name__ == REFINER:
+        return
     kinds = {type(b.attn.attn).__name__ for b in model.blocks} | {type(b.attn.cam_attn).__name__ for b in model.blocks}
     if unknown := kinds - set(_BRANCHES):
         raise NotImplementedError(f"SanaWMTransformer3DModel with attention {sorted(unknown)} is not split by dit-sp")
@@ -294,7 +298,7 @@ _ARCHITECTURES = {
 
 SANA_WM = ModelFamily(
     name="sana_wm",
-    class_names=("SanaWMTransformer3DModel", "SanaWMLTX2RefinerTransformer3DModel"),
+    class_names=("SanaWMTransformer3DModel", REFINER),
     plan=_plan,
     hooks=_hooks,
     attention_modules=(),  # its attention is run by the hooks' branch forwards; the cross-attention is local
@@ -311,7 +315,6 @@ SANA_WM = ModelFamily(
     check=_check,
     layout_check=_layout_check,
     ring_refused=RING_REFUSAL,
-    refused={"SanaWMLTX2RefinerTransformer3DModel": REFINER_REFUSAL},
     step_cache=False,
     tiny_models=("tiny-sana-wm",),
     checkpoint_defaults={"SanaWMPipeline": generation_defaults(161, 704, 1280, 60, 5.0, 300)},

@@ -3,8 +3,9 @@ output and every input and parameter gradient (the camera branch and the Plucker
 Plucker embedding the ray-map path), 5 latent frames (the last rank holds a padded frame) and 3 heads (the last
 rank's head group padded); each branch called with this rank's 3 frames of tokens, and its stock computation run
 over all 5 frames of this rank's heads. Refused in one line: a ring, too few frames a rank for the temporal short
-convolution, a frame mask, a Ulysses degree that leaves a rank no head, the stage-2 refiner (a key/value cache
-carried between calls). ``generate`` with the built-in
+convolution, a frame mask, a Ulysses degree that leaves a rank no head. In the same spawn, the stage-2 refiner
+(``SanaWMLTX2RefinerTransformer3DModel``: a key/value cache carried between calls): the pipeline's capture and inject
+calls, every gradient of a trainable call, and ``SanaWMLTX2Refiner`` end to end. ``generate`` with the built-in
 ``tiny-sana-wm`` (a whole ``SanaWMPipeline``) on 1x2 and CFG parallel, frames and latents against one process."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from sana_wm_checks import BRANCHES, CASES, TOKENS_PER_FRAME, build, sana_wm_inputs
+from sana_wm_refiner_checks import CASES as REFINER_CASES
 
 from dit_sp import GenerateConfig, ParallelConfig, generate, init_parallel, parallelize, spawn
 
@@ -153,15 +155,48 @@ def test_camera_flags_are_checked_before_loading():
     check_before_loading(GenerateConfig.load(overrides=sana_wm | {"camera": "w-8", "frames": 9}))
 
 
-def test_the_stage_2_refiner_is_refused_with_its_reason():
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(REFINER_CASES))
+def test_the_stage_2_refiner_matches_single_process(results, case):
+    """The refiner pipeline's calls in its order (capture the sink's keys before RoPE, a block that attends over the
+    sink and captures its keys after RoPE into the history, then a trainable block over both) on Ulysses 2 (3 heads:
+    2 and 1 a rank; 5, 10 and 15 tokens: 3, 5 and 8 a rank): outputs, the cache and every gradient within 1e-5."""
+    for rank, by_rank in enumerate(results["by_rank"]):
+        errors = by_rank["refiner"][case]
+        assert errors["ref_scale"] > 0.1  # real outputs
+        for key in ("captures", "cache", "out", "input_grads", "param_grads"):
+            assert errors[key] <= TOL, f"{case} rank {rank}: {key} error {errors[key]:.2e} ({errors})"
+        assert errors["grad_count"] == errors["ref_grad_count"]  # every parameter and input got its gradient
+        assert errors["attn1_tokens"] == [3, 5, 8]  # the sequence really is split
+        assert errors["restored"] == "SanaWMLTX2RefinerAttnProcessor"  # the stock processor put back
+
+
+@pytest.mark.slow
+def test_the_stage_2_refiner_pipeline_matches_single_process(results):
+    """``SanaWMLTX2Refiner`` end to end (8 latent frames, blocks of 2, the history trimmed) on Ulysses 2: latents
+    within 1e-4 of one process; ring and CFG parallelism refused in one line."""
+    for by_rank in results["by_rank"]:
+        pipeline = by_rank["refiner"]["pipeline"]
+        assert pipeline["refined"] > 0.1, pipeline  # the refiner changed the latents
+        assert pipeline["latents"] <= FRAMES_TOL, pipeline
+        assert pipeline["attn1_tokens"] == [3, 5], pipeline  # 5 and 10 tokens a call, split
+    refusals = results["by_rank"][0]["refiner"]["refusals"]
+    assert refusals["ring"].startswith("LayoutRefused: SanaWMTransformer3DModel's gated-delta-rule attention"), refusals
+    assert "SanaWMLTX2RefinerTransformer3DModel) prepends a key/value cache" in refusals["ring"]
+    assert refusals["cfg"].startswith("ConfigError: SanaWMLTX2RefinerTransformer3DModel's calls are unguided")
+    assert not any("\n" in message for message in refusals.values())
+
+
+def test_the_stage_2_refiner_layout_check_names_it():
     import diffusers
 
-    with torch.device("meta"):  # refused before anything runs: no weights needed
-        model = diffusers.SanaWMLTX2RefinerTransformer3DModel(num_layers=1)
-    message = r"^SanaWMLTX2RefinerTransformer3DModel .*key/value cache .*one process per sample \(dp\)$"
-    with pytest.raises(NotImplementedError, match=message) as e:
-        parallelize(model, init_parallel(ParallelConfig()))
-    assert "\n" not in str(e.value)
+    from dit_sp.families.sana_wm import SANA_WM
+
+    with torch.device("meta"):  # no weights needed
+        model = diffusers.SanaWMLTX2RefinerTransformer3DModel(num_layers=1, num_attention_heads=3)
+    SANA_WM.layout_check(model, SimpleNamespace(ring=1, ulysses=3))
+    with pytest.raises(NotImplementedError, match=r"^Ulysses 4 over SanaWMLTX2RefinerTransformer3DModel's 3 heads"):
+        SANA_WM.layout_check(model, SimpleNamespace(ring=1, ulysses=4))
 
 
 def test_one_process_parallelize_is_exact_and_registered():

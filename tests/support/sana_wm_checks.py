@@ -211,12 +211,15 @@ def _refusals() -> dict[str, str]:
 
 
 def run_sana_wm(layouts: list[tuple[int, int, int]], jobs: list[Any]) -> dict[str, Any]:
-    """One spawned world: the transformer checks, then ``generate`` for each job (a ``GenerateConfig``), with the
-    token counts the attention branches were called with."""
+    """One spawned world: the transformer checks, the stage-2 refiner's (``check_refiner``), then ``generate`` for
+    each job (a ``GenerateConfig``), with the token counts the attention branches were called with."""
+    from sana_wm_refiner_checks import check_refiner
+
     from dit_sp import generate
 
     with fp32_softmax():  # the transformer check in fp32 throughout (the pipelines below run as they are)
         results = check_sana_wm(layouts)
+    results["refiner"] = check_refiner()  # the stage-2 refiner: its attention is fp32 as it is
     results["videos"] = []
     for settings in jobs:
         seen: dict[str, set[int]] = {}
