@@ -1,6 +1,7 @@
 """A stand-in for a diffusers attention module, for running its stock processor's per-head part on one Ulysses head
-group's whole sequence (inside ``dit_sp.attention.attend_whole_sequence``): AnyFlow FAR's and Wan-Animate-2's
-processors, whose KV caches, rotary tables and flex block masks are applied per head, as the stock code applies them."""
+group's whole sequence (inside ``dit_sp.attention.attend_whole_sequence``): AnyFlow FAR's, Wan-Animate-2's and
+Sana-WM's refiner's processors, whose KV caches, rotary tables and flex block masks are applied per head, as the stock
+code applies them."""
 
 from __future__ import annotations
 
