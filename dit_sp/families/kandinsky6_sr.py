@@ -39,7 +39,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
-from dit_sp.families.family import ModelFamily, Undo, generation_defaults
+from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.families.head_group import replace_stock_processors
 from dit_sp.families.nabla import NablaOps, SequenceParallelNablaProcessor
 from dit_sp.vae import Padding, VAEPlan
 
@@ -80,23 +81,6 @@ NABLA = NablaOps(module="diffusers.models.transformers.transformer_kandinsky6_sr
 """The SR model's NABLA steps (``dit_sp.families.nabla``): its module's ``apply_rotary`` and ``nabla_block_mask``."""
 
 
-def _check_stock_processors(model: torch.nn.Module) -> None:
-    """Every block's self-attention processor is diffusers' own ``Kandinsky6SRAttnProcessor`` (its class exactly),
-    the one ``SequenceParallelNablaProcessor`` restates: another (a user's, a subclass, an upstream change) would be
-    replaced silently, so it is refused in one line."""
-    from diffusers.models.transformers.transformer_kandinsky6_sr import Kandinsky6SRAttnProcessor
-
-    for i, block in enumerate(model.visual_transformer_blocks):
-        found = type(block.self_attention.processor)
-        if found is not Kandinsky6SRAttnProcessor:
-            raise NotImplementedError(
-                f"Kandinsky 6 SR: visual_transformer_blocks.{i}.self_attention runs {found.__module__}."
-                f"{found.__qualname__}, not diffusers' Kandinsky6SRAttnProcessor, the processor whose NABLA attention "
-                "dit-sp splits (and would replace): set the stock one back with "
-                "set_processor(Kandinsky6SRAttnProcessor()), or run this model on one process"
-            )
-
-
 def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
     """Each block's self-attention on ``SequenceParallelNablaProcessor`` (where each runs the stock processor, else
     refused); the tokens gathered after the last block (a hook rather than the plan, which cannot both split and
@@ -106,14 +90,13 @@ def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
     def gather(module: torch.nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
         return gather_sequence(output, ctx.parallel, dim=1, seq_len=ctx.seq_len, grad=ctx.gather_grad)
 
-    _check_stock_processors(model)
-    undo = []
-    for block in model.visual_transformer_blocks:
-        attention, stock = block.self_attention, block.self_attention.processor
-        attention.processor = SequenceParallelNablaProcessor(ctx, NABLA)
-        undo.append(lambda attention=attention, stock=stock: setattr(attention, "processor", stock))
-    handle = model.visual_transformer_blocks[-1].register_forward_hook(gather)
-    return [handle, Undo(lambda: [fn() for fn in undo])]
+    from diffusers.models.transformers.transformer_kandinsky6_sr import Kandinsky6SRAttnProcessor
+
+    blocks = model.visual_transformer_blocks
+    attentions = {f"visual_transformer_blocks.{i}.self_attention": b.self_attention for i, b in enumerate(blocks)}
+    undo = replace_stock_processors("Kandinsky 6 SR", attentions, Kandinsky6SRAttnProcessor,
+                                    lambda stock: SequenceParallelNablaProcessor(ctx, NABLA))  # fmt: skip
+    return [blocks[-1].register_forward_hook(gather), undo]
 
 
 def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:  # Kandinsky6SRVAE: x2 per encoder level in space

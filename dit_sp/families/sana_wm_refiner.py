@@ -24,14 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
 from dit_sp.errors import ConfigError
-from dit_sp.families.family import Undo
-from dit_sp.families.head_group import HeadGroupAttention
+from dit_sp.families.head_group import HeadGroupAttention, replace_stock_processors
 
 if TYPE_CHECKING:
     import torch
 
 REFINER = "SanaWMLTX2RefinerTransformer3DModel"
-STOCK_PROCESSOR = "SanaWMLTX2RefinerAttnProcessor"
 
 CFG_REFUSAL = (
     "SanaWMLTX2RefinerTransformer3DModel's calls are unguided and each reads and fills a key/value cache carried "
@@ -120,16 +118,8 @@ def refiner_hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
     """Every block's ``attn1`` processor replaced by ``RefinerSequenceParallelProcessor`` over its own."""
     if ctx.parallel.cfg > 1:
         raise ConfigError(CFG_REFUSAL)
-    undo = []
-    for block in model.transformer_blocks:
-        attention, stock = block.attn1, block.attn1.processor
-        if type(stock).__name__ != STOCK_PROCESSOR:
-            for fn in reversed(undo):
-                fn()
-            raise NotImplementedError(
-                f"{REFINER}'s self-attention runs {type(stock).__name__}, not diffusers' {STOCK_PROCESSOR}, whose "
-                "per-head part dit-sp splits; set the stock processor back"
-            )
-        attention.processor = RefinerSequenceParallelProcessor(stock, ctx)
-        undo.append(lambda attention=attention, stock=stock: setattr(attention, "processor", stock))
-    return [Undo(lambda: [fn() for fn in reversed(undo)])]
+    from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMLTX2RefinerAttnProcessor
+
+    attentions = {f"transformer_blocks.{i}.attn1": block.attn1 for i, block in enumerate(model.transformer_blocks)}
+    return [replace_stock_processors(REFINER, attentions, SanaWMLTX2RefinerAttnProcessor,
+                                     lambda stock: RefinerSequenceParallelProcessor(stock, ctx))]  # fmt: skip

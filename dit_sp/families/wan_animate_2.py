@@ -25,8 +25,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
-from dit_sp.families.family import ModelFamily, Undo
-from dit_sp.families.head_group import HeadGroupAttention
+from dit_sp.families.family import ModelFamily
+from dit_sp.families.head_group import HeadGroupAttention, replace_stock_processors
 from dit_sp.families.wan import wan_architecture
 
 if TYPE_CHECKING:
@@ -50,8 +50,6 @@ DISTILLED_PYTHON_ONLY = (
     "is of the distilled pipeline: load it with ModularPipeline.from_pretrained and call parallelize(pipe, layout) "
     "(docs/families-wan-animate-2.md)"
 )
-
-STOCK_PROCESSOR = "WanAnimate2AttnProcessor"
 
 
 def _plan(model: torch.nn.Module) -> dict:
@@ -93,19 +91,11 @@ class WanAnimate2SequenceParallelProcessor:
 
 def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
     """Every block's self-attention processor replaced by ``WanAnimate2SequenceParallelProcessor`` over its own."""
-    undo = []
-    for block in model.blocks:
-        attention, stock = block.self_attn, block.self_attn.processor
-        if type(stock).__name__ != STOCK_PROCESSOR:
-            for fn in reversed(undo):
-                fn()
-            raise NotImplementedError(
-                f"Wan-Animate-2's self-attention runs {type(stock).__name__}, not diffusers' {STOCK_PROCESSOR}, "
-                "whose per-head part dit-sp splits; set the stock processor back"
-            )
-        attention.processor = WanAnimate2SequenceParallelProcessor(stock, ctx)
-        undo.append(lambda attention=attention, stock=stock: setattr(attention, "processor", stock))
-    return [Undo(lambda: [fn() for fn in reversed(undo)])]
+    from diffusers.models.transformers.transformer_wan_animate_2 import WanAnimate2AttnProcessor
+
+    attentions = {f"blocks.{i}.self_attn": block.self_attn for i, block in enumerate(model.blocks)}
+    return [replace_stock_processors("Wan-Animate-2", attentions, WanAnimate2AttnProcessor,
+                                     lambda stock: WanAnimate2SequenceParallelProcessor(stock, ctx))]  # fmt: skip
 
 
 def kv_cache(config: dict[str, Any], latent_frames: int, height: int, width: int, guidance: bool,

@@ -113,7 +113,7 @@ def test_another_self_attention_processor_is_refused_in_one_line():
 
     model = build_tiny("tiny-wan-animate-2", "transformer")
     model.blocks[1].self_attn.processor = WanAnimate2CrossAttnProcessor()
-    message = r"^Wan-Animate-2's self-attention runs WanAnimate2CrossAttnProcessor, not diffusers'"
+    message = r"^Wan-Animate-2: blocks\.1\.self_attn runs \S*\.WanAnimate2CrossAttnProcessor, not diffusers' Wan"
     with pytest.raises(NotImplementedError, match=message) as e:
         parallelize(model, init_parallel(ParallelConfig()))
     assert "\n" not in str(e.value)
