@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
 from dit_sp.errors import ConfigError
-from dit_sp.families.family import ModelFamily, generation_defaults, no_grad, timestep_probe
+from dit_sp.families.family import ModelFamily, generation_defaults, timestep_probe
 from dit_sp.families.policy import DiffusersPolicy
 from dit_sp.vae import Padding, VAEPlan
 from dit_sp.vae.tiles import TileProtocol
@@ -59,17 +59,6 @@ class EasyAnimatePolicy(DiffusersPolicy):
 
     def _channels(self, transformer: torch.nn.Module) -> int:
         return transformer.config.in_channels  # text-to-video: the noise alone
-
-    @no_grad
-    def _encode(self, prompts: list[str]) -> tuple[Tensor, Tensor | None]:
-        positive, negative, _, _ = self.pipe.encode_prompt(
-            prompt=prompts,
-            negative_prompt=[self.negative_prompt] * len(prompts),
-            do_classifier_free_guidance=self.guided,
-            max_sequence_length=self.max_sequence_length,
-            device=self.device,
-        )
-        return positive, negative if self.guided else None
 
     def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: Tensor) -> Tensor:
         return model(hidden, timestep, encoder_hidden_states=cond.to(hidden.dtype), return_dict=False)[0]

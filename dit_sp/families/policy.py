@@ -118,8 +118,9 @@ class DiffusersPolicy:
     @no_grad
     def _encode(self, prompts: list[str]) -> tuple[Any, Any | None]:
         """What ``encode`` returns, from the pipeline's text encoders: by default the pipeline's own
-        ``encode_prompt`` (Wan, CogVideoX: ``(positive, negative)`` embeddings, negative None without guidance)."""
-        positive, negative = self.pipe.encode_prompt(
+        ``encode_prompt`` (Wan, CogVideoX: ``(positive, negative)`` embeddings, negative None without guidance;
+        EasyAnimate's also returns their masks, which its transformer takes no part of)."""
+        positive, negative, *_ = self.pipe.encode_prompt(
             prompt=prompts,
             negative_prompt=[self.negative_prompt] * len(prompts),
             do_classifier_free_guidance=self.guided,
