@@ -413,9 +413,9 @@ def test_policy_steps_equal_single_process_on_1x2_and_2x1(hunyuanvideo15, prompt
 @pytest.mark.slow
 def test_tiny_grpo_runs_through_the_cli(hunyuanvideo15, prompts, tmp_path):
     """``python -m pipelines.train_grpo`` trains each family's tiny model one step (a small config each). Mochi,
-    EasyAnimate, Motif-Video and Kandinsky 6 are not run here (a process each is too slow for the suite): the CLI
-    builds the same ``GRPOTrainer`` from their configs that the layout test above steps on 1 and 2 processes (each
-    of the four ran here once when checked by hand)."""
+    EasyAnimate, Motif-Video, Kandinsky 6 and Sana-Video are not run here (a process each is too slow for the suite):
+    the CLI builds the same ``GRPOTrainer`` from their configs that the layout test above steps on 1 and 2 processes
+    (each of the five ran here once when checked by hand)."""
     runs = {
         "tiny-cogvideox": "sample: {frames: 5, height: 32, width: 32, max_sequence_length: 8}\n",
         "tiny-ltx2": "sample: {frames: 5, height: 16, width: 16}\nparallel_vae: false\n",
