@@ -60,6 +60,13 @@ ALLEGRO_VAE = VAEPlan(
 )
 
 
+NOT_TRAINED = (
+    "it predicts epsilon on a variance-preserving schedule without zero terminal SNR (Allegro ships linear betas to "
+    "0.02): its noisiest timestep is at flow noise level 0.9937, not pure noise (1.0), where GRPO's trajectories "
+    "start, so no flow-matching velocity policy is its sampler"
+)
+"""Why GRPO has no Allegro policy (``ModelFamily.policy_refused``)."""
+
 ALLEGRO = ModelFamily(
     name="allegro",
     block_outputs={"AllegroTransformerBlock": (0, None)},
@@ -74,4 +81,5 @@ ALLEGRO = ModelFamily(
     vae=ALLEGRO_VAE,
     vae_factors={"AllegroPipeline": _vae_factors},
     architectures=_ARCHITECTURES,
+    policy_refused={"AllegroPipeline": NOT_TRAINED},
 )

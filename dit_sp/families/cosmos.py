@@ -228,6 +228,13 @@ def _prepare(pipe: Any) -> None:
     install_cosmos_resize()
 
 
+COSMOS1_NOT_TRAINED = (
+    "Cosmos 1 is an EDM model (x = x0 + sigma eps, the flow process rescaled: x / (1 + sigma) at s = sigma / (1 + "
+    "sigma)) whose noisiest level sigma_max 80 is flow noise level 0.9877, not pure noise (1.0), where GRPO's "
+    "trajectories start, so no flow-matching velocity policy is its sampler (its guardrail is not run either)"
+)
+"""Why GRPO has no Cosmos 1 text-to-world policy (``ModelFamily.policy_refused``)."""
+
 PIPELINES = ("CosmosTextToWorldPipeline", "CosmosVideoToWorldPipeline", "Cosmos2VideoToWorldPipeline",
              "Cosmos2_5_PredictBasePipeline")  # fmt: skip
 
@@ -261,4 +268,5 @@ COSMOS = ModelFamily(
     architectures=_ARCHITECTURES,
     pipelines=("Cosmos2_5_PredictBasePipeline",),
     policy=Cosmos25Policy,
+    policy_refused={"CosmosTextToWorldPipeline": COSMOS1_NOT_TRAINED},
 )

@@ -85,6 +85,13 @@ _ARCHITECTURES = {
 }  # fmt: skip
 """The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
 
+NOT_TRAINED = (
+    "it predicts epsilon on a variance-preserving schedule without zero terminal SNR (Latte-1 ships DDIM's linear "
+    "betas to 0.02): its noisiest timestep is at flow noise level 0.9937, not pure noise (1.0), where GRPO's "
+    "trajectories start, so no flow-matching velocity policy is its sampler"
+)
+"""Why GRPO has no Latte policy (``ModelFamily.policy_refused``)."""
+
 LATTE = ModelFamily(
     name="latte",
     class_names=("LatteTransformer3DModel",),
@@ -101,4 +108,5 @@ LATTE = ModelFamily(
     checkpoint_defaults={"LattePipeline": generation_defaults(16, 512, 512, 50, 7.5, 120) | {"fps": 8}},
     vae_factors={"LattePipeline": lambda vae: (1, 2 ** (len(vae.get("block_out_channels", [0] * 4)) - 1))},
     architectures=_ARCHITECTURES,
+    policy_refused={"LattePipeline": NOT_TRAINED},
 )

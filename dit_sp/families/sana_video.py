@@ -21,16 +21,77 @@ model's own frame count is this rank's. Then:
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
-from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.errors import ConfigError
+from dit_sp.families.family import ModelFamily, generation_defaults, no_grad
 from dit_sp.families.image_vae import AUTOENCODER_DC_VAE
+from dit_sp.families.policy import DiffusersPolicy
 from dit_sp.families.shape import check_multiple
 
 if TYPE_CHECKING:
     import torch
+
+    Tensor = torch.Tensor
+
+
+class SanaVideoPolicy(DiffusersPolicy):
+    """Sana-Video text-to-video (``SanaVideoPipeline``): flow matching at timestep ``1000 s``, nothing converted.
+
+    Its ``DPMSolverMultistepScheduler`` runs ``flow_prediction`` on flow sigmas (``x0 = x - s v``): the transformer's
+    output is the velocity ``eps - x0``; a first-order DPM-solver++ step of it is the Euler step exactly (the
+    pipeline's default second order integrates the same velocity). Text: Gemma 2's states of the prompt behind the
+    pipeline's default complex-human instruction, its first token and last ``max_sequence_length - 1`` kept, with
+    their mask (the negative prompt without the instruction), as ``__call__`` encodes them. Latents
+    ``(B, C, F, H, W)`` normalised by the Wan VAE's ``latents_mean`` / ``latents_std``. Refused in one line: a
+    scheduler that does not predict the flow velocity on flow sigmas, a VAE other than Wan's (the pipeline cannot
+    decode the deep-compression AE), a transformer with a guidance embedding (the pipeline passes none)."""
+
+    def __init__(self, pipe: Any, transformer: torch.nn.Module, **kwargs: Any):
+        super().__init__(pipe, transformer, **kwargs)
+        config = pipe.scheduler.config
+        if config.get("prediction_type") != "flow_prediction" or not config.get("use_flow_sigmas", True):
+            raise ConfigError(f"Sana-Video GRPO trains a flow velocity; this {type(pipe.scheduler).__name__} predicts "
+                              f"{config.get('prediction_type')!r} (use_flow_sigmas {config.get('use_flow_sigmas')}): "
+                              "use the model's flow_prediction scheduler")  # fmt: skip
+        if type(pipe.vae).__name__ != "AutoencoderKLWan":
+            raise ConfigError(f"Sana-Video GRPO decodes with Wan's VAE (AutoencoderKLWan), as the pipeline does; this "
+                              f"pipeline has {type(pipe.vae).__name__}")  # fmt: skip
+        if transformer.config.get("guidance_embeds"):
+            raise ConfigError("Sana-Video GRPO: this transformer embeds a guidance scale, which SanaVideoPipeline "
+                              "never passes; use a model without guidance_embeds")  # fmt: skip
+        self.instruction = inspect.signature(type(pipe).__call__).parameters["complex_human_instruction"].default
+
+    def _channels(self, transformer: torch.nn.Module) -> int:
+        return transformer.config.in_channels  # a learned-sigma model's second half is dropped, as by the pipeline
+
+    @no_grad
+    def _encode(self, prompts: list[str]) -> tuple[Any, Any | None]:
+        embeds, mask, negative, negative_mask = self.pipe.encode_prompt(
+            prompts, self.guided, negative_prompt=self.negative_prompt, device=self.device,
+            max_sequence_length=self.max_sequence_length, complex_human_instruction=self.instruction,
+        )  # fmt: skip
+        return (embeds, mask), (negative, negative_mask) if self.guided else None
+
+    def text_settings(self) -> dict[str, Any]:
+        return super().text_settings() | {"complex_human_instruction": self.instruction}
+
+    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: tuple[Tensor, Tensor]) -> Tensor:
+        embeds, mask = cond
+        out = model(hidden, encoder_hidden_states=embeds.to(hidden.dtype), encoder_attention_mask=mask,
+                    timestep=timestep, return_dict=False)[0]  # fmt: skip
+        return out[:, : hidden.shape[1]]
+
+    def _unscale(self, latents: Tensor) -> Tensor:
+        import torch
+
+        config = self.pipe.vae.config
+        mean = torch.tensor(config.latents_mean, device=latents.device).view(1, -1, 1, 1, 1)
+        std = torch.tensor(config.latents_std, device=latents.device).view(1, -1, 1, 1, 1)
+        return latents * std + mean
 
 
 def _plan(model: torch.nn.Module) -> dict:
@@ -229,6 +290,8 @@ SANA_VIDEO = ModelFamily(
     shape_check=_shape_check,
     vae=AUTOENCODER_DC_VAE,  # the deep-compression AE its pipelines accept (Wan's VAE: split by the Wan family's plan)
     step_cache=False,
+    pipelines=("SanaVideoPipeline",),
+    policy=SanaVideoPolicy,
     tiny_models=("tiny-sana-video", "tiny-sana-video-i2v"),
     checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(81, 480, 832, 50, 6.0, 300)),
     vae_factors=dict.fromkeys(PIPELINES, _vae_factors),

@@ -1,8 +1,9 @@
 """GRPO policies of CogVideoX (v-prediction as a flow velocity), LTX-2 (video stream, audio isolated), LTX-Video,
 SkyReels-V2 T2V, HunyuanVideo-1.5 T2V, Cosmos-Predict2.5 text-to-world, Kandinsky 5 T2V, Mochi (inverted time),
-EasyAnimate T2V, Motif-Video T2V and Kandinsky 6 T2V (audio off): their ODE is the stock pipeline's sampler, one
-step's gradients and log-probs on 1x2 and 2x1 (FSDP2 over the SP ranks) are one process's, a tiny run goes through
-the CLI, and the real checkpoints' configs load and plan."""
+EasyAnimate T2V, Motif-Video T2V, Kandinsky 6 T2V (audio off) and Sana-Video T2V (its ODE in
+test_family_policies_sana_video.py): their ODE is the stock pipeline's sampler, one step's gradients and log-probs on
+1x2 and 2x1 (FSDP2 over the SP ranks) are one process's, a tiny run goes through the CLI, and the real checkpoints'
+configs load and plan."""
 
 from __future__ import annotations
 
@@ -353,8 +354,8 @@ def test_helios_is_refused_with_its_reason():
     for name in ("HeliosPipeline", "HeliosPyramidPipeline"):
         with pytest.raises(ValueError, match=f"^GRPO does not train {name}: it generates the video chunk by chunk, "):
             policy_for(type(name, (), {})())
-    with pytest.raises(ValueError, match="^GRPO has no policy for AllegroPipeline; supported pipelines: "):
-        policy_for(type("AllegroPipeline", (), {})())
+    with pytest.raises(ValueError, match="^GRPO has no policy for SanaImageToVideoPipeline; supported pipelines: "):
+        policy_for(type("SanaImageToVideoPipeline", (), {})())
 
 
 @pytest.mark.slow
@@ -368,7 +369,7 @@ def test_policy_steps_equal_single_process_on_1x2_and_2x1(hunyuanvideo15, prompt
     results = spawn(family_steps, 2, args=(layouts,), timeout=600)
     policies = ["CogVideoXPolicy", "LTX2Policy", "LTXPolicy", "SkyReelsV2Policy", "HunyuanVideo15Policy",
                 "Cosmos25Policy", "Kandinsky5Policy", "MochiPolicy", "EasyAnimatePolicy",
-                "MotifVideoPolicy", "Kandinsky6Policy"]  # fmt: skip
+                "MotifVideoPolicy", "Kandinsky6Policy", "SanaVideoPolicy"]  # fmt: skip
     assert [r["policy"] for r in single] == policies
     for one in single:
         assert one["ratio"] == (1.0, 1.0) and (one["log_probs"] != 0).all(), one["policy"]
@@ -400,9 +401,10 @@ def test_policy_steps_equal_single_process_on_1x2_and_2x1(hunyuanvideo15, prompt
                 assert scale > 0 and (grads.pop(name) - ref.pop(name)).abs().max() <= 1e-5 * scale, (what, name)
             assert_grads_equal(grads, ref, what)
         # CogVideoX's, HunyuanVideo-1.5's, Cosmos 2.5's (Wan's), Kandinsky 5's and 6's (HunyuanVideo's), Mochi's,
-        # EasyAnimate's (MagVit) and Motif-Video's (Wan's) VAEs decode split by rows (a decoding rank ran fewer rows)
+        # EasyAnimate's (MagVit), Motif-Video's and Sana-Video's (Wan's) VAEs decode split by rows (a decoding rank
+        # ran fewer rows)
         split = ("CogVideoXPolicy", "HunyuanVideo15Policy", "Cosmos25Policy", "Kandinsky5Policy", "MochiPolicy",
-                 "EasyAnimatePolicy", "MotifVideoPolicy", "Kandinsky6Policy")  # fmt: skip
+                 "EasyAnimatePolicy", "MotifVideoPolicy", "Kandinsky6Policy", "SanaVideoPolicy")  # fmt: skip
         for result, one in zip(rank, single * 2):
             if one["policy"] in split:
                 assert 0 < result["decoder_rows"] < one["decoder_rows"], (one["policy"], result["decoder_rows"])
@@ -411,9 +413,9 @@ def test_policy_steps_equal_single_process_on_1x2_and_2x1(hunyuanvideo15, prompt
 @pytest.mark.slow
 def test_tiny_grpo_runs_through_the_cli(hunyuanvideo15, prompts, tmp_path):
     """``python -m pipelines.train_grpo`` trains each family's tiny model one step (a small config each). Mochi,
-    EasyAnimate, Motif-Video and Kandinsky 6 are not run here (a process each is too slow for the suite): the CLI
-    builds the same ``GRPOTrainer`` from their configs that the layout test above steps on 1 and 2 processes (each
-    of the four ran here once when checked by hand)."""
+    EasyAnimate, Motif-Video, Kandinsky 6 and Sana-Video are not run here (a process each is too slow for the suite):
+    the CLI builds the same ``GRPOTrainer`` from their configs that the layout test above steps on 1 and 2 processes
+    (each of the five ran here once when checked by hand)."""
     runs = {
         "tiny-cogvideox": "sample: {frames: 5, height: 32, width: 32, max_sequence_length: 8}\n",
         "tiny-ltx2": "sample: {frames: 5, height: 16, width: 16}\nparallel_vae: false\n",
@@ -443,7 +445,7 @@ def test_tiny_grpo_runs_through_the_cli(hunyuanvideo15, prompts, tmp_path):
      ("grpo_hunyuanvideo15", "hunyuanvideo-1.5-480p-t2v", 16), ("grpo_cosmos2.5_2b", "cosmos-predict2.5-2b", 8),
      ("grpo_kandinsky5_t2v_lite", "kandinsky5-t2v-lite", 8), ("grpo_mochi_1_preview", "mochi-1-preview", 8),
      ("grpo_easyanimate_v5.1_12b", "easyanimate-v5.1-12b", 8), ("grpo_kandinsky6_pro", "kandinsky-6.0-pro", 16),
-     ("grpo_motif_video_2b", "motif-video-2b", 8)],
+     ("grpo_motif_video_2b", "motif-video-2b", 8), ("grpo_sana_video_2b", "sana-video_2b_480p", 8)],
 )  # fmt: skip
 def test_real_checkpoint_configs_load_and_fit_their_plan(name, arch, gpus):
     config = TrainConfig.load(name)

@@ -1,6 +1,6 @@
 """Worker-side checks of the GRPO policies of CogVideoX, LTX-2, LTX-Video, SkyReels-V2, HunyuanVideo-1.5, Cosmos 2.5,
-Kandinsky 5, Mochi, EasyAnimate, Motif-Video and Kandinsky 6: the gradients and log-probs of one training step
-through the library's ``GRPOTrainer``, and a tiny HunyuanVideo-1.5 text-to-video pipeline (the zoo's
+Kandinsky 5, Mochi, EasyAnimate, Motif-Video, Kandinsky 6 and Sana-Video: the gradients and log-probs of one training
+step through the library's ``GRPOTrainer``, and a tiny HunyuanVideo-1.5 text-to-video pipeline (the zoo's
 ``tiny-hunyuanvideo15`` is a transformer only) built offline, as diffusers' fast tests build theirs."""
 
 from __future__ import annotations
@@ -97,6 +97,8 @@ def family_configs(hunyuanvideo15: str, **layout) -> list:
         tiny_config(model="tiny-motif-video", height=32, width=32, **{"sample.max_sequence_length": 32}, **common),
         # audio off; HunyuanVideo's VAE decodes split by rows
         tiny_config(model="tiny-kandinsky6", height=32, width=32, **{"sample.max_sequence_length": 32}, **common),
+        # Gemma 2 text behind the pipeline's complex-human instruction; Wan's VAE decodes split by rows
+        tiny_config(model="tiny-sana-video", height=32, width=32, **{"sample.max_sequence_length": 16}, **common),
     ]
 
 
