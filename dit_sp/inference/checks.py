@@ -104,8 +104,8 @@ def check_modular(config: GenerateConfig, name: str) -> bool:
     """For a Modular Diffusers pipeline ``name`` (MiniMax-H3, Wan-Animate-2): ``--cfg-parallel`` refused with its
     family's reason, the input files its family passes (``ModelFamily.modular_inputs``) required where its blocks
     require them and readable, the others refused (MiniMax-H3: ``generate`` runs its text-to-video workflow), and so
-    are ``--camera`` / ``--intrinsics`` and ``--causal-block-size`` / ``--ar-step``, which no blocks' inputs take;
-    ``False`` for other pipelines."""
+    are ``--camera`` / ``--intrinsics``, ``--causal-block-size`` / ``--ar-step`` and ``--negative-prompt`` where the
+    blocks' inputs do not take them; ``False`` for other pipelines."""
     family = next((f for f in FAMILIES if name in f.modular_pipelines), None)
     if family is None:
         return False
@@ -127,6 +127,9 @@ def check_modular(config: GenerateConfig, name: str) -> bool:
     params = {param.name: param for param in blocks.inputs}
     check_diffusion_forcing(config, name, params)  # flags the blocks do not take, refused as for other pipelines
     check_camera(config, name, params)
+    if config.negative_prompt and "negative_prompt" not in params:  # MiniMax-H3's: it would be passed over silently
+        raise ConfigError(f"--negative-prompt: {config.model} ({name}) takes no negative prompt (its blocks have no "
+                          "such input); drop --negative-prompt")  # fmt: skip
     for key in taken:
         flag, param = "--" + key.replace("_", "-"), params[family.modular_inputs[key]]
         if not getattr(config, key) and param.required:

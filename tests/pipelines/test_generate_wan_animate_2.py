@@ -174,3 +174,11 @@ def test_flags_no_modular_blocks_take_are_refused_not_dropped(tmp_path):
                 check_before_loading(GenerateConfig.load(overrides=overrides))
             text = str(refused.value)
             assert text.startswith(message.format(model=model, name=name)) and "\n" not in text, text
+    # MiniMax-H3's blocks take no negative prompt (Wan-Animate-2's do): refused, not passed over
+    overrides = {"model": "tiny-minimax-h3", "out": str(tmp_path / "v.mp4"), "negative_prompt": "blurry"}
+    with pytest.raises(
+        ConfigError, match=r"^--negative-prompt: tiny-minimax-h3 \(MiniMaxH3ModularPipeline\) takes no "
+    ):
+        check_before_loading(GenerateConfig.load(overrides=overrides))
+    check_before_loading(GenerateConfig.load(overrides={"model": MODEL, "out": str(tmp_path / "v.mp4"), **files,
+                                                        "negative_prompt": "blurry"}))  # fmt: skip
