@@ -291,3 +291,37 @@ def _check_model_internals() -> None:
         if not hasattr(cls, attr):
             raise _error("diffusers", f"{cls.__name__}.{attr}")
     wan_conv_padding(WanCausalConv3d(1, 1, 3))
+
+
+def quiet_bare_progress_bars(blocks: list[Any]) -> list[str]:
+    """Turn off, in this process, the progress bars of Modular Diffusers ``blocks``: in diffusers 0.42.1 a loop's
+    ``progress_bar`` (``LoopSequentialPipelineBlocks``) reads the settings of the block copy that runs, not of the
+    pipeline's blocks that ``set_progress_bar_config`` set, and some blocks draw a bare ``tqdm`` (Wan-Animate-2's
+    ``Segment k/n`` bars). The ``tqdm`` name that the modules of the blocks' classes (and their diffusers bases)
+    imported is replaced by a subclass whose bars are disabled; a module without one is left alone. Returns the
+    modules changed."""
+    import sys
+
+    from tqdm import tqdm as base
+
+    classes = {cls for block in blocks for cls in type(block).__mro__ if cls.__module__.startswith("diffusers.")}
+    changed = []
+    for module in {sys.modules.get(cls.__module__) for cls in classes} - {None}:
+        bar = getattr(module, "tqdm", None)
+        if isinstance(bar, type) and issubclass(bar, base) and not getattr(bar, "dit_sp_quiet", False):
+            module.tqdm = _disabled(bar)
+            changed.append(module.__name__)
+    return sorted(changed)
+
+
+def _disabled(bar: type) -> type:
+    """A subclass of the tqdm class ``bar`` whose bars are all disabled (``disable=True``)."""
+
+    class Disabled(bar):
+        dit_sp_quiet = True
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **{**kwargs, "disable": True})
+
+    Disabled.__name__ = Disabled.__qualname__ = bar.__name__
+    return Disabled

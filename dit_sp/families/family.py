@@ -179,6 +179,10 @@ class ModelFamily:
     (Wan-Animate-2: ``image`` as it is; ``video``, the ``--video`` frames, as ``driving_video``; ``num_frames``,
     ``--frames``, as ``segment_frame_length``). The input flags named here go to the blocks (required where the blocks
     require them); the others are refused before loading."""
+    modular_workflow: str = ""
+    """The workflow of the family's modular blocks that ``generate`` runs (MiniMax-H3's text-to-video-and-audio
+    ``t2va``), where the blocks have several: only its components load from a repository (``dit_sp.zoo.modular``);
+    empty: every component the blocks expect."""
     python_only: dict[str, str] = field(default_factory=dict, hash=False)
     """Pipeline classes of the family that ``parallelize`` splits but ``generate`` does not run (they take another
     pass's output, which a CLI run does not chain), each with its one-line reason: called from Python."""

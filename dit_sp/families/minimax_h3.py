@@ -53,6 +53,18 @@ MINIMAX_H3 = ModelFamily(
     step_cache=False,
     class_names=("MiniMaxH3Transformer3DModel",),
     modular_pipelines=("MiniMaxH3ModularPipeline",),
+    modular_workflow="t2va",  # generate runs text to video and audio: a repository's transformer_ref is not loaded
+    # a repository's settings (configs/minimax-h3.yaml): 124 frames (5 s at 24 fps) of its 768 x 1344 canvas
+    checkpoint_defaults={
+        "MiniMaxH3ModularPipeline": {
+            "frames": 124,
+            "height": 768,
+            "width": 1344,
+            "steps": 50,
+            "guidance": 1.0,
+            "fps": 24,
+        }
+    },
     tiny_models=("tiny-minimax-h3",),
     architectures=_ARCHITECTURES,
     plan=model_cp_plan,

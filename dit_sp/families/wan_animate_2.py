@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
-from dit_sp.families.family import ModelFamily
+from dit_sp.families.family import ModelFamily, generation_defaults
 from dit_sp.families.head_group import HeadGroupAttention, replace_stock_processors
 from dit_sp.families.wan import wan_architecture
 
@@ -43,12 +43,6 @@ CFG_REFUSAL = (
     "Wan-Animate-2's modular denoise step runs its guider's two branches as two calls against the key/value cache "
     "that one unpaired reference-extraction call (kv_cache_mode='extract') filled before them, on latents given as "
     "per-sample lists: dit-sp's guidance pair takes every call as one branch of a pair of tensors; use cfg=1"
-)
-
-DISTILLED_PYTHON_ONLY = (
-    "generate loads Modular Diffusers pipelines only as built-in models (a modular repository is refused), and none "
-    "is of the distilled pipeline: load it with ModularPipeline.from_pretrained and call parallelize(pipe, layout) "
-    "(docs/families-wan-animate-2.md)"
 )
 
 
@@ -134,7 +128,12 @@ WAN_ANIMATE_2 = ModelFamily(
     modular_pipelines=MODULAR_PIPELINES,
     # generate: --image is the character's reference image, --video the driving video, --frames a segment's length
     modular_inputs={"image": "image", "video": "driving_video", "num_frames": "segment_frame_length"},
-    python_only={"WanAnimate2DistilledModularPipeline": DISTILLED_PYTHON_ONLY},
+    # a repository's settings: 81-frame segments of 720 x 1280 (configs/wan2.2-animate-2-14b.yaml); the distilled
+    # blocks' 10 steps without guidance (their guider's default scale, 1)
+    checkpoint_defaults={
+        "WanAnimate2ModularPipeline": generation_defaults(81, 720, 1280, 40, 3.0, 512) | {"fps": 24},
+        "WanAnimate2DistilledModularPipeline": generation_defaults(81, 720, 1280, 10, 1.0, 512) | {"fps": 24},
+    },
     tiny_models=("tiny-wan-animate-2",),
     architectures=_ARCHITECTURES,
     plan=_plan,

@@ -76,7 +76,7 @@ def setup(config: GenerateConfig, images: bool) -> tuple[ParallelState, Any, dic
         load_adapters(pipe, config.lora_adapters)
     check_shape(pipe, dataclasses.asdict(config))
     guidance = guidance_arguments(pipe, config)
-    pipe.set_progress_bar_config(disable=not parallel.is_sample_leader or parallel.dp_rank != 0)
+    progress_bars(pipe, disable=not parallel.is_sample_leader or parallel.dp_rank != 0)
     if parallel.world_size > 1:
         handle = parallelize(
             pipe,
@@ -243,6 +243,23 @@ def _steps_recorded(pipe: Any, on_step_end: Callable, needed: bool) -> Iterator[
         yield
     finally:
         del scheduler.step
+
+
+def progress_bars(pipe: Any, disable: bool) -> None:
+    """The pipeline's progress bars on or off (off on every rank but the first sample leader: one set of bars). A
+    modular pipeline's blocks run as copies made per call, which do not keep what ``set_progress_bar_config`` set
+    (MiniMax-H3's denoise loop), and some draw their bars with a bare ``tqdm`` (Wan-Animate-2's per-segment bars):
+    turned off in this process where the blocks' modules import ``tqdm`` (``dit_sp._compat.quiet_bare_progress_bars``).
+    """
+    pipe.set_progress_bar_config(disable=disable)
+    if disable and _is_modular(pipe):
+        from dit_sp._compat import quiet_bare_progress_bars
+
+        blocks, todo = [], [pipe.blocks]
+        while todo:  # the tree of blocks: every workflow's
+            blocks.append(todo.pop())
+            todo.extend(getattr(blocks[-1], "sub_blocks", {}).values())
+        quiet_bare_progress_bars(blocks)
 
 
 def _is_modular(pipe: Any) -> bool:

@@ -17,7 +17,9 @@ from dit_sp.errors import ConfigError, MissingFileError
 from dit_sp.families import TRANSFORMERS  # re-exported: dit_sp.rl and dit_sp.inference import it from here
 from dit_sp.families.family import no_grad
 from dit_sp.io.bundled import ASSET_DIR, asset_path
+from dit_sp.zoo.files import check_component, has_class, json_object
 from dit_sp.zoo.hub import cached_snapshot, is_hub_id
+from dit_sp.zoo.modular import is_modular, pipeline_of
 from dit_sp.zoo.sample import read_sample_settings
 from dit_sp.zoo.tokenizers import (
     clip_byte_vocab,
@@ -206,6 +208,8 @@ def pipeline_class_name(model: str | Path, *, image: bool = False) -> str | None
         if path is None:
             spec = model_spec(str(model))
             name, settings = spec.get("pipeline"), spec.get("pipeline_config", {})
+        elif is_modular(path):  # a Modular Diffusers repository: the pipeline its blocks run as
+            name, settings = pipeline_of(path), {}
         else:
             settings = json.loads((path / "model_index.json").read_text())
             name = settings.get("_class_name")
@@ -234,15 +238,15 @@ def model_defaults(model: str) -> dict[str, Any]:
     path = checkpoint_dir(model)  # raises for a missing directory or an unknown name
     if path is not None and path.is_dir():
         try:
-            name = json.loads((path / "model_index.json").read_text()).get("_class_name")
-        except (OSError, ValueError, AttributeError):
+            name = (
+                pipeline_of(path)
+                if is_modular(path)
+                else json.loads((path / "model_index.json").read_text()).get("_class_name")
+            )
+        except (OSError, ValueError, AttributeError, ConfigError):
             name = None  # load_pipeline reports what is wrong with the directory
         return dict(CHECKPOINT_DEFAULTS.get(name, CHECKPOINT_DEFAULTS["WanPipeline"])) | read_sample_settings(path)
     return dict(model_spec(model).get("defaults", {}))
-
-
-MODEL_FILES = ("config.json",)
-"""What the directory of every model component (one that holds weights, a transformer, a VAE) must hold."""
 
 
 def check_checkpoint(model: str | Path) -> dict[str, Any]:
@@ -251,71 +255,29 @@ def check_checkpoint(model: str | Path) -> dict[str, Any]:
     component's directory, the ``config.json`` of each model component and the headers of its safetensors
     files (``dit_sp.weights.loading.safetensors_header``: truncated or foreign files). A ``ConfigError`` (or
     ``MissingFileError``) names the file and what is wrong; returns the parsed ``model_index.json`` (``{}`` for
-    a tiny model built in code). Class names are looked up in the libraries' lazy listings (nothing imported)."""
-    from dit_sp.weights.loading import safetensors_header, weight_files
+    a tiny model built in code). Class names are looked up in the libraries' lazy listings (nothing imported). A
+    Modular Diffusers repository is checked by ``dit_sp.zoo.modular.check_repository``."""
+    from dit_sp.zoo.modular import check_repository
 
     path = checkpoint_dir(model)
     if path is None:
         return {}
     file = path / "model_index.json"
-    if not file.is_file() and (path / "modular_model_index.json").is_file():
-        raise ConfigError(f"{path} is a Modular Diffusers repository (modular_model_index.json), which generate does "
-                          "not load: load it with ModularPipeline.from_pretrained and call parallelize(pipe, layout) "
-                          "from Python")  # fmt: skip
+    if is_modular(path):
+        return check_repository(path)
     if not file.is_file():
         raise MissingFileError(f"{path} is not a diffusers pipeline directory: model_index.json is missing "
                                "(save one with pipeline.save_pretrained(DIR))")  # fmt: skip
-    index = _json_object(file, "the pipeline's index, as pipeline.save_pretrained(DIR) writes it")
+    index = json_object(file, "the pipeline's index, as pipeline.save_pretrained(DIR) writes it")
     name = index.get("_class_name")
-    if not _has_class("diffusers", name):
+    if not has_class("diffusers", name):
         raise ConfigError(f"{file}: _class_name {name!r} is not a pipeline class of this diffusers; is it a "
                           "pipeline directory of a newer diffusers, or a model's own directory?")  # fmt: skip
     for key, value in index.items():
         if key.startswith("_") or not isinstance(value, list) or len(value) != 2 or value[0] is None:
             continue  # a pipeline setting (expand_timesteps, ...) or an absent component ([null, null])
-        library, class_name = value
-        if not _has_class(library, class_name):
-            raise ConfigError(f"{file}: component {key!r} is {library}.{class_name}, which {library} does not have "
-                              f"(upgrade {library}, or fix the entry)")  # fmt: skip
-        directory = path / key
-        if not directory.is_dir():
-            raise MissingFileError(f"{path} is an incomplete diffusers pipeline directory: {key}/ is missing, which "
-                                   f"{file.name} lists ({class_name})")  # fmt: skip
-        weights = weight_files(directory)
-        if weights or key in (*TRANSFORMERS, "vae"):
-            for required in MODEL_FILES:
-                _json_object(directory / required, f"the {key}'s configuration, as save_pretrained writes it")
-        for weight_file in weights:
-            safetensors_header(weight_file)
+        check_component(path, key, tuple(value), file, "diffusers pipeline directory")
     return index
-
-
-def _json_object(file: Path, what: str) -> dict[str, Any]:
-    if not file.is_file():
-        raise MissingFileError(f"{file} is missing: it holds {what}")
-    try:
-        value = json.loads(file.read_bytes())
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{file} is not valid JSON ({e}): it should hold {what}") from e
-    if not isinstance(value, dict):
-        raise ConfigError(f"{file} holds a JSON {type(value).__name__}, not an object: it should hold {what}")
-    return value
-
-
-def _has_class(library: Any, name: Any) -> bool:
-    """Whether ``library`` (diffusers or transformers) has a class ``name``; other libraries are left to
-    diffusers' loader."""
-    if library not in ("diffusers", "transformers"):
-        return True
-    return isinstance(name, str) and name in _names(library)
-
-
-@functools.cache
-def _names(library: str) -> frozenset[str]:
-    """What a lazy module (diffusers, transformers) lists, read without importing any of it."""
-    import importlib
-
-    return frozenset(dir(importlib.import_module(library)))
 
 
 def load_pipeline(
@@ -327,7 +289,8 @@ def load_pipeline(
     without: tuple[str, ...] = (),
     sharded_text_encoders: tuple[Any, torch.dtype] | None = None,
 ) -> Any:
-    """A built-in tiny pipeline, or a ``save_pretrained`` directory loaded offline, in ``dtype`` on ``device``.
+    """A built-in tiny pipeline, or a ``save_pretrained`` directory loaded offline, in ``dtype`` on ``device``: a
+    diffusers pipeline directory, or a Modular Diffusers repository (``dit_sp.zoo.modular``: its modular pipeline).
 
     ``empty_transformers``: the transformer(s) of a checkpoint directory are built with their parameters on
     the meta device (no memory) instead of loaded; shard them, then fill them with
@@ -355,6 +318,12 @@ def load_pipeline(
     empty = [name for name in TRANSFORMERS if empty_transformers and name in present]
     encoders = [name for name in TEXT_ENCODERS if sharded_text_encoders is not None and name in present]
     skipped = [name for name in (*without, *encoders) if name in present]
+    if is_modular(path):  # its components in their folders (a spec's subfolder), set with update_components
+        from dit_sp.zoo.modular import folders, load_repository
+
+        pipe, folder = load_repository(path, dtype, skip=(*empty, *skipped)), folders(index)
+        return _fill(pipe, dtype, device, {n: path / folder[n] for n in (*empty, *encoders)}, empty,
+                     [n for n in encoders if n not in without], sharded_text_encoders)  # fmt: skip
     try:
         try:
             pipe = diffusers.DiffusionPipeline.from_pretrained(
@@ -377,22 +346,30 @@ def load_pipeline(
         if info is not None:
             pipe.vae_scale_factor_temporal = info.vae_scale_factor_temporal
             pipe.vae_scale_factor_spatial = info.vae_scale_factor_spatial
+    return _fill(pipe, dtype, device, {n: path / n for n in (*empty, *encoders)}, empty,
+                 [n for n in encoders if n not in without], sharded_text_encoders)  # fmt: skip
+
+
+def _fill(pipe: Any, dtype: torch.dtype, device: Any, dirs: dict[str, Path], empty: list[str],
+          encoders: list[str], sharded: tuple[Any, torch.dtype] | None) -> Any:  # fmt: skip
+    """``pipe`` moved to ``device``, then its ``empty`` transformers built on meta (filled after sharding from their
+    ``weights_dir``) and its ``encoders`` read shard-wise (``sharded``: ``(group, dtype)``), each from ``dirs``."""
+    register = pipe.update_components if hasattr(pipe, "update_components") else pipe.register_modules  # modular
     if device is not None:
         pipe = pipe.to(device)  # before the empty transformers join: meta parameters cannot move
     if empty:
         from dit_sp.weights import empty_model
 
         for name in empty:
-            transformer = empty_model(path / name, dtype)
-            transformer.weights_dir = path / name
-            pipe.register_modules(**{name: transformer})
+            transformer = empty_model(dirs[name], dtype)
+            transformer.weights_dir = dirs[name]
+            register(**{name: transformer})
     if encoders:
         from dit_sp.weights.encoder import load_sharded_text_encoder
 
-        group, encoder_dtype = sharded_text_encoders
-        for name in (n for n in encoders if n not in without):
-            encoder = load_sharded_text_encoder(path / name, group, device or "cpu", encoder_dtype)
-            pipe.register_modules(**{name: encoder})
+        group, encoder_dtype = sharded
+        for name in encoders:
+            register(**{name: load_sharded_text_encoder(dirs[name], group, device or "cpu", encoder_dtype)})
     return pipe
 
 

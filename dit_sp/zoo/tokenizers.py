@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 # Llama 3's pre-tokenizer (words with their leading space, up to 3 digits, punctuation runs, newlines).
@@ -87,22 +88,37 @@ def qwen_byte_tokenizer(config: dict[str, Any], vision: bool = False) -> Any:
 
 def qwen3_vl_processor(config: dict[str, Any]) -> Any:
     """A ``Qwen3VLProcessor`` over ``qwen_byte_tokenizer(config, vision=True)`` and Qwen2-VL's PIL image processor
-    (its defaults), built here: nothing to download. It has no video processor: transformers' video processors need
-    torchvision, which dit-sp does not install; MiniMax-H3 uses one only for video references (``ref2va``)."""
+    (its defaults), built here: nothing to download. It has no video processor (``without_video``): transformers'
+    video processors need torchvision, which dit-sp does not install; MiniMax-H3 uses one only for video references
+    (``ref2va``)."""
     from transformers import Qwen3VLProcessor
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    class TextImageQwen3VLProcessor(Qwen3VLProcessor):
-        def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
-            # the one argument left out: transformers would look up the video processor's base class, which it
-            # defines only with torchvision installed
-            if argument_name == "video_processor" and argument is None:
-                return None
-            return super().check_argument_for_proper_class(argument_name, argument)
-
     tokenizer = qwen_byte_tokenizer(config, vision=True)
-    return TextImageQwen3VLProcessor(image_processor=Qwen2VLImageProcessorPil(), tokenizer=tokenizer,
-                                     video_processor=None)  # fmt: skip
+    return without_video(Qwen3VLProcessor)(image_processor=Qwen2VLImageProcessorPil(), tokenizer=tokenizer)
+
+
+@functools.cache
+def without_video(cls: type) -> type:
+    """The transformers processor class ``cls`` (a Qwen-VL processor) without its video processor: its image
+    processor and tokenizer only (``video_processor`` is None), so that it is built, saved and loaded
+    (``from_pretrained`` of a processor directory, whose video processor's files it leaves alone) without torchvision,
+    which transformers' video processors need and dit-sp does not install. Text and image inputs only."""
+
+    parts = [name for name in cls.get_attributes() if name != "video_processor"]  # read off cls's __init__
+
+    class TextImageProcessor(cls):
+        @classmethod
+        def get_attributes(cls) -> list[str]:
+            return list(parts)
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.pop("video_processor", None)
+            super().__init__(*args, **kwargs)
+            self.video_processor = None
+
+    TextImageProcessor.__name__ = TextImageProcessor.__qualname__ = f"TextImage{cls.__name__}"
+    return TextImageProcessor
 
 
 def qwen2_5_vl_processor(config: dict[str, Any]) -> Any:

@@ -119,13 +119,3 @@ def test_the_pages_commands_are_the_tested_ones():
     assert found == [*generate, "python -m pipelines.plan --generate --config minimax-h3 --gpus 8 --gpu-memory 141"]
     assert set(generate_flags.values()) == set(LAYOUTS)
     assert GenerateConfig.load("minimax-h3").ulysses == 8
-
-
-def test_a_modular_repository_is_refused_in_one_line(tmp_path):
-    """A real MiniMax-H3 checkpoint is a Modular Diffusers repository: generate says so and how to run it instead."""
-    from dit_sp.errors import ConfigError
-    from dit_sp.zoo import check_checkpoint
-
-    (tmp_path / "modular_model_index.json").write_text("{}")
-    with pytest.raises(ConfigError, match=r"is a Modular Diffusers repository .* ModularPipeline.from_pretrained"):
-        check_checkpoint(tmp_path)

@@ -1,0 +1,144 @@
+"""``generate`` on Modular Diffusers repositories (``modular_model_index.json``: MiniMax-H3, Wan-Animate-2 and its
+distilled pipeline), loaded offline from the directory's own files. The built-in tiny models saved as repositories
+laid out as downloaded ones (``modular_repos``): every weight loads back exactly; the MiniMax-H3 one through the CLI on
+Ulysses 2 with its weights sharded gives the built-in's video on one process (one spawn), with one set of progress
+bars; an unsupported pipeline or blocks, a missing component entry or folder: one line before anything loads."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from modular_repos import HUB_ID, save_repository
+
+from dit_sp import GenerateConfig
+from dit_sp.errors import ConfigError, MissingFileError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def repos(tmp_path_factory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("modular_repos")
+    return {model: save_repository(model, tmp / model) for model in ("tiny-minimax-h3", "tiny-wan-animate-2")}
+
+
+def _same_weights(pipe, reference) -> list[str]:
+    """The model components of ``reference`` whose every tensor ``pipe``'s equals (a missing one fails)."""
+    same = []
+    for name, component in reference.components.items():
+        if isinstance(component, torch.nn.Module):
+            expected, loaded = component.state_dict(), getattr(pipe, name).state_dict()
+            assert expected.keys() == loaded.keys(), name
+            assert all(torch.equal(expected[key], loaded[key]) for key in expected), name
+            same.append(name)
+    return same
+
+
+def test_a_repository_loads_back_the_builtin_exactly(repos, tmp_path):
+    """Each component from the directory, though every spec points at a Hub id; MiniMax-H3's t2va components only
+    (its reference transformer is not loaded), its processor without the video processor torchvision would need; the
+    distilled Wan-Animate-2 pipeline where the index names its blocks."""
+    from dit_sp.zoo import build_tiny, load_pipeline, model_defaults, pipeline_class_name
+
+    pipes = {}
+    for model, path in repos.items():
+        assert HUB_ID in (path / "modular_model_index.json").read_text()
+        pipes[model], reference = load_pipeline(path, torch.float32), build_tiny(model)
+        assert type(pipes[model]) is type(reference) and type(pipes[model].blocks) is type(reference.blocks)
+        assert len(_same_weights(pipes[model], reference)) >= 4
+    minimax = pipes["tiny-minimax-h3"]
+    assert minimax.transformer_ref is None and minimax.processor.video_processor is None
+    assert model_defaults(str(repos["tiny-minimax-h3"]))["guidance"] == 1.0  # guidance-distilled: 1, not Wan's 5
+    distilled = tmp_path / "distilled"
+    shutil.copytree(repos["tiny-wan-animate-2"], distilled)
+    save_repository("tiny-wan-animate-2", distilled, distilled=True, index_only=True)
+    assert pipeline_class_name(distilled) == "WanAnimate2DistilledModularPipeline"
+    assert model_defaults(str(distilled))["steps"] == 10 and model_defaults(str(distilled))["guidance"] == 1.0
+    pipe = load_pipeline(distilled, torch.float32)
+    assert type(pipe).__name__ == "WanAnimate2DistilledModularPipeline"
+    assert type(pipe.blocks).__name__ == "WanAnimate2DistilledBlocks"
+    assert "transformer" in _same_weights(pipe, build_tiny("tiny-wan-animate-2"))
+
+
+@pytest.mark.slow  # one CLI run on two processes
+def test_ulysses_2_on_a_repository_gives_the_builtin_video(repos, tmp_path):
+    """The CLI on the saved MiniMax-H3 repository, Ulysses 2, its transformer built on meta and filled shard-wise and
+    its text encoder sharded (``--shard-weights``), against the built-in on one process: latents within 1e-4 and the
+    same written frames (8-bit PNGs of frames equal to 1e-4); one set of progress bars on two ranks."""
+    import imageio.v3 as iio
+    from cli_run import run_cli
+    from console_checks import bar_starts
+
+    from dit_sp import generate
+
+    settings = {"frames": 124, "height": 32, "width": 32, "steps": 3}  # the built-in's defaults, flags for the repo
+    reference = generate(GenerateConfig.load(overrides={"model": "tiny-minimax-h3", "out": str(tmp_path / "one.mp4"),
+                                                        "save_latents": str(tmp_path / "one.pt"), **settings}),
+                         return_frames=True)  # fmt: skip
+    flags = [arg for key, value in settings.items() for arg in (f"--{key}", str(value))]
+    argv = ["--model", str(repos["tiny-minimax-h3"]), "--ulysses", "2", "--shard-weights", *flags,
+            "--out", str(tmp_path / "split"), "--save-latents", str(tmp_path / "split.pt")]  # fmt: skip
+    result = run_cli("pipelines.generate", argv, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "ulysses=2" in result.stdout
+    latents, ref_latents = torch.load(tmp_path / "split.pt"), torch.load(reference["latents"])
+    assert latents.shape == ref_latents.shape == (1, 4, 37, 2, 2) and ref_latents.abs().max() > 0.1
+    assert (latents - ref_latents).abs().max() <= 1e-4
+    frames = np.stack([iio.imread(path) for path in sorted((tmp_path / "split").glob("frame_*.png"))])
+    expected = (np.clip(reference["frames"], 0, 1) * 255).round().astype(np.uint8)  # as save_video writes them
+    assert frames.shape == expected.shape == (124, 32, 32, 3) and expected.std() > 5
+    difference = np.abs(frames.astype(int) - expected.astype(int))
+    assert difference.max() <= 1 and (difference > 0).mean() < 1e-3, (difference.max(), (difference > 0).mean())
+    bars = bar_starts(result.stderr)
+    assert bars[""] == 1 and set(bars.values()) == {1}, f"a bar drawn by more than one rank: {bars}"
+
+
+def _broken(repos, tmp_path, change) -> Path:
+    """A copy of the MiniMax-H3 repository with ``change(path, index)`` made to it (the index written back)."""
+    path = tmp_path / "broken"
+    shutil.copytree(repos["tiny-minimax-h3"], path)
+    index = json.loads((path / "modular_model_index.json").read_text())
+    change(path, index)
+    (path / "modular_model_index.json").write_text(json.dumps(index))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "message"),
+    [
+        (lambda path, index: index.update(_class_name="FluxModularPipeline", _blocks_class_name="FluxAutoBlocks"),
+         ConfigError, r"_class_name 'FluxModularPipeline' \(blocks 'FluxAutoBlocks'\) is not a Modular Diffusers "
+                      r"pipeline that generate runs; it runs MiniMaxH3ModularPipeline, WanAnimate2ModularPipeline"),
+        (lambda path, index: index.update(_blocks_class_name="WanAnimate2Blocks"), ConfigError,
+         r"_blocks_class_name 'WanAnimate2Blocks' is not blocks that generate runs MiniMaxH3ModularPipeline with; "
+         r"it runs MiniMaxH3Blocks$"),
+        (lambda path, index: shutil.rmtree(path / "transformer"), MissingFileError,
+         r"is an incomplete Modular Diffusers repository: transformer/ is missing, which modular_model_index.json "
+         r"lists \(MiniMaxH3Transformer3DModel\)$"),
+        (lambda path, index: index.pop("audio_vae"), MissingFileError,
+         r"is an incomplete Modular Diffusers repository: modular_model_index.json lists no audio_vae, which "
+         r"MiniMaxH3ModularPipeline needs \(add its entry and its folder\)$"),
+    ],
+)  # fmt: skip
+def test_a_repository_generate_cannot_run_is_refused_in_one_line(repos, tmp_path, change, error, message):
+    from dit_sp.inference import check_before_loading
+
+    path = _broken(repos, tmp_path, change)
+    config = GenerateConfig.load(overrides={"model": str(path), "out": str(tmp_path / "v.mp4"), "frames": 124,
+                                            "height": 32, "width": 32})  # fmt: skip
+    with pytest.raises(error, match=message) as refused:
+        check_before_loading(config)
+    assert "\n" not in str(refused.value)
+
+
+def test_a_repository_without_a_pipeline_name_is_refused_in_one_line(tmp_path):
+    from dit_sp.zoo import check_checkpoint
+
+    (tmp_path / "modular_model_index.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"_class_name None \(blocks None\) is not a Modular Diffusers pipeline"):
+        check_checkpoint(tmp_path)

@@ -1,0 +1,37 @@
+"""Built-in tiny modular pipelines saved as Modular Diffusers repositories, laid out as a downloaded one is: what
+``ModularPipeline.save_pretrained`` writes, with each component's spec pointing at a Hub id (as a published index
+does; the files are loaded from the directory whatever the spec says) and MiniMax-H3's processor recorded as the
+``transformers.Qwen3VLProcessor`` it stands in for (the tiny one is that class without its video processor, which
+needs torchvision: ``dit_sp.zoo.tokenizers.without_video``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+HUB_ID = "dit-sp/not-on-this-machine"
+
+
+def save_repository(model: str, directory: Path, *, distilled: bool = False, index_only: bool = False) -> Path:
+    """The built-in ``model`` (``tiny-minimax-h3``, ``tiny-wan-animate-2``) saved in ``directory`` as a downloaded
+    repository; ``distilled``: its index names Wan-Animate-2's distilled pipeline and blocks; ``index_only``: the
+    repository is there already (a copy), only its index is changed."""
+    from dit_sp.zoo import build_tiny
+
+    if not index_only:
+        build_tiny(model).save_pretrained(str(directory), overwrite_modular_index=True)
+    file = directory / "modular_model_index.json"
+    index = json.loads(file.read_text())
+    for value in index.values():
+        if isinstance(value, list) and len(value) == 3 and value[0] is not None:
+            value[2]["pretrained_model_name_or_path"] = HUB_ID
+            if value[1].startswith("TextImage"):  # the processor: as released
+                value[0:2] = value[2]["type_hint"] = ["transformers", value[1].removeprefix("TextImage")]
+                processor = directory / value[2]["subfolder"] / "processor_config.json"
+                settings = json.loads(processor.read_text())
+                processor.write_text(json.dumps(settings | {"processor_class": value[1]}, indent=2))
+    if distilled:
+        index["_class_name"] = "WanAnimate2DistilledModularPipeline"
+        index["_blocks_class_name"] = "WanAnimate2DistilledBlocks"
+    file.write_text(json.dumps(index, indent=2))
+    return directory
