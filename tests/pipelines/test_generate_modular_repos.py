@@ -54,6 +54,9 @@ def test_a_repository_loads_back_the_builtin_exactly(repos, tmp_path):
     minimax = pipes["tiny-minimax-h3"]
     assert minimax.transformer_ref is None and minimax.processor.video_processor is None
     assert model_defaults(str(repos["tiny-minimax-h3"]))["guidance"] == 1.0  # guidance-distilled: 1, not Wan's 5
+    (tmp_path / "run.yaml").write_text(f"model: {repos['tiny-minimax-h3']}\nsteps: 3\n")  # --config with the path
+    config = GenerateConfig.load(str(tmp_path / "run.yaml"))
+    assert (config.frames, config.width, config.steps, config.guidance) == (124, 1344, 3, 1.0)
     distilled = tmp_path / "distilled"
     shutil.copytree(repos["tiny-wan-animate-2"], distilled)
     save_repository("tiny-wan-animate-2", distilled, distilled=True, index_only=True)
@@ -67,22 +70,24 @@ def test_a_repository_loads_back_the_builtin_exactly(repos, tmp_path):
 
 @pytest.mark.slow  # one CLI run on two processes
 def test_ulysses_2_on_a_repository_gives_the_builtin_video(repos, tmp_path):
-    """The CLI on the saved MiniMax-H3 repository, Ulysses 2, its transformer built on meta and filled shard-wise and
-    its text encoder sharded (``--shard-weights``), against the built-in on one process: latents within 1e-4 and the
-    same written frames (8-bit PNGs of frames equal to 1e-4); one set of progress bars on two ranks."""
+    """The CLI on the saved MiniMax-H3 repository (``--config`` naming it), Ulysses 2, its transformer built on meta
+    and filled shard-wise and its text encoder sharded (``--shard-weights``), against the built-in on one process:
+    latents within 1e-4 and the same written frames (8-bit PNGs of frames equal to 1e-4); one set of progress bars on
+    two ranks."""
     import imageio.v3 as iio
     from cli_run import run_cli
     from console_checks import bar_starts
 
     from dit_sp import generate
 
-    settings = {"frames": 124, "height": 32, "width": 32, "steps": 3}  # the built-in's defaults, flags for the repo
+    settings = {"frames": 124, "height": 32, "width": 32, "steps": 3}  # the built-in's defaults, set for the repo
     reference = generate(GenerateConfig.load(overrides={"model": "tiny-minimax-h3", "out": str(tmp_path / "one.mp4"),
                                                         "save_latents": str(tmp_path / "one.pt"), **settings}),
                          return_frames=True)  # fmt: skip
-    flags = [arg for key, value in settings.items() for arg in (f"--{key}", str(value))]
-    argv = ["--model", str(repos["tiny-minimax-h3"]), "--ulysses", "2", "--shard-weights", *flags,
-            "--out", str(tmp_path / "split"), "--save-latents", str(tmp_path / "split.pt")]  # fmt: skip
+    config = tmp_path / "run.yaml"  # --config naming the repository
+    config.write_text(f"model: {repos['tiny-minimax-h3']}\n" + "".join(f"{k}: {v}\n" for k, v in settings.items()))
+    argv = ["--config", str(config), "--ulysses", "2", "--shard-weights", "--out", str(tmp_path / "split"),
+            "--save-latents", str(tmp_path / "split.pt")]  # fmt: skip
     result = run_cli("pipelines.generate", argv, cwd=ROOT, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "ulysses=2" in result.stdout
