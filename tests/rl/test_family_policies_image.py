@@ -1,0 +1,85 @@
+"""GRPO policies of image-conditioned pipelines beyond Wan I2V (ChronoEdit's image edit, ...): their Euler ODE at the
+scheduler's own noise levels is the stock pipeline's sampling with the same image, and their decode its video. Their
+GRPO step on 1x2 and 2x1 is in test_family_policies.py's layout test (``policy_checks.family_configs``)."""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from dit_sp.families import policy_for
+from dit_sp.zoo import build_tiny
+
+
+def _image(path, seed: int) -> str:
+    Image.fromarray((np.random.RandomState(seed).rand(40, 30, 3) * 255).astype("uint8")).save(path)
+    return str(path)
+
+
+def euler(policy, noise: torch.Tensor, levels: list[float], cond) -> torch.Tensor:
+    """The policy's Euler ODE (GRPO's SDE step without noise) through ``levels``, to 0."""
+    x = noise
+    for s, s_next in zip(levels, [*levels[1:], 0.0]):
+        x = x + (s_next - s) * policy.velocity(x, s, cond)
+    return x
+
+
+def stock_run(pipe, **call) -> tuple[torch.Tensor, torch.Tensor]:
+    """One stock pipeline call: its final latents (as ``output_type="latent"`` returns them: read at the last step's
+    callback, or from the scheduler's last step where the pipeline takes no callback) and its video
+    (``output_type="pt"``, ``(B, F, C, H, W)``)."""
+    steps = []
+    if "callback_on_step_end" in inspect.signature(type(pipe).__call__).parameters:
+        call["callback_on_step_end"] = lambda p, i, t, kw: steps.append(kw["latents"]) or {}
+    else:
+        stock_step = pipe.scheduler.step
+        pipe.scheduler.step = lambda *args, **kwargs: steps.append(stock_step(*args, **kwargs)[0]) or (steps[-1],)
+    video = pipe(output_type="pt", **call).frames
+    vars(pipe.scheduler).pop("step", None)
+    return steps[-1], video
+
+
+def assert_image_ode_and_decode_are_stock(policy, pipe, image: str, other: str, settings: dict,
+                                          levels: list[float] | None = None, frames_first: bool = False,
+                                          seed: int | None = None) -> None:  # fmt: skip
+    """With ``image``, the policy's Euler ODE through the scheduler's noise levels (``levels``, default its sigmas
+    after the pipeline ran) is the stock pipeline's latents within 1e-5 (``frames_first``: the pipeline's are
+    ``(B, F, C, H, W)``), and its decode the pipeline's video; ``other`` image changes the velocity (the image
+    conditions it). ``seed``: the pipeline gets a generator at this seed (it samples the image latents with it)."""
+    noise = torch.randn(1, *policy.latent_shape(), generator=torch.Generator().manual_seed(1))
+    layout = (lambda x: x.permute(0, 2, 1, 3, 4)) if frames_first else (lambda x: x)
+    seeded = {} if seed is None else {"generator": torch.Generator().manual_seed(seed)}
+    stock, video = stock_run(pipe, prompt="a red circle", negative_prompt="", image=Image.open(image),
+                             latents=layout(noise).clone(), **settings, **seeded)  # fmt: skip
+    levels = pipe.scheduler.sigmas[:-1].tolist() if levels is None else levels
+    cond = policy.encode(["a red circle"], [image])
+    ours = euler(policy, noise, levels, cond)
+    assert stock.abs().max() > 1
+    print(f"{type(policy).__name__}: ODE vs stock {(layout(policy.clean(ours, cond)) - stock).abs().max():.2e}")
+    torch.testing.assert_close(layout(policy.clean(ours, cond)), stock, atol=1e-5, rtol=0)
+    torch.testing.assert_close(policy.decode(ours, cond), video, atol=1e-5, rtol=0)
+    moved = policy.velocity(noise, levels[0], policy.encode(["a red circle"], [other]))
+    assert (moved - policy.velocity(noise, levels[0], cond)).abs().max() > 1e-3
+
+
+@pytest.mark.slow  # runs the stock pipeline
+@torch.no_grad()
+def test_chronoedit_policy_ode_and_decode_are_the_pipelines(tmp_path):
+    """ChronoEdit without temporal reasoning (5 frames): Wan 2.1 I2V's image latents and mask in channels and CLIP
+    tokens in cross-attention, guidance 4; any other frame count is refused in one line."""
+    pipe = build_tiny("tiny-chronoedit")
+    size = {"height": 48, "width": 32, "guidance": 4.0, "max_sequence_length": 16}
+    policy = policy_for(pipe)(pipe, pipe.transformer, frames=5, **size)
+    assert type(policy).__name__ == "ChronoEditPolicy" and policy.takes_images
+    settings = {"num_frames": 5, "height": 48, "width": 32, "num_inference_steps": 3, "guidance_scale": 4.0,
+                "max_sequence_length": 16}  # fmt: skip
+    assert_image_ode_and_decode_are_stock(policy, pipe, _image(tmp_path / "a.png", 0), _image(tmp_path / "b.png", 1),
+                                          settings)  # fmt: skip
+    with pytest.raises(ValueError, match=r"^frames 9: ChronoEditPipeline samples 5 frames \(the image and its edit\)"):
+        policy_for(pipe)(pipe, pipe.transformer, frames=9, **size)
+    with pytest.raises(ValueError, match="is image-to-video: every prompt needs an image"):
+        policy.encode(["a red circle"])
