@@ -20,6 +20,12 @@ if TYPE_CHECKING:
     Tensor = torch.Tensor
 
 
+IMAGE_SEED = 0
+"""The seed of the generator an image-to-video pipeline that samples its VAE's posterior (CogVideoX, LTX-Video; not
+its mode) draws the image's latents with: the policy encodes each image once at this seed, the same on every rank
+and layout (``DiffusersPolicy.image_generator``)."""
+
+
 class DiffusersPolicy:
     """A pipeline's text conditioning, the guided velocity of its (parallelized, sharded) transformer and
     its VAE. Subclasses say how to encode prompts, call the transformer and undo the latent scaling.
@@ -144,6 +150,12 @@ class DiffusersPolicy:
         spatial = self._compression(self.pipe)[1]
         pixels = self.pipe.video_processor.preprocess(image, height=height * spatial, width=width * spatial)
         return pixels.to(self.device, torch.float32)
+
+    def image_generator(self) -> torch.Generator:
+        """A generator at ``IMAGE_SEED`` on the policy's device, for a pipeline that samples its image latents."""
+        import torch
+
+        return torch.Generator(self.device).manual_seed(IMAGE_SEED)
 
     @property
     def pixel_frames(self) -> int:

@@ -83,3 +83,26 @@ def test_chronoedit_policy_ode_and_decode_are_the_pipelines(tmp_path):
         policy_for(pipe)(pipe, pipe.transformer, frames=9, **size)
     with pytest.raises(ValueError, match="is image-to-video: every prompt needs an image"):
         policy.encode(["a red circle"])
+
+
+@pytest.mark.slow  # runs the stock pipeline
+@torch.no_grad()
+def test_cogvideox_image_to_video_policy_ode_and_decode_are_the_pipelines(tmp_path):
+    """CogVideoX I2V: the image's latents (drawn from the VAE's posterior at the policy's IMAGE_SEED) join the
+    v-prediction input in channels, clean at every step; the converted flow velocity's Euler ODE at the noise levels
+    of the scheduler's timesteps is the stock pipeline's DDIM sampling (guidance 3), and the decode its video."""
+    from dit_sp.families.policy import IMAGE_SEED
+
+    pipe = build_tiny("tiny-cogvideox-i2v")
+    policy = policy_for(pipe)(pipe, pipe.transformer, frames=9, height=64, width=64, guidance=3.0,
+                              max_sequence_length=8)  # fmt: skip
+    assert type(policy).__name__ == "CogVideoXPolicy" and policy.takes_images
+    settings = {"num_frames": 9, "height": 64, "width": 64, "num_inference_steps": 4, "guidance_scale": 3.0,
+                "max_sequence_length": 8}  # fmt: skip
+    pipe.scheduler.set_timesteps(4)
+    alphas = pipe.scheduler.alphas_cumprod.double()
+    levels = [((1 - alphas[t]).sqrt() / (alphas[t].sqrt() + (1 - alphas[t]).sqrt())).item()
+              for t in pipe.scheduler.timesteps]  # fmt: skip
+
+    assert_image_ode_and_decode_are_stock(policy, pipe, _image(tmp_path / "a.png", 0), _image(tmp_path / "b.png", 1),
+                                          settings, levels, frames_first=True, seed=IMAGE_SEED)  # fmt: skip

@@ -121,6 +121,8 @@ def family_configs(hunyuanvideo15: str, images: str, **layout) -> list:
         tiny_config(model="tiny-sana-video", height=32, width=32, **{"sample.max_sequence_length": 16}, **common),
         # image edit: the image's latents in channels and CLIP tokens in cross-attention; Wan's VAE decodes split
         tiny_config(model="tiny-chronoedit", **{"sample.max_sequence_length": 16}, **with_images),
+        # the image's latents in channels; CogVideoX's VAE decodes split by rows
+        tiny_config(model="tiny-cogvideox-i2v", **{"sample.max_sequence_length": 8}, **with_images),
     ]
 
 
