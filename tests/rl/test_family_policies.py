@@ -370,7 +370,8 @@ def test_policy_steps_equal_single_process_on_1x2_and_2x1(hunyuanvideo15, prompt
     results = spawn(family_steps, 2, args=(layouts,), timeout=600)
     policies = ["CogVideoXPolicy", "LTX2Policy", "LTXPolicy", "SkyReelsV2Policy", "HunyuanVideo15Policy",
                 "Cosmos25Policy", "Kandinsky5Policy", "MochiPolicy", "EasyAnimatePolicy", "MotifVideoPolicy",
-                "Kandinsky6Policy", "SanaVideoPolicy", "ChronoEditPolicy", "CogVideoXPolicy"]  # fmt: skip
+                "Kandinsky6Policy", "SanaVideoPolicy", "ChronoEditPolicy", "CogVideoXPolicy",
+                "HunyuanVideo15Policy", "LTXPolicy"]  # fmt: skip
     assert [r["policy"] for r in single] == policies
     for one in single:
         assert one["ratio"] == (1.0, 1.0) and (one["log_probs"] != 0).all(), one["policy"]
@@ -448,7 +449,8 @@ def test_tiny_grpo_runs_through_the_cli(hunyuanvideo15, prompts, tmp_path):
      ("grpo_kandinsky5_t2v_lite", "kandinsky5-t2v-lite", 8), ("grpo_mochi_1_preview", "mochi-1-preview", 8),
      ("grpo_easyanimate_v5.1_12b", "easyanimate-v5.1-12b", 8), ("grpo_kandinsky6_pro", "kandinsky-6.0-pro", 16),
      ("grpo_motif_video_2b", "motif-video-2b", 8), ("grpo_sana_video_2b", "sana-video_2b_480p", 8),
-     ("grpo_chronoedit_14b", "chronoedit-14b", 8), ("grpo_cogvideox_5b_i2v", "cogvideox-5b-i2v", 8)],
+     ("grpo_chronoedit_14b", "chronoedit-14b", 8), ("grpo_cogvideox_5b_i2v", "cogvideox-5b-i2v", 8),
+     ("grpo_hunyuanvideo15_i2v", "hunyuanvideo-1.5-480p-t2v", 8), ("grpo_ltx_video_2b_i2v", "ltx-video-2b", 8)],
 )  # fmt: skip
 def test_real_checkpoint_configs_load_and_fit_their_plan(name, arch, gpus):
     config = TrainConfig.load(name)

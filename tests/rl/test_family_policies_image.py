@@ -106,3 +106,62 @@ def test_cogvideox_image_to_video_policy_ode_and_decode_are_the_pipelines(tmp_pa
 
     assert_image_ode_and_decode_are_stock(policy, pipe, _image(tmp_path / "a.png", 0), _image(tmp_path / "b.png", 1),
                                           settings, levels, frames_first=True, seed=IMAGE_SEED)  # fmt: skip
+
+
+@pytest.mark.slow  # runs the stock pipeline
+@torch.no_grad()
+def test_hunyuanvideo15_image_to_video_policy_ode_and_decode_are_the_pipelines(tmp_path):
+    """HunyuanVideo-1.5 I2V: SigLIP image tokens and the image's condition latents and mask in channels, guidance as
+    the pipeline's ClassifierFreeGuidance guider; the pipeline sizes the video by the image's aspect-ratio bucket
+    (40x30 pixels -> 36x28 at target_size 32), and an image of another bucket is refused in one line."""
+    from diffusers.guiders import ClassifierFreeGuidance
+
+    pipe = build_tiny("tiny-hunyuanvideo15-i2v")
+    pipe.guider = ClassifierFreeGuidance(guidance_scale=3.0)
+    # 448 text tokens (the pipeline pads to 1000): the tiny byte-level template leaves ~400 system-prompt bytes in it
+    size = {"frames": 5, "height": 36, "width": 28, "guidance": 3.0, "max_sequence_length": 448}
+    policy = policy_for(pipe)(pipe, pipe.transformer, **size)
+    assert type(policy).__name__ == "HunyuanVideo15Policy" and policy.takes_images
+    settings = {"num_frames": 5, "num_inference_steps": 2}
+    assert_image_ode_and_decode_are_stock(policy, pipe, _image(tmp_path / "a.png", 0), _image(tmp_path / "b.png", 1),
+                                          settings)  # fmt: skip
+    square = tmp_path / "square.png"
+    Image.new("RGB", (32, 32)).save(square)
+    with pytest.raises(ValueError, match=r"^an image of 32x32 \(width x height\): HunyuanVideo15ImageToVideoPipeline "
+                                         r"samples it at height 32, width 32 .* are 36/28; "):  # fmt: skip
+        policy.encode(["a red circle"], [str(square)])
+
+
+@pytest.mark.slow  # runs the stock pipeline
+@torch.no_grad()
+def test_ltx_image_to_video_policy_samples_only_the_noised_frames(tmp_path):
+    """LTX-Video I2V: the image's latents (the VAE's posterior drawn at IMAGE_SEED, as the pipeline draws them with a
+    generator at that seed) are the clean first frame, timestep 0 on its tokens; the policy's latents are the frames
+    after it, whose Euler ODE through the pipeline's sigmas is the stock pipeline's sampling (guidance 3) and whose
+    decode with the image frame in front is its video."""
+    from dit_sp.families.policy import IMAGE_SEED
+
+    pipe = build_tiny("tiny-ltx-i2v")
+    policy = policy_for(pipe)(pipe, pipe.transformer, frames=9, height=32, width=32, guidance=3.0,
+                              max_sequence_length=16)  # fmt: skip
+    assert type(policy).__name__ == "LTXPolicy" and policy.takes_images
+    channels, frames, height, width = policy.shape
+    assert policy.latent_shape() == (channels, frames - 1, height, width)  # the noised frames alone
+    image, other = _image(tmp_path / "a.png", 0), _image(tmp_path / "b.png", 1)
+    prepared = []
+    stock_prepare = pipe.prepare_latents
+    pipe.prepare_latents = lambda *args, **kwargs: prepared.append(stock_prepare(*args, **kwargs)) or prepared[-1]
+    call = {"prompt": "a red circle", "negative_prompt": "", "image": Image.open(image), "num_frames": 9, "height": 32,
+            "width": 32, "num_inference_steps": 3, "guidance_scale": 3.0, "max_sequence_length": 16}  # fmt: skip
+    stock, video = stock_run(pipe, generator=torch.Generator().manual_seed(IMAGE_SEED), **call)
+    start = pipe._unpack_latents(prepared[0][0], frames, height, width, 1, 1)  # the pipeline's image frame and noise
+    cond = policy.encode(["a red circle"], [image])
+    torch.testing.assert_close(cond[0][1], start[:, :, :1], atol=1e-6, rtol=0)  # the image frame is the pipeline's
+    levels = pipe.scheduler.sigmas[:-1].tolist()
+    ours = euler(policy, start[:, :, 1:], levels, cond)
+    assert stock.abs().max() > 1
+    print(f"LTXPolicy I2V: ODE vs stock {(pipe._pack_latents(policy.clean(ours, cond)) - stock).abs().max():.2e}")
+    torch.testing.assert_close(pipe._pack_latents(policy.clean(ours, cond)), stock, atol=1e-5, rtol=0)
+    torch.testing.assert_close(policy.decode(ours, cond), video, atol=1e-5, rtol=0)
+    moved = policy.velocity(start[:, :, 1:], 1.0, policy.encode(["a red circle"], [other]))
+    assert (moved - policy.velocity(start[:, :, 1:], 1.0, cond)).abs().max() > 1e-3  # the image conditions the rest

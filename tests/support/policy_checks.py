@@ -123,6 +123,11 @@ def family_configs(hunyuanvideo15: str, images: str, **layout) -> list:
         tiny_config(model="tiny-chronoedit", **{"sample.max_sequence_length": 16}, **with_images),
         # the image's latents in channels; CogVideoX's VAE decodes split by rows
         tiny_config(model="tiny-cogvideox-i2v", **{"sample.max_sequence_length": 8}, **with_images),
+        # SigLIP tokens and the image's latents and mask (its 32x32 bucket); 32 text tokens of the byte-level template
+        # (system-prompt bytes: the same text on every layout; test_family_policies_image.py runs the real prompt)
+        tiny_config(model="tiny-hunyuanvideo15-i2v", **{"sample.max_sequence_length": 32}, **with_images),
+        # the image's latents are the clean first frame (timestep 0 on its tokens): the policy's latents are the rest
+        tiny_config(model="tiny-ltx-i2v", **{"sample.max_sequence_length": 16}, **with_images),
     ]
 
 
