@@ -1,9 +1,10 @@
 """GRPO policies of CogVideoX (v-prediction as a flow velocity), LTX-2 (video stream, audio isolated), LTX-Video,
 SkyReels-V2 T2V, HunyuanVideo-1.5 T2V, Cosmos-Predict2.5 text-to-world, Kandinsky 5 T2V, Mochi (inverted time),
-EasyAnimate T2V, Motif-Video T2V, Kandinsky 6 T2V (audio off) and Sana-Video T2V (its ODE in
-test_family_policies_sana_video.py): their ODE is the stock pipeline's sampler, one step's gradients and log-probs on
-1x2 and 2x1 (FSDP2 over the SP ranks) are one process's, a tiny run goes through the CLI, and the real checkpoints'
-configs load and plan."""
+EasyAnimate T2V, Motif-Video T2V, Kandinsky 6 T2V (audio off), Sana-Video T2V (its ODE in
+test_family_policies_sana_video.py), and ChronoEdit, CogVideoX / HunyuanVideo-1.5 / LTX-Video I2V and Wan VACE
+T2V (their ODE in test_family_policies_image.py): their ODE is the stock pipeline's sampler, one step's gradients and
+log-probs on 1x2 and 2x1 (FSDP2 over the SP ranks) are one process's, a tiny run goes through the CLI (text-to-video
+families), and the real checkpoints' configs load and plan."""
 
 from __future__ import annotations
 
@@ -371,7 +372,7 @@ def test_policy_steps_equal_single_process_on_1x2_and_2x1(hunyuanvideo15, prompt
     policies = ["CogVideoXPolicy", "LTX2Policy", "LTXPolicy", "SkyReelsV2Policy", "HunyuanVideo15Policy",
                 "Cosmos25Policy", "Kandinsky5Policy", "MochiPolicy", "EasyAnimatePolicy", "MotifVideoPolicy",
                 "Kandinsky6Policy", "SanaVideoPolicy", "ChronoEditPolicy", "CogVideoXPolicy",
-                "HunyuanVideo15Policy", "LTXPolicy"]  # fmt: skip
+                "HunyuanVideo15Policy", "LTXPolicy", "WanVACEPolicy"]  # fmt: skip
     assert [r["policy"] for r in single] == policies
     for one in single:
         assert one["ratio"] == (1.0, 1.0) and (one["log_probs"] != 0).all(), one["policy"]
@@ -403,11 +404,11 @@ def test_policy_steps_equal_single_process_on_1x2_and_2x1(hunyuanvideo15, prompt
                 assert scale > 0 and (grads.pop(name) - ref.pop(name)).abs().max() <= 1e-5 * scale, (what, name)
             assert_grads_equal(grads, ref, what)
         # CogVideoX's, HunyuanVideo-1.5's, Cosmos 2.5's (Wan's), Kandinsky 5's and 6's (HunyuanVideo's), Mochi's,
-        # EasyAnimate's (MagVit), Motif-Video's and Sana-Video's (Wan's) VAEs decode split by rows (a decoding rank
-        # ran fewer rows)
+        # EasyAnimate's (MagVit), Motif-Video's, Sana-Video's, ChronoEdit's and Wan VACE's (Wan's) VAEs decode split by
+        # rows (a decoding rank ran fewer rows)
         split = ("CogVideoXPolicy", "HunyuanVideo15Policy", "Cosmos25Policy", "Kandinsky5Policy", "MochiPolicy",
                  "EasyAnimatePolicy", "MotifVideoPolicy", "Kandinsky6Policy", "SanaVideoPolicy",
-                 "ChronoEditPolicy")  # fmt: skip
+                 "ChronoEditPolicy", "WanVACEPolicy")  # fmt: skip
         for result, one in zip(rank, single * 2):
             if one["policy"] in split:
                 assert 0 < result["decoder_rows"] < one["decoder_rows"], (one["policy"], result["decoder_rows"])
@@ -450,7 +451,8 @@ def test_tiny_grpo_runs_through_the_cli(hunyuanvideo15, prompts, tmp_path):
      ("grpo_easyanimate_v5.1_12b", "easyanimate-v5.1-12b", 8), ("grpo_kandinsky6_pro", "kandinsky-6.0-pro", 16),
      ("grpo_motif_video_2b", "motif-video-2b", 8), ("grpo_sana_video_2b", "sana-video_2b_480p", 8),
      ("grpo_chronoedit_14b", "chronoedit-14b", 8), ("grpo_cogvideox_5b_i2v", "cogvideox-5b-i2v", 8),
-     ("grpo_hunyuanvideo15_i2v", "hunyuanvideo-1.5-480p-t2v", 8), ("grpo_ltx_video_2b_i2v", "ltx-video-2b", 8)],
+     ("grpo_hunyuanvideo15_i2v", "hunyuanvideo-1.5-480p-t2v", 8), ("grpo_ltx_video_2b_i2v", "ltx-video-2b", 8),
+     ("grpo_wan2.1_vace_1.3b", "wan2.1-vace-1.3b", 8)],
 )  # fmt: skip
 def test_real_checkpoint_configs_load_and_fit_their_plan(name, arch, gpus):
     config = TrainConfig.load(name)

@@ -165,3 +165,30 @@ def test_ltx_image_to_video_policy_samples_only_the_noised_frames(tmp_path):
     torch.testing.assert_close(policy.decode(ours, cond), video, atol=1e-5, rtol=0)
     moved = policy.velocity(start[:, :, 1:], 1.0, policy.encode(["a red circle"], [other]))
     assert (moved - policy.velocity(start[:, :, 1:], 1.0, cond)).abs().max() > 1e-3  # the image conditions the rest
+
+
+@pytest.mark.slow  # runs the stock pipeline
+@torch.no_grad()
+def test_wan_vace_text_to_video_policy_ode_and_decode_are_the_pipelines(tmp_path):
+    """Wan VACE without conditions: the policy's Euler ODE (the pipeline's zero VACE context, scale 1) is the stock
+    WanVACEPipeline's text-to-video sampling (guidance 4), its decode the pipeline's video; the VACE context matters
+    (the velocity moves without it); prompts with images are refused in one line."""
+    pipe = build_tiny("tiny-wan-vace")
+    policy = policy_for(pipe)(pipe, pipe.transformer, frames=9, height=32, width=32, guidance=4.0,
+                              max_sequence_length=16)  # fmt: skip
+    assert type(policy).__name__ == "WanVACEPolicy" and not policy.takes_images
+    noise = torch.randn(1, *policy.latent_shape(), generator=torch.Generator().manual_seed(1))
+    stock, video = stock_run(pipe, prompt="a red circle", negative_prompt="", latents=noise.clone(), num_frames=9,
+                             height=32, width=32, num_inference_steps=3, guidance_scale=4.0,
+                             max_sequence_length=16)  # fmt: skip
+    cond = policy.encode(["a red circle"])
+    ours = euler(policy, noise, pipe.scheduler.sigmas[:-1].tolist(), cond)
+    assert stock.abs().max() > 1
+    print(f"WanVACEPolicy: ODE vs stock {(ours - stock).abs().max():.2e}")
+    torch.testing.assert_close(ours, stock, atol=1e-5, rtol=0)
+    torch.testing.assert_close(policy.decode(ours, cond), video, atol=1e-5, rtol=0)
+    with_context = policy.velocity(noise, 1.0, cond)
+    policy.context = torch.zeros_like(policy.context)
+    assert (policy.velocity(noise, 1.0, cond) - with_context).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="^WanVACEPipeline is text-to-video: its prompts take no image$"):
+        policy.encode(["a red circle"], [_image(tmp_path / "a.png", 0)])

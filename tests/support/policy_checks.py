@@ -128,6 +128,8 @@ def family_configs(hunyuanvideo15: str, images: str, **layout) -> list:
         tiny_config(model="tiny-hunyuanvideo15-i2v", **{"sample.max_sequence_length": 32}, **with_images),
         # the image's latents are the clean first frame (timestep 0 on its tokens): the policy's latents are the rest
         tiny_config(model="tiny-ltx-i2v", **{"sample.max_sequence_length": 16}, **with_images),
+        # text-to-video: the pipeline's zero VACE context through the VACE blocks (split like the video)
+        tiny_config(model="tiny-wan-vace", height=32, width=32, **{"sample.max_sequence_length": 16}, **common),
     ]
 
 
