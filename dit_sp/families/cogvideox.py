@@ -9,6 +9,7 @@ flow-matching velocity).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +29,10 @@ if TYPE_CHECKING:
 
 class CogVideoXPolicy(DiffusersPolicy):
     """CogVideoX text-to-video (``CogVideoXPipeline``): T5 text tokens; the transformer takes latents
-    ``(B, F, C, H, W)`` and the pipeline's 3-D RoPE tables.
+    ``(B, F, C, H, W)`` and the pipeline's 3-D RoPE tables. Image-to-video (``CogVideoXImageToVideoPipeline``):
+    every prompt has its image, whose latents ``(B, F, C, H, W)`` (the first frame's, zeros after; drawn from the
+    VAE's posterior at ``policy.IMAGE_SEED``) join the noisy latents in channels, clean at every step; conditioning is
+    then ``(text, image_latents)``.
 
     CogVideoX predicts ``v`` on a variance-preserving schedule, ``x_t = a x0 + b eps`` with ``a^2 + b^2 = 1``
     (``a^2`` = the scheduler's ``alphas_cumprod``), and GRPO's SDE step assumes flow matching,
@@ -60,14 +64,29 @@ class CogVideoXPolicy(DiffusersPolicy):
                               "zero-terminal-SNR scheduler (rescale_betas_zero_snr: true, as CogVideoX "
                               "ships)")  # fmt: skip
         if config.get("ofs_embed_dim") is not None:
-            raise ConfigError("CogVideoX GRPO trains text-to-video models; this transformer takes an ofs input "
-                              "(CogVideoX 1.5 image-to-video)")  # fmt: skip
+            raise ConfigError("CogVideoX GRPO does not train CogVideoX 1.5 image-to-video (a transformer with an ofs "
+                              "input) yet; use CogVideoX 1.0 image-to-video (CogVideoX-5b-I2V)")  # fmt: skip
         patch_t, frames = config.get("patch_size_t"), self.shape[1]
         if patch_t is not None and frames % patch_t:
             raise ConfigError(f"frames: CogVideoX 1.5 takes latent frames in multiples of patch_size_t {patch_t} (its "
                               f"pipeline pads others), and these frames make {frames}; use frames with (frames - 1) / "
                               f"{pipe.vae_scale_factor_temporal} + 1 a multiple of {patch_t}")  # fmt: skip
         self._rotary: tuple[Tensor, Tensor] | None = None
+
+    @property
+    def takes_images(self) -> bool:
+        return "image" in inspect.signature(type(self.pipe).prepare_latents).parameters
+
+    def _image_parts(self, image: Any) -> tuple[Tensor, ...]:
+        """``(image_latents,)`` ``(1, F, C, H, W)``: the pipeline's ``prepare_latents`` of one image, scaled."""
+        import torch
+
+        pipe, (channels, _, height, width) = self.pipe, self.shape
+        spatial = pipe.vae_scale_factor_spatial
+        _, image_latents = pipe.prepare_latents(self._pixels(image), 1, channels, self.pixel_frames, height * spatial,
+                                                width * spatial, torch.float32, self.device,
+                                                self.image_generator())  # fmt: skip
+        return (image_latents,)
 
     def timestep_at(self, s: Tensor) -> Tensor:
         """The (fractional) training timestep at flow noise level ``s`` (float64): linear between the
@@ -92,13 +111,18 @@ class CogVideoXPolicy(DiffusersPolicy):
                                                                            device)  # fmt: skip
         return self._rotary
 
-    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: Tensor) -> Tensor:
+    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: Tensor | tuple[Tensor, Tensor]) -> Tensor:
+        import torch
+
+        text, image = (cond, None) if isinstance(cond, torch.Tensor) else cond
         s = timestep.double() / 1000.0
         norm = ((1 - s) ** 2 + s**2).sqrt()
         a, b = (1 - s) / norm, s / norm
         scale = (a + b).to(hidden.dtype).view(-1, 1, 1, 1, 1)
         x_t = (hidden * scale).permute(0, 2, 1, 3, 4)  # (B, F, C, H, W), as the pipeline's latents
-        v = model(hidden_states=x_t, encoder_hidden_states=cond.to(hidden.dtype), timestep=self.timestep_at(s).float(),
+        if image is not None:  # the clean image latents in channels, as the pipeline concatenates them
+            x_t = torch.cat([x_t, image.to(hidden.dtype)], dim=2)
+        v = model(hidden_states=x_t, encoder_hidden_states=text.to(hidden.dtype), timestep=self.timestep_at(s).float(),
                   image_rotary_emb=self.rotary(hidden.device), return_dict=False)[0]  # fmt: skip
         return (b**2 - a**2).to(hidden.dtype).view(-1, 1, 1, 1, 1) * hidden + scale * v.permute(0, 2, 1, 3, 4)
 
@@ -185,6 +209,10 @@ _ARCHITECTURES = {
         "use_learned_positional_embeddings": False})},
         "text_encoders": 4.76e9, "vae": 216e6, "compression": (4, 8), "text_tokens": 226, "joint": True},
 }  # fmt: skip
+_5B = _ARCHITECTURES["cogvideox-5b"]["transformers"]["transformer"]
+# CogVideoX-5b-I2V: the image's latents in channels (in_channels 32) and learned positional embeddings
+_ARCHITECTURES["cogvideox-5b-i2v"] = _ARCHITECTURES["cogvideox-5b"] | {"transformers": {"transformer": (
+    _5B[0], _5B[1] | {"in_channels": 32, "use_learned_positional_embeddings": True})}}  # fmt: skip
 """The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
 
 _PIPELINES = ("CogVideoXPipeline", "CogVideoXImageToVideoPipeline", "CogVideoXVideoToVideoPipeline",
@@ -198,7 +226,7 @@ COGVIDEOX = ModelFamily(
     joint_position="front",
     cfg_mode="batched",
     cfg_batched_args=("hidden_states", "encoder_hidden_states", "timestep", "ofs"),
-    pipelines=("CogVideoXPipeline",),
+    pipelines=("CogVideoXPipeline", "CogVideoXImageToVideoPipeline"),
     policy=CogVideoXPolicy,
     vae=COGVIDEOX_VAE,
     teacache_probe=_teacache_probe,

@@ -21,9 +21,11 @@ decode and encode share whole tiles (one part call a tile, as HunyuanVideo's).
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
+from dit_sp.errors import ConfigError
 from dit_sp.families.family import ModelFamily, no_grad
 from dit_sp.families.hunyuan_video import modulated_input_probe
 from dit_sp.families.policy import DiffusersPolicy
@@ -46,7 +48,40 @@ class HunyuanVideo15Policy(DiffusersPolicy):
     not change the video's velocity: ``max_sequence_length`` caps both text lengths (the pipeline pads to 1000
     Qwen2.5-VL and 256 ByT5 tokens; longer prompts are cut there) and the all-masked image tokens of text-to-video
     are one instead of the pipeline's 729. Decoding runs one video per VAE call (``AutoencoderKLHunyuanVideo15``'s
-    causal attention mask does not broadcast over a batch in diffusers 0.42)."""
+    causal attention mask does not broadcast over a batch in diffusers 0.42).
+
+    Image-to-video (``HunyuanVideo15ImageToVideoPipeline``): every prompt has its image, which gives SigLIP image
+    tokens ``(B, L, D)`` in place of the zero one and condition latents ``(B, C + 1, F, H, W)`` (the image's latents
+    in the first frame, zeros after, and a mask of ones on that frame) in channels; conditioning is then
+    ``(text, image_tokens, condition)``. That pipeline sizes the video by the image (its aspect ratio's bucket at
+    the transformer's ``target_size``): an image whose bucket is not ``sample.height`` x ``sample.width`` is
+    refused in one line, naming the size it needs."""
+
+    @property
+    def takes_images(self) -> bool:
+        return "image" in inspect.signature(self.pipe.prepare_cond_latents_and_mask).parameters
+
+    def _image_parts(self, image: Any) -> tuple[Tensor, ...]:
+        """``(image_tokens, condition)`` of one image, as the image-to-video pipeline prepares them."""
+        import torch
+
+        pipe, (channels, frames, height, width) = self.pipe, self.shape
+        spatial = self._compression(pipe)[1]
+        size = pipe.video_processor.calculate_default_height_width(height=image.size[1], width=image.size[0],
+                                                                   target_size=pipe.target_size)  # fmt: skip
+        if tuple(size) != (height * spatial, width * spatial):
+            raise ConfigError(f"an image of {image.size[0]}x{image.size[1]} (width x height): "
+                              f"{type(pipe).__name__} samples it at height {size[0]}, width {size[1]} (its "
+                              f"aspect-ratio bucket at target_size {pipe.target_size}), and sample.height/width are "
+                              f"{height * spatial}/{width * spatial}; set those, or give images of that "
+                              "aspect ratio")  # fmt: skip
+        image = pipe.video_processor.resize(image, height=size[0], width=size[1], resize_mode="crop")
+        tokens = pipe.encode_image(image=image, batch_size=1, device=self.device, dtype=torch.float32)
+        latents = torch.zeros(1, channels, frames, height, width, device=self.device)
+        condition, mask = pipe.prepare_cond_latents_and_mask(latents=latents, image=image, batch_size=1,
+                                                             height=size[0], width=size[1], dtype=torch.float32,
+                                                             device=self.device)  # fmt: skip
+        return tokens, torch.cat([condition, mask], dim=1)
 
     @no_grad
     def _encode(self, prompts: list[str]) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...] | None]:
@@ -70,11 +105,14 @@ class HunyuanVideo15Policy(DiffusersPolicy):
     def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: tuple[Tensor, ...]) -> Tensor:
         import torch
 
-        text, mask, glyphs, glyph_mask = cond
-        batch, channels, frames, height, width = hidden.shape
-        condition = hidden.new_zeros(batch, model.config.in_channels - channels, frames, height, width)
-        image = hidden.new_zeros(batch, 1, model.config.image_embed_dim)  # all zero: text-to-video, masked out
         dtype = hidden.dtype
+        if isinstance(cond[0], tuple):  # image-to-video: (text, image_tokens, condition)
+            (text, mask, glyphs, glyph_mask), image, condition = cond[0], cond[1].to(dtype), cond[2].to(dtype)
+        else:
+            text, mask, glyphs, glyph_mask = cond
+            batch, channels, frames, height, width = hidden.shape
+            condition = hidden.new_zeros(batch, model.config.in_channels - channels, frames, height, width)
+            image = hidden.new_zeros(batch, 1, model.config.image_embed_dim)  # all zero: text-to-video, masked out
         return model(hidden_states=torch.cat([hidden, condition], dim=1), timestep=timestep,
                      encoder_hidden_states=text.to(dtype), encoder_attention_mask=mask.to(dtype),
                      encoder_hidden_states_2=glyphs.to(dtype), encoder_attention_mask_2=glyph_mask.to(dtype),
@@ -139,7 +177,7 @@ HUNYUAN_VIDEO15 = ModelFamily(
     attention_modules=("transformer_blocks.*.attn",),
     joint_position="rear",
     cfg_mode="sequential",
-    pipelines=("HunyuanVideo15Pipeline",),
+    pipelines=("HunyuanVideo15Pipeline", "HunyuanVideo15ImageToVideoPipeline"),
     policy=HunyuanVideo15Policy,
     vae=HUNYUAN_VIDEO15_VAE,
     guidance_arg="guider",  # its pipelines take no guidance scale: their guider's scale turns guidance on

@@ -31,6 +31,7 @@ are kept, so a split decode equals one process's; with tiling on, such a decoder
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import block_argument, context_parallel_types
@@ -63,7 +64,44 @@ class LTXPolicy(DiffusersPolicy):
     (the pipeline then blends no noise into the latents). A decoder that injects per-pixel noise
     (``decoder_inject_noise``, LTX-Video 0.9.1) draws it from torch's global generator: the policy decodes with that
     generator at ``DECODE_SEED``, the same on every rank and layout (the split VAE draws the whole frame's noise as
-    one process does), so a video's reward depends on its latents alone."""
+    one process does), so a video's reward depends on its latents alone.
+
+    Image-to-video (``LTXImageToVideoPipeline``): every prompt has its image, whose latents (drawn from the VAE's
+    posterior at ``policy.IMAGE_SEED``) are the first latent frame, clean throughout: the pipeline gives its tokens
+    timestep 0 and steps only the frames after it. So the policy's latents are those noised frames alone,
+    ``(B, C, F - 1, H, W)``: the SDE, its log-probabilities and the KL cover only them; the transformer sees the image
+    frame in front (timestep 0 per token) and the velocity of the frames after it is returned; ``clean`` puts the
+    image frame back for decoding. Conditioning is then ``((text, mask), image_frame)``, the frame
+    ``(B, C, 1, H, W)``."""
+
+    @property
+    def takes_images(self) -> bool:
+        return "image" in inspect.signature(type(self.pipe).prepare_latents).parameters
+
+    def latent_shape(self) -> tuple[int, ...]:
+        channels, frames, height, width = self.shape
+        return (channels, frames - 1, height, width) if self.takes_images else self.shape
+
+    def _image_parts(self, image: Any) -> tuple[Tensor, ...]:
+        """``(image_frame,)`` ``(1, C, 1, H, W)``: the first frame of the pipeline's ``prepare_latents``."""
+        import torch
+
+        pipe, (channels, frames, height, width) = self.pipe, self.shape
+        spatial = self._compression(pipe)[1]
+        packed, _ = pipe.prepare_latents(self._pixels(image), 1, channels, height * spatial, width * spatial,
+                                         self.pixel_frames, torch.float32, self.device,
+                                         self.image_generator())  # fmt: skip
+        config = self.transformer.config
+        latents = pipe._unpack_latents(packed, frames, height, width, config.patch_size, config.patch_size_t)
+        return (latents[:, :, :1],)
+
+    def clean(self, latents: Tensor, cond: tuple[Any, Any | None] | None = None) -> Tensor:
+        """The noised frames with the image frame in front (image-to-video), as the pipeline's latents."""
+        import torch
+
+        if cond is None or not isinstance(cond[0][0], tuple):
+            return latents
+        return torch.cat([cond[0][1].to(latents), latents], dim=2)
 
     def _compression(self, pipe: Any) -> tuple[int, int]:
         return pipe.vae_temporal_compression_ratio, pipe.vae_spatial_compression_ratio
@@ -71,18 +109,28 @@ class LTXPolicy(DiffusersPolicy):
     def _encode(self, prompts: list[str]) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor] | None]:
         return self._masked_text(prompts)
 
-    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: tuple[Tensor, Tensor]) -> Tensor:
-        text, mask = cond
-        _, _, frames, height, width = hidden.shape
+    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: tuple[Any, ...]) -> Tensor:
+        import torch
+
+        pipe, image = self.pipe, None
+        text, mask = cond if not isinstance(cond[0], tuple) else cond[0]
         patch, patch_t = model.config.patch_size, model.config.patch_size_t
+        if isinstance(cond[0], tuple):  # the clean image frame in front, timestep 0 on its tokens
+            image = cond[1].to(hidden.dtype)
+            hidden = torch.cat([image, hidden], dim=2)
+            first = hidden.new_zeros(1, 1, *hidden.shape[2:])
+            first[:, :, 0] = 1.0
+            timestep = timestep[:, None] * (1 - pipe._pack_latents(first, patch, patch_t).squeeze(-1))
+        _, _, frames, height, width = hidden.shape
         grid = (frames // patch_t, height // patch, width // patch)
-        temporal, spatial = self._compression(self.pipe)
+        temporal, spatial = self._compression(pipe)
         rope_scale = (temporal / FRAME_RATE, spatial, spatial)
-        packed = self.pipe._pack_latents(hidden, patch, patch_t)
+        packed = pipe._pack_latents(hidden, patch, patch_t)
         out = model(hidden_states=packed, encoder_hidden_states=text.to(hidden.dtype), timestep=timestep,
                     encoder_attention_mask=mask, num_frames=grid[0], height=grid[1], width=grid[2],
                     rope_interpolation_scale=rope_scale, return_dict=False)[0]  # fmt: skip
-        return self.pipe._unpack_latents(out, *grid, patch, patch_t)
+        out = pipe._unpack_latents(out, *grid, patch, patch_t)
+        return out if image is None else out[:, :, 1:]
 
     def _unscale(self, latents: Tensor) -> Tensor:
         vae = self.pipe.vae
@@ -93,6 +141,7 @@ class LTXPolicy(DiffusersPolicy):
         import torch
 
         vae = self.pipe.vae
+        latents = self.clean(latents, cond)
         decode_timestep = None  # the pipeline's default decode_timestep 0: no noise blended into the latents
         if vae.config.timestep_conditioning:
             decode_timestep = torch.zeros(latents.shape[0], device=latents.device, dtype=vae.dtype)
@@ -217,6 +266,6 @@ LTX = ModelFamily(
     frames_used=("LTXI2VLongMultiPromptPipeline",),  # it blends the tiles of its own tiled decode
     vae_factors=dict.fromkeys(_PIPELINES + _DISTILLED, ltx_vae_factors),
     architectures=_ARCHITECTURES,
-    pipelines=("LTXPipeline",),
+    pipelines=("LTXPipeline", "LTXImageToVideoPipeline"),
     policy=LTXPolicy,
 )

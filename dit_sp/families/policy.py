@@ -20,6 +20,12 @@ if TYPE_CHECKING:
     Tensor = torch.Tensor
 
 
+IMAGE_SEED = 0
+"""The seed of the generator an image-to-video pipeline that samples its VAE's posterior (CogVideoX, LTX-Video; not
+its mode) draws the image's latents with: the policy encodes each image once at this seed, the same on every rank
+and layout (``DiffusersPolicy.image_generator``)."""
+
+
 class DiffusersPolicy:
     """A pipeline's text conditioning, the guided velocity of its (parallelized, sharded) transformer and
     its VAE. Subclasses say how to encode prompts, call the transformer and undo the latent scaling.
@@ -108,8 +114,53 @@ class DiffusersPolicy:
         return self._with_images(text, images)
 
     def _with_images(self, text: tuple[Any, Any | None], images: list[str]) -> tuple[Any, Any | None]:
-        """The text conditioning ``(positive, negative)`` joined with each sample's image conditioning."""
+        """The text conditioning ``(positive, negative)`` joined with each sample's image conditioning: each branch
+        becomes ``(text, *parts)``, ``parts`` the family's ``_image_parts`` of each sample's image, stacked on the
+        batch (each image encoded once, cached by path; both branches share them)."""
+        import torch
+
+        unique = {path: self._image_condition(path) for path in dict.fromkeys(images)}
+        per_sample = tuple(torch.cat([unique[path][i] for path in images]).to(self.device)
+                           for i in range(len(unique[images[0]])))  # fmt: skip
+        positive, negative = text
+        return (positive, *per_sample), None if negative is None else (negative, *per_sample)
+
+    @no_grad
+    def _image_condition(self, path: str) -> tuple[Tensor, ...]:
+        """``_image_parts`` of the image at ``path`` (RGB), batch 1, cached on the CPU (a run may see thousands)."""
+        cache = self.__dict__.setdefault("_image_cache", {})
+        if path not in cache:
+            from PIL import Image
+
+            with Image.open(path) as file:
+                image = file.convert("RGB")
+            cache[path] = tuple(part.cpu() for part in self._image_parts(image))
+        return cache[path]
+
+    def _image_parts(self, image: Any) -> tuple[Tensor, ...]:
+        """The conditioning tensors (batch 1) an image-to-video family derives from one PIL image."""
         raise NotImplementedError
+
+    def _pixels(self, image: Any) -> Tensor:
+        """``image`` as the pipeline's ``video_processor`` preprocesses it at the policy's size: ``(1, 3, H, W)``
+        fp32 in [-1, 1] on the policy's device."""
+        import torch
+
+        _, _, height, width = self.shape
+        spatial = self._compression(self.pipe)[1]
+        pixels = self.pipe.video_processor.preprocess(image, height=height * spatial, width=width * spatial)
+        return pixels.to(self.device, torch.float32)
+
+    def image_generator(self) -> torch.Generator:
+        """A generator at ``IMAGE_SEED`` on the policy's device, for a pipeline that samples its image latents."""
+        import torch
+
+        return torch.Generator(self.device).manual_seed(IMAGE_SEED)
+
+    @property
+    def pixel_frames(self) -> int:
+        """The video frames the policy's latent frames decode to."""
+        return (self.shape[1] - 1) * self._compression(self.pipe)[0] + 1
 
     def clean(self, latents: Tensor, cond: tuple[Any, Any | None] | None = None) -> Tensor:
         """The sampled latents as the pipeline returns them (Wan 2.2 TI2V: the first frame is the image's)."""

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import model_cp_plan, wan_conv_padding
 from dit_sp.errors import ConfigError
-from dit_sp.families.family import TRANSFORMERS, ModelFamily, generation_defaults, no_grad, timestep_probe
+from dit_sp.families.family import TRANSFORMERS, ModelFamily, generation_defaults, timestep_probe
 from dit_sp.families.policy import DiffusersPolicy
 from dit_sp.families.shape import check_largest, check_multiple
 from dit_sp.vae import Padding, VAEPlan
@@ -36,7 +36,7 @@ class WanPolicy(DiffusersPolicy):
       depends on the weights, and the sampled first frame is replaced by the image's (``clean``).
 
     Conditioning is the text embedding ``(B, L, D)``, or with images ``(text, condition)`` /
-    ``(text, clip_tokens, condition)``; each image is encoded once (cached by path)."""
+    ``(text, clip_tokens, condition)``; each image is encoded once (``DiffusersPolicy._with_images``)."""
 
     @property
     def takes_images(self) -> bool:
@@ -51,43 +51,22 @@ class WanPolicy(DiffusersPolicy):
     def per_token_timesteps(self) -> bool:
         return bool(self.pipe.config.get("expand_timesteps"))
 
-    @no_grad
-    def _image_condition(self, path: str) -> tuple[Tensor, ...]:
-        """``(clip_tokens, condition)`` (Wan 2.1 I2V) or ``(condition,)`` of one image, batch 1, cached on the
-        CPU (a run may see thousands of images)."""
+    def _image_parts(self, image: Any) -> tuple[Tensor, ...]:
+        """``(clip_tokens, condition)`` (Wan 2.1 I2V) or ``(condition,)``: the pipeline's ``prepare_latents``
+        condition ``(1, C', F, H, W)`` and ``encode_image`` tokens ``(1, L, D)``."""
         import torch
 
-        cache = self.__dict__.setdefault("_image_cache", {})
-        if path not in cache:
-            from PIL import Image
-
-            pipe = self.pipe
-            with Image.open(path) as file:
-                image = file.convert("RGB")
-            _, frames, height, width = self.shape
-            spatial, temporal = pipe.vae_scale_factor_spatial, pipe.vae_scale_factor_temporal
-            pixels = pipe.video_processor.preprocess(image, height=height * spatial, width=width * spatial)
-            unused_noise = torch.Generator(self.device).manual_seed(0)
-            outputs = pipe.prepare_latents(pixels.to(self.device, torch.float32), 1, self.shape[0],
-                                           height * spatial, width * spatial, (frames - 1) * temporal + 1,
-                                           torch.float32, self.device, unused_noise)  # fmt: skip
-            condition = outputs[1]
-            if self.per_token_timesteps:
-                self.first_frame_mask = outputs[2]
-            parts = (condition,)
-            if self.transformer.config.image_dim is not None:
-                parts = (pipe.encode_image(image, self.device).float(), condition)
-            cache[path] = tuple(part.cpu() for part in parts)
-        return cache[path]
-
-    def _with_images(self, text: tuple[Tensor, Tensor | None], images: list[str]) -> tuple[Any, Any | None]:
-        import torch
-
-        unique = {path: self._image_condition(path) for path in dict.fromkeys(images)}
-        per_sample = tuple(torch.cat([unique[path][i] for path in images]).to(self.device)
-                           for i in range(len(unique[images[0]])))  # fmt: skip
-        positive, negative = text
-        return (positive, *per_sample), None if negative is None else (negative, *per_sample)
+        pipe, (channels, _, height, width) = self.pipe, self.shape
+        spatial = pipe.vae_scale_factor_spatial
+        unused_noise = torch.Generator(self.device).manual_seed(0)
+        outputs = pipe.prepare_latents(self._pixels(image), 1, channels, height * spatial, width * spatial,
+                                       self.pixel_frames, torch.float32, self.device, unused_noise)  # fmt: skip
+        condition = outputs[1]
+        if self.per_token_timesteps:
+            self.first_frame_mask = outputs[2]
+        if self.transformer.config.image_dim is not None:
+            return pipe.encode_image(image, self.device).float(), condition
+        return (condition,)
 
     def clean(self, latents: Tensor, cond: tuple[Any, Any | None] | None = None) -> Tensor:
         if not (self.per_token_timesteps and cond is not None and isinstance(cond[0], tuple)):

@@ -1,9 +1,10 @@
 """GRPO policies of CogVideoX (v-prediction as a flow velocity), LTX-2 (video stream, audio isolated), LTX-Video,
 SkyReels-V2 T2V, HunyuanVideo-1.5 T2V, Cosmos-Predict2.5 text-to-world, Kandinsky 5 T2V, Mochi (inverted time),
-EasyAnimate T2V, Motif-Video T2V, Kandinsky 6 T2V (audio off) and Sana-Video T2V (its ODE in
-test_family_policies_sana_video.py): their ODE is the stock pipeline's sampler, one step's gradients and log-probs on
-1x2 and 2x1 (FSDP2 over the SP ranks) are one process's, a tiny run goes through the CLI, and the real checkpoints'
-configs load and plan."""
+EasyAnimate T2V, Motif-Video T2V, Kandinsky 6 T2V (audio off), Sana-Video T2V (its ODE in
+test_family_policies_sana_video.py), and ChronoEdit, CogVideoX / HunyuanVideo-1.5 / LTX-Video I2V and Wan VACE
+T2V (their ODE in test_family_policies_image.py): their ODE is the stock pipeline's sampler, one step's gradients and
+log-probs on 1x2 and 2x1 (FSDP2 over the SP ranks) are one process's, a tiny run goes through the CLI (text-to-video
+families), and the real checkpoints' configs load and plan."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sys
 import pytest
 import torch
 from cli_run import run_python
-from policy_checks import family_configs, family_steps, tiny_hunyuanvideo15
+from policy_checks import family_configs, family_steps, image_prompt_file, tiny_hunyuanvideo15
 from train_runs import assert_grads_equal, metrics_rows
 
 from dit_sp import TrainConfig, spawn
@@ -359,17 +360,19 @@ def test_helios_is_refused_with_its_reason():
 
 
 @pytest.mark.slow
-def test_policy_steps_equal_single_process_on_1x2_and_2x1(hunyuanvideo15, prompts):
+def test_policy_steps_equal_single_process_on_1x2_and_2x1(hunyuanvideo15, prompts, tmp_path):
     """One GRPO step per family (guided, joint or isolated attention, 2 or 3 heads over 2 ranks): the rollout's
     log-probabilities and rewards and the FSDP2 gradients on 1x2 and 2x1 are one process's within 1e-5; exactly on
     policy; LTX-2's and Kandinsky 6's audio layers get no gradient; the VAEs that can decode split by rows do."""
-    single = spawn(family_steps, 1, args=(family_configs(hunyuanvideo15, prompts=prompts),), timeout=600)[0]
-    layouts = family_configs(hunyuanvideo15, prompts=prompts, ulysses=2)
-    layouts += family_configs(hunyuanvideo15, prompts=prompts, ring=2)
+    images = image_prompt_file(tmp_path)
+    single = spawn(family_steps, 1, args=(family_configs(hunyuanvideo15, images, prompts=prompts),), timeout=600)[0]
+    layouts = family_configs(hunyuanvideo15, images, prompts=prompts, ulysses=2)
+    layouts += family_configs(hunyuanvideo15, images, prompts=prompts, ring=2)
     results = spawn(family_steps, 2, args=(layouts,), timeout=600)
     policies = ["CogVideoXPolicy", "LTX2Policy", "LTXPolicy", "SkyReelsV2Policy", "HunyuanVideo15Policy",
-                "Cosmos25Policy", "Kandinsky5Policy", "MochiPolicy", "EasyAnimatePolicy",
-                "MotifVideoPolicy", "Kandinsky6Policy", "SanaVideoPolicy"]  # fmt: skip
+                "Cosmos25Policy", "Kandinsky5Policy", "MochiPolicy", "EasyAnimatePolicy", "MotifVideoPolicy",
+                "Kandinsky6Policy", "SanaVideoPolicy", "ChronoEditPolicy", "CogVideoXPolicy",
+                "HunyuanVideo15Policy", "LTXPolicy", "WanVACEPolicy"]  # fmt: skip
     assert [r["policy"] for r in single] == policies
     for one in single:
         assert one["ratio"] == (1.0, 1.0) and (one["log_probs"] != 0).all(), one["policy"]
@@ -401,10 +404,11 @@ def test_policy_steps_equal_single_process_on_1x2_and_2x1(hunyuanvideo15, prompt
                 assert scale > 0 and (grads.pop(name) - ref.pop(name)).abs().max() <= 1e-5 * scale, (what, name)
             assert_grads_equal(grads, ref, what)
         # CogVideoX's, HunyuanVideo-1.5's, Cosmos 2.5's (Wan's), Kandinsky 5's and 6's (HunyuanVideo's), Mochi's,
-        # EasyAnimate's (MagVit), Motif-Video's and Sana-Video's (Wan's) VAEs decode split by rows (a decoding rank
-        # ran fewer rows)
+        # EasyAnimate's (MagVit), Motif-Video's, Sana-Video's, ChronoEdit's and Wan VACE's (Wan's) VAEs decode split by
+        # rows (a decoding rank ran fewer rows)
         split = ("CogVideoXPolicy", "HunyuanVideo15Policy", "Cosmos25Policy", "Kandinsky5Policy", "MochiPolicy",
-                 "EasyAnimatePolicy", "MotifVideoPolicy", "Kandinsky6Policy", "SanaVideoPolicy")  # fmt: skip
+                 "EasyAnimatePolicy", "MotifVideoPolicy", "Kandinsky6Policy", "SanaVideoPolicy",
+                 "ChronoEditPolicy", "WanVACEPolicy")  # fmt: skip
         for result, one in zip(rank, single * 2):
             if one["policy"] in split:
                 assert 0 < result["decoder_rows"] < one["decoder_rows"], (one["policy"], result["decoder_rows"])
@@ -445,7 +449,10 @@ def test_tiny_grpo_runs_through_the_cli(hunyuanvideo15, prompts, tmp_path):
      ("grpo_hunyuanvideo15", "hunyuanvideo-1.5-480p-t2v", 16), ("grpo_cosmos2.5_2b", "cosmos-predict2.5-2b", 8),
      ("grpo_kandinsky5_t2v_lite", "kandinsky5-t2v-lite", 8), ("grpo_mochi_1_preview", "mochi-1-preview", 8),
      ("grpo_easyanimate_v5.1_12b", "easyanimate-v5.1-12b", 8), ("grpo_kandinsky6_pro", "kandinsky-6.0-pro", 16),
-     ("grpo_motif_video_2b", "motif-video-2b", 8), ("grpo_sana_video_2b", "sana-video_2b_480p", 8)],
+     ("grpo_motif_video_2b", "motif-video-2b", 8), ("grpo_sana_video_2b", "sana-video_2b_480p", 8),
+     ("grpo_chronoedit_14b", "chronoedit-14b", 8), ("grpo_cogvideox_5b_i2v", "cogvideox-5b-i2v", 8),
+     ("grpo_hunyuanvideo15_i2v", "hunyuanvideo-1.5-480p-t2v", 8), ("grpo_ltx_video_2b_i2v", "ltx-video-2b", 8),
+     ("grpo_wan2.1_vace_1.3b", "wan2.1-vace-1.3b", 8)],
 )  # fmt: skip
 def test_real_checkpoint_configs_load_and_fit_their_plan(name, arch, gpus):
     config = TrainConfig.load(name)

@@ -1,10 +1,15 @@
 """Worker-side checks of the GRPO policies of CogVideoX, LTX-2, LTX-Video, SkyReels-V2, HunyuanVideo-1.5, Cosmos 2.5,
-Kandinsky 5, Mochi, EasyAnimate, Motif-Video, Kandinsky 6 and Sana-Video: the gradients and log-probs of one training
-step through the library's ``GRPOTrainer``, and a tiny HunyuanVideo-1.5 text-to-video pipeline (the zoo's
-``tiny-hunyuanvideo15`` is a transformer only) built offline, as diffusers' fast tests build theirs."""
+Kandinsky 5, Mochi, EasyAnimate, Motif-Video, Kandinsky 6, Sana-Video and the image-conditioned pipelines (ChronoEdit,
+...): the gradients and log-probs of one training step through the library's ``GRPOTrainer``, and a tiny
+HunyuanVideo-1.5 text-to-video pipeline (the zoo's ``tiny-hunyuanvideo15`` is a transformer only) built offline, as
+diffusers' fast tests build theirs."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import numpy as np
 import torch
 from grpo_checks import tiny_config
 
@@ -72,9 +77,24 @@ def tiny_hunyuanvideo15(path: str) -> str:
     return path
 
 
-def family_configs(hunyuanvideo15: str, **layout) -> list:
-    """One small GRPO run per family (a group of 2 samples, guided, 2 steps, both trained), on ``layout``."""
+def image_prompt_file(folder: Path) -> str:
+    """A JSONL prompt file in ``folder``: two prompts, each with its own random 40x30 image (paths relative to it)."""
+    from PIL import Image
+
+    lines = []
+    for seed, prompt in enumerate(["a red circle moving left", "a blue square moving up"]):
+        pixels = (np.random.RandomState(seed).rand(32, 32, 3) * 255).astype("uint8")
+        Image.fromarray(pixels).save(folder / f"image{seed}.png")
+        lines.append(json.dumps({"prompt": prompt, "image": f"image{seed}.png"}) + "\n")
+    (folder / "prompts.jsonl").write_text("".join(lines))
+    return str(folder / "prompts.jsonl")
+
+
+def family_configs(hunyuanvideo15: str, images: str, **layout) -> list:
+    """One small GRPO run per family (a group of 2 samples, guided, 2 steps, both trained), on ``layout``; the
+    image-conditioned pipelines read ``images`` (a JSONL prompt file with an image per prompt)."""
     common = {"steps": 2, "group_size": 2, "prompts_per_step": 1, "frames": 5, "guidance": 2.0, **layout}
+    with_images = common | {"prompts": images, "height": 32, "width": 32}  # square: see image_prompt_file
     return [
         tiny_config(model="tiny-cogvideox", height=32, width=32, **{"sample.max_sequence_length": 8}, **common),
         tiny_config(model="tiny-ltx2", height=16, width=16, parallel_vae=False, **common),
@@ -99,6 +119,17 @@ def family_configs(hunyuanvideo15: str, **layout) -> list:
         tiny_config(model="tiny-kandinsky6", height=32, width=32, **{"sample.max_sequence_length": 32}, **common),
         # Gemma 2 text behind the pipeline's complex-human instruction; Wan's VAE decodes split by rows
         tiny_config(model="tiny-sana-video", height=32, width=32, **{"sample.max_sequence_length": 16}, **common),
+        # image edit: the image's latents in channels and CLIP tokens in cross-attention; Wan's VAE decodes split
+        tiny_config(model="tiny-chronoedit", **{"sample.max_sequence_length": 16}, **with_images),
+        # the image's latents in channels; CogVideoX's VAE decodes split by rows
+        tiny_config(model="tiny-cogvideox-i2v", **{"sample.max_sequence_length": 8}, **with_images),
+        # SigLIP tokens and the image's latents and mask (its 32x32 bucket); 32 text tokens of the byte-level template
+        # (system-prompt bytes: the same text on every layout; test_family_policies_image.py runs the real prompt)
+        tiny_config(model="tiny-hunyuanvideo15-i2v", **{"sample.max_sequence_length": 32}, **with_images),
+        # the image's latents are the clean first frame (timestep 0 on its tokens): the policy's latents are the rest
+        tiny_config(model="tiny-ltx-i2v", **{"sample.max_sequence_length": 16}, **with_images),
+        # text-to-video: the pipeline's zero VACE context through the VACE blocks (split like the video)
+        tiny_config(model="tiny-wan-vace", height=32, width=32, **{"sample.max_sequence_length": 16}, **common),
     ]
 
 

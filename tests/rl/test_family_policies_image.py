@@ -1,0 +1,194 @@
+"""GRPO policies of image-conditioned pipelines beyond Wan I2V (ChronoEdit's image edit, ...): their Euler ODE at the
+scheduler's own noise levels is the stock pipeline's sampling with the same image, and their decode its video. Their
+GRPO step on 1x2 and 2x1 is in test_family_policies.py's layout test (``policy_checks.family_configs``)."""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from dit_sp.families import policy_for
+from dit_sp.zoo import build_tiny
+
+
+def _image(path, seed: int) -> str:
+    Image.fromarray((np.random.RandomState(seed).rand(40, 30, 3) * 255).astype("uint8")).save(path)
+    return str(path)
+
+
+def euler(policy, noise: torch.Tensor, levels: list[float], cond) -> torch.Tensor:
+    """The policy's Euler ODE (GRPO's SDE step without noise) through ``levels``, to 0."""
+    x = noise
+    for s, s_next in zip(levels, [*levels[1:], 0.0]):
+        x = x + (s_next - s) * policy.velocity(x, s, cond)
+    return x
+
+
+def stock_run(pipe, **call) -> tuple[torch.Tensor, torch.Tensor]:
+    """One stock pipeline call: its final latents (as ``output_type="latent"`` returns them: read at the last step's
+    callback, or from the scheduler's last step where the pipeline takes no callback) and its video
+    (``output_type="pt"``, ``(B, F, C, H, W)``)."""
+    steps = []
+    if "callback_on_step_end" in inspect.signature(type(pipe).__call__).parameters:
+        call["callback_on_step_end"] = lambda p, i, t, kw: steps.append(kw["latents"]) or {}
+    else:
+        stock_step = pipe.scheduler.step
+        pipe.scheduler.step = lambda *args, **kwargs: steps.append(stock_step(*args, **kwargs)[0]) or (steps[-1],)
+    video = pipe(output_type="pt", **call).frames
+    vars(pipe.scheduler).pop("step", None)
+    return steps[-1], video
+
+
+def assert_image_ode_and_decode_are_stock(policy, pipe, image: str, other: str, settings: dict,
+                                          levels: list[float] | None = None, frames_first: bool = False,
+                                          seed: int | None = None) -> None:  # fmt: skip
+    """With ``image``, the policy's Euler ODE through the scheduler's noise levels (``levels``, default its sigmas
+    after the pipeline ran) is the stock pipeline's latents within 1e-5 (``frames_first``: the pipeline's are
+    ``(B, F, C, H, W)``), and its decode the pipeline's video; ``other`` image changes the velocity (the image
+    conditions it). ``seed``: the pipeline gets a generator at this seed (it samples the image latents with it)."""
+    noise = torch.randn(1, *policy.latent_shape(), generator=torch.Generator().manual_seed(1))
+    layout = (lambda x: x.permute(0, 2, 1, 3, 4)) if frames_first else (lambda x: x)
+    seeded = {} if seed is None else {"generator": torch.Generator().manual_seed(seed)}
+    stock, video = stock_run(pipe, prompt="a red circle", negative_prompt="", image=Image.open(image),
+                             latents=layout(noise).clone(), **settings, **seeded)  # fmt: skip
+    levels = pipe.scheduler.sigmas[:-1].tolist() if levels is None else levels
+    cond = policy.encode(["a red circle"], [image])
+    ours = euler(policy, noise, levels, cond)
+    assert stock.abs().max() > 1
+    print(f"{type(policy).__name__}: ODE vs stock {(layout(policy.clean(ours, cond)) - stock).abs().max():.2e}")
+    torch.testing.assert_close(layout(policy.clean(ours, cond)), stock, atol=1e-5, rtol=0)
+    torch.testing.assert_close(policy.decode(ours, cond), video, atol=1e-5, rtol=0)
+    moved = policy.velocity(noise, levels[0], policy.encode(["a red circle"], [other]))
+    assert (moved - policy.velocity(noise, levels[0], cond)).abs().max() > 1e-3
+
+
+@pytest.mark.slow  # runs the stock pipeline
+@torch.no_grad()
+def test_chronoedit_policy_ode_and_decode_are_the_pipelines(tmp_path):
+    """ChronoEdit without temporal reasoning (5 frames): Wan 2.1 I2V's image latents and mask in channels and CLIP
+    tokens in cross-attention, guidance 4; any other frame count is refused in one line."""
+    pipe = build_tiny("tiny-chronoedit")
+    size = {"height": 48, "width": 32, "guidance": 4.0, "max_sequence_length": 16}
+    policy = policy_for(pipe)(pipe, pipe.transformer, frames=5, **size)
+    assert type(policy).__name__ == "ChronoEditPolicy" and policy.takes_images
+    settings = {"num_frames": 5, "height": 48, "width": 32, "num_inference_steps": 3, "guidance_scale": 4.0,
+                "max_sequence_length": 16}  # fmt: skip
+    assert_image_ode_and_decode_are_stock(policy, pipe, _image(tmp_path / "a.png", 0), _image(tmp_path / "b.png", 1),
+                                          settings)  # fmt: skip
+    with pytest.raises(ValueError, match=r"^frames 9: ChronoEditPipeline samples 5 frames \(the image and its edit\)"):
+        policy_for(pipe)(pipe, pipe.transformer, frames=9, **size)
+    with pytest.raises(ValueError, match="is image-to-video: every prompt needs an image"):
+        policy.encode(["a red circle"])
+
+
+@pytest.mark.slow  # runs the stock pipeline
+@torch.no_grad()
+def test_cogvideox_image_to_video_policy_ode_and_decode_are_the_pipelines(tmp_path):
+    """CogVideoX I2V: the image's latents (drawn from the VAE's posterior at the policy's IMAGE_SEED) join the
+    v-prediction input in channels, clean at every step; the converted flow velocity's Euler ODE at the noise levels
+    of the scheduler's timesteps is the stock pipeline's DDIM sampling (guidance 3), and the decode its video."""
+    from dit_sp.families.policy import IMAGE_SEED
+
+    pipe = build_tiny("tiny-cogvideox-i2v")
+    policy = policy_for(pipe)(pipe, pipe.transformer, frames=9, height=64, width=64, guidance=3.0,
+                              max_sequence_length=8)  # fmt: skip
+    assert type(policy).__name__ == "CogVideoXPolicy" and policy.takes_images
+    settings = {"num_frames": 9, "height": 64, "width": 64, "num_inference_steps": 4, "guidance_scale": 3.0,
+                "max_sequence_length": 8}  # fmt: skip
+    pipe.scheduler.set_timesteps(4)
+    alphas = pipe.scheduler.alphas_cumprod.double()
+    levels = [((1 - alphas[t]).sqrt() / (alphas[t].sqrt() + (1 - alphas[t]).sqrt())).item()
+              for t in pipe.scheduler.timesteps]  # fmt: skip
+
+    assert_image_ode_and_decode_are_stock(policy, pipe, _image(tmp_path / "a.png", 0), _image(tmp_path / "b.png", 1),
+                                          settings, levels, frames_first=True, seed=IMAGE_SEED)  # fmt: skip
+
+
+@pytest.mark.slow  # runs the stock pipeline
+@torch.no_grad()
+def test_hunyuanvideo15_image_to_video_policy_ode_and_decode_are_the_pipelines(tmp_path):
+    """HunyuanVideo-1.5 I2V: SigLIP image tokens and the image's condition latents and mask in channels, guidance as
+    the pipeline's ClassifierFreeGuidance guider; the pipeline sizes the video by the image's aspect-ratio bucket
+    (40x30 pixels -> 36x28 at target_size 32), and an image of another bucket is refused in one line."""
+    from diffusers.guiders import ClassifierFreeGuidance
+
+    pipe = build_tiny("tiny-hunyuanvideo15-i2v")
+    pipe.guider = ClassifierFreeGuidance(guidance_scale=3.0)
+    # 448 text tokens (the pipeline pads to 1000): the tiny byte-level template leaves ~400 system-prompt bytes in it
+    size = {"frames": 5, "height": 36, "width": 28, "guidance": 3.0, "max_sequence_length": 448}
+    policy = policy_for(pipe)(pipe, pipe.transformer, **size)
+    assert type(policy).__name__ == "HunyuanVideo15Policy" and policy.takes_images
+    settings = {"num_frames": 5, "num_inference_steps": 2}
+    assert_image_ode_and_decode_are_stock(policy, pipe, _image(tmp_path / "a.png", 0), _image(tmp_path / "b.png", 1),
+                                          settings)  # fmt: skip
+    square = tmp_path / "square.png"
+    Image.new("RGB", (32, 32)).save(square)
+    with pytest.raises(ValueError, match=r"^an image of 32x32 \(width x height\): HunyuanVideo15ImageToVideoPipeline "
+                                         r"samples it at height 32, width 32 .* are 36/28; "):  # fmt: skip
+        policy.encode(["a red circle"], [str(square)])
+
+
+@pytest.mark.slow  # runs the stock pipeline
+@torch.no_grad()
+def test_ltx_image_to_video_policy_samples_only_the_noised_frames(tmp_path):
+    """LTX-Video I2V: the image's latents (the VAE's posterior drawn at IMAGE_SEED, as the pipeline draws them with a
+    generator at that seed) are the clean first frame, timestep 0 on its tokens; the policy's latents are the frames
+    after it, whose Euler ODE through the pipeline's sigmas is the stock pipeline's sampling (guidance 3) and whose
+    decode with the image frame in front is its video."""
+    from dit_sp.families.policy import IMAGE_SEED
+
+    pipe = build_tiny("tiny-ltx-i2v")
+    policy = policy_for(pipe)(pipe, pipe.transformer, frames=9, height=32, width=32, guidance=3.0,
+                              max_sequence_length=16)  # fmt: skip
+    assert type(policy).__name__ == "LTXPolicy" and policy.takes_images
+    channels, frames, height, width = policy.shape
+    assert policy.latent_shape() == (channels, frames - 1, height, width)  # the noised frames alone
+    image, other = _image(tmp_path / "a.png", 0), _image(tmp_path / "b.png", 1)
+    prepared = []
+    stock_prepare = pipe.prepare_latents
+    pipe.prepare_latents = lambda *args, **kwargs: prepared.append(stock_prepare(*args, **kwargs)) or prepared[-1]
+    call = {"prompt": "a red circle", "negative_prompt": "", "image": Image.open(image), "num_frames": 9, "height": 32,
+            "width": 32, "num_inference_steps": 3, "guidance_scale": 3.0, "max_sequence_length": 16}  # fmt: skip
+    stock, video = stock_run(pipe, generator=torch.Generator().manual_seed(IMAGE_SEED), **call)
+    start = pipe._unpack_latents(prepared[0][0], frames, height, width, 1, 1)  # the pipeline's image frame and noise
+    cond = policy.encode(["a red circle"], [image])
+    torch.testing.assert_close(cond[0][1], start[:, :, :1], atol=1e-6, rtol=0)  # the image frame is the pipeline's
+    levels = pipe.scheduler.sigmas[:-1].tolist()
+    ours = euler(policy, start[:, :, 1:], levels, cond)
+    assert stock.abs().max() > 1
+    print(f"LTXPolicy I2V: ODE vs stock {(pipe._pack_latents(policy.clean(ours, cond)) - stock).abs().max():.2e}")
+    torch.testing.assert_close(pipe._pack_latents(policy.clean(ours, cond)), stock, atol=1e-5, rtol=0)
+    torch.testing.assert_close(policy.decode(ours, cond), video, atol=1e-5, rtol=0)
+    moved = policy.velocity(start[:, :, 1:], 1.0, policy.encode(["a red circle"], [other]))
+    assert (moved - policy.velocity(start[:, :, 1:], 1.0, cond)).abs().max() > 1e-3  # the image conditions the rest
+
+
+@pytest.mark.slow  # runs the stock pipeline
+@torch.no_grad()
+def test_wan_vace_text_to_video_policy_ode_and_decode_are_the_pipelines(tmp_path):
+    """Wan VACE without conditions: the policy's Euler ODE (the pipeline's zero VACE context, scale 1) is the stock
+    WanVACEPipeline's text-to-video sampling (guidance 4), its decode the pipeline's video; the VACE context matters
+    (the velocity moves without it); prompts with images are refused in one line."""
+    pipe = build_tiny("tiny-wan-vace")
+    policy = policy_for(pipe)(pipe, pipe.transformer, frames=9, height=32, width=32, guidance=4.0,
+                              max_sequence_length=16)  # fmt: skip
+    assert type(policy).__name__ == "WanVACEPolicy" and not policy.takes_images
+    noise = torch.randn(1, *policy.latent_shape(), generator=torch.Generator().manual_seed(1))
+    stock, video = stock_run(pipe, prompt="a red circle", negative_prompt="", latents=noise.clone(), num_frames=9,
+                             height=32, width=32, num_inference_steps=3, guidance_scale=4.0,
+                             max_sequence_length=16)  # fmt: skip
+    cond = policy.encode(["a red circle"])
+    ours = euler(policy, noise, pipe.scheduler.sigmas[:-1].tolist(), cond)
+    assert stock.abs().max() > 1
+    print(f"WanVACEPolicy: ODE vs stock {(ours - stock).abs().max():.2e}")
+    torch.testing.assert_close(ours, stock, atol=1e-5, rtol=0)
+    torch.testing.assert_close(policy.decode(ours, cond), video, atol=1e-5, rtol=0)
+    with_context = policy.velocity(noise, 1.0, cond)
+    policy.context = torch.zeros_like(policy.context)
+    assert (policy.velocity(noise, 1.0, cond) - with_context).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="^WanVACEPipeline is text-to-video: its prompts take no image$"):
+        policy.encode(["a red circle"], [_image(tmp_path / "a.png", 0)])
