@@ -410,7 +410,7 @@ def plan_training(config: Any, gpus: int, gpu_memory_gb: float = 80, *, arch: st
         )
         if u > 1:
             exchange = exchange_bytes(shape, u, max(per_rank, streamed), sequences, compute)
-            parts[f"Ulysses all-to-all buffers (one attention, {shape.padded_heads(u)} heads)"] = exchange
+            parts[f"all-to-all buffers (Ulysses, {shape.padded_heads(u)} heads)"] = exchange
         parts["VAE (fp32, decoding ranks)"] = int(spec["vae"] * 4)
         notes = [note] if (note := padding_note(shape, u)) else []
         plan = Plan(f"GRPO ({Path(str(config.model)).name})", {"dp": dp, "ring": r, "ulysses": u}, parts,

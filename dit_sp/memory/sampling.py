@@ -253,7 +253,7 @@ def plan_sampling(
     working = {f"activations (one block, {sequences} seq x {per_rank} tokens)": block}
     if s.ulysses > 1:
         exchange = exchange_bytes(shape, s.ulysses, per_rank, sequences, size)
-        working[f"Ulysses all-to-all buffers (one attention, {shape.padded_heads(s.ulysses)} heads)"] = exchange
+        working[f"all-to-all buffers (Ulysses, {shape.padded_heads(s.ulysses)} heads)"] = exchange
     if "kv_cache" in spec:  # AnyFlow FAR's chunk cache (whole), Wan-Animate-2's reference cache (1/U of its heads)
         temporal, spatial = spec["compression"][:2]
         latent = ((s.frames - 1) // temporal + 1, s.height // spatial, s.width // spatial)
@@ -302,7 +302,7 @@ def _advise(plan: SamplingPlan, gpus: int, gpu_memory_gb: float) -> list[str]:
                             {"ring": s.ring * 2}, gpus))  # fmt: skip
         if s.dtype == "float32":
             options.append(("--dtype bfloat16 (half the bytes)", {"dtype": "bfloat16"}, gpus))
-    elif component.startswith("activations"):
+    elif component.startswith(("activations", "all-to-all")):  # one block's working set, Ulysses' buffers
         options.append((f"{more_text}: fewer tokens per process", more, gpus))
         options.append((f"--ring {s.ring * 2} (more processes per sample)", {"ring": s.ring * 2}, gpus))
         if s.dtype == "float32":

@@ -72,7 +72,7 @@ def test_a_padded_degree_is_planned_with_the_padded_heads_and_its_cost_said():
     working = plan.phases[DENOISING]
     assert working[f"activations (one block, 2 seq x {tokens} tokens)"] == block_values(shape, 8) * 2 * tokens * 2
     assert block_values(shape, 8) - block_values(shape, 1) == 4 * 4 * 128  # q, k, v and output: 4 heads more
-    assert working["Ulysses all-to-all buffers (one attention, 16 heads)"] == 10 * 16 * 128 * tokens * 2 * 2
+    assert working["all-to-all buffers (Ulysses, 16 heads)"] == 10 * 16 * 128 * tokens * 2 * 2
     assert plan_sampling(dataclasses.replace(settings, ulysses=4), 4, 80).notes == []  # 4 divides 12
     # more ranks than heads: parallelize takes it (ranks of padding only), so the planner does too
     assert "pads 12 heads to 16 (1 a rank): 33% more attention work, and 4 of its ranks" in plan_sampling(
@@ -80,7 +80,7 @@ def test_a_padded_degree_is_planned_with_the_padded_heads_and_its_cost_said():
     # training: the same terms, and the note in the report
     trained = plan_training(TrainConfig.load("grpo_wan2.1_1.3b"), 8, 80, ulysses=8)
     assert trained.notes == [note] and note in trained.report()
-    assert any(part.startswith("Ulysses all-to-all buffers (one attention, 16 heads)") for part in trained.components)
+    assert any(part.startswith("all-to-all buffers (Ulysses, 16 heads)") for part in trained.components)
 
 
 @pytest.mark.slow

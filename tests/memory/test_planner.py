@@ -153,7 +153,7 @@ def test_motif_video_decoder_layers_count_two_streams_of_the_video():
 
     torch.manual_seed(0)
     model = MotifVideoTransformer3DModel(**MOTIF)
-    hidden, text = torch.randn(1, 4, 3, 32, 32), torch.randn(1, 16, 16)
+    hidden, text = torch.randn(1, 4, 3, 24, 24), torch.randn(1, 16, 16)
 
     def step() -> None:
         out = model(hidden_states=hidden, timestep=torch.tensor([500.0]), encoder_hidden_states=text,
@@ -165,7 +165,7 @@ def test_motif_video_decoder_layers_count_two_streams_of_the_video():
         step()
     shape = TransformerShape.of("MotifVideoTransformer3DModel", MOTIF)
     assert (shape.layers, shape.stream_blocks, shape.streams) == (5, 3, 2)
-    video = 3 * 16 * 16
+    video = 3 * 12 * 12
     estimate = activation_bytes(shape, video + 16, 1, 4, False, streamed=stream_tokens(shape, video))
     one_stream = activation_bytes(shape, video + 16, 1, 4, False)  # every block at the video and the text
     print(f"Motif-Video activations: estimated {estimate / 2**20:.0f} MiB (one stream {one_stream / 2**20:.0f}), "

@@ -36,7 +36,7 @@ def test_the_phases_add_up_from_the_resident_weights_and_each_working_set():
     assert encoding == resident | {encoder: int(WAN_1_3B["text_encoders"] * 2)}
     tokens = 9 * 30 * 52 // 2  # 33 frames -> 9 latent frames of 60 x 104 latents, 2 x 2 patches, over ulysses 2
     activations = f"activations (one block, 2 seq x {tokens} tokens)"
-    exchange = "Ulysses all-to-all buffers (one attention, 12 heads)"  # q, k, v and the output, one attention's
+    exchange = "all-to-all buffers (Ulysses, 12 heads)"  # q, k, v and the output, one attention's
     assert denoising == resident | {activations: denoising[activations], exchange: 10 * 1536 * tokens * 2 * 2}
     assert denoising[activations] > denoising[exchange]
     decode = vae_decode_bytes(33, 480, 832, 2, 2, frames_at_once=6)  # Wan's VAE: a latent frame at a time
