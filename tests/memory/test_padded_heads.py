@@ -81,6 +81,15 @@ def test_a_padded_degree_is_planned_with_the_padded_heads_and_its_cost_said():
     trained = plan_training(TrainConfig.load("grpo_wan2.1_1.3b"), 8, 80, ulysses=8)
     assert trained.notes == [note] and note in trained.report()
     assert any(part.startswith("all-to-all buffers (Ulysses, 16 heads)") for part in trained.components)
+    tight = plan_training(TrainConfig.load("grpo_wan2.1_1.3b", {"activation_checkpointing": False}), 8, 12, ulysses=8)
+    padded = [line.endswith(f"({note})") for line in tight.advice]  # each option planned on Ulysses 8 says so
+    assert padded == [not line.startswith("more sequence parallelism") for line in tight.advice] and len(padded) == 4
+    # a family that refuses a ring takes Ulysses alone, padded, where the GPUs are no divisor of the heads (12 on 8)
+    far = plan_training(TrainConfig.load("grpo_wan2.1_1.3b"), 8, 80, arch="anyflow-far-wan2.1-1.3b")
+    assert far.layout == {"dp": 8, "ring": 1, "ulysses": 1}  # the smallest that fits first
+    config = TrainConfig.load("grpo_wan2.1_1.3b", {"activation_checkpointing": False, "grpo.micro_batch": 1})
+    far = plan_training(config, 8, 6, arch="anyflow-far-wan2.1-1.3b")  # Ulysses 4 (dp 2) does not fit 6 GiB
+    assert far.layout == {"dp": 1, "ring": 1, "ulysses": 8} and far.fits and far.notes == [note]
 
 
 @pytest.mark.slow
