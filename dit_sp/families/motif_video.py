@@ -98,7 +98,8 @@ _ARCHITECTURES = {
     # 12 dual-stream, 16 single-stream and 8 decoder blocks of 1536 (12 heads x 128), text cross-attention in the
     # single-stream encoder blocks, T5Gemma2's 2560-d text (its SigLIP tower's 1152-d tokens for an image); counted on
     # meta: 2.04e9. Text: T5Gemma2 4B's encoder with its SigLIP tower (about 3.9e9 + 0.4e9). Decoder blocks attend
-    # over two streams of the video: the planner counts their activations as any block's (one stream).
+    # over two split streams of the video and no text: the planner counts them at twice the video's tokens
+    # (``TransformerShape.stream_blocks``, from ``stream_modules``).
     "motif-video-2b": {"transformers": {"transformer": ("MotifVideoTransformer3DModel", {
         "in_channels": 33, "out_channels": 16, "num_attention_heads": 12, "attention_head_dim": 128, "num_layers": 12,
         "num_single_layers": 24, "num_decoder_layers": 8, "mlp_ratio": 4.0, "patch_size": 2, "patch_size_t": 1,

@@ -28,7 +28,8 @@ def with_setting(config: Any, key: str, value: Any) -> Any:
 
 def _outcome(plan: Any) -> str:
     verdict = "fits" if plan.fits else "still does not fit"
-    return f"peak {plan.peak / GiB:.1f} GiB at {plan.peak_phase}: {verdict}"
+    notes = "".join(f" ({note})" for note in plan.notes)  # the heads its layout pads, and what that costs
+    return f"peak {plan.peak / GiB:.1f} GiB at {plan.peak_phase}: {verdict}{notes}"
 
 
 def _tried(text: str, replan: Callable[[], Any]) -> tuple[str, Any] | None:
@@ -101,7 +102,7 @@ def advise_plan(plan: Any, config: Any, text_encoder: str, gpus: int, replan: Ca
             options = _text_encoder(plan, config, gpus, replan)
         else:
             options = [f"{component}: nothing in the config lowers it; GPUs with more memory"]
-    elif component.startswith("activations"):
+    elif component.startswith(("activations", "all-to-all")):  # one block's working set, Ulysses' buffers
         options = _activations(plan, config, gpus, replan, fixed_layout)
     elif component.startswith("gathered block") and config.mixed_precision is None:
         options = [_tried("mixed_precision: bfloat16 (GPUs)",

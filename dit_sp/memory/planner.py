@@ -16,21 +16,36 @@ from __future__ import annotations
 import json
 import math
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dit_sp.families import TRANSFORMERS, architectures, ring_refusal
+from dit_sp.families import FAMILIES, TRANSFORMERS, architectures, ring_refusal
 from dit_sp.memory.advice import advise_plan
 
 if TYPE_CHECKING:
-    pass
+    from dit_sp.families import ModelFamily
+    from dit_sp.parallel.state import ParallelState
 
 GiB = 2**30
 
 SAVED_PER_TOKEN = {"dim": 24, "ffn": 2}
 """Values one transformer block saves per token for backward, per unit of width and of MLP width
 (measured with saved-tensor hooks on WanTransformer3DModel blocks of several widths, fp32, CPU)."""
+
+HEAD_LAYOUT_SAVED = 4
+"""Of those values, the ones in the attention's head layout: q, k, v and the attention's output. Under Ulysses a
+rank holds ``ceil(H / U)`` heads of every token of its ring block (``ulysses.padded_heads``: a head group short of
+heads is zero-padded), so per token of its share these 4 take the padded width ``ceil(H / U) U x head_dim``, not
+``dim`` (``TransformerShape.attention_width``)."""
+
+EXCHANGE_PER_TOKEN = 10
+"""Ulysses' working set inside one attention, per token of a rank's share and unit of the padded width: q, k and v's
+send and receive buffers (6), the output and its buffers back (3), and one buffer a collective's thread may still
+hold when the next is made (1). Measured as live tensor bytes of ``usp_attention`` on Ulysses 2
+(``tests/memory/test_padded_heads.py``): 9 at 4 heads; at 3 heads padded to 4, 8.25 and, on a loaded machine, 9.25;
+7.5 at 1 head padded to 2."""
 
 ARCHITECTURES: dict[str, dict[str, Any]] = architectures()
 """The real checkpoints' transformer configs (their ``config.json``), text-encoder and VAE parameter counts
@@ -48,6 +63,18 @@ class TransformerShape:
     ffn: int
     heads: int
     patch: tuple[int, int, int]
+    stream_blocks: int = 0
+    """Blocks that attend over ``streams`` split copies of the video and no text (Motif-Video's decoder layers,
+    ``ModelFamily.stream_modules``): they hold ``streams`` x the video's tokens."""
+    streams: int = 1
+
+    def padded_heads(self, ulysses: int) -> int:
+        """The heads Ulysses ``ulysses`` runs: ``ceil(H / U) U`` (``dit_sp.attention.ulysses.padded_heads``)."""
+        return -(-self.heads // ulysses) * ulysses
+
+    def attention_width(self, ulysses: int) -> int:
+        """Values per token of a rank's share in the attention's head layout: the padded heads x head_dim."""
+        return self.padded_heads(ulysses) * (self.dim // self.heads)
 
     @classmethod
     def of(cls, class_name: str, config: dict[str, Any]) -> TransformerShape:
@@ -78,12 +105,64 @@ class TransformerShape:
                or int(config.get("mlp_ratio", 4.0) * dim))  # fmt: skip
         size = config.get("patch_size", config.get("latent_patch_size", 2))
         patch = tuple(size) if isinstance(size, (list, tuple)) else (config.get("patch_size_t") or 1, size, size)
+        family = _family(class_name)
+        streams = family.stream_modules(model) if family is not None else {}
         return cls(params=sum(p.numel() for p in model.parameters()),
                    block_params=max(sum(p.numel() for p in b.parameters()) for b in blocks), layers=len(blocks),
-                   dim=dim, ffn=ffn, heads=heads, patch=patch)  # fmt: skip
+                   dim=dim, ffn=ffn, heads=heads, patch=patch, stream_blocks=len(streams),
+                   streams=max(streams.values(), default=1))  # fmt: skip
 
 
 _SHAPES: dict[tuple[str, str], TransformerShape] = {}
+_REFUSALS: dict[tuple[str, str, int, int], str] = {}
+
+
+def _family(class_name: str) -> ModelFamily | None:
+    return next((f for f in FAMILIES if class_name in f.class_names), None)
+
+
+def layout_state(ring: int, ulysses: int) -> ParallelState:
+    """A ``ParallelState`` of rank 0 of these degrees with no process groups: what a family's ``layout_check`` reads
+    (the degrees), to check a layout before any process starts. Not for running collectives."""
+    import torch
+
+    from dit_sp.parallel import ParallelConfig
+    from dit_sp.parallel.state import ParallelState
+
+    groups = dict.fromkeys(("mesh", "dp_group", "cfg_group", "ring_group", "ulysses_group", "sp_group"))
+    ranks = dict.fromkeys(("rank", "dp_rank", "cfg_rank", "ring_rank", "ulysses_rank"), 0)
+    return ParallelState(ParallelConfig(ring=ring, ulysses=ulysses), torch.device("cpu"), sample_group=None,
+                         **groups, **ranks)  # fmt: skip
+
+
+def ulysses_refusal(class_name: str, config: dict[str, Any], ring: int, ulysses: int) -> str:
+    """Why ``parallelize`` would refuse this layout of the transformer (its family's ``layout_check``, run on the model
+    built on meta with a stand-in ``ParallelState`` of these degrees: Sana-WM's scans refuse a Ulysses degree that
+    leaves the last rank no head); empty where it accepts it. Any other Ulysses degree is accepted: heads it does not
+    divide are zero-padded (``padding_note``)."""
+    family = _family(class_name)
+    if family is None or family.layout_check is type(family).__dataclass_fields__["layout_check"].default:
+        return ""
+    key = (class_name, json.dumps(config, sort_keys=True, default=str), ring, ulysses)
+    if key not in _REFUSALS:
+        try:
+            family.layout_check(_meta_model(class_name, config), layout_state(ring, ulysses))
+            _REFUSALS[key] = ""
+        except (NotImplementedError, ValueError) as e:
+            _REFUSALS[key] = str(e)
+    return _REFUSALS[key]
+
+
+def padding_note(shape: TransformerShape, ulysses: int) -> str:
+    """What padding the heads costs on Ulysses ``ulysses`` ("ulysses 8 pads 12 heads to 16 ...: 33% more attention
+    work"); empty where ``ulysses`` divides the heads."""
+    padded = shape.padded_heads(ulysses)
+    if padded == shape.heads:
+        return ""
+    idle = ulysses - -(-shape.heads // (padded // ulysses))  # ranks past the last real head
+    return (f"ulysses {ulysses} pads {shape.heads} heads to {padded} ({padded // ulysses} a rank): "
+            f"{round(100 * (padded - shape.heads) / shape.heads)}% more attention work"
+            + (f", and {idle} of its ranks hold padding only" if idle else ""))  # fmt: skip
 
 
 def _meta_model(class_name: str, config: dict[str, Any]) -> Any:
@@ -111,15 +190,41 @@ def tokens(shape: TransformerShape, frames: int, height: int, width: int, compre
     return math.ceil(latent_frames / pt) * (height // spatial // ph) * (width // spatial // pw)
 
 
+def block_values(shape: TransformerShape, ulysses: int = 1) -> int:
+    """Values one block saves per token of a rank's share: ``SAVED_PER_TOKEN``, its ``HEAD_LAYOUT_SAVED`` head-layout
+    tensors at the padded width where Ulysses pads the heads."""
+    plain = SAVED_PER_TOKEN["dim"] * shape.dim + SAVED_PER_TOKEN["ffn"] * shape.ffn
+    return plain + HEAD_LAYOUT_SAVED * (shape.attention_width(ulysses) - shape.dim)
+
+
+def exchange_bytes(shape: TransformerShape, ulysses: int, tokens_per_rank: int, sequences: int,
+                   element_bytes: int) -> int:  # fmt: skip
+    """Ulysses' all-to-all buffers of one attention on a rank (``EXCHANGE_PER_TOKEN`` at the padded width); 0 without
+    Ulysses. One attention at a time: counted once, not per block."""
+    if ulysses == 1:
+        return 0
+    return EXCHANGE_PER_TOKEN * shape.attention_width(ulysses) * tokens_per_rank * sequences * element_bytes
+
+
+def stream_tokens(shape: TransformerShape, video_per_rank: int) -> int:
+    """Tokens a rank holds in a block over several split streams of the video (``shape.stream_blocks``)."""
+    return shape.streams * video_per_rank
+
+
 def activation_bytes(shape: TransformerShape, tokens_per_rank: int, sequences: int, element_bytes: int,
-                     checkpointing: bool) -> int:  # fmt: skip
+                     checkpointing: bool, *, ulysses: int = 1, streamed: int | None = None) -> int:  # fmt: skip
     """Peak activation memory of one forward + backward on a rank: the values saved for backward, by all
     blocks, or with activation checkpointing each block's input plus the one block being recomputed
-    (backward frees saved values as fast as its gradients need room: measured, the peak is the saved set)."""
-    per_block = (SAVED_PER_TOKEN["dim"] * shape.dim + SAVED_PER_TOKEN["ffn"] * shape.ffn) * element_bytes
-    per_block *= tokens_per_rank * sequences
-    inputs = shape.dim * element_bytes * tokens_per_rank * sequences
-    return shape.layers * inputs + per_block if checkpointing else shape.layers * per_block
+    (backward frees saved values as fast as its gradients need room: measured, the peak is the saved set).
+    ``ulysses``: the head-layout values at the padded width (``block_values``). ``streamed``: the tokens a rank holds
+    in each of ``shape.stream_blocks`` blocks over several streams of the video (``stream_tokens``; Motif-Video's
+    decoder layers: its two split copies of the video, no text), default ``tokens_per_rank``."""
+    streamed = tokens_per_rank if streamed is None else streamed
+    per_token = block_values(shape, ulysses) * element_bytes * sequences
+    tokens = (shape.layers - shape.stream_blocks) * tokens_per_rank + shape.stream_blocks * streamed
+    if checkpointing:
+        return shape.dim * element_bytes * sequences * tokens + per_token * max(tokens_per_rank, streamed)
+    return per_token * tokens
 
 
 @dataclass
@@ -134,6 +239,8 @@ class Plan:
     gpu_bytes: int = 80 * GiB
     advice: list[str] = field(default_factory=list)
     """What would lower the peak, each with the peak it gives (``dit_sp.memory.advice``); empty when it fits."""
+    notes: list[str] = field(default_factory=list)
+    """What the layout costs beyond memory (``padding_note``: the heads Ulysses pads)."""
 
     @property
     def peak(self) -> int:
@@ -156,7 +263,7 @@ class Plan:
 
     def report(self) -> str:
         layout = " x ".join(f"{k} {v}" for k, v in self.layout.items())
-        lines = [f"{self.what} on {layout}: per GPU"]
+        lines = [f"{self.what} on {layout}: per GPU", *(f"  ({note})" for note in self.notes)]
         for title, parts in (("while training" if "GRPO" in self.what else "while sampling", self.components),
                              ("at set-up (before the transformer fills)", self.setup)):  # fmt: skip
             if parts:
@@ -216,20 +323,27 @@ def _from_directory(path: Path) -> dict[str, Any]:
             "text_tokens": 256 if joint else 512, "joint": joint}  # fmt: skip
 
 
-def _layouts(gpus: int, heads: int, ring: int | None, ulysses: int | None, no_ring: str = "") -> list[tuple[int, int]]:
+def _layouts(gpus: int, heads: int, ring: int | None, ulysses: int | None, no_ring: str = "",
+             refused: Callable[[int, int], str] = lambda ring, ulysses: "") -> list[tuple[int, int]]:  # fmt: skip
     """``(ring, ulysses)`` candidates, smallest sequence-parallel degree first (more data parallelism is
-    faster); Ulysses takes the largest share that divides the heads, ring the rest. ``no_ring``: why the model
-    refuses a ring (``ModelFamily.ring_refusal``): Ulysses alone, a ring given is refused."""
+    faster); Ulysses takes the largest share that divides the heads (no padded heads), ring the rest. ``no_ring``:
+    why the model refuses a ring (``ModelFamily.ring_refusal``): Ulysses alone, a ring given is refused, and a degree
+    that does not divide the heads is taken with them padded. ``refused(ring, ulysses)``: why ``parallelize`` refuses a
+    layout (``ulysses_refusal``): a given one is refused with it, others are left out."""
+    from dit_sp.errors import ConfigError
+
     if ring or ulysses:
         if (ring or 1) > 1 and no_ring:
-            from dit_sp.errors import ConfigError
-
             raise ConfigError(f"ring {ring}: {no_ring}")
+        if why := refused(ring or 1, ulysses or 1):
+            raise ConfigError(why)
         return [(ring or 1, ulysses or 1)]
     out = []
     for sp in (d for d in range(1, gpus + 1) if gpus % d == 0):
         u = max(d for d in range(1, sp + 1) if sp % d == 0 and heads % d == 0)
-        if sp == u or not no_ring:
+        if sp != u and no_ring:
+            u = sp  # Ulysses alone: its heads padded
+        if not refused(sp // u, u):
             out.append((sp // u, u))
     return out
 
@@ -271,7 +385,8 @@ def plan_training(config: Any, gpus: int, gpu_memory_gb: float = 80, *, arch: st
     if not embeddings_cached:
         setup = dict([text_encoder_part(spec["text_encoders"], config.mixed_precision, gpus)]) | setup
     plan = None
-    layouts = _layouts(gpus, shape.heads, ring, ulysses, ring_refusal(transformer_config, class_name=class_name))
+    layouts = _layouts(gpus, shape.heads, ring, ulysses, ring_refusal(transformer_config, class_name=class_name),
+                       lambda r, u: ulysses_refusal(class_name, transformer_config, r, u))  # fmt: skip
     layouts = [(r, u) for r, u in layouts if samples % (gpus // (r * u)) == 0] or layouts  # dp splits the step
     for r, u in layouts:
         sp, dp = r * u, gpus // (r * u)
@@ -288,12 +403,18 @@ def plan_training(config: Any, gpus: int, gpu_memory_gb: float = 80, *, arch: st
         if grpo.kl_coef and not lora:
             parts["KL reference (fp32, sharded)"] = trained_experts * shape.params * 4 // shard
         parts["gathered block (2 x params + grads)"] = shape.block_params * (2 * compute + 4)
-        parts[f"activations ({sequences} seq x {math.ceil(total_tokens / sp)} tokens)"] = activation_bytes(
-            shape, math.ceil(total_tokens / sp), sequences, compute, config.activation_checkpointing
+        per_rank = math.ceil(total_tokens / sp)
+        streamed = stream_tokens(shape, math.ceil(video / sp))  # Motif-Video's decoder layers: two video streams
+        parts[f"activations ({sequences} seq x {per_rank} tokens)"] = activation_bytes(
+            shape, per_rank, sequences, compute, config.activation_checkpointing, ulysses=u, streamed=streamed
         )
+        if u > 1:
+            exchange = exchange_bytes(shape, u, max(per_rank, streamed), sequences, compute)
+            parts[f"all-to-all buffers (Ulysses, {shape.padded_heads(u)} heads)"] = exchange
         parts["VAE (fp32, decoding ranks)"] = int(spec["vae"] * 4)
+        notes = [note] if (note := padding_note(shape, u)) else []
         plan = Plan(f"GRPO ({Path(str(config.model)).name})", {"dp": dp, "ring": r, "ulysses": u}, parts,
-                    dict(setup), int(gpu_memory_gb * GiB))  # fmt: skip
+                    dict(setup), int(gpu_memory_gb * GiB), notes=notes)  # fmt: skip
         if sum(parts.values()) <= 0.9 * plan.gpu_bytes:
             break
     assert plan is not None

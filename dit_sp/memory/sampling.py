@@ -17,7 +17,10 @@ resident weights plus that phase's working set:
   ``tokens / (ring x ulysses)`` tokens per rank. Approximation: the values one block would save for backward
   (``SAVED_PER_TOKEN``, measured for training) bound its no-grad working set from above; one sequence per
   forward with ``--cfg-parallel`` or no guidance, two without it (an upper bound for pipelines that run the
-  two guidance branches one after the other, exact for those that batch them);
+  two guidance branches one after the other, exact for those that batch them); its head-layout values (q, k, v,
+  the attention's output) at ``ceil(H / U)`` heads a rank where Ulysses pads the heads, and Motif-Video's decoder
+  layers at their two streams of the video (``TransformerShape.stream_blocks``);
+- **Ulysses' all-to-all buffers** (``U > 1``): one attention's, at the padded heads (``exchange_bytes``);
 - **a KV cache** (an architecture's ``kv_cache``, its family's formula), in the denoising phase: AnyFlow FAR's,
   whole on every rank (``AnyFlowFARPipeline`` allocates every head of every layer before the first call, so more
   Ulysses does not lower it); Wan-Animate-2's reference cache of one segment, ``1/U`` of its heads a rank;
@@ -42,7 +45,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dit_sp.families import ring_refusal
-from dit_sp.memory.planner import ARCHITECTURES, SAVED_PER_TOKEN, TransformerShape, tokens
+from dit_sp.memory.planner import (
+    ARCHITECTURES,
+    TransformerShape,
+    block_values,
+    exchange_bytes,
+    padding_note,
+    stream_tokens,
+    tokens,
+    ulysses_refusal,
+)
 
 GiB = 2**30
 
@@ -138,6 +150,8 @@ class SamplingPlan:
     gpu_bytes: int = 80 * GiB
     advice: list[str] = field(default_factory=list)
     """What lowers the peak's component, each with the peak it gives (the plan made again); empty when it fits."""
+    notes: list[str] = field(default_factory=list)
+    """What the layout costs beyond memory (``padding_note``: the heads Ulysses pads)."""
 
     @property
     def peak(self) -> int:
@@ -160,6 +174,7 @@ class SamplingPlan:
         s = self.settings
         layout = f"ring {s.ring} x ulysses {s.ulysses}" + (" x cfg 2" if s.cfg_parallel else "")
         lines = [f"{self.what}: {s.frames} x {s.height} x {s.width}, {s.dtype}, {layout} per sample: per GPU"]
+        lines += [f"  ({note})" for note in self.notes]
         for phase, parts in self.phases.items():
             lines.append(f"  while {phase}: {sum(parts.values()) / GiB:.1f} GiB")
             lines += [f"    {name:<56}{value / GiB:8.2f} GiB" for name, value in parts.items()]
@@ -192,10 +207,10 @@ def plan_sampling(
     experts = list(spec["transformers"])
     class_name, config = spec["transformers"][experts[0]]
     shape = TransformerShape.of(class_name, config)
-    if shape.heads % s.ulysses:
-        raise ConfigError(f"ulysses {s.ulysses} does not divide {s.arch}'s {shape.heads} heads")
     if s.ring > 1 and (why := ring_refusal(config, class_name=class_name)):  # only Ulysses splits it (NABLA too)
         raise ConfigError(f"ring {s.ring}: {why}")
+    if why := ulysses_refusal(class_name, config, s.ring, s.ulysses):  # as parallelize would (Sana-WM's scans)
+        raise ConfigError(why)
     size = ELEMENT_BYTES[s.dtype]
     sharded = s.shard_weights and n > 1
     resident = {}
@@ -221,9 +236,11 @@ def plan_sampling(
     # Wan-Animate-2: a segment's latent frames and the reference image's (``extra_latent_frames``)
     video += spec.get("extra_latent_frames", 0) * tokens(shape, 1, s.height, s.width, spec["compression"])
     total = video + (spec["text_tokens"] if spec["joint"] else 0)
-    per_rank = math.ceil(total / (s.ring * s.ulysses))
+    # Motif-Video's decoder layers hold two split copies of the video (no text): the larger block's tokens
+    streamed = stream_tokens(shape, math.ceil(video / (s.ring * s.ulysses))) if shape.stream_blocks else 0
+    per_rank = max(math.ceil(total / (s.ring * s.ulysses)), streamed)
     sequences = 2 if s.guidance and not s.cfg_parallel else 1
-    block = (SAVED_PER_TOKEN["dim"] * shape.dim + SAVED_PER_TOKEN["ffn"] * shape.ffn) * size * per_rank * sequences
+    block = block_values(shape, s.ulysses) * size * per_rank * sequences  # head-layout values at the padded width
     split = n if s.parallel_vae else 1
     chunk = spec["compression"][0] + 2 if s.arch.startswith(CAUSAL_CHUNK_VAES) else None
     call = spec.get("vae_call")  # a VAE whose calls are shared out whole: one call at a time on a rank, not 1/N
@@ -234,13 +251,16 @@ def plan_sampling(
         extent = "x".join(str(min(a, b)) for a, b in zip(call, (s.frames, s.height, s.width)))
         decode_label = f"one call of {extent} frames x rows x columns at a time, whole on a rank"
     working = {f"activations (one block, {sequences} seq x {per_rank} tokens)": block}
+    if s.ulysses > 1:
+        exchange = exchange_bytes(shape, s.ulysses, per_rank, sequences, size)
+        working[f"all-to-all buffers (Ulysses, {shape.padded_heads(s.ulysses)} heads)"] = exchange
     if "kv_cache" in spec:  # AnyFlow FAR's chunk cache (whole), Wan-Animate-2's reference cache (1/U of its heads)
         temporal, spatial = spec["compression"][:2]
         latent = ((s.frames - 1) // temporal + 1, s.height // spatial, s.width // spatial)
         label, elements = spec["kv_cache"](config, *latent, s.guidance, s.ulysses)
         working[f"{label} ({s.dtype})"] = elements * size
     if controlnet is not None:  # one of its blocks split, its inputs and residuals whole: one branch at a time
-        per_token = SAVED_PER_TOKEN["dim"] * controlnet.dim + SAVED_PER_TOKEN["ffn"] * controlnet.ffn
+        per_token = block_values(controlnet, s.ulysses)
         whole = (controlnet.layers + 2) * controlnet.dim * size * video
         working[f"ControlNet (one block at {per_rank} tokens; residuals whole)"] = per_token * size * per_rank + whole
     phases = {
@@ -249,6 +269,7 @@ def plan_sampling(
         DECODING: resident | {f"VAE decode activations ({decode_label})": decode},
     }
     plan = SamplingPlan(f"Sampling ({s.arch})", s, phases, int(gpu_memory_gb * GiB))
+    plan.notes = [note] if (note := padding_note(shape, s.ulysses)) else []
     if advise and not plan.fits:
         plan.advice = _advise(plan, gpus, gpu_memory_gb)
     return plan
@@ -260,7 +281,9 @@ def _advise(plan: SamplingPlan, gpus: int, gpu_memory_gb: float) -> list[str]:
     s, component = plan.settings, plan.peak_component
     options: list[tuple[str, dict[str, Any], int]] = []  # (text, changed settings, GPUs)
     more = {"ulysses": s.ulysses * 2}
-    more_text = f"--ulysses {s.ulysses * 2} (more processes per sample)"
+    shape = TransformerShape.of(*next(iter(ARCHITECTURES[s.arch]["transformers"].values())))
+    padded = padding_note(shape, s.ulysses * 2)  # offered after the other options (a ring pads nothing)
+    more_text = f"--ulysses {s.ulysses * 2} (more processes per sample{'; ' + padded if padded else ''})"
     if component.startswith(TEXT_ENCODERS) or "weights (" in component and "VAE" not in component:
         if not s.shard_weights:
             options.append(("--shard-weights (weights and text encoders 1/N over a sample's processes)",
@@ -279,7 +302,7 @@ def _advise(plan: SamplingPlan, gpus: int, gpu_memory_gb: float) -> list[str]:
                             {"ring": s.ring * 2}, gpus))  # fmt: skip
         if s.dtype == "float32":
             options.append(("--dtype bfloat16 (half the bytes)", {"dtype": "bfloat16"}, gpus))
-    elif component.startswith("activations"):
+    elif component.startswith(("activations", "all-to-all")):  # one block's working set, Ulysses' buffers
         options.append((f"{more_text}: fewer tokens per process", more, gpus))
         options.append((f"--ring {s.ring * 2} (more processes per sample)", {"ring": s.ring * 2}, gpus))
         if s.dtype == "float32":
@@ -291,6 +314,9 @@ def _advise(plan: SamplingPlan, gpus: int, gpu_memory_gb: float) -> list[str]:
             options.append(("--dtype bfloat16 (half the bytes)", {"dtype": "bfloat16"}, gpus))
     elif component.startswith("gathered block") and s.dtype == "float32":
         options.append(("--dtype bfloat16 (half the bytes)", {"dtype": "bfloat16"}, gpus))
+    if padded:  # divisors first; never more Ulysses ranks than heads (ranks of padding only: wasted attention)
+        options = [o for o in options if o[1] is not more] + [o for o in options if o[1] is more and not
+                                                                 s.ulysses * 2 > shape.heads]  # fmt: skip
     lines = []
     for text, changes, count in options:
         changed = dataclasses.replace(s, **changes)

@@ -7,6 +7,7 @@ import dataclasses
 import sys
 
 import pytest
+import torch
 from cli_run import run_python
 from scale_checks import activation_peak
 
@@ -133,3 +134,50 @@ def test_plan_cli_names_the_set_up_peak_and_takes_set():
     for flags, words in [(["--set", "grpo"], "expected KEY=VALUE"), (["--set", "grpo.gruop_size=4"], "group_size")]:
         bad = run_python([*base, *flags], timeout=300)
         assert bad.returncode == 2 and words in bad.stderr and "Traceback" not in bad.stderr, bad.stderr[-2000:]
+
+
+MOTIF = {"in_channels": 4, "out_channels": 4, "num_attention_heads": 3, "attention_head_dim": 64, "num_layers": 1,
+         "num_single_layers": 4, "num_decoder_layers": 3, "mlp_ratio": 4.0, "patch_size": 2, "patch_size_t": 1,
+         "text_embed_dim": 16, "rope_axes_dim": [16, 24, 24], "enable_text_cross_attention_dual": False,
+         "enable_text_cross_attention_single": True}  # fmt: skip
+
+
+def test_motif_video_decoder_layers_count_two_streams_of_the_video():
+    """Motif-Video's decoder layers attend over the decoder's copy of the video and the encoder's video (two split
+    streams, no text): a forward + backward of a tiny model with 3 decoder layers of 5 blocks, measured in live tensor
+    bytes, is within 25% of the plan that counts 2 x the video's tokens in them, and not of one stream's count."""
+    from diffusers import MotifVideoTransformer3DModel
+    from live_bytes import LiveBytes
+
+    from dit_sp.memory.planner import stream_tokens
+
+    torch.manual_seed(0)
+    model = MotifVideoTransformer3DModel(**MOTIF)
+    hidden, text = torch.randn(1, 4, 3, 24, 24), torch.randn(1, 16, 16)
+
+    def step() -> None:
+        out = model(hidden_states=hidden, timestep=torch.tensor([500.0]), encoder_hidden_states=text,
+                    return_dict=False)[0]  # fmt: skip
+        out.square().mean().backward()
+
+    step()  # the gradients allocated
+    with LiveBytes() as live:
+        step()
+    shape = TransformerShape.of("MotifVideoTransformer3DModel", MOTIF)
+    assert (shape.layers, shape.stream_blocks, shape.streams) == (5, 3, 2)
+    video = 3 * 12 * 12
+    estimate = activation_bytes(shape, video + 16, 1, 4, False, streamed=stream_tokens(shape, video))
+    one_stream = activation_bytes(shape, video + 16, 1, 4, False)  # every block at the video and the text
+    print(f"Motif-Video activations: estimated {estimate / 2**20:.0f} MiB (one stream {one_stream / 2**20:.0f}), "
+          f"measured {live.peak / 2**20:.0f} MiB")  # fmt: skip
+    assert 0.75 * live.peak <= estimate <= 1.25 * live.peak and one_stream < 0.75 * live.peak
+    # the released 2B (49 x 480 x 832: 20280 video tokens and 512 text tokens, 4 sequences a rank on dp 8): 8 of its 36
+    # blocks hold two streams of the video, 22% more activations than one stream's count, checkpointed or not
+    real = TransformerShape.of(*ARCHITECTURES["motif-video-2b"]["transformers"]["transformer"])
+    assert (real.layers, real.stream_blocks, real.streams) == (36, 8, 2)
+    for checkpointing in (False, True):
+        config = TrainConfig.load("grpo_motif_video_2b", {"activation_checkpointing": checkpointing})
+        planned = plan_training(config, 8, 80, ulysses=1).components["activations (4 seq x 20792 tokens)"]
+        assert planned == activation_bytes(real, 20792, 4, 2, checkpointing, streamed=2 * 20280)
+        ratio = planned / activation_bytes(real, 20792, 4, 2, checkpointing)
+        assert 1.2 < ratio < (1.25 if not checkpointing else 1.6), ratio

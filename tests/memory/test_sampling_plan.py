@@ -36,7 +36,9 @@ def test_the_phases_add_up_from_the_resident_weights_and_each_working_set():
     assert encoding == resident | {encoder: int(WAN_1_3B["text_encoders"] * 2)}
     tokens = 9 * 30 * 52 // 2  # 33 frames -> 9 latent frames of 60 x 104 latents, 2 x 2 patches, over ulysses 2
     activations = f"activations (one block, 2 seq x {tokens} tokens)"
-    assert denoising == resident | {activations: denoising[activations]} and denoising[activations] > 0
+    exchange = "all-to-all buffers (Ulysses, 12 heads)"  # q, k, v and the output, one attention's
+    assert denoising == resident | {activations: denoising[activations], exchange: 10 * 1536 * tokens * 2 * 2}
+    assert denoising[activations] > denoising[exchange]
     decode = vae_decode_bytes(33, 480, 832, 2, 2, frames_at_once=6)  # Wan's VAE: a latent frame at a time
     assert decoding == resident | {"VAE decode activations (6 frames at once, rows 1/2)": decode}
     assert plan.peak == max(sum(phase.values()) for phase in (encoding, denoising, decoding))
@@ -87,8 +89,12 @@ def test_a_vae_decode_peak_gets_vae_advice_that_lowers_it():
     assert _peak_in(parallel) == round(split.peak / 2**30, 1) and split.peak < plan.peak / 4
     assert "to lower the VAE decode peak (VAE decode activations)" in plan.report()
     assert split.peak_component == "VAE decode activations (all frames at once, rows 1/8)" and not split.fits
-    (ring,) = split.advice  # Ulysses 16 does not divide the 24 heads: more ring
+    ring, padded = split.advice  # Ulysses 16 does not divide the 24 heads: more ring first, then padded Ulysses
     assert ring.startswith("--ring 2 (more processes per sample)") and "on 16 GPUs" in ring and ring.endswith("fits")
+    note = "ulysses 16 pads 24 heads to 32 (2 a rank): 33% more attention work, and 4 of its ranks hold padding only"
+    assert padded.startswith(f"--ulysses 16 (more processes per sample; {note})"), padded
+    wider = plan_sampling(dataclasses.replace(split.settings, ulysses=16), 16, 80)
+    assert _peak_in(padded) == round(wider.peak / GiB, 1) and wider.notes == [note] and f"  ({note})" in wider.report()
     assert _peak_in(ring) == round(plan_sampling(dataclasses.replace(split.settings, ring=2), 16, 80).peak / GiB, 1)
     freed = plan_sampling(dataclasses.replace(split.settings, free_text_encoders=True), 8, 80)
     assert freed.fits  # the encoders (8B Llama and CLIP) freed before denoising leave room for the decode
