@@ -57,6 +57,13 @@ def _decision_group(model: torch.nn.Module, family: Any) -> DecisionGroup:
     return DecisionGroup(group, real_tokens)
 
 
+def step_cache_refusal(name: str, family: Any) -> str:
+    """The one line refusing a step cache for ``name`` (a transformer or pipeline class) of ``family``."""
+    return (
+        f"step caching is refused for {name} ({family.name} family): {family.step_cache_refused}; run without --cache"
+    )
+
+
 def _forget_hook_locations(model: torch.nn.Module) -> None:
     HookRegistry.check_if_exists_or_initialize(model).invalidate_child_registries_cache()
 
@@ -87,9 +94,8 @@ def enable_cache(obj: Any, cache: str | CacheSpec) -> StepCache:
             if getattr(model, _CACHE_ATTR, None) is not None or model_cache_config(model) is not None:
                 raise ConfigError(f"{type(model).__name__} already has a step cache; undo it (or disable_cache())")
             family = family_of(model)
-            if not family.step_cache:
-                raise ConfigError(f"step caching is not supported for {type(model).__name__} ({family.name} family): "
-                                  "no cache has been checked exact on its blocks; run without a cache")  # fmt: skip
+            if family.step_cache_refused:
+                raise ConfigError(step_cache_refusal(type(model).__name__, family))
             register_declared_blocks(model, family.block_outputs)
             where = _decision_group(model, family)
             if spec.policy == "first_block":

@@ -114,7 +114,7 @@ CONTROLNET = ModelFamily(
     class_names=("CosmosControlNetModel",),
     plan=_controlnet_plan,
     attention_modules=("control_blocks.*.attn1",),
-    step_cache=False,
+    step_cache_refused="a ControlNet: its outputs feed the transformer's blocks, which take the step cache",
 )
 """How ``parallelize`` splits a Cosmos pipeline's ControlNet (``ModelFamily.controlnet``)."""
 
@@ -240,7 +240,7 @@ PIPELINES = ("CosmosTextToWorldPipeline", "CosmosVideoToWorldPipeline", "Cosmos2
 
 COSMOS = ModelFamily(
     name="cosmos",
-    step_cache=False,
+    step_cache_refused="diffusers has no block metadata for CosmosTransformerBlock",
     class_names=("CosmosTransformer3DModel",),
     plan=_plan,
     attention_modules=("transformer_blocks.*.attn1",),

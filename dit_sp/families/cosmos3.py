@@ -172,7 +172,10 @@ _ARCHITECTURES = {
 
 COSMOS3 = ModelFamily(
     name="cosmos3",
-    step_cache=False,
+    step_cache_refused=(
+        "its decoder layers take the generated tokens as gen_seq and the understanding tokens as und_seq, not "
+        "hidden_states and encoder_hidden_states, which diffusers' first-block hooks read by name"
+    ),
     class_names=("Cosmos3OmniTransformer",),
     plan=lambda model: {},  # the model's own seams split and gather (``_hooks``)
     hooks=_hooks,

@@ -190,9 +190,11 @@ class ModelFamily:
     """Pipeline classes of the family whose own code computes with the decoded frames (LTX's long multi-prompt
     pipeline blends its decoded tiles): ``parallelize`` assembles their split VAE's frames on every rank, even
     with ``frames_on="leader"``."""
-    step_cache: bool = True
-    """Whether step caching and regional compile find the family's blocks (diffusers has block metadata for
-    them, or ``block_outputs`` gives it); ``tests/zoo/test_family_table.py`` checks this against the tiny models."""
+    step_cache_refused: str = ""
+    """Why the step caches cannot run exactly on the family's blocks (empty: they can: diffusers has block metadata for
+    them, or ``block_outputs`` gives it, and nothing runs between blocks that the hooks would skip wrongly);
+    ``enable_cache`` and ``generate --cache`` (before loading) refuse with it, the family table shows "refused", and
+    ``tests/zoo/test_family_table.py`` checks it against the tiny models."""
     cache_branches: BranchCalls | None = None
     """For a ``sequential`` family whose pipelines call the transformer per guidance branch outside diffusers' cache
     contexts (ChronoEdit, HunyuanVideo Framepack): how a step cache names each call's branch. None: such a call is
@@ -204,6 +206,11 @@ class ModelFamily:
     architectures: dict[str, dict[str, Any]] = field(default_factory=dict, hash=False)
     """The real checkpoints, for the memory planner (``dit_sp.memory.planner.ARCHITECTURES``): their
     transformer configs, text-encoder and VAE parameter counts, VAE compression and text length."""
+
+    @property
+    def step_cache(self) -> bool:
+        """Whether the step caches run on the family's blocks (``step_cache_refused`` is empty)."""
+        return not self.step_cache_refused
 
     def ring_refusal(self, config: Any) -> str:
         """Why a ring cannot split the family's transformer of ``config`` (a ``config.json`` mapping) exactly:

@@ -294,7 +294,10 @@ IMAGE_PIPELINES = ("Kandinsky5T2IPipeline", "Kandinsky5I2IPipeline")  # one fram
 
 KANDINSKY5 = ModelFamily(
     name="kandinsky5",
-    step_cache=False,
+    step_cache_refused=(
+        "its decoder blocks take the video as visual_embed, not hidden_states, which diffusers' first-block "
+        "hooks read by name"
+    ),
     class_names=("Kandinsky5Transformer3DModel",),
     plan=_plan,
     hooks=_hooks,

@@ -201,7 +201,10 @@ _DISTILLED = ("LTX2HDRPipeline", "LTX2DFRPipeline")
 
 LTX2 = ModelFamily(
     name="ltx2",
-    step_cache=False,
+    step_cache_refused=(
+        "its blocks return a second stream, the audio (audio_hidden_states), but diffusers' first-block hooks "
+        "pass a skipped block's encoder_hidden_states argument (LTX-2's text) through in its place"
+    ),
     class_names=("LTX2VideoTransformer3DModel",),
     plan=_plan,
     hooks=_hooks,

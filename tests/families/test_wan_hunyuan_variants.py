@@ -77,7 +77,7 @@ def test_step_caches_the_family_never_checked_are_refused_in_one_line(model):
 
     pipe = build_tiny(model)
     for cache in ("first_block:0.1", "teacache:0.1"):
-        with pytest.raises(ConfigError, match=r"^step caching is not supported for \w+ \(\w+ family\): [^\n]+$"):
+        with pytest.raises(ConfigError, match=r"^step caching is refused for \w+ \(\w+ family\): [^\n]+$"):
             enable_cache(pipe, cache)
 
 
