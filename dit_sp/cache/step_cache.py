@@ -45,14 +45,17 @@ def _decision_group(model: torch.nn.Module, family: Any) -> DecisionGroup:
     group = parallel.sample_group if family.cfg_mode == "batched" and parallel.cfg == 2 else parallel.sp_group
 
     def real_tokens(local: int) -> int:
+        # the split's unit: a token, or a whole latent frame of tokens where the plan splits by frames (Sana-Video:
+        # frames-major tokens, the padding whole frames at the end of the last shard)
         if ctx.seq_len is None:
             return local
-        if local != ctx.local_len:
+        if local % ctx.local_len:
             raise RuntimeError(
                 f"step cache: a block's tensor holds {local} tokens, but this rank's shard of the sequence has "
-                f"{ctx.local_len}; the family's blocks are not laid out (B, S, ...)"
+                f"{ctx.local_len} units; the family's blocks are not laid out (B, S, ...)"
             )
-        return max(0, min(local, ctx.seq_len - parallel.sp_rank * local))
+        real_units = max(0, min(ctx.local_len, ctx.seq_len - parallel.sp_rank * ctx.local_len))
+        return local // ctx.local_len * real_units
 
     return DecisionGroup(group, real_tokens)
 

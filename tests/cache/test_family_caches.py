@@ -1,10 +1,10 @@
 """The step caches on the families whose blocks diffusers has no metadata for (``ModelFamily.block_outputs`` registers
-it) or whose cache was never checked: each tiny pipeline, run through ``generate --cache`` on Ulysses 2, skips the same
-steps as one process with the same cache (first-block, and TeaCache with each new kind of probe) and gives its frames
-and latents within 1e-4. The families whose pipelines call per guidance branch outside cache contexts (ChronoEdit,
-Framepack: ``BranchCalls``) also run, in the same workers, where a state must be reset midway (Framepack's second
-section, ChronoEdit's temporal reasoning), whole and then split: each branch has its own state. One spawn runs them
-all."""
+it) or whose cache was never checked (Cosmos, Sana-Video: split by whole frames): each tiny pipeline, run through
+``generate --cache`` on Ulysses 2, skips the same steps as one process with the same cache (first-block, and TeaCache
+with each new kind of probe) and gives its frames and latents within 1e-4. The families whose pipelines call per
+guidance branch outside cache contexts (ChronoEdit, Framepack: ``BranchCalls``) also run, in the same workers, where
+a state must be reset midway (Framepack's second section, ChronoEdit's temporal reasoning), whole and then split:
+each branch has its own state. One spawn runs them all."""
 
 from __future__ import annotations
 
@@ -33,6 +33,10 @@ MODELS = {
     # a call per guidance branch outside cache contexts, named by its prompt tensor (the other cache: branch_runs)
     "tiny-chronoedit": (0.2, None, {"image": "image.png"}),  # its own copy of Wan's block class
     "tiny-hunyuanvideo-framepack": (None, 0.2, {"image": "image.png", "guidance": 4.0}),  # true CFG: two branches
+    "tiny-cosmos2.5": (0.14, None, {}),  # Cosmos' blocks (block_outputs); a call per branch, named by its prompt
+    "tiny-cosmos2-v2w": (None, 0.1, {"image": "image.png"}),  # TeaCache: per-frame timesteps, per-token modulation
+    "tiny-sana-video": (0.14, None, {}),  # split by whole frames: the real tokens of a padded shard are frames' tokens
+    "tiny-sana-video-i2v": (None, 0.3, {"image": "image.png"}),  # TeaCache: per-token timesteps, split by frames
 }
 RUNS = [(m, policy) for policy, i in (("first_block", 0), ("teacache", 1)) for m, spec in MODELS.items() if spec[i]]
 
