@@ -199,9 +199,11 @@ class ModelFamily:
     """For a ``sequential`` family whose pipelines call the transformer per guidance branch outside diffusers' cache
     contexts (ChronoEdit, HunyuanVideo Framepack): how a step cache names each call's branch. None: such a call is
     refused under a step cache (one state would serve both branches)."""
-    block_outputs: dict[str, tuple[int, int | None]] = field(default_factory=dict, hash=False)
+    block_outputs: dict[str, tuple[Any, ...]] = field(default_factory=dict, hash=False)
     """Blocks diffusers has no metadata for, by class name: where their outputs are (the hidden states' index, the
-    encoder hidden states' index or None; ``(0, None)`` for a block returning one tensor). A step cache registers
+    encoder hidden states' index or None; ``(0, None)`` for a block returning one tensor), optionally followed by the
+    names of the arguments taking those two streams where they are not ``hidden_states`` / ``encoder_hidden_states``
+    (LTX-2's second stream, its audio: ``(0, 1, "hidden_states", "audio_hidden_states")``). A step cache registers
     them with diffusers' block registry when it is enabled on the family's model, so that diffusers' hooks read them."""
     architectures: dict[str, dict[str, Any]] = field(default_factory=dict, hash=False)
     """The real checkpoints, for the memory planner (``dit_sp.memory.planner.ARCHITECTURES``): their

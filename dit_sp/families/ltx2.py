@@ -201,10 +201,6 @@ _DISTILLED = ("LTX2HDRPipeline", "LTX2DFRPipeline")
 
 LTX2 = ModelFamily(
     name="ltx2",
-    step_cache_refused=(
-        "its blocks return a second stream, the audio (audio_hidden_states), but diffusers' first-block hooks "
-        "pass a skipped block's encoder_hidden_states argument (LTX-2's text) through in its place"
-    ),
     class_names=("LTX2VideoTransformer3DModel",),
     plan=_plan,
     hooks=_hooks,
@@ -233,4 +229,6 @@ LTX2 = ModelFamily(
     vae=LTX2_VAE,
     vae_factors=dict.fromkeys(_PIPELINES + _DISTILLED, _vae_factors),
     architectures=_ARCHITECTURES,
+    # two streams, video and audio: a skipped block passes its audio_hidden_states argument through (not the text)
+    block_outputs={"LTX2VideoTransformerBlock": (0, 1, "hidden_states", "audio_hidden_states")},
 )

@@ -91,6 +91,10 @@ def test_a_call_outside_a_cache_context_is_refused_or_given_one_for_a_batched_fa
     with pytest.raises(TypeError):  # a call that fails midway (no text states) leaves no cache context behind
         transformer(hidden_states=torch.randn(1, 4, 2, 4, 4), timestep=torch.tensor([500]))
     assert cache_context_of(transformer) is None
+    # a second call at that timestep (LTX-2 DFR's video tiles) would share the step's one state: refused
+    with pytest.raises(ConfigError, match=r"^step caching: EasyAnimateTransformer3DModel was called twice at one "):
+        transformer(hidden_states=torch.randn(1, 4, 2, 4, 4), timestep=torch.tensor([500]))
+    assert cache_context_of(transformer) is None
     cache.undo()
 
 
@@ -232,7 +236,7 @@ def test_calls_per_guidance_branch_are_named_by_their_prompt_tensor():
 
 @pytest.mark.parametrize(("model", "pipeline", "reason"), [
     ("tiny-latte", "LattePipeline", "its spatial and temporal blocks alternate with the hidden states reshaped"),
-    ("tiny-ltx2", "LTX2Pipeline", "pass a skipped block's encoder_hidden_states argument \\(LTX-2's text\\)"),
+    ("tiny-kandinsky5", "Kandinsky5T2VPipeline", "its decoder blocks take the video as visual_embed"),
     ("tiny-minimax-h3", "MiniMaxH3ModularPipeline", "calls the transformer outside any cache context"),
 ])  # fmt: skip
 def test_generate_refuses_a_cache_the_family_refuses_before_loading_with_its_reason(model, pipeline, reason):

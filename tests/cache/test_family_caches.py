@@ -37,6 +37,7 @@ MODELS = {
     "tiny-cosmos2-v2w": (None, 0.1, {"image": "image.png"}),  # TeaCache: per-frame timesteps, per-token modulation
     "tiny-sana-video": (0.14, None, {}),  # split by whole frames: the real tokens of a padded shard are frames' tokens
     "tiny-sana-video-i2v": (None, 0.3, {"image": "image.png"}),  # TeaCache: per-token timesteps, split by frames
+    "tiny-ltx2": (0.3, None, {}),  # two streams: the split video and the whole audio (audio_hidden_states)
 }
 RUNS = [(m, policy) for policy, i in (("first_block", 0), ("teacache", 1)) for m, spec in MODELS.items() if spec[i]]
 
