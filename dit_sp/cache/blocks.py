@@ -37,16 +37,20 @@ def transformer_blocks(model: torch.nn.Module, *, cached: bool = True) -> list[t
     return blocks
 
 
-def register_declared_blocks(model: torch.nn.Module, outputs: Mapping[str, tuple[int, int | None]]) -> None:
-    """Register with diffusers the model's blocks that it has no metadata for and that ``outputs`` describes (a
-    family's ``block_outputs``: class name -> where the hidden states and encoder hidden states are returned, and
-    optionally the names of the arguments that take those two streams)."""
+def register_declared_blocks(model: torch.nn.Module, outputs: Mapping[str, tuple]) -> None:
+    """Register with diffusers the model's blocks that ``outputs`` describes (a family's ``block_outputs``: class
+    name -> where the hidden states and encoder hidden states are returned, and optionally the names of the arguments
+    that take those two streams) where diffusers has no metadata for them, or, with names, none its hooks honour
+    (Kandinsky 5's, naming ``visual_embed``, which diffusers' first-block hooks do not read)."""
     for child in model.modules():
         cls = type(child)
         if cls.__name__ in outputs:
             try:
-                _compat.block_metadata(cls)
+                meta = _compat.block_metadata(cls)
             except ValueError:
+                meta = None
+            named = len(outputs[cls.__name__]) > 2
+            if meta is None or (named and not isinstance(meta, _compat.named_metadata())):
                 _compat.register_block_metadata(cls, *outputs[cls.__name__])
 
 
