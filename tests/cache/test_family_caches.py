@@ -24,7 +24,6 @@ pytestmark = pytest.mark.slow  # spawns worker processes
 MODELS = {
     "tiny-skyreels-v2": (0.14, 0.5, {}),  # a Wan 2.1 transformer of its own block class; guidance in cache contexts
     "tiny-skyreels-v2-df": (None, 0.2, {}),  # diffusion forcing: TeaCache's probe per token (a timestep per frame)
-    "tiny-wan-animate": (0.14, None, {"image": "image.png", "pose_video": "pose", "face_video": "face"}),  # own blocks
     "tiny-hunyuanvideo15": (0.3, 0.2, {}),  # dual-stream blocks returning (video, text); TeaCache: norm1's output
     "tiny-helios": (0.14, 0.5, {}),  # TeaCache: its per-token timestep modulation
     "tiny-easyanimate": (0.14, 0.2, {}),  # batched guidance outside cache contexts: one context for its one call a step
@@ -55,10 +54,6 @@ def _settings(tmp, model: str, policy: str, name: str, **flags) -> GenerateConfi
 def _write_inputs(tmp) -> None:
     rng = np.random.RandomState(0)
     Image.fromarray((rng.rand(40, 30, 3) * 255).astype("uint8")).save(tmp / "image.png")
-    for name, size in (("pose", (48, 32)), ("face", (20, 20))):
-        (tmp / name).mkdir()
-        for i in range(9):
-            Image.fromarray((rng.rand(*size, 3) * 255).astype("uint8")).save(tmp / name / f"{i:03d}.png")
 
 
 @pytest.fixture(scope="module")

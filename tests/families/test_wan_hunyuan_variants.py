@@ -69,7 +69,7 @@ def test_real_architectures_have_their_published_sizes(name, low, high):
 
 @pytest.mark.parametrize("model", ["tiny-anyflow"])
 def test_step_caches_the_family_never_checked_are_refused_in_one_line(model):
-    """AnyFlow's blocks have no metadata: the family says so (``step_cache=False``), and both caches are refused
+    """AnyFlow's blocks have no metadata: the family says so (``step_cache_refused``), and both caches are refused
     naming it. (ChronoEdit's caches run: tests/cache/test_family_caches.py.)"""
     from dit_sp.cache import enable_cache
     from dit_sp.errors import ConfigError
