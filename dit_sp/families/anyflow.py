@@ -39,10 +39,7 @@ _ARCHITECTURES = {"anyflow-wan2.1-t2v-14b": wan_architecture({"transformer": _14
 
 ANYFLOW = ModelFamily(
     name="anyflow",
-    step_cache_refused=(
-        "diffusers has no block metadata for AnyFlowTransformerBlock and the family registers none (block_outputs), "
-        "so no cache was checked against one process on its flow-map steps"
-    ),
+    block_outputs={"AnyFlowTransformerBlock": (0, None)},  # each block returns the video alone
     class_names=("AnyFlowTransformer3DModel",),
     plan=_plan,
     attention_modules=("blocks.*.attn1",),

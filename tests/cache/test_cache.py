@@ -236,7 +236,7 @@ def test_calls_per_guidance_branch_are_named_by_their_prompt_tensor():
 
 @pytest.mark.parametrize(("model", "pipeline", "reason"), [
     ("tiny-latte", "LattePipeline", "its spatial and temporal blocks alternate with the hidden states reshaped"),
-    ("tiny-anyflow", "AnyFlowPipeline", "no block metadata for AnyFlowTransformerBlock"),
+    ("tiny-cosmos3", "Cosmos3OmniPipeline", "take the generated tokens packed without a batch dimension"),
     ("tiny-minimax-h3", "MiniMaxH3ModularPipeline", "calls the transformer outside any cache context"),
 ])  # fmt: skip
 def test_generate_refuses_a_cache_the_family_refuses_before_loading_with_its_reason(model, pipeline, reason):
