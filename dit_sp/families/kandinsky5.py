@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dit_sp._compat import context_parallel_types
+from dit_sp._compat import block_argument, context_parallel_types
 from dit_sp.errors import ConfigError
 from dit_sp.families.family import BranchCalls, ModelFamily, Undo, generation_defaults, no_grad
 from dit_sp.families.hunyuan_video import hunyuan_video_vae_factors
@@ -190,6 +190,12 @@ def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
     return [*handles, Undo(lambda: [fn() for fn in undo])]
 
 
+def _teacache_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict) -> tuple[Tensor, bool]:
+    """TeaCache's probe: the time embedding the visual blocks modulate with (``time_embed``, ``(B, C)``: whole on every
+    rank)."""
+    return block_argument(meta, "time_embed", args, kwargs), False
+
+
 def _ring_refused_by(config: Any) -> str:
     """A NABLA checkpoint's ring refusal, from its transformer's config (``ModelFamily.ring_refused_by``)."""
     return NABLA_RING_REFUSAL if config.get("attention_type", "regular") == "nabla" else ""
@@ -302,6 +308,7 @@ KANDINSKY5 = ModelFamily(
     # diffusers' metadata names visual_embed, which its first-block hooks do not read: registered again as ours
     block_outputs={"Kandinsky5TransformerDecoderBlock": (0, None, "visual_embed", "encoder_hidden_states")},
     cache_branches=BranchCalls(),  # its pipelines call per guidance branch outside diffusers' cache contexts
+    teacache_probe=_teacache_probe,
     class_names=("Kandinsky5Transformer3DModel",),
     plan=_plan,
     hooks=_hooks,

@@ -37,8 +37,8 @@ MODELS = {
     "tiny-sana-video": (0.14, None, {}),  # split by whole frames: the real tokens of a padded shard are frames' tokens
     "tiny-sana-video-i2v": (None, 0.3, {"image": "image.png"}),  # TeaCache: per-token timesteps, split by frames
     "tiny-ltx2": (0.3, None, {}),  # two streams: the split video and the whole audio (audio_hidden_states)
-    "tiny-kandinsky5": (0.5, None, {}),  # blocks taking visual_embed (named metadata); a call per guidance branch
-    "tiny-anyflow": (0.14, None, {}),  # its own block class (block_outputs); batched guidance outside cache contexts
+    "tiny-kandinsky5": (0.5, 0.3, {}),  # blocks taking visual_embed (named metadata); TeaCache: time_embed, (B, C)
+    "tiny-anyflow": (0.14, 0.6, {}),  # its own block class (block_outputs); TeaCache: per-token temb, (B, S, 6, C)
 }
 RUNS = [(m, policy) for policy, i in (("first_block", 0), ("teacache", 1)) for m, spec in MODELS.items() if spec[i]]
 
