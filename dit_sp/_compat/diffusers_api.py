@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import importlib
 import importlib.metadata
 from collections.abc import Callable
@@ -126,13 +127,33 @@ def block_metadata(block_cls: type) -> Any:
     return _hooks_private("diffusers.hooks._helpers:TransformerBlockRegistry").get(block_cls)
 
 
-def register_block_metadata(block_cls: type, hidden_states_index: int, encoder_hidden_states_index: int | None) -> None:
-    """Tell diffusers' block hooks where the outputs of a block class it has no metadata for are
-    (``TransformerBlockRegistry.register``: diffusers' own registry, process-wide; registering again replaces it)."""
+@functools.cache
+def named_metadata() -> type:
+    """diffusers' ``TransformerBlockMetadata`` whose argument names its hooks honour: they read a block's
+    ``hidden_states`` and ``encoder_hidden_states`` by those names (the private ``_get_parameter_from_args_kwargs``),
+    which this reads from the arguments the metadata names instead (LTX-2's ``audio_hidden_states``)."""
+    base = _hooks_private("diffusers.hooks._helpers:TransformerBlockMetadata")
+
+    class NamedArgumentsMetadata(base):
+        def _get_parameter_from_args_kwargs(self, identifier: str, args: tuple = (), kwargs: dict | None = None):
+            names = {"hidden_states": self.hidden_states_argument_name,
+                     "encoder_hidden_states": self.encoder_hidden_states_argument_name}  # fmt: skip
+            return super()._get_parameter_from_args_kwargs(names.get(identifier, identifier), args, kwargs)
+
+    return NamedArgumentsMetadata
+
+
+def register_block_metadata(block_cls: type, hidden_states_index: int, encoder_hidden_states_index: int | None,
+                            hidden_states_name: str = "hidden_states",
+                            encoder_hidden_states_name: str = "encoder_hidden_states") -> None:  # fmt: skip
+    """Tell diffusers' block hooks where the outputs of a block class it has no metadata for are, and the arguments
+    that take those streams (``TransformerBlockRegistry.register``: diffusers' own registry, process-wide; registering
+    again replaces it)."""
     registry = _hooks_private("diffusers.hooks._helpers:TransformerBlockRegistry")
-    metadata = _hooks_private("diffusers.hooks._helpers:TransformerBlockMetadata")
-    outputs = metadata(return_hidden_states_index=hidden_states_index,
-                       return_encoder_hidden_states_index=encoder_hidden_states_index)  # fmt: skip
+    outputs = named_metadata()(return_hidden_states_index=hidden_states_index,
+                                return_encoder_hidden_states_index=encoder_hidden_states_index,
+                                hidden_states_argument_name=hidden_states_name,
+                                encoder_hidden_states_argument_name=encoder_hidden_states_name)  # fmt: skip
     registry.register(model_class=block_cls, metadata=outputs)
 
 

@@ -26,24 +26,31 @@ def transformer_blocks(model: torch.nn.Module, *, cached: bool = True) -> list[t
         raise ConfigError(f"{type(model).__name__}: step caching needs 2+ blocks, it has {len(blocks)}")
     for block in blocks if cached else ():
         try:
-            _compat.block_metadata(type(block))
+            meta = _compat.block_metadata(type(block))
         except ValueError:
             raise ConfigError(f"step caching: diffusers has no block metadata for {type(block).__name__}") from None
-        if "hidden_states" not in inspect.signature(block.forward).parameters:  # diffusers' caches read it by name
-            raise ConfigError(f"step caching: {type(block).__name__} takes no 'hidden_states' argument, which "
+        # diffusers' hooks read "hidden_states" by that name; metadata registered here may name another argument
+        name = meta.hidden_states_argument_name if isinstance(meta, _compat.named_metadata()) else "hidden_states"
+        if name not in inspect.signature(block.forward).parameters:  # diffusers' caches read it by name
+            raise ConfigError(f"step caching: {type(block).__name__} takes no {name!r} argument, which "
                               "diffusers' block caches read; run without a step cache")  # fmt: skip
     return blocks
 
 
-def register_declared_blocks(model: torch.nn.Module, outputs: Mapping[str, tuple[int, int | None]]) -> None:
-    """Register with diffusers the model's blocks that it has no metadata for and that ``outputs`` describes (a
-    family's ``block_outputs``: class name -> where the hidden states and encoder hidden states are returned)."""
+def register_declared_blocks(model: torch.nn.Module, outputs: Mapping[str, tuple]) -> None:
+    """Register with diffusers the model's blocks that ``outputs`` describes (a family's ``block_outputs``: class
+    name -> where the hidden states and encoder hidden states are returned, and optionally the names of the arguments
+    that take those two streams) where diffusers has no metadata for them, or, with names, none its hooks honour
+    (Kandinsky 5's, naming ``visual_embed``, which diffusers' first-block hooks do not read)."""
     for child in model.modules():
         cls = type(child)
         if cls.__name__ in outputs:
             try:
-                _compat.block_metadata(cls)
+                meta = _compat.block_metadata(cls)
             except ValueError:
+                meta = None
+            named = len(outputs[cls.__name__]) > 2
+            if meta is None or (named and not isinstance(meta, _compat.named_metadata())):
                 _compat.register_block_metadata(cls, *outputs[cls.__name__])
 
 

@@ -2,7 +2,9 @@
 pipeline names around each call (``with transformer.cache_context("cond")``). A call made outside any context gets one
 here, by the family's rule, or is refused:
 
-- batched guidance (``cfg_mode="batched"``: EasyAnimate, Allegro): the one call a step gets ``"cond_uncond"``;
+- batched guidance (``cfg_mode="batched"``: EasyAnimate, Allegro, LTX-2's distilled passes): the one call a step gets
+  ``"cond_uncond"``; a second call at the same timestep (LTX-2 DFR's video tiles: other tokens each) is refused, since
+  the step's one state would then serve different inputs;
 - one call per guidance branch, named by the family's ``cache_branches`` (``BranchCalls``: ChronoEdit, HunyuanVideo
   Framepack): a call is in the branch of the prompt tensor it gets (the pipeline passes one tensor per branch for the
   whole run, conditional first: the first tensor of a run names ``"cond"``, the second ``"uncond"``, a third is
@@ -28,6 +30,7 @@ from diffusers.hooks.hooks import CacheContext, HookRegistry, ModelHook
 
 from dit_sp.cache.blocks import cache_context_of, register_hook, remove_hook, set_cache_context, transformer_blocks
 from dit_sp.errors import ConfigError
+from dit_sp.families.family import BranchCalls
 
 BRANCHES = ("cond", "uncond")
 """The contexts of a family's guidance calls, in the order its pipelines make them."""
@@ -93,6 +96,25 @@ def _branch_namer(model: torch.nn.Module, calls: Any) -> tuple[Callable[[tuple, 
     return name, lambda: remove_hook(head, _RUN_HOOK)
 
 
+def _one_call_a_step(model: torch.nn.Module, timestep_arg: str) -> tuple[Callable[[tuple, dict], None], Callable]:
+    """``(check, undo)``: ``check(args, kwargs)`` refuses a call at the timestep of the run's previous call (a batched
+    family's calls outside a cache context share one state: one call a step)."""
+    run, head = _Run(), transformer_blocks(model)[0]
+    register_hook(head, run, _RUN_HOOK)
+    kind = type(model).__name__
+
+    def check(args: tuple, kwargs: dict) -> None:
+        timestep = _argument(model, timestep_arg, args, kwargs)
+        t = float(timestep.max()) if isinstance(timestep, torch.Tensor) else None
+        if t is not None and t == run.timestep:
+            raise ConfigError(f"step caching: {kind} was called twice at one timestep outside a cache context (e.g. "
+                              "video tiles), and one cache state would serve both calls' different inputs; call it "
+                              "inside model.cache_context(name) per input, or run without a cache")  # fmt: skip
+        run.timestep = t
+
+    return check, lambda: remove_hook(head, _RUN_HOOK)
+
+
 def context_for_every_call(model: torch.nn.Module, family: Any) -> Callable[[], None]:
     """Give each call of ``model`` made outside a cache context the context of the family's rule (the module
     docstring), or refuse it. Returns the undo."""
@@ -101,12 +123,16 @@ def context_for_every_call(model: torch.nn.Module, family: Any) -> Callable[[], 
     if family.cfg_mode != "batched" and family.cache_branches is not None:
         name, forget = _branch_namer(model, family.cache_branches)
         undo.append(forget)
+    if family.cfg_mode == "batched":
+        one_call, forget = _one_call_a_step(model, (family.cache_branches or BranchCalls()).timestep)
+        undo.append(forget)
     given = []  # the context this hook set for the call in progress (the model's own hooks: one model, one call)
 
     def enter(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         if cache_context_of(module) is not None:
             return
         if family.cfg_mode == "batched":
+            one_call(args, kwargs)
             context = "cond_uncond"
         elif name is not None:
             context = name(args, kwargs)

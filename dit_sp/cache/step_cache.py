@@ -45,16 +45,26 @@ def _decision_group(model: torch.nn.Module, family: Any) -> DecisionGroup:
     group = parallel.sample_group if family.cfg_mode == "batched" and parallel.cfg == 2 else parallel.sp_group
 
     def real_tokens(local: int) -> int:
+        # the split's unit: a token, or a whole latent frame of tokens where the plan splits by frames (Sana-Video:
+        # frames-major tokens, the padding whole frames at the end of the last shard)
         if ctx.seq_len is None:
             return local
-        if local != ctx.local_len:
+        if local % ctx.local_len:
             raise RuntimeError(
                 f"step cache: a block's tensor holds {local} tokens, but this rank's shard of the sequence has "
-                f"{ctx.local_len}; the family's blocks are not laid out (B, S, ...)"
+                f"{ctx.local_len} units; the family's blocks are not laid out (B, S, ...)"
             )
-        return max(0, min(local, ctx.seq_len - parallel.sp_rank * local))
+        real_units = max(0, min(ctx.local_len, ctx.seq_len - parallel.sp_rank * ctx.local_len))
+        return local // ctx.local_len * real_units
 
     return DecisionGroup(group, real_tokens)
+
+
+def step_cache_refusal(name: str, family: Any) -> str:
+    """The one line refusing a step cache for ``name`` (a transformer or pipeline class) of ``family``."""
+    return (
+        f"step caching is refused for {name} ({family.name} family): {family.step_cache_refused}; run without --cache"
+    )
 
 
 def _forget_hook_locations(model: torch.nn.Module) -> None:
@@ -87,9 +97,8 @@ def enable_cache(obj: Any, cache: str | CacheSpec) -> StepCache:
             if getattr(model, _CACHE_ATTR, None) is not None or model_cache_config(model) is not None:
                 raise ConfigError(f"{type(model).__name__} already has a step cache; undo it (or disable_cache())")
             family = family_of(model)
-            if not family.step_cache:
-                raise ConfigError(f"step caching is not supported for {type(model).__name__} ({family.name} family): "
-                                  "no cache has been checked exact on its blocks; run without a cache")  # fmt: skip
+            if family.step_cache_refused:
+                raise ConfigError(step_cache_refusal(type(model).__name__, family))
             register_declared_blocks(model, family.block_outputs)
             where = _decision_group(model, family)
             if spec.policy == "first_block":

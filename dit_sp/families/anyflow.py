@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dit_sp._compat import context_parallel_types
-from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.families.family import ModelFamily, generation_defaults, timestep_probe
 from dit_sp.families.wan import wan_architecture, wan_vae_factors
 
 if TYPE_CHECKING:
@@ -39,7 +39,8 @@ _ARCHITECTURES = {"anyflow-wan2.1-t2v-14b": wan_architecture({"transformer": _14
 
 ANYFLOW = ModelFamily(
     name="anyflow",
-    step_cache=False,
+    block_outputs={"AnyFlowTransformerBlock": (0, None)},  # each block returns the video alone
+    teacache_probe=timestep_probe,  # the blocks' per-token timestep modulation (temb, (B, S, 6, C)), as Wan 2.2 TI2V's
     class_names=("AnyFlowTransformer3DModel",),
     plan=_plan,
     attention_modules=("blocks.*.attn1",),

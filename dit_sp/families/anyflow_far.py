@@ -180,7 +180,10 @@ _FAR_1_3B = {"num_attention_heads": 12, "ffn_dim": 8960, "num_layers": 30, "chun
 
 ANYFLOW_FAR = ModelFamily(
     name="anyflow_far",
-    step_cache=False,
+    step_cache_refused=(
+        "its blocks read and fill per-block KV caches of the frames already made (kv_cache, kv_cache_flag), "
+        "which a skipped block would leave unfilled for the next chunk"
+    ),
     class_names=("AnyFlowFARTransformer3DModel",),
     plan=_plan,
     hooks=_hooks,

@@ -29,5 +29,8 @@ CONSISID = ModelFamily(
     vae=COGVIDEOX_VAE,
     shape_check=_shape_check,
     tiny_models=("tiny-consisid",),
-    step_cache=False,  # diffusers has no block metadata for ConsisIDBlock
+    step_cache_refused=(
+        "its identity perceiver cross-attention adds to the hidden states between blocks (every "
+        "cross_attn_interval), outside the blocks the cache hooks skip, so a skipped step would add it twice"
+    ),
 )

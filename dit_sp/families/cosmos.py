@@ -19,6 +19,11 @@ with torchvision: where it is missing, ``prepare_pipeline`` puts torch's nearest
 Cosmos 1's wavelet VAE (``AutoencoderKLCosmos``) decodes and encodes with each frame's rows split over a sample's
 processes (``COSMOS_VAE``); Cosmos 2 / 2.5 ship Wan's VAE, split by the Wan family's plan.
 
+Step caches: the blocks return the video alone (``block_outputs``); the stock pipelines call once per guidance branch
+outside diffusers' cache contexts, so each call's branch is named by its prompt tensor (``cache_branches``). TeaCache
+compares the blocks' ``embedded_timestep`` (per token with per-frame timesteps). Cosmos-Transfer2.5's ControlNet
+residuals are added inside the blocks, so a skipped step reuses the last computed step's.
+
 GRPO (``Cosmos25Policy``) trains Cosmos-Predict2.5 text-to-world: its velocity is already the flow-matching one, at
 the timestep ``s`` itself (not ``1000 s``); its guidance is ``cond + w (cond - uncond)``.
 """
@@ -27,9 +32,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dit_sp._compat import context_parallel_types, install_cosmos_resize
+from dit_sp._compat import block_argument, context_parallel_types, install_cosmos_resize
 from dit_sp.errors import ConfigError
-from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.families.family import BranchCalls, ModelFamily, generation_defaults
 from dit_sp.families.policy import DiffusersPolicy
 from dit_sp.vae import Padding, VAEPlan
 
@@ -92,6 +97,13 @@ def _plan(model: torch.nn.Module) -> dict:
     return plan
 
 
+def _teacache_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict) -> tuple[Tensor, bool]:
+    """TeaCache's probe: the timestep embedding the blocks modulate with (``embedded_timestep``), ``(B, C)``, or per
+    token ``(B, S_local, C)`` with per-frame timesteps (video-to-world's conditioning frames: split as the video)."""
+    embedded = block_argument(meta, "embedded_timestep", args, kwargs)
+    return embedded, embedded.dim() == 3
+
+
 def _controlnet_plan(model: torch.nn.Module) -> dict:
     """Cosmos-Transfer2.5's ControlNet: its control tokens and the base latents' tokens split at the first block (the
     one that adds them), its rotary tables, positional embedding and per-token modulation as the transformer's, and
@@ -114,7 +126,7 @@ CONTROLNET = ModelFamily(
     class_names=("CosmosControlNetModel",),
     plan=_controlnet_plan,
     attention_modules=("control_blocks.*.attn1",),
-    step_cache=False,
+    step_cache_refused="a ControlNet: its outputs feed the transformer's blocks, which take the step cache",
 )
 """How ``parallelize`` splits a Cosmos pipeline's ControlNet (``ModelFamily.controlnet``)."""
 
@@ -240,7 +252,6 @@ PIPELINES = ("CosmosTextToWorldPipeline", "CosmosVideoToWorldPipeline", "Cosmos2
 
 COSMOS = ModelFamily(
     name="cosmos",
-    step_cache=False,
     class_names=("CosmosTransformer3DModel",),
     plan=_plan,
     attention_modules=("transformer_blocks.*.attn1",),
@@ -269,4 +280,7 @@ COSMOS = ModelFamily(
     pipelines=("Cosmos2_5_PredictBasePipeline",),
     policy=Cosmos25Policy,
     policy_refused={"CosmosTextToWorldPipeline": COSMOS1_NOT_TRAINED},
+    block_outputs={"CosmosTransformerBlock": (0, None)},  # the transformer's blocks return the video alone
+    teacache_probe=_teacache_probe,
+    cache_branches=BranchCalls(),  # its pipelines call per guidance branch outside diffusers' cache contexts
 )

@@ -172,7 +172,11 @@ _ARCHITECTURES = {
 
 COSMOS3 = ModelFamily(
     name="cosmos3",
-    step_cache=False,
+    step_cache_refused=(
+        "its decoder layers take the generated tokens packed without a batch dimension (gen_seq, (S, C)), while the "
+        "caches decide from a (B, S_local, ...) residual reduced over the split; and diffusers' first-block hooks "
+        "read hidden_states by name, which its layers take as gen_seq"
+    ),
     class_names=("Cosmos3OmniTransformer",),
     plan=lambda model: {},  # the model's own seams split and gather (``_hooks``)
     hooks=_hooks,

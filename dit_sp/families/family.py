@@ -194,20 +194,29 @@ class ModelFamily:
     """Pipeline classes of the family whose own code computes with the decoded frames (LTX's long multi-prompt
     pipeline blends its decoded tiles): ``parallelize`` assembles their split VAE's frames on every rank, even
     with ``frames_on="leader"``."""
-    step_cache: bool = True
-    """Whether step caching and regional compile find the family's blocks (diffusers has block metadata for
-    them, or ``block_outputs`` gives it); ``tests/zoo/test_family_table.py`` checks this against the tiny models."""
+    step_cache_refused: str = ""
+    """Why the step caches cannot run exactly on the family's blocks (empty: they can: diffusers has block metadata for
+    them, or ``block_outputs`` gives it, and nothing runs between blocks that the hooks would skip wrongly);
+    ``enable_cache`` and ``generate --cache`` (before loading) refuse with it, the family table shows "refused", and
+    ``tests/zoo/test_family_table.py`` checks it against the tiny models."""
     cache_branches: BranchCalls | None = None
     """For a ``sequential`` family whose pipelines call the transformer per guidance branch outside diffusers' cache
     contexts (ChronoEdit, HunyuanVideo Framepack): how a step cache names each call's branch. None: such a call is
     refused under a step cache (one state would serve both branches)."""
-    block_outputs: dict[str, tuple[int, int | None]] = field(default_factory=dict, hash=False)
+    block_outputs: dict[str, tuple[Any, ...]] = field(default_factory=dict, hash=False)
     """Blocks diffusers has no metadata for, by class name: where their outputs are (the hidden states' index, the
-    encoder hidden states' index or None; ``(0, None)`` for a block returning one tensor). A step cache registers
+    encoder hidden states' index or None; ``(0, None)`` for a block returning one tensor), optionally followed by the
+    names of the arguments taking those two streams where they are not ``hidden_states`` / ``encoder_hidden_states``
+    (LTX-2's second stream, its audio: ``(0, 1, "hidden_states", "audio_hidden_states")``). A step cache registers
     them with diffusers' block registry when it is enabled on the family's model, so that diffusers' hooks read them."""
     architectures: dict[str, dict[str, Any]] = field(default_factory=dict, hash=False)
     """The real checkpoints, for the memory planner (``dit_sp.memory.planner.ARCHITECTURES``): their
     transformer configs, text-encoder and VAE parameter counts, VAE compression and text length."""
+
+    @property
+    def step_cache(self) -> bool:
+        """Whether the step caches run on the family's blocks (``step_cache_refused`` is empty)."""
+        return not self.step_cache_refused
 
     def ring_refusal(self, config: Any) -> str:
         """Why a ring cannot split the family's transformer of ``config`` (a ``config.json`` mapping) exactly:

@@ -8,6 +8,11 @@ the plan splits the tokens where the first block takes them, the rotary table (`
 full table for every block) where each block's self-attention takes it, and gathers after the last block (the output
 layer unflattens the whole video). diffusers ships no ``_cp_plan`` for this model.
 
+Step caches: diffusers' metadata for the visual blocks names their video argument ``visual_embed``, which its
+first-block hooks do not read; the family registers it again so that they do (``block_outputs`` with argument names).
+The pipelines call once per guidance branch outside diffusers' cache contexts: each call's branch is named by its
+prompt tensor (``cache_branches``).
+
 NABLA sparse attention (``attention_type: nabla``, the 10 s checkpoints: the pipelines then pass ``sparse_params``)
 flattens the tokens in fractal order (64-token ``8 x 8`` neighbourhoods, ``fractal_flatten``) in the model's forward,
 in front of the first visual block, where the plan splits them: each rank holds whole NABLA blocks in that order (the
@@ -32,9 +37,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dit_sp._compat import context_parallel_types
+from dit_sp._compat import block_argument, context_parallel_types
 from dit_sp.errors import ConfigError
-from dit_sp.families.family import ModelFamily, Undo, generation_defaults, no_grad
+from dit_sp.families.family import BranchCalls, ModelFamily, Undo, generation_defaults, no_grad
 from dit_sp.families.hunyuan_video import hunyuan_video_vae_factors
 from dit_sp.families.image_vae import AUTOENCODER_KL_VAE
 from dit_sp.families.nabla import NablaOps, SequenceParallelNablaProcessor
@@ -185,6 +190,12 @@ def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
     return [*handles, Undo(lambda: [fn() for fn in undo])]
 
 
+def _teacache_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict) -> tuple[Tensor, bool]:
+    """TeaCache's probe: the time embedding the visual blocks modulate with (``time_embed``, ``(B, C)``: whole on every
+    rank)."""
+    return block_argument(meta, "time_embed", args, kwargs), False
+
+
 def _ring_refused_by(config: Any) -> str:
     """A NABLA checkpoint's ring refusal, from its transformer's config (``ModelFamily.ring_refused_by``)."""
     return NABLA_RING_REFUSAL if config.get("attention_type", "regular") == "nabla" else ""
@@ -294,7 +305,10 @@ IMAGE_PIPELINES = ("Kandinsky5T2IPipeline", "Kandinsky5I2IPipeline")  # one fram
 
 KANDINSKY5 = ModelFamily(
     name="kandinsky5",
-    step_cache=False,
+    # diffusers' metadata names visual_embed, which its first-block hooks do not read: registered again as ours
+    block_outputs={"Kandinsky5TransformerDecoderBlock": (0, None, "visual_embed", "encoder_hidden_states")},
+    cache_branches=BranchCalls(),  # its pipelines call per guidance branch outside diffusers' cache contexts
+    teacache_probe=_teacache_probe,
     class_names=("Kandinsky5Transformer3DModel",),
     plan=_plan,
     hooks=_hooks,

@@ -155,7 +155,10 @@ _ARCHITECTURES = {
 
 KANDINSKY6 = ModelFamily(
     name="kandinsky6",
-    step_cache=False,
+    step_cache_refused=(
+        "its fused blocks take the video and audio streams as vis and aud, not hidden_states (diffusers' cache "
+        "hooks read that argument by name), and diffusers has no block metadata for them"
+    ),
     class_names=("Kandinsky6Transformer3DModel",),
     plan=_plan,
     attention_modules=("visual_transformer_blocks.*.video_dec_block.self_attention",),

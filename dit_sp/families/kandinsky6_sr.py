@@ -123,7 +123,10 @@ PIPELINE = "Kandinsky6SRPipeline"
 
 KANDINSKY6_SR = ModelFamily(
     name="kandinsky6_sr",
-    step_cache=False,
+    step_cache_refused=(
+        "its blocks take the video as visual_embed, not hidden_states (diffusers' cache hooks read that "
+        "argument by name), and diffusers has no block metadata for them"
+    ),
     class_names=("Kandinsky6SRTransformer3DModel",),
     plan=_plan,
     hooks=_hooks,

@@ -101,7 +101,11 @@ LATTE = ModelFamily(
     cfg_mode="batched",
     cfg_batched_args=("hidden_states", "timestep", "encoder_hidden_states", "encoder_attention_mask"),
     # the pipeline calls the model on [unconditional, conditional] (``do_classifier_free_guidance``)
-    step_cache=False,
+    step_cache_refused=(
+        "its spatial and temporal blocks alternate with the hidden states reshaped between them ((B F, S, C) "
+        "and (B S, F, C)) and a temporal position embedding added after the first, which the cache hooks, "
+        "taking the blocks as one chain, would skip wrongly"
+    ),
     shape_check=_shape_check,
     vae=AUTOENCODER_KL_VAE,  # its image VAE, split by rows (it decodes the frames in chunks of a batch)
     tiny_models=("tiny-latte",),

@@ -201,7 +201,6 @@ _DISTILLED = ("LTX2HDRPipeline", "LTX2DFRPipeline")
 
 LTX2 = ModelFamily(
     name="ltx2",
-    step_cache=False,
     class_names=("LTX2VideoTransformer3DModel",),
     plan=_plan,
     hooks=_hooks,
@@ -230,4 +229,6 @@ LTX2 = ModelFamily(
     vae=LTX2_VAE,
     vae_factors=dict.fromkeys(_PIPELINES + _DISTILLED, _vae_factors),
     architectures=_ARCHITECTURES,
+    # two streams, video and audio: a skipped block passes its audio_hidden_states argument through (not the text)
+    block_outputs={"LTX2VideoTransformerBlock": (0, 1, "hidden_states", "audio_hidden_states")},
 )

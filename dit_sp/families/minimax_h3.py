@@ -50,7 +50,10 @@ MINIMAX_H3_VAE = VAEPlan(
 
 MINIMAX_H3 = ModelFamily(
     name="minimax_h3",
-    step_cache=False,
+    step_cache_refused=(
+        "diffusers has no block metadata for MiniMaxH3TransformerBlock, and its modular pipeline calls the "
+        "transformer outside any cache context"
+    ),
     class_names=("MiniMaxH3Transformer3DModel",),
     modular_pipelines=("MiniMaxH3ModularPipeline",),
     modular_workflow="t2va",  # generate runs text to video and audio: a repository's transformer_ref is not loaded

@@ -17,6 +17,10 @@ model's own frame count is this rank's. Then:
   are zeroed first, so the last real frame sees zeros after it, as in one process);
 - cross-attention: local queries against the whole text; norms and modulation: per token;
 - the rotary table is the whole video's, this rank's frames cut out of it; the output is gathered along F.
+
+Step caches: each block returns the video alone (``block_outputs``); the real tokens of a padded shard are its real
+frames' tokens (``dit_sp.cache.step_cache``). TeaCache compares the blocks' ``timestep`` modulation (per token for
+image-to-video). The model's ``controlnet_block_samples``, added between blocks, are passed by no stock pipeline.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from dit_sp._compat import context_parallel_types
+from dit_sp._compat import block_argument, context_parallel_types
 from dit_sp.errors import ConfigError
 from dit_sp.families.family import ModelFamily, generation_defaults, no_grad
 from dit_sp.families.image_vae import AUTOENCODER_DC_VAE
@@ -98,6 +102,13 @@ def _plan(model: torch.nn.Module) -> dict:
     cp_input, _ = context_parallel_types()
     frames = cp_input(split_dim=2, expected_dims=5)  # (B, C, F, H, W): whole frames per rank
     return {"": {"hidden_states": frames, "timestep": frames}}
+
+
+def _teacache_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict) -> tuple[Tensor, bool]:
+    """TeaCache's probe: the timestep modulation the blocks take (``timestep``), ``(B, 1, 6 C)``, or per token
+    ``(B, S_local, 6 C)`` (the image-to-video pipeline's per-token timesteps, split by frames as the video)."""
+    timestep = block_argument(meta, "timestep", args, kwargs)
+    return timestep, timestep.shape[1] > 1
 
 
 def _check(model: torch.nn.Module) -> None:
@@ -289,7 +300,8 @@ SANA_VIDEO = ModelFamily(
     check=_check,
     shape_check=_shape_check,
     vae=AUTOENCODER_DC_VAE,  # the deep-compression AE its pipelines accept (Wan's VAE: split by the Wan family's plan)
-    step_cache=False,
+    block_outputs={"SanaVideoTransformerBlock": (0, None)},  # each block returns the video alone
+    teacache_probe=_teacache_probe,
     pipelines=("SanaVideoPipeline",),
     policy=SanaVideoPolicy,
     tiny_models=("tiny-sana-video", "tiny-sana-video-i2v"),

@@ -315,7 +315,10 @@ SANA_WM = ModelFamily(
     check=_check,
     layout_check=_layout_check,
     ring_refused=RING_REFUSAL,
-    step_cache=False,
+    step_cache_refused=(
+        "its blocks take the video as x, not hidden_states (diffusers' cache hooks read that argument by "
+        "name), and diffusers has no block metadata for them"
+    ),
     tiny_models=("tiny-sana-wm",),
     checkpoint_defaults={"SanaWMPipeline": generation_defaults(161, 704, 1280, 60, 5.0, 300)},
     vae_factors={"SanaWMPipeline": _vae_factors},

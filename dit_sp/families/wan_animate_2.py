@@ -123,7 +123,10 @@ MODULAR_PIPELINES = ("WanAnimate2ModularPipeline", "WanAnimate2DistilledModularP
 
 WAN_ANIMATE_2 = ModelFamily(
     name="wan_animate_2",
-    step_cache=False,
+    step_cache_refused=(
+        "its blocks read and fill per-block KV caches (kv_cache_mode extract / read), which a skipped block "
+        "would leave unfilled, and its unconditional calls skip block 9, so its two branches run different blocks"
+    ),
     class_names=("WanAnimate2Transformer3DModel",),
     modular_pipelines=MODULAR_PIPELINES,
     # generate: --image is the character's reference image, --video the driving video, --frames a segment's length

@@ -164,6 +164,7 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
     transformer = info.transformer.config if info is not None else {}  # its config.json: NABLA refuses a ring
     if config.ring > 1 and (ring_refused := ring_refusal(transformer, pipeline=name)):
         raise ConfigError(f"--ring {config.ring} for {name}: {ring_refused}")
+    check_cache(config, name)
     if check_modular(config, name):
         return
     takes = inspect.signature(getattr(diffusers, name).__call__).parameters
@@ -207,6 +208,20 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
     for flag, path in (("--image", config.image), ("--last-image", config.last_image)):
         if path is not None:
             read_image(path, flag)
+
+
+def check_cache(config: GenerateConfig, name: str) -> None:
+    """``--cache`` for pipeline class ``name``, before loading: refused in one line with the reason of a family whose
+    blocks the step caches cannot run on (``ModelFamily.step_cache_refused``)."""
+    if not config.cache:
+        return
+    from dit_sp.cache.step_cache import step_cache_refusal
+    from dit_sp.zoo.table import diffusers_pipelines
+
+    classes = {cls for cls, pipelines in diffusers_pipelines().items() if name in pipelines}
+    family = next((f for f in FAMILIES if classes & set(f.class_names) or name in f.modular_pipelines), None)
+    if family is not None and family.step_cache_refused:
+        raise ConfigError(f"--cache {config.cache}: {step_cache_refusal(name, family)}")
 
 
 def check_inpaint_inputs(config: GenerateConfig, name: str) -> None:

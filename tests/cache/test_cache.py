@@ -91,6 +91,10 @@ def test_a_call_outside_a_cache_context_is_refused_or_given_one_for_a_batched_fa
     with pytest.raises(TypeError):  # a call that fails midway (no text states) leaves no cache context behind
         transformer(hidden_states=torch.randn(1, 4, 2, 4, 4), timestep=torch.tensor([500]))
     assert cache_context_of(transformer) is None
+    # a second call at that timestep (LTX-2 DFR's video tiles) would share the step's one state: refused
+    with pytest.raises(ConfigError, match=r"^step caching: EasyAnimateTransformer3DModel was called twice at one "):
+        transformer(hidden_states=torch.randn(1, 4, 2, 4, 4), timestep=torch.tensor([500]))
+    assert cache_context_of(transformer) is None
     cache.undo()
 
 
@@ -228,3 +232,22 @@ def test_calls_per_guidance_branch_are_named_by_their_prompt_tensor():
     assert (records[-1].context, records[-1].change) == ("cond", None)
     cache.undo()
     assert not any(getattr(m, "_diffusers_hook", None) and m._diffusers_hook.hooks for m in model.modules())
+
+
+@pytest.mark.parametrize(("model", "pipeline", "reason"), [
+    ("tiny-latte", "LattePipeline", "its spatial and temporal blocks alternate with the hidden states reshaped"),
+    ("tiny-cosmos3", "Cosmos3OmniPipeline", "take the generated tokens packed without a batch dimension"),
+    ("tiny-minimax-h3", "MiniMaxH3ModularPipeline", "calls the transformer outside any cache context"),
+])  # fmt: skip
+def test_generate_refuses_a_cache_the_family_refuses_before_loading_with_its_reason(model, pipeline, reason):
+    """``--cache`` for a family whose blocks the caches cannot run on: one line naming the pipeline, its family and
+    the family's own reason (``ModelFamily.step_cache_refused``), from the files alone; a supported family passes."""
+    from dit_sp import GenerateConfig
+    from dit_sp.inference import check_before_loading
+
+    family = model.removeprefix("tiny-").replace("-", "_")
+    with pytest.raises(ConfigError, match=rf"^--cache first_block: step caching is refused for {pipeline} \({family} "
+                                          rf"family\): [^\n]*{reason}[^\n]*; run without --cache$"):  # fmt: skip
+        check_before_loading(GenerateConfig.load(overrides={"model": model, "cache": "first_block"}))
+    check_before_loading(GenerateConfig.load(overrides={"model": model}))  # no cache: nothing refused
+    check_before_loading(GenerateConfig.load(overrides={"model": "tiny-wan", "cache": "first_block"}))

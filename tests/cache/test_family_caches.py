@@ -1,10 +1,10 @@
 """The step caches on the families whose blocks diffusers has no metadata for (``ModelFamily.block_outputs`` registers
-it) or whose cache was never checked: each tiny pipeline, run through ``generate --cache`` on Ulysses 2, skips the same
-steps as one process with the same cache (first-block, and TeaCache with each new kind of probe) and gives its frames
-and latents within 1e-4. The families whose pipelines call per guidance branch outside cache contexts (ChronoEdit,
-Framepack: ``BranchCalls``) also run, in the same workers, where a state must be reset midway (Framepack's second
-section, ChronoEdit's temporal reasoning), whole and then split: each branch has its own state. One spawn runs them
-all."""
+it) or whose cache was never checked (Cosmos, Sana-Video: split by whole frames): each tiny pipeline, run through
+``generate --cache`` on Ulysses 2, skips the same steps as one process with the same cache (first-block, and TeaCache
+with each new kind of probe) and gives its frames and latents within 1e-4. The families whose pipelines call per
+guidance branch outside cache contexts (ChronoEdit, Framepack: ``BranchCalls``) also run, in the same workers, where
+a state must be reset midway (Framepack's second section, ChronoEdit's temporal reasoning), whole and then split:
+each branch has its own state. One spawn runs them all."""
 
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ pytestmark = pytest.mark.slow  # spawns worker processes
 MODELS = {
     "tiny-skyreels-v2": (0.14, 0.5, {}),  # a Wan 2.1 transformer of its own block class; guidance in cache contexts
     "tiny-skyreels-v2-df": (None, 0.2, {}),  # diffusion forcing: TeaCache's probe per token (a timestep per frame)
-    "tiny-wan-animate": (0.14, None, {"image": "image.png", "pose_video": "pose", "face_video": "face"}),  # own blocks
     "tiny-hunyuanvideo15": (0.3, 0.2, {}),  # dual-stream blocks returning (video, text); TeaCache: norm1's output
     "tiny-helios": (0.14, 0.5, {}),  # TeaCache: its per-token timestep modulation
     "tiny-easyanimate": (0.14, 0.2, {}),  # batched guidance outside cache contexts: one context for its one call a step
@@ -33,6 +32,12 @@ MODELS = {
     # a call per guidance branch outside cache contexts, named by its prompt tensor (the other cache: branch_runs)
     "tiny-chronoedit": (0.2, None, {"image": "image.png"}),  # its own copy of Wan's block class
     "tiny-hunyuanvideo-framepack": (None, 0.2, {"image": "image.png", "guidance": 4.0}),  # true CFG: two branches
+    "tiny-cosmos2.5": (0.14, None, {}),  # Cosmos' blocks (block_outputs); a call per branch, named by its prompt
+    "tiny-cosmos2-v2w": (None, 0.1, {"image": "image.png"}),  # TeaCache: per-frame timesteps, per-token modulation
+    "tiny-sana-video-i2v": (None, 0.3, {"image": "image.png"}),  # split by whole frames, TeaCache: per-token timesteps
+    "tiny-ltx2": (0.3, None, {}),  # two streams: the split video and the whole audio (audio_hidden_states)
+    "tiny-kandinsky5": (0.5, 0.3, {}),  # blocks taking visual_embed (named metadata); TeaCache: time_embed, (B, C)
+    "tiny-anyflow": (0.14, 0.6, {}),  # its own block class (block_outputs); TeaCache: per-token temb, (B, S, 6, C)
 }
 RUNS = [(m, policy) for policy, i in (("first_block", 0), ("teacache", 1)) for m, spec in MODELS.items() if spec[i]]
 
@@ -49,10 +54,6 @@ def _settings(tmp, model: str, policy: str, name: str, **flags) -> GenerateConfi
 def _write_inputs(tmp) -> None:
     rng = np.random.RandomState(0)
     Image.fromarray((rng.rand(40, 30, 3) * 255).astype("uint8")).save(tmp / "image.png")
-    for name, size in (("pose", (48, 32)), ("face", (20, 20))):
-        (tmp / name).mkdir()
-        for i in range(9):
-            Image.fromarray((rng.rand(*size, 3) * 255).astype("uint8")).save(tmp / name / f"{i:03d}.png")
 
 
 @pytest.fixture(scope="module")

@@ -73,7 +73,7 @@ def test_step_caches_are_refused_in_one_line():
     from dit_sp.cache import enable_cache
     from dit_sp.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"^step caching is not supported for Cosmos3OmniTransformer \(cosmos3"):
+    with pytest.raises(ConfigError, match=r"^step caching is refused for Cosmos3OmniTransformer \(cosmos3"):
         enable_cache(build(), "first_block:0.1")
 
 

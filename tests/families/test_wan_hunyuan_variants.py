@@ -67,17 +67,18 @@ def test_real_architectures_have_their_published_sizes(name, low, high):
     assert low <= shape.params <= high, shape.params
 
 
-@pytest.mark.parametrize("model", ["tiny-anyflow"])
-def test_step_caches_the_family_never_checked_are_refused_in_one_line(model):
-    """AnyFlow's blocks have no metadata: the family says so (``step_cache=False``), and both caches are refused
-    naming it. (ChronoEdit's caches run: tests/cache/test_family_caches.py.)"""
+@pytest.mark.parametrize("model", ["tiny-anyflow-far"])
+def test_step_caches_the_family_refuses_are_refused_in_one_line(model):
+    """AnyFlow FAR's blocks fill per-block key/value caches: the family says why (``step_cache_refused``), and both
+    caches are refused naming it. (AnyFlow's and ChronoEdit's caches run: tests/cache/test_family_caches.py.)"""
     from dit_sp.cache import enable_cache
     from dit_sp.errors import ConfigError
     from dit_sp.zoo import build_tiny
 
     pipe = build_tiny(model)
     for cache in ("first_block:0.1", "teacache:0.1"):
-        with pytest.raises(ConfigError, match=r"^step caching is not supported for \w+ \(\w+ family\): [^\n]+$"):
+        with pytest.raises(ConfigError, match=r"^step caching is refused for \w+ \(anyflow_far family\): its blocks "
+                                              r"read and fill per-block KV caches[^\n]+$"):  # fmt: skip
             enable_cache(pipe, cache)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -50,7 +51,9 @@ def test_the_step_cache_claim_holds_on_the_tiny_model(family):
         handle.undo()
         assert not any(getattr(m, "_diffusers_hook", None) and m._diffusers_hook.hooks for m in model.modules())
     else:
-        with pytest.raises(ConfigError, match=rf"^step caching is not supported for \w+ \({family.name} family\)"):
+        reason = re.escape(family.step_cache_refused)
+        with pytest.raises(ConfigError, match=rf"^step caching is refused for \w+ \({family.name} family\): {reason}; "
+                                              "run without --cache$"):  # fmt: skip
             enable_cache(model, "first_block:0.1")
         assert not any(hasattr(m, "_diffusers_hook") for m in model.modules())
 
