@@ -35,6 +35,10 @@ class DiffusersPolicy:
     (default ``guidance``), as the stock pipeline does. ``reference`` / ``reference_2``: each expert's
     reference model of the KL term (None: the expert itself)."""
 
+    conditions_with_vae: bool = False
+    """Whether the conditioning runs the VAE on every rank, images or not (Wan VACE's zero context): every rank of
+    a trainer then loads the VAE (``policy_loads_vae``)."""
+
     def __init__(self, pipe: Any, transformer: torch.nn.Module, *, frames: int, height: int, width: int,
                  guidance: float, negative_prompt: str = "", max_sequence_length: int = 32,
                  embedded_guidance: float | None = None, reference: torch.nn.Module | None = None,

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from dit_sp.errors import ConfigError
-from dit_sp.families import DiffusersPolicy, policy_for, supported_vaes, vae_plan_of
+from dit_sp.families import DiffusersPolicy, policy_for, policy_loads_vae, supported_vaes, vae_plan_of
 from dit_sp.io.console import plain_tracebacks, quiet_followers
 from dit_sp.io.prompts import read_prompt_file
 from dit_sp.parallel import ParallelState, check_ranks_agree, free_port, init_layout
@@ -52,7 +52,7 @@ from dit_sp.train.fsdp import copy_sharded
 from dit_sp.train.lora import AdaptersDisabled, add_lora
 from dit_sp.train.lora_io import init_adapters
 from dit_sp.weights import has_meta_parameters, load_shards
-from dit_sp.zoo import TRANSFORMERS, as_image_to_video, checkpoint_dir, load_pipeline
+from dit_sp.zoo import TRANSFORMERS, as_image_to_video, checkpoint_dir, load_pipeline, pipeline_class_name
 
 
 def init_world(config: TrainConfig) -> ParallelState:
@@ -62,6 +62,14 @@ def init_world(config: TrainConfig) -> ParallelState:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
     with plain_tracebacks():  # a world of one: tracebacks without torch's "[rank0]:" on every line
         return init_layout(ring=config.ring, ulysses=config.ulysses, dp=config.dp, timeout=config.collective_timeout)
+
+
+def loads_vae(sp_rank: int, split_decode: str | None, images: bool, pipeline: str | None) -> bool:
+    """Whether a rank loads the checkpoint's VAE: where videos are decoded (a sample's first rank, or all its ranks
+    with the parallel VAE, ``split_decode``), on every rank that encodes images (image-to-video) and on every rank of
+    a policy that conditions with the VAE (``pipeline``'s, Wan VACE's zero context): a rank without it would fail
+    alone while the others wait in a collective."""
+    return sp_rank == 0 or split_decode is not None or images or policy_loads_vae(pipeline)
 
 
 class GRPOTrainer:
@@ -147,11 +155,11 @@ class GRPOTrainer:
         self._source = source if source is not None and source.is_dir() else None
         if pipeline is None:
             # a checkpoint's text encoders load only if some prompt lacks its embedding, sharded over the world
-            # in the compute dtype; the VAE only where videos are decoded (a sample's first rank, or all its
-            # ranks with the parallel VAE), and the transformer empty (filled after sharding); every rank
-            # encodes the images of image-to-video
-            decodes = self.parallel.sp_rank == 0 or self._split_decode is not None or self.images is not None
-            without = (() if missing else TEXT_ENCODERS) + (() if decodes else ("vae",))
+            # in the compute dtype; the VAE only where it runs (``loads_vae``), and the transformer empty (filled
+            # after sharding)
+            vae = loads_vae(self.parallel.sp_rank, self._split_decode, self.images is not None,
+                            pipeline_class_name(config.model))  # fmt: skip
+            without = (() if missing else TEXT_ENCODERS) + (() if vae else ("vae",))
             encoders = (dist.group.WORLD, getattr(torch, config.mixed_precision or "float32")) if missing else None
             pipeline = load_pipeline(config.model, torch.float32, self.parallel.device, empty_transformers=True,
                                      without=without if source is not None else (),

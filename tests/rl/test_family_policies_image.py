@@ -192,3 +192,17 @@ def test_wan_vace_text_to_video_policy_ode_and_decode_are_the_pipelines(tmp_path
     assert (policy.velocity(noise, 1.0, cond) - with_context).abs().max() > 1e-3
     with pytest.raises(ValueError, match="^WanVACEPipeline is text-to-video: its prompts take no image$"):
         policy.encode(["a red circle"], [_image(tmp_path / "a.png", 0)])
+
+
+def test_every_rank_of_a_policy_that_conditions_with_the_vae_loads_it(tmp_path):
+    """A trainer of a Wan VACE checkpoint loads the VAE on every rank, whatever parallel_vae says: its policy encodes
+    the zero VACE context with it on every rank (a rank without it used to fail alone while the others waited in a
+    collective); other text-to-video checkpoints keep it only where videos are decoded."""
+    from dit_sp.rl.trainer import loads_vae
+    from dit_sp.zoo import build_tiny, pipeline_class_name
+
+    build_tiny("tiny-wan-vace").save_pretrained(tmp_path / "vace")
+    assert loads_vae(1, None, False, pipeline_class_name(tmp_path / "vace"))  # sp rank 1, parallel_vae off
+    assert not loads_vae(1, None, False, "WanPipeline") and not loads_vae(1, None, False, None)
+    assert loads_vae(0, None, False, "WanPipeline") and loads_vae(1, "rows", False, "WanPipeline")
+    assert loads_vae(1, None, True, "WanImageToVideoPipeline")  # every rank encodes the images
