@@ -138,7 +138,7 @@ def test_ltx_image_to_video_policy_samples_only_the_noised_frames(tmp_path):
     """LTX-Video I2V: the image's latents (the VAE's posterior drawn at IMAGE_SEED, as the pipeline draws them with a
     generator at that seed) are the clean first frame, timestep 0 on its tokens; the policy's latents are the frames
     after it, whose Euler ODE through the pipeline's sigmas is the stock pipeline's sampling (guidance 3) and whose
-    decode with the image frame in front is its video."""
+    decode with the image frame in front is its video; frames of one latent frame (the image's alone) are refused."""
     from dit_sp.families.policy import IMAGE_SEED
 
     pipe = build_tiny("tiny-ltx-i2v")
@@ -165,6 +165,9 @@ def test_ltx_image_to_video_policy_samples_only_the_noised_frames(tmp_path):
     torch.testing.assert_close(policy.decode(ours, cond), video, atol=1e-5, rtol=0)
     moved = policy.velocity(start[:, :, 1:], 1.0, policy.encode(["a red circle"], [other]))
     assert (moved - policy.velocity(start[:, :, 1:], 1.0, cond)).abs().max() > 1e-3  # the image conditions the rest
+    with pytest.raises(ValueError, match=r"^frames 1: LTXImageToVideoPipeline keeps the first latent frame the "
+                                         r"image's .* set sample.frames to 5 or more$"):  # fmt: skip
+        policy_for(pipe)(pipe, pipe.transformer, frames=1, height=32, width=32, guidance=3.0, max_sequence_length=16)
 
 
 @pytest.mark.slow  # runs the stock pipeline
