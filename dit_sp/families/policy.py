@@ -141,6 +141,21 @@ class DiffusersPolicy:
             cache[path] = tuple(part.cpu() for part in self._image_parts(image))
         return cache[path]
 
+    def check_images(self, images: list[str]) -> None:
+        """Each image's size checked (``check_image_size``, from the file's header alone) before anything is sampled:
+        a trainer's every rank checks all the run's images, so a refusal comes on every rank at once, not in one
+        data-parallel group's first rollout with that image while the others wait in a collective."""
+        from PIL import Image
+
+        for path in dict.fromkeys(images):
+            with Image.open(path) as file:
+                self.check_image_size(*file.size)
+
+    def check_image_size(self, width: int, height: int) -> Any:
+        """Refuses, in one line, an image of this size that the pipeline would sample at another size than the
+        policy's (HunyuanVideo-1.5 I2V's aspect-ratio buckets); others take any size (resized to the policy's)."""
+        return None
+
     def _image_parts(self, image: Any) -> tuple[Tensor, ...]:
         """The conditioning tensors (batch 1) an image-to-video family derives from one PIL image."""
         raise NotImplementedError

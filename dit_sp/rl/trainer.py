@@ -197,6 +197,8 @@ class GRPOTrainer:
                 if self.policy.takes_images else
                 f"{config.model} is a text-to-video model ({type(self.pipe).__name__}): its prompts take no image"
             )  # fmt: skip
+        if self.images is not None:
+            self.policy.check_images([image for image in self.images if image is not None])
         sigmas = rollout_sigmas(config.grpo, sde_window_at(config.grpo, 0, config.seed))
         eligible = [t for t in stochastic_steps(config.grpo, sigmas) if self.policy.trains(sigmas[t])]
         if not trained_steps(config.grpo, 0, eligible, sde_window_at(config.grpo, 0, config.seed)):

@@ -209,3 +209,22 @@ def test_every_rank_of_a_policy_that_conditions_with_the_vae_loads_it(tmp_path):
     assert not loads_vae(1, None, False, "WanPipeline") and not loads_vae(1, None, False, None)
     assert loads_vae(0, None, False, "WanPipeline") and loads_vae(1, "rows", False, "WanPipeline")
     assert loads_vae(1, None, True, "WanImageToVideoPipeline")  # every rank encodes the images
+
+
+def test_an_image_the_policy_refuses_is_refused_when_the_trainer_is_built(tmp_path):
+    """HunyuanVideo-1.5 I2V: the second prompt's 40x30 image (bucket 28x36, not the run's 32x32) is refused in one
+    line while the trainer is built, on every rank alike (all the run's images checked from their headers), not in
+    the first rollout of the data-parallel group that draws it while the others wait in a collective."""
+    from grpo_checks import tiny_config
+    from policy_checks import image_prompt_file, refusal_when_built
+
+    from dit_sp import spawn
+
+    prompts = image_prompt_file(tmp_path)
+    Image.new("RGB", (40, 30)).save(tmp_path / "image1.png")
+    config = tiny_config(model="tiny-hunyuanvideo15-i2v", prompts=prompts, frames=5, height=32, width=32,
+                         **{"sample.max_sequence_length": 32})  # fmt: skip
+    (message,) = spawn(refusal_when_built, 1, args=(config,), timeout=300)
+    assert message.startswith("an image of 40x30 (width x height): HunyuanVideo15ImageToVideoPipeline samples it at "
+                              "height 28, width 36"), message  # fmt: skip
+    assert "\n" not in message

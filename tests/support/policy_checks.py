@@ -13,6 +13,9 @@ import numpy as np
 import torch
 from grpo_checks import tiny_config
 
+from dit_sp import GRPOTrainer, TrainConfig
+from dit_sp.errors import ConfigError
+
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -159,3 +162,12 @@ def family_steps(configs: list) -> list[dict]:
                         "parameters": names, "decoder_rows": max(rows),
                         "rewards": data.rewards, "ratio": (stats["ratio_min"], stats["ratio_max"])})  # fmt: skip
     return results
+
+
+def refusal_when_built(config: TrainConfig) -> str:
+    """The one-line ``ConfigError`` that building a ``GRPOTrainer`` of ``config`` raises ("" where it builds)."""
+    try:
+        GRPOTrainer(config)
+    except ConfigError as e:
+        return str(e)
+    return ""
