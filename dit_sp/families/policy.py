@@ -8,6 +8,7 @@ same batch in rollout and training, so their numerics agree), the choice of expe
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dit_sp.errors import ConfigError
@@ -120,7 +121,7 @@ class DiffusersPolicy:
     def _with_images(self, text: tuple[Any, Any | None], images: list[str]) -> tuple[Any, Any | None]:
         """The text conditioning ``(positive, negative)`` joined with each sample's image conditioning: each branch
         becomes ``(text, *parts)``, ``parts`` the family's ``_image_parts`` of each sample's image, stacked on the
-        batch (each image encoded once, cached by path; both branches share them)."""
+        batch (each image encoded once, cached by content; both branches share them)."""
         import torch
 
         unique = {path: self._image_condition(path) for path in dict.fromkeys(images)}
@@ -131,15 +132,21 @@ class DiffusersPolicy:
 
     @no_grad
     def _image_condition(self, path: str) -> tuple[Tensor, ...]:
-        """``_image_parts`` of the image at ``path`` (RGB), batch 1, cached on the CPU (a run may see thousands)."""
+        """``_image_parts`` of the image at ``path`` (RGB), batch 1, cached on the CPU (a run may see thousands) by
+        the file's content (its SHA-256): a file rewritten during a run is encoded again, never read stale."""
+        import hashlib
+        import io
+
+        data = Path(path).read_bytes()
+        key = hashlib.sha256(data).hexdigest()
         cache = self.__dict__.setdefault("_image_cache", {})
-        if path not in cache:
+        if key not in cache:
             from PIL import Image
 
-            with Image.open(path) as file:
+            with Image.open(io.BytesIO(data)) as file:
                 image = file.convert("RGB")
-            cache[path] = tuple(part.cpu() for part in self._image_parts(image))
-        return cache[path]
+            cache[key] = tuple(part.cpu() for part in self._image_parts(image))
+        return cache[key]
 
     def check_images(self, images: list[str]) -> None:
         """Each image's size checked (``check_image_size``, from the file's header alone) before anything is sampled:

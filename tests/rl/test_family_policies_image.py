@@ -228,3 +228,18 @@ def test_an_image_the_policy_refuses_is_refused_when_the_trainer_is_built(tmp_pa
     assert message.startswith("an image of 40x30 (width x height): HunyuanVideo15ImageToVideoPipeline samples it at "
                               "height 28, width 36"), message  # fmt: skip
     assert "\n" not in message
+
+
+@torch.no_grad()
+def test_an_image_rewritten_during_a_run_is_encoded_again(tmp_path):
+    """The policy's image cache is keyed by the file's content: an image rewritten at the same path conditions as the
+    new image does (a fresh policy's encoding), not as the one first read there."""
+    pipe = build_tiny("tiny-cogvideox-i2v")
+    make = lambda: policy_for(pipe)(pipe, pipe.transformer, frames=9, height=64, width=64, guidance=1.0,
+                                    max_sequence_length=8)  # fmt: skip
+    policy, path = make(), _image(tmp_path / "a.png", 0)
+    first = policy.encode(["a red circle"], [path])[0][1]
+    _image(tmp_path / "a.png", 1)
+    again = policy.encode(["a red circle"], [path])[0][1]
+    assert (again - first).abs().max() > 1e-3
+    torch.testing.assert_close(again, make().encode(["a red circle"], [path])[0][1], atol=0, rtol=0)
