@@ -81,7 +81,7 @@ def tiny_hunyuanvideo15(path: str) -> str:
 
 
 def image_prompt_file(folder: Path) -> str:
-    """A JSONL prompt file in ``folder``: two prompts, each with its own random 40x30 image (paths relative to it)."""
+    """A JSONL prompt file in ``folder``: two prompts, each with its own random 32x32 image (paths relative to it)."""
     from PIL import Image
 
     lines = []
