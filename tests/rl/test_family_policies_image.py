@@ -243,3 +243,19 @@ def test_an_image_rewritten_during_a_run_is_encoded_again(tmp_path):
     again = policy.encode(["a red circle"], [path])[0][1]
     assert (again - first).abs().max() > 1e-3
     torch.testing.assert_close(again, make().encode(["a red circle"], [path])[0][1], atol=0, rtol=0)
+
+
+def test_ranks_whose_image_paths_hold_other_images_are_refused(tmp_path):
+    """Rank 1 reads other images at the run's image paths (a machine without the shared disk): the trainer refuses in
+    one line, on both ranks, before loading (the ranks of a sample would otherwise condition it on other images)."""
+    from grpo_checks import tiny_config
+    from policy_checks import image_prompt_file, refusal_when_built_elsewhere
+
+    from dit_sp import spawn
+
+    prompts, other = image_prompt_file(tmp_path), tmp_path / "other.png"
+    Image.new("RGB", (32, 32)).save(other)
+    config = tiny_config(model="tiny-ltx-i2v", prompts=prompts, frames=5, height=32, width=32)
+    messages = spawn(refusal_when_built_elsewhere, 2, args=(config, str(other)), timeout=300)
+    assert messages == ["ranks [1] have other image files (the same paths, other content) than rank 0: every rank "
+                        "must get the same config file, flags and files"] * 2  # fmt: skip

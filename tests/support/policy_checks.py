@@ -171,3 +171,14 @@ def refusal_when_built(config: TrainConfig) -> str:
     except ConfigError as e:
         return str(e)
     return ""
+
+
+def refusal_when_built_elsewhere(config: TrainConfig, other_image: str) -> str:
+    """``refusal_when_built`` with rank 1 as a machine without the shared disk, where the run's image paths hold
+    another image: every PNG's bytes read there are ``other_image``'s."""
+    import os
+
+    if os.environ["RANK"] == "1":
+        read = Path.read_bytes
+        Path.read_bytes = lambda self: read(Path(other_image) if self.suffix == ".png" else self)
+    return refusal_when_built(config)
