@@ -75,13 +75,12 @@ class LTXPolicy(DiffusersPolicy):
     image frame back for decoding. Conditioning is then ``((text, mask), image_frame)``, the frame
     ``(B, C, 1, H, W)``."""
 
-    def __init__(self, pipe: Any, transformer: Any, **kwargs: Any):
-        super().__init__(pipe, transformer, **kwargs)
-        if self.takes_images and self.shape[1] < 2:
-            temporal = self._compression(pipe)[0]
-            raise ConfigError(f"frames {kwargs['frames']}: {type(pipe).__name__} keeps the first latent frame the "
-                              "image's and samples the frames after it, and these frames are that one alone (nothing "
-                              f"to sample or train); set sample.frames to {temporal + 1} or more")  # fmt: skip
+    @classmethod
+    def check_settings(cls, pipeline: type, frames: int, temporal: int) -> None:
+        if "image" in inspect.signature(pipeline.prepare_latents).parameters and (frames - 1) // temporal + 1 < 2:
+            raise ConfigError(f"frames {frames}: {pipeline.__name__} keeps the first latent frame the image's and "
+                              "samples the frames after it, and these frames are that one alone (nothing to sample or "
+                              f"train); set sample.frames to {temporal + 1} or more")  # fmt: skip
 
     @property
     def takes_images(self) -> bool:

@@ -78,6 +78,13 @@ class DiffusersPolicy:
         temporal, spatial = self._compression(pipe)
         channels = self._channels(transformer)  # image-to-video models take more (the image's) than they give
         self.shape = (channels, (frames - 1) // temporal + 1, height // spatial, width // spatial)
+        self.check_settings(type(pipe), frames, temporal)
+
+    @classmethod
+    def check_settings(cls, pipeline: type, frames: int, temporal: int) -> None:
+        """Refuses in one line the settings this policy cannot train, from the pipeline class and the VAE's temporal
+        compression alone, so that the trainer's preflight refuses them before anything loads
+        (``dit_sp.rl.preflight.check_policy``); none by default."""
 
     def _compression(self, pipe: Any) -> tuple[int, int]:
         """``(temporal, spatial)`` compression of the pipeline's VAE."""

@@ -259,3 +259,22 @@ def test_ranks_whose_image_paths_hold_other_images_are_refused(tmp_path):
     messages = spawn(refusal_when_built_elsewhere, 2, args=(config, str(other)), timeout=300)
     assert messages == ["ranks [1] have other image files (the same paths, other content) than rank 0: every rank "
                         "must get the same config file, flags and files"] * 2  # fmt: skip
+
+
+def test_the_policies_refusals_come_before_loading(tmp_path):
+    """The trainer's preflight (no weights, no workers) refuses what the policies refuse from the settings alone:
+    ChronoEdit's frame count, LTX-Video I2V's single latent frame; a size they train passes."""
+    from grpo_checks import tiny_config
+    from policy_checks import image_prompt_file
+
+    from dit_sp.rl.preflight import check_before_loading
+
+    prompts = image_prompt_file(tmp_path)
+    refused = [
+        ("tiny-chronoedit", 9, r"^frames 9: ChronoEditPipeline samples 5 frames \(the image and its edit\)"),
+        ("tiny-ltx-i2v", 1, r"^frames 1: LTXImageToVideoPipeline keeps the first latent frame the image's"),
+    ]
+    for model, frames, message in refused:
+        with pytest.raises(ValueError, match=message):
+            check_before_loading(tiny_config(model=model, prompts=prompts, frames=frames, height=32, width=32), 1)
+        check_before_loading(tiny_config(model=model, prompts=prompts, frames=5, height=32, width=32), 1)
