@@ -105,6 +105,19 @@ def policy_for(pipe: Any) -> type[DiffusersPolicy]:
     raise ConfigError(f"GRPO has no policy for {name}; supported pipelines: {trainable}")
 
 
+def policy_named(pipeline: str | None) -> type[DiffusersPolicy] | None:
+    """The GRPO policy class of the pipeline class named ``pipeline`` (read from a checkpoint's files, before
+    loading), or None for a pipeline without one."""
+    return next((f.policy for f in FAMILIES if f.policy is not None and pipeline in f.pipelines), None)
+
+
+def policy_loads_vae(pipeline: str | None) -> bool:
+    """Whether the GRPO policy of the pipeline class named ``pipeline`` conditions with the VAE on every rank
+    (``DiffusersPolicy.conditions_with_vae``), so that every rank must load it; False for an unknown name."""
+    policy = policy_named(pipeline)
+    return policy is not None and policy.conditions_with_vae
+
+
 def tiny_models() -> list[str]:
     """Every family's built-in models (``dit_sp/zoo/specs/<name>.yaml``), sorted."""
     return sorted(name for family in FAMILIES for name in family.tiny_models)
@@ -162,6 +175,8 @@ __all__ = [
     "checkpoint_defaults",
     "family_of",
     "policy_for",
+    "policy_loads_vae",
+    "policy_named",
     "python_only_pipelines",
     "ring_refusal",
     "supported_classes",

@@ -14,15 +14,10 @@ GRPO: ``ChronoEditPolicy``, the pipeline without temporal reasoning (5 frames: t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from dit_sp._compat import model_cp_plan
 from dit_sp.errors import ConfigError
 from dit_sp.families.family import BranchCalls, ModelFamily, generation_defaults, timestep_probe
 from dit_sp.families.wan import WanPolicy, wan_architecture, wan_vae_factors
-
-if TYPE_CHECKING:
-    import torch
 
 EDIT_FRAMES = 5
 """The frames ``ChronoEditPipeline`` samples without temporal reasoning, whatever ``num_frames`` it is given."""
@@ -37,12 +32,12 @@ class ChronoEditPolicy(WanPolicy):
     Temporal reasoning is not trained: its latents drop from all frames to the first and last midway through
     sampling, so they are not one latent at one noise level."""
 
-    def __init__(self, pipe: Any, transformer: torch.nn.Module, *, frames: int, **kwargs: Any):
+    @classmethod
+    def check_settings(cls, pipeline: type, frames: int, temporal: int) -> None:
         if frames != EDIT_FRAMES:
             raise ConfigError(f"frames {frames}: ChronoEditPipeline samples {EDIT_FRAMES} frames (the image and its "
                               f"edit) without temporal reasoning, the mode GRPO trains (temporal reasoning drops its "
                               f"frames midway); set sample.frames {EDIT_FRAMES}")  # fmt: skip
-        super().__init__(pipe, transformer, frames=frames, **kwargs)
 
 
 _ARCHITECTURES = {

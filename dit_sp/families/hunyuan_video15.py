@@ -61,20 +61,26 @@ class HunyuanVideo15Policy(DiffusersPolicy):
     def takes_images(self) -> bool:
         return "image" in inspect.signature(self.pipe.prepare_cond_latents_and_mask).parameters
 
+    def check_image_size(self, width: int, height: int) -> tuple[int, int]:
+        """The ``(height, width)`` the pipeline samples an image of this size at (its aspect-ratio bucket at
+        ``target_size``), refused in one line where that is not the policy's size."""
+        pipe, (_, _, latent_height, latent_width) = self.pipe, self.shape
+        spatial = self._compression(pipe)[1]
+        size = pipe.video_processor.calculate_default_height_width(height=height, width=width,
+                                                                   target_size=pipe.target_size)  # fmt: skip
+        if tuple(size) != (latent_height * spatial, latent_width * spatial):
+            raise ConfigError(f"an image of {width}x{height} (width x height): {type(pipe).__name__} samples it at "
+                              f"height {size[0]}, width {size[1]} (its aspect-ratio bucket at target_size "
+                              f"{pipe.target_size}), and sample.height/width are {latent_height * spatial}/"
+                              f"{latent_width * spatial}; set those, or give images of that aspect ratio")  # fmt: skip
+        return size
+
     def _image_parts(self, image: Any) -> tuple[Tensor, ...]:
         """``(image_tokens, condition)`` of one image, as the image-to-video pipeline prepares them."""
         import torch
 
         pipe, (channels, frames, height, width) = self.pipe, self.shape
-        spatial = self._compression(pipe)[1]
-        size = pipe.video_processor.calculate_default_height_width(height=image.size[1], width=image.size[0],
-                                                                   target_size=pipe.target_size)  # fmt: skip
-        if tuple(size) != (height * spatial, width * spatial):
-            raise ConfigError(f"an image of {image.size[0]}x{image.size[1]} (width x height): "
-                              f"{type(pipe).__name__} samples it at height {size[0]}, width {size[1]} (its "
-                              f"aspect-ratio bucket at target_size {pipe.target_size}), and sample.height/width are "
-                              f"{height * spatial}/{width * spatial}; set those, or give images of that "
-                              "aspect ratio")  # fmt: skip
+        size = self.check_image_size(*image.size)
         image = pipe.video_processor.resize(image, height=size[0], width=size[1], resize_mode="crop")
         tokens = pipe.encode_image(image=image, batch_size=1, device=self.device, dtype=torch.float32)
         latents = torch.zeros(1, channels, frames, height, width, device=self.device)

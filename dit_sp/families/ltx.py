@@ -35,6 +35,7 @@ import inspect
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import block_argument, context_parallel_types
+from dit_sp.errors import ConfigError
 from dit_sp.families.family import ModelFamily, generation_defaults, no_grad
 from dit_sp.families.policy import DiffusersPolicy
 from dit_sp.vae import VAEPlan
@@ -73,6 +74,13 @@ class LTXPolicy(DiffusersPolicy):
     frame in front (timestep 0 per token) and the velocity of the frames after it is returned; ``clean`` puts the
     image frame back for decoding. Conditioning is then ``((text, mask), image_frame)``, the frame
     ``(B, C, 1, H, W)``."""
+
+    @classmethod
+    def check_settings(cls, pipeline: type, frames: int, temporal: int) -> None:
+        if "image" in inspect.signature(pipeline.prepare_latents).parameters and (frames - 1) // temporal + 1 < 2:
+            raise ConfigError(f"frames {frames}: {pipeline.__name__} keeps the first latent frame the image's and "
+                              "samples the frames after it, and these frames are that one alone (nothing to sample or "
+                              f"train); set sample.frames to {temporal + 1} or more")  # fmt: skip
 
     @property
     def takes_images(self) -> bool:

@@ -8,6 +8,7 @@ same batch in rollout and training, so their numerics agree), the choice of expe
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dit_sp.errors import ConfigError
@@ -34,6 +35,10 @@ class DiffusersPolicy:
     levels at or above the boundary, ``transformer_2`` those below it, with guidance ``guidance_2``
     (default ``guidance``), as the stock pipeline does. ``reference`` / ``reference_2``: each expert's
     reference model of the KL term (None: the expert itself)."""
+
+    conditions_with_vae: bool = False
+    """Whether the conditioning runs the VAE on every rank, images or not (Wan VACE's zero context): every rank of
+    a trainer then loads the VAE (``policy_loads_vae``)."""
 
     def __init__(self, pipe: Any, transformer: torch.nn.Module, *, frames: int, height: int, width: int,
                  guidance: float, negative_prompt: str = "", max_sequence_length: int = 32,
@@ -73,6 +78,13 @@ class DiffusersPolicy:
         temporal, spatial = self._compression(pipe)
         channels = self._channels(transformer)  # image-to-video models take more (the image's) than they give
         self.shape = (channels, (frames - 1) // temporal + 1, height // spatial, width // spatial)
+        self.check_settings(type(pipe), frames, temporal)
+
+    @classmethod
+    def check_settings(cls, pipeline: type, frames: int, temporal: int) -> None:
+        """Refuses in one line the settings this policy cannot train, from the pipeline class and the VAE's temporal
+        compression alone, so that the trainer's preflight refuses them before anything loads
+        (``dit_sp.rl.preflight.check_policy``); none by default."""
 
     def _compression(self, pipe: Any) -> tuple[int, int]:
         """``(temporal, spatial)`` compression of the pipeline's VAE."""
@@ -116,7 +128,7 @@ class DiffusersPolicy:
     def _with_images(self, text: tuple[Any, Any | None], images: list[str]) -> tuple[Any, Any | None]:
         """The text conditioning ``(positive, negative)`` joined with each sample's image conditioning: each branch
         becomes ``(text, *parts)``, ``parts`` the family's ``_image_parts`` of each sample's image, stacked on the
-        batch (each image encoded once, cached by path; both branches share them)."""
+        batch (each image encoded once, cached by content; both branches share them)."""
         import torch
 
         unique = {path: self._image_condition(path) for path in dict.fromkeys(images)}
@@ -127,15 +139,36 @@ class DiffusersPolicy:
 
     @no_grad
     def _image_condition(self, path: str) -> tuple[Tensor, ...]:
-        """``_image_parts`` of the image at ``path`` (RGB), batch 1, cached on the CPU (a run may see thousands)."""
+        """``_image_parts`` of the image at ``path`` (RGB), batch 1, cached on the CPU (a run may see thousands) by
+        the file's content (its SHA-256): a file rewritten during a run is encoded again, never read stale."""
+        import hashlib
+        import io
+
+        data = Path(path).read_bytes()
+        key = hashlib.sha256(data).hexdigest()
         cache = self.__dict__.setdefault("_image_cache", {})
-        if path not in cache:
+        if key not in cache:
             from PIL import Image
 
-            with Image.open(path) as file:
+            with Image.open(io.BytesIO(data)) as file:
                 image = file.convert("RGB")
-            cache[path] = tuple(part.cpu() for part in self._image_parts(image))
-        return cache[path]
+            cache[key] = tuple(part.cpu() for part in self._image_parts(image))
+        return cache[key]
+
+    def check_images(self, images: list[str]) -> None:
+        """Each image's size checked (``check_image_size``, from the file's header alone) before anything is sampled:
+        a trainer's every rank checks all the run's images, so a refusal comes on every rank at once, not in one
+        data-parallel group's first rollout with that image while the others wait in a collective."""
+        from PIL import Image
+
+        for path in dict.fromkeys(images):
+            with Image.open(path) as file:
+                self.check_image_size(*file.size)
+
+    def check_image_size(self, width: int, height: int) -> Any:
+        """Refuses, in one line, an image of this size that the pipeline would sample at another size than the
+        policy's (HunyuanVideo-1.5 I2V's aspect-ratio buckets); others take any size (resized to the policy's)."""
+        return None
 
     def _image_parts(self, image: Any) -> tuple[Tensor, ...]:
         """The conditioning tensors (batch 1) an image-to-video family derives from one PIL image."""

@@ -35,11 +35,13 @@ class WanVACEPolicy(WanPolicy):
     not trained: GRPO's prompt files give at most one image per prompt, which is none of them (refused in one
     line)."""
 
+    conditions_with_vae = True
+
     def __init__(self, pipe: Any, transformer: torch.nn.Module, **kwargs: Any):
         super().__init__(pipe, transformer, **kwargs)
         if getattr(pipe, "vae", None) is None:
             raise ConfigError("Wan VACE GRPO encodes the pipeline's zero VACE context with the VAE on every rank, and "
-                              "this rank has none: keep parallel_vae on (the default) or run with sp 1")  # fmt: skip
+                              "this pipeline has none: give a pipeline with its VAE")  # fmt: skip
         self.context = self._zero_context()
 
     @no_grad

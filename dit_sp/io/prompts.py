@@ -74,3 +74,11 @@ def read_prompt_file(path: str | Path) -> tuple[list[str], list[str | None]]:
         raise ConfigError(f"{file}: some prompts have an 'image' and some do not; give every prompt one (an "
                           "image-to-video model) or none")  # fmt: skip
     return prompts, images
+
+
+def image_digests(images: list[str | None]) -> list[str | None]:
+    """The SHA-256 of each image file's content (None where a prompt has none): what ranks compare, so that a path
+    that holds another image on another machine is refused before anything is sampled."""
+    import hashlib
+
+    return [None if image is None else hashlib.sha256(Path(image).read_bytes()).hexdigest() for image in images]

@@ -38,6 +38,7 @@ def check_before_loading(config: TrainConfig, world_size: int) -> None:
     check_reward(config.reward)
     info = check_shape_from_files(config.model, asdict(config.sample), flags=False)
     check_ring(config, info)
+    check_policy(config, info)
     check_split(config.grpo, ParallelConfig.for_world(world_size, ring=config.ring, ulysses=config.ulysses).dp)
 
 
@@ -52,6 +53,20 @@ def check_ring(config: TrainConfig, info: Any | None) -> None:
         why = ring_refusal(transformer, pipeline=pipeline_class_name(config.model) or "")
         if why:
             raise ConfigError(f"ring {config.ring} for {config.model}: {why}")
+
+
+def check_policy(config: TrainConfig, info: Any | None) -> None:
+    """The settings the model's GRPO policy refuses (``DiffusersPolicy.check_settings``: ChronoEdit's 5 frames, ...),
+    from its pipeline class and VAE factors (``info``: ``dit_sp.zoo.shape_info``) before loading."""
+    import diffusers
+
+    from dit_sp.families import policy_named
+    from dit_sp.zoo import pipeline_class_name
+
+    name = pipeline_class_name(config.model)
+    policy, pipeline = policy_named(name), getattr(diffusers, name or "", None)
+    if policy is not None and pipeline is not None and info is not None:
+        policy.check_settings(pipeline, config.sample.frames, info.vae_scale_factor_temporal)
 
 
 def check_packages(config: TrainConfig) -> None:

@@ -27,9 +27,9 @@ import torch
 import torch.distributed as dist
 
 from dit_sp.errors import ConfigError
-from dit_sp.families import DiffusersPolicy, policy_for, supported_vaes, vae_plan_of
+from dit_sp.families import DiffusersPolicy, policy_for, policy_loads_vae, supported_vaes, vae_plan_of
 from dit_sp.io.console import plain_tracebacks, quiet_followers
-from dit_sp.io.prompts import read_prompt_file
+from dit_sp.io.prompts import image_digests, read_prompt_file
 from dit_sp.parallel import ParallelState, check_ranks_agree, free_port, init_layout
 from dit_sp.rl import evaluate as _evaluate
 from dit_sp.rl import export as _export
@@ -52,7 +52,7 @@ from dit_sp.train.fsdp import copy_sharded
 from dit_sp.train.lora import AdaptersDisabled, add_lora
 from dit_sp.train.lora_io import init_adapters
 from dit_sp.weights import has_meta_parameters, load_shards
-from dit_sp.zoo import TRANSFORMERS, as_image_to_video, checkpoint_dir, load_pipeline
+from dit_sp.zoo import TRANSFORMERS, as_image_to_video, checkpoint_dir, load_pipeline, pipeline_class_name
 
 
 def init_world(config: TrainConfig) -> ParallelState:
@@ -62,6 +62,14 @@ def init_world(config: TrainConfig) -> ParallelState:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
     with plain_tracebacks():  # a world of one: tracebacks without torch's "[rank0]:" on every line
         return init_layout(ring=config.ring, ulysses=config.ulysses, dp=config.dp, timeout=config.collective_timeout)
+
+
+def loads_vae(sp_rank: int, split_decode: str | None, images: bool, pipeline: str | None) -> bool:
+    """Whether a rank loads the checkpoint's VAE: where videos are decoded (a sample's first rank, or all its ranks
+    with the parallel VAE, ``split_decode``), on every rank that encodes images (image-to-video) and on every rank of
+    a policy that conditions with the VAE (``pipeline``'s, Wan VACE's zero context): a rank without it would fail
+    alone while the others wait in a collective."""
+    return sp_rank == 0 or split_decode is not None or images or policy_loads_vae(pipeline)
 
 
 class GRPOTrainer:
@@ -122,6 +130,8 @@ class GRPOTrainer:
         self.images: list[str | None] | None = list(images) if images is not None and any(images) else None
         """Each prompt's conditioning image (image-to-video), or None (text-to-video)."""
         check_ranks_agree(self.parallel, [asdict(config), self.prompts, self.images], "settings or prompts")
+        if self.images is not None and self.parallel.world_size > 1:  # a path may hold another image elsewhere
+            check_ranks_agree(self.parallel, image_digests(self.images), "image files (the same paths, other content)")
         if reward is None:
             reward = build_reward(config.reward)
         self.reward = reward if isinstance(reward, WeightedReward) else WeightedReward([("reward", 1.0, reward)])
@@ -147,11 +157,11 @@ class GRPOTrainer:
         self._source = source if source is not None and source.is_dir() else None
         if pipeline is None:
             # a checkpoint's text encoders load only if some prompt lacks its embedding, sharded over the world
-            # in the compute dtype; the VAE only where videos are decoded (a sample's first rank, or all its
-            # ranks with the parallel VAE), and the transformer empty (filled after sharding); every rank
-            # encodes the images of image-to-video
-            decodes = self.parallel.sp_rank == 0 or self._split_decode is not None or self.images is not None
-            without = (() if missing else TEXT_ENCODERS) + (() if decodes else ("vae",))
+            # in the compute dtype; the VAE only where it runs (``loads_vae``), and the transformer empty (filled
+            # after sharding)
+            vae = loads_vae(self.parallel.sp_rank, self._split_decode, self.images is not None,
+                            pipeline_class_name(config.model))  # fmt: skip
+            without = (() if missing else TEXT_ENCODERS) + (() if vae else ("vae",))
             encoders = (dist.group.WORLD, getattr(torch, config.mixed_precision or "float32")) if missing else None
             pipeline = load_pipeline(config.model, torch.float32, self.parallel.device, empty_transformers=True,
                                      without=without if source is not None else (),
@@ -189,6 +199,8 @@ class GRPOTrainer:
                 if self.policy.takes_images else
                 f"{config.model} is a text-to-video model ({type(self.pipe).__name__}): its prompts take no image"
             )  # fmt: skip
+        if self.images is not None:
+            self.policy.check_images([image for image in self.images if image is not None])
         sigmas = rollout_sigmas(config.grpo, sde_window_at(config.grpo, 0, config.seed))
         eligible = [t for t in stochastic_steps(config.grpo, sigmas) if self.policy.trains(sigmas[t])]
         if not trained_steps(config.grpo, 0, eligible, sde_window_at(config.grpo, 0, config.seed)):

@@ -39,12 +39,26 @@ def _same_weights(pipe, reference) -> list[str]:
     return same
 
 
-def test_a_repository_loads_back_the_builtin_exactly(repos, tmp_path):
-    """Each component from the directory, though every spec points at a Hub id; MiniMax-H3's t2va components only
-    (its reference transformer is not loaded), its processor without the video processor torchvision would need; the
-    distilled Wan-Animate-2 pipeline where the index names its blocks."""
+def test_a_repository_loads_back_the_builtin_exactly(repos, tmp_path, monkeypatch):
+    """Each component from the directory, though every spec points at a Hub id, with no network attempt (no name
+    looked up, no connection made); MiniMax-H3's t2va components only (its reference transformer is not loaded), its
+    processor without the video processor torchvision would need; the distilled Wan-Animate-2 pipeline where the
+    index names its blocks."""
+    import socket
+
     from dit_sp.zoo import build_tiny, load_pipeline, model_defaults, pipeline_class_name
 
+    attempts = []
+
+    def refuse(what):
+        def call(*args, **kwargs):
+            attempts.append((what, args[:2]))
+            raise OSError(f"no network in this test ({what})")
+
+        return call
+
+    monkeypatch.setattr(socket, "getaddrinfo", refuse("getaddrinfo"))
+    monkeypatch.setattr(socket.socket, "connect", refuse("connect"))
     pipes = {}
     for model, path in repos.items():
         assert HUB_ID in (path / "modular_model_index.json").read_text()
@@ -66,6 +80,7 @@ def test_a_repository_loads_back_the_builtin_exactly(repos, tmp_path):
     assert type(pipe).__name__ == "WanAnimate2DistilledModularPipeline"
     assert type(pipe.blocks).__name__ == "WanAnimate2DistilledBlocks"
     assert "transformer" in _same_weights(pipe, build_tiny("tiny-wan-animate-2"))
+    assert attempts == []
 
 
 @pytest.mark.slow  # one CLI run on two processes

@@ -3,8 +3,8 @@ SkyReels-V2 T2V, HunyuanVideo-1.5 T2V, Cosmos-Predict2.5 text-to-world, Kandinsk
 EasyAnimate T2V, Motif-Video T2V, Kandinsky 6 T2V (audio off), Sana-Video T2V (its ODE in
 test_family_policies_sana_video.py), and ChronoEdit, CogVideoX / HunyuanVideo-1.5 / LTX-Video I2V and Wan VACE
 T2V (their ODE in test_family_policies_image.py): their ODE is the stock pipeline's sampler, one step's gradients and
-log-probs on 1x2 and 2x1 (FSDP2 over the SP ranks) are one process's, a tiny run goes through the CLI (text-to-video
-families), and the real checkpoints' configs load and plan."""
+log-probs on 1x2 and 2x1 (FSDP2 over the SP ranks) are one process's, and a tiny run goes through the CLI (text-to-video
+families); the real checkpoints' configs load and plan in test_grpo_real_configs.py."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from cli_run import run_python
 from policy_checks import family_configs, family_steps, image_prompt_file, tiny_hunyuanvideo15
 from train_runs import assert_grads_equal, metrics_rows
 
-from dit_sp import TrainConfig, spawn
+from dit_sp import spawn
 from dit_sp.families.cogvideox import CogVideoXPolicy
 from dit_sp.families.cosmos import Cosmos25Policy
 from dit_sp.families.easyanimate import EasyAnimatePolicy
@@ -27,7 +27,6 @@ from dit_sp.families.ltx import DECODE_SEED, LTXPolicy
 from dit_sp.families.mochi import MochiPolicy
 from dit_sp.families.motif_video import MotifVideoPolicy
 from dit_sp.families.skyreels_v2 import SkyReelsV2Policy
-from dit_sp.memory.planner import architecture_name, plan_training
 from dit_sp.zoo import build_tiny
 
 
@@ -440,22 +439,3 @@ def test_tiny_grpo_runs_through_the_cli(hunyuanvideo15, prompts, tmp_path):
         assert result.returncode == 0, result.stderr[-3000:]
         (row,) = metrics_rows(out)
         assert row["step"] == 0 and 0 < row["reward_mean"] < 1 and row["grad_norm"] > 0, (model, row)
-
-
-@pytest.mark.parametrize(
-    ("name", "arch", "gpus"),
-    [("grpo_cogvideox_5b", "cogvideox-5b", 8), ("grpo_ltx2", "ltx-2-19b", 32), ("grpo_ltx_video_2b", "ltx-video-2b", 8),
-     ("grpo_skyreels_v2_t2v_14b", "skyreels-v2-t2v-14b-540p", 32),
-     ("grpo_hunyuanvideo15", "hunyuanvideo-1.5-480p-t2v", 16), ("grpo_cosmos2.5_2b", "cosmos-predict2.5-2b", 8),
-     ("grpo_kandinsky5_t2v_lite", "kandinsky5-t2v-lite", 8), ("grpo_mochi_1_preview", "mochi-1-preview", 8),
-     ("grpo_easyanimate_v5.1_12b", "easyanimate-v5.1-12b", 8), ("grpo_kandinsky6_pro", "kandinsky-6.0-pro", 16),
-     ("grpo_motif_video_2b", "motif-video-2b", 8), ("grpo_sana_video_2b", "sana-video_2b_480p", 8),
-     ("grpo_chronoedit_14b", "chronoedit-14b", 8), ("grpo_cogvideox_5b_i2v", "cogvideox-5b-i2v", 8),
-     ("grpo_hunyuanvideo15_i2v", "hunyuanvideo-1.5-480p-t2v", 8), ("grpo_ltx_video_2b_i2v", "ltx-video-2b", 8),
-     ("grpo_wan2.1_vace_1.3b", "wan2.1-vace-1.3b", 8)],
-)  # fmt: skip
-def test_real_checkpoint_configs_load_and_fit_their_plan(name, arch, gpus):
-    config = TrainConfig.load(name)
-    assert architecture_name(config.model) == arch  # the planner reads the real architecture from the path
-    plan = plan_training(config, gpus, 80)
-    assert plan.fits, plan.report()

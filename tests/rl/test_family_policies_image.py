@@ -138,7 +138,7 @@ def test_ltx_image_to_video_policy_samples_only_the_noised_frames(tmp_path):
     """LTX-Video I2V: the image's latents (the VAE's posterior drawn at IMAGE_SEED, as the pipeline draws them with a
     generator at that seed) are the clean first frame, timestep 0 on its tokens; the policy's latents are the frames
     after it, whose Euler ODE through the pipeline's sigmas is the stock pipeline's sampling (guidance 3) and whose
-    decode with the image frame in front is its video."""
+    decode with the image frame in front is its video; frames of one latent frame (the image's alone) are refused."""
     from dit_sp.families.policy import IMAGE_SEED
 
     pipe = build_tiny("tiny-ltx-i2v")
@@ -165,6 +165,9 @@ def test_ltx_image_to_video_policy_samples_only_the_noised_frames(tmp_path):
     torch.testing.assert_close(policy.decode(ours, cond), video, atol=1e-5, rtol=0)
     moved = policy.velocity(start[:, :, 1:], 1.0, policy.encode(["a red circle"], [other]))
     assert (moved - policy.velocity(start[:, :, 1:], 1.0, cond)).abs().max() > 1e-3  # the image conditions the rest
+    with pytest.raises(ValueError, match=r"^frames 1: LTXImageToVideoPipeline keeps the first latent frame the "
+                                         r"image's .* set sample.frames to 5 or more$"):  # fmt: skip
+        policy_for(pipe)(pipe, pipe.transformer, frames=1, height=32, width=32, guidance=3.0, max_sequence_length=16)
 
 
 @pytest.mark.slow  # runs the stock pipeline
@@ -192,3 +195,86 @@ def test_wan_vace_text_to_video_policy_ode_and_decode_are_the_pipelines(tmp_path
     assert (policy.velocity(noise, 1.0, cond) - with_context).abs().max() > 1e-3
     with pytest.raises(ValueError, match="^WanVACEPipeline is text-to-video: its prompts take no image$"):
         policy.encode(["a red circle"], [_image(tmp_path / "a.png", 0)])
+
+
+def test_every_rank_of_a_policy_that_conditions_with_the_vae_loads_it(tmp_path):
+    """A trainer of a Wan VACE checkpoint loads the VAE on every rank, whatever parallel_vae says: its policy encodes
+    the zero VACE context with it on every rank (a rank without it used to fail alone while the others waited in a
+    collective); other text-to-video checkpoints keep it only where videos are decoded."""
+    from dit_sp.rl.trainer import loads_vae
+    from dit_sp.zoo import build_tiny, pipeline_class_name
+
+    build_tiny("tiny-wan-vace").save_pretrained(tmp_path / "vace")
+    assert loads_vae(1, None, False, pipeline_class_name(tmp_path / "vace"))  # sp rank 1, parallel_vae off
+    assert not loads_vae(1, None, False, "WanPipeline") and not loads_vae(1, None, False, None)
+    assert loads_vae(0, None, False, "WanPipeline") and loads_vae(1, "rows", False, "WanPipeline")
+    assert loads_vae(1, None, True, "WanImageToVideoPipeline")  # every rank encodes the images
+
+
+def test_an_image_the_policy_refuses_is_refused_when_the_trainer_is_built(tmp_path):
+    """HunyuanVideo-1.5 I2V: the second prompt's 40x30 image (bucket 28x36, not the run's 32x32) is refused in one
+    line while the trainer is built, on every rank alike (all the run's images checked from their headers), not in
+    the first rollout of the data-parallel group that draws it while the others wait in a collective."""
+    from grpo_checks import tiny_config
+    from policy_checks import image_prompt_file, refusal_when_built
+
+    from dit_sp import spawn
+
+    prompts = image_prompt_file(tmp_path)
+    Image.new("RGB", (40, 30)).save(tmp_path / "image1.png")
+    config = tiny_config(model="tiny-hunyuanvideo15-i2v", prompts=prompts, frames=5, height=32, width=32,
+                         **{"sample.max_sequence_length": 32})  # fmt: skip
+    (message,) = spawn(refusal_when_built, 1, args=(config,), timeout=300)
+    assert message.startswith("an image of 40x30 (width x height): HunyuanVideo15ImageToVideoPipeline samples it at "
+                              "height 28, width 36"), message  # fmt: skip
+    assert "\n" not in message
+
+
+@torch.no_grad()
+def test_an_image_rewritten_during_a_run_is_encoded_again(tmp_path):
+    """The policy's image cache is keyed by the file's content: an image rewritten at the same path conditions as the
+    new image does (a fresh policy's encoding), not as the one first read there."""
+    pipe = build_tiny("tiny-cogvideox-i2v")
+    make = lambda: policy_for(pipe)(pipe, pipe.transformer, frames=9, height=64, width=64, guidance=1.0,
+                                    max_sequence_length=8)  # fmt: skip
+    policy, path = make(), _image(tmp_path / "a.png", 0)
+    first = policy.encode(["a red circle"], [path])[0][1]
+    _image(tmp_path / "a.png", 1)
+    again = policy.encode(["a red circle"], [path])[0][1]
+    assert (again - first).abs().max() > 1e-3
+    torch.testing.assert_close(again, make().encode(["a red circle"], [path])[0][1], atol=0, rtol=0)
+
+
+def test_ranks_whose_image_paths_hold_other_images_are_refused(tmp_path):
+    """Rank 1 reads other images at the run's image paths (a machine without the shared disk): the trainer refuses in
+    one line, on both ranks, before loading (the ranks of a sample would otherwise condition it on other images)."""
+    from grpo_checks import tiny_config
+    from policy_checks import image_prompt_file, refusal_when_built_elsewhere
+
+    from dit_sp import spawn
+
+    prompts, other = image_prompt_file(tmp_path), tmp_path / "other.png"
+    Image.new("RGB", (32, 32)).save(other)
+    config = tiny_config(model="tiny-ltx-i2v", prompts=prompts, frames=5, height=32, width=32)
+    messages = spawn(refusal_when_built_elsewhere, 2, args=(config, str(other)), timeout=300)
+    assert messages == ["ranks [1] have other image files (the same paths, other content) than rank 0: every rank "
+                        "must get the same config file, flags and files"] * 2  # fmt: skip
+
+
+def test_the_policies_refusals_come_before_loading(tmp_path):
+    """The trainer's preflight (no weights, no workers) refuses what the policies refuse from the settings alone:
+    ChronoEdit's frame count, LTX-Video I2V's single latent frame; a size they train passes."""
+    from grpo_checks import tiny_config
+    from policy_checks import image_prompt_file
+
+    from dit_sp.rl.preflight import check_before_loading
+
+    prompts = image_prompt_file(tmp_path)
+    refused = [
+        ("tiny-chronoedit", 9, r"^frames 9: ChronoEditPipeline samples 5 frames \(the image and its edit\)"),
+        ("tiny-ltx-i2v", 1, r"^frames 1: LTXImageToVideoPipeline keeps the first latent frame the image's"),
+    ]
+    for model, frames, message in refused:
+        with pytest.raises(ValueError, match=message):
+            check_before_loading(tiny_config(model=model, prompts=prompts, frames=frames, height=32, width=32), 1)
+        check_before_loading(tiny_config(model=model, prompts=prompts, frames=5, height=32, width=32), 1)

@@ -13,6 +13,9 @@ import numpy as np
 import torch
 from grpo_checks import tiny_config
 
+from dit_sp import GRPOTrainer, TrainConfig
+from dit_sp.errors import ConfigError
+
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -78,7 +81,7 @@ def tiny_hunyuanvideo15(path: str) -> str:
 
 
 def image_prompt_file(folder: Path) -> str:
-    """A JSONL prompt file in ``folder``: two prompts, each with its own random 40x30 image (paths relative to it)."""
+    """A JSONL prompt file in ``folder``: two prompts, each with its own random 32x32 image (paths relative to it)."""
     from PIL import Image
 
     lines = []
@@ -159,3 +162,23 @@ def family_steps(configs: list) -> list[dict]:
                         "parameters": names, "decoder_rows": max(rows),
                         "rewards": data.rewards, "ratio": (stats["ratio_min"], stats["ratio_max"])})  # fmt: skip
     return results
+
+
+def refusal_when_built(config: TrainConfig) -> str:
+    """The one-line ``ConfigError`` that building a ``GRPOTrainer`` of ``config`` raises ("" where it builds)."""
+    try:
+        GRPOTrainer(config)
+    except ConfigError as e:
+        return str(e)
+    return ""
+
+
+def refusal_when_built_elsewhere(config: TrainConfig, other_image: str) -> str:
+    """``refusal_when_built`` with rank 1 as a machine without the shared disk, where the run's image paths hold
+    another image: every PNG's bytes read there are ``other_image``'s."""
+    import os
+
+    if os.environ["RANK"] == "1":
+        read = Path.read_bytes
+        Path.read_bytes = lambda self: read(Path(other_image) if self.suffix == ".png" else self)
+    return refusal_when_built(config)
