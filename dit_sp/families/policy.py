@@ -8,7 +8,6 @@ same batch in rollout and training, so their numerics agree), the choice of expe
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dit_sp.errors import ConfigError
@@ -128,7 +127,7 @@ class DiffusersPolicy:
     def _with_images(self, text: tuple[Any, Any | None], images: list[str]) -> tuple[Any, Any | None]:
         """The text conditioning ``(positive, negative)`` joined with each sample's image conditioning: each branch
         becomes ``(text, *parts)``, ``parts`` the family's ``_image_parts`` of each sample's image, stacked on the
-        batch (each image encoded once, cached by content; both branches share them)."""
+        batch (each image encoded once, cached by path; both branches share them)."""
         import torch
 
         unique = {path: self._image_condition(path) for path in dict.fromkeys(images)}
@@ -140,20 +139,17 @@ class DiffusersPolicy:
     @no_grad
     def _image_condition(self, path: str) -> tuple[Tensor, ...]:
         """``_image_parts`` of the image at ``path`` (RGB), batch 1, cached on the CPU (a run may see thousands) by
-        the file's content (its SHA-256): a file rewritten during a run is encoded again, never read stale."""
-        import hashlib
-        import io
-
-        data = Path(path).read_bytes()
-        key = hashlib.sha256(data).hexdigest()
+        path: read once, the first time a sample uses it. Every rank of a sample meets the same paths in the same
+        order, so hits and misses (and the collectives a miss's encoding runs) agree; a key read from the file again
+        would let a file rewritten mid-run split the ranks between a hit and an encoding, a hang."""
         cache = self.__dict__.setdefault("_image_cache", {})
-        if key not in cache:
+        if path not in cache:
             from PIL import Image
 
-            with Image.open(io.BytesIO(data)) as file:
+            with Image.open(path) as file:
                 image = file.convert("RGB")
-            cache[key] = tuple(part.cpu() for part in self._image_parts(image))
-        return cache[key]
+            cache[path] = tuple(part.cpu() for part in self._image_parts(image))
+        return cache[path]
 
     def check_images(self, images: list[str]) -> None:
         """Each image's size checked (``check_image_size``, from the file's header alone) before anything is sampled:

@@ -230,21 +230,6 @@ def test_an_image_the_policy_refuses_is_refused_when_the_trainer_is_built(tmp_pa
     assert "\n" not in message
 
 
-@torch.no_grad()
-def test_an_image_rewritten_during_a_run_is_encoded_again(tmp_path):
-    """The policy's image cache is keyed by the file's content: an image rewritten at the same path conditions as the
-    new image does (a fresh policy's encoding), not as the one first read there."""
-    pipe = build_tiny("tiny-cogvideox-i2v")
-    make = lambda: policy_for(pipe)(pipe, pipe.transformer, frames=9, height=64, width=64, guidance=1.0,
-                                    max_sequence_length=8)  # fmt: skip
-    policy, path = make(), _image(tmp_path / "a.png", 0)
-    first = policy.encode(["a red circle"], [path])[0][1]
-    _image(tmp_path / "a.png", 1)
-    again = policy.encode(["a red circle"], [path])[0][1]
-    assert (again - first).abs().max() > 1e-3
-    torch.testing.assert_close(again, make().encode(["a red circle"], [path])[0][1], atol=0, rtol=0)
-
-
 def test_ranks_whose_image_paths_hold_other_images_are_refused(tmp_path):
     """Rank 1 reads other images at the run's image paths (a machine without the shared disk): the trainer refuses in
     one line, on both ranks, before loading (the ranks of a sample would otherwise condition it on other images)."""
