@@ -10,6 +10,7 @@ import pytest
 import torch
 from cache_checks import cached_runs
 from cli_run import run_cli
+from diffusers import FlowMatchHeunDiscreteScheduler
 
 from dit_sp import spawn
 from dit_sp.cache import CacheSpec, enable_cache
@@ -91,10 +92,16 @@ def test_a_call_outside_a_cache_context_is_refused_or_given_one_for_a_batched_fa
     with pytest.raises(TypeError):  # a call that fails midway (no text states) leaves no cache context behind
         transformer(hidden_states=torch.randn(1, 4, 2, 4, 4), timestep=torch.tensor([500]))
     assert cache_context_of(transformer) is None
-    # a second call at that timestep (LTX-2 DFR's video tiles) would share the step's one state: refused
+    # a second call at that timestep on other tokens (LTX-2 DFR's video tiles) would share the step's one state
     with pytest.raises(ConfigError, match=r"^step caching: EasyAnimateTransformer3DModel was called twice at one "):
-        transformer(hidden_states=torch.randn(1, 4, 2, 4, 4), timestep=torch.tensor([500]))
+        transformer(hidden_states=torch.randn(1, 4, 2, 4, 6), timestep=torch.tensor([500]))
     assert cache_context_of(transformer) is None
+    # a second-order scheduler evaluates the same tokens twice at one timestep (Heun: t0, t1, t1, t2, t2): allowed
+    cache.stats.clear()
+    easyanimate.scheduler = FlowMatchHeunDiscreteScheduler.from_config(easyanimate.scheduler.config)
+    easyanimate("a red circle", negative_prompt="", num_inference_steps=3, height=32, width=32, num_frames=5,
+                output_type="latent")  # fmt: skip
+    assert len(cache.stats.records) == 5 and {record.context for record in cache.stats.records} == {"cond_uncond"}
     cache.undo()
 
 
