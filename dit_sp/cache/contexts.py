@@ -7,9 +7,10 @@ here, by the family's rule, or is refused:
   (Heun, KDPM2: every argument but the latents the previous call's) and takes that context too, any other (LTX-2 DFR's
   video tiles: other tokens each) is refused, since the step's one state would then serve different inputs;
 - one call per guidance branch, named by the family's ``cache_branches`` (``BranchCalls``: ChronoEdit, HunyuanVideo
-  Framepack): a call is in the branch of the prompt tensor it gets (the pipeline passes one tensor per branch for the
-  whole run, conditional first: the first tensor of a run names ``"cond"``, the second ``"uncond"``, a third is
-  refused). A call whose timestep is above the previous call's (the schedule restarted: Framepack's next section) or
+  Framepack, Cosmos, Kandinsky 5): a call is in the branch of the prompt tensor it gets (the pipeline passes one prompt
+  per branch for the whole run, conditional first: the first tensor of a run names ``"cond"``, the second
+  ``"uncond"``; a later tensor equal in value to one of them, a copy made each step, is in that one's branch; another
+  is refused). A call whose timestep is above the previous call's (the schedule restarted: Framepack's next section) or
   whose latents differ in shape from the previous call's (ChronoEdit's temporal reasoning drops its reasoning frames)
   first resets every branch's cache state, so no residual cached for another schedule or shape is reused;
 - otherwise: refused in one line, since one state would then serve both guidance branches.
@@ -88,10 +89,13 @@ def _branch_namer(model: torch.nn.Module, calls: Any) -> tuple[Callable[[tuple, 
         for index, seen in enumerate(run.prompts):
             if seen is prompt:
                 return BRANCHES[index]
+        for index, seen in enumerate(run.prompts):  # a copy (Kandinsky 5's `.to(dtype)` of embeds in another dtype)
+            if _same(seen, prompt):
+                return BRANCHES[index]
         if len(run.prompts) == len(BRANCHES):
-            raise ConfigError(f"step caching: {kind} got a third {calls.prompt!r} tensor in one run; its guidance "
-                              "branches are named by their prompt tensors (cond, uncond), so a run that replaces them "
-                              "(a step callback) cannot take a cache; run without one")  # fmt: skip
+            raise ConfigError(f"step caching: {kind} got a third {calls.prompt!r} tensor, of other values, in one "
+                              "run; its guidance branches are named by their prompt tensors (cond, uncond), so a run "
+                              "that replaces them (a step callback) cannot take a cache; run without one")  # fmt: skip
         run.prompts.append(prompt)
         return BRANCHES[len(run.prompts) - 1]
 

@@ -214,7 +214,8 @@ def test_generate_cli_with_cache_and_compile(tmp_path):
 
 def test_calls_per_guidance_branch_are_named_by_their_prompt_tensor():
     """ChronoEdit's pipeline calls its transformer once per guidance branch outside any cache context: each call is in
-    the context of the prompt tensor it gets (a run's first: cond, its second: uncond, a third refused), a call at a
+    the context of the prompt tensor it gets (a run's first: cond, its second: uncond, a copy of either
+    that one's, a third refused), a call at a
     higher timestep (a new schedule: Framepack's next section) starts every branch afresh, and diffusers' end-of-run
     reset forgets the tensors."""
     model = load_pipeline("tiny-chronoedit", torch.float32).transformer
@@ -226,13 +227,15 @@ def test_calls_per_guidance_branch_are_named_by_their_prompt_tensor():
                                    encoder_hidden_states_image=image)  # fmt: skip
     for prompt, t in [(cond, 900.0), (uncond, 900.0), (cond, 800.0), (uncond, 800.0), (cond, 950.0), (uncond, 950.0)]:
         call(prompt, t)
+    call(cond.clone(), 940.0)  # a copy made each step (Kandinsky 5's `.to(dtype)`): the branch of the one it equals
+    call(uncond.clone(), 940.0)
     records = cache.stats.records
-    assert [r.context for r in records] == ["cond", "uncond"] * 3
-    assert [r.change is None for r in records] == [True, True, False, False, True, True]  # 950 > 800: a new schedule
+    assert [r.context for r in records] == ["cond", "uncond"] * 4
+    assert [r.change is None for r in records] == [True, True, False, False, True, True, False, False]  # 950 > 800
     with pytest.raises(
         ConfigError, match=r"^step caching: ChronoEditTransformer3DModel got a third 'encoder_hidden_st"
     ):
-        call(third, 950.0)
+        call(third, 930.0)
     assert cache_context_of(model) is None
     model._reset_stateful_cache()  # what a stock pipeline does when its run ends: the next run names its own tensors
     call(third, 900.0)
