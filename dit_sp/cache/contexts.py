@@ -9,10 +9,11 @@ here, by the family's rule, or is refused:
 - one call per guidance branch, named by the family's ``cache_branches`` (``BranchCalls``: ChronoEdit, HunyuanVideo
   Framepack, Cosmos, Kandinsky 5): a call is in the branch of the prompt tensor it gets (the pipeline passes one prompt
   per branch for the whole run, conditional first: the first tensor of a run names ``"cond"``, the second
-  ``"uncond"``; a later tensor equal in value to one of them, a copy made each step, is in that one's branch; another
-  is refused). A call whose timestep is above the previous call's (the schedule restarted: Framepack's next section) or
-  whose latents differ in shape from the previous call's (ChronoEdit's temporal reasoning drops its reasoning frames)
-  first resets every branch's cache state, so no residual cached for another schedule or shape is reused;
+  ``"uncond"``; a later call whose every argument but the latents and timestep equals in value those of one branch's
+  first call, copies made each step, is in that branch; another is refused). A call whose timestep is above the
+  previous call's (the schedule restarted: Framepack's next section) or whose latents differ in shape from the previous
+  call's (ChronoEdit's temporal reasoning drops its reasoning frames) first resets every branch's cache state, so no
+  residual cached for another schedule or shape is reused;
 - otherwise: refused in one line, since one state would then serve both guidance branches.
 
 The rule reads only the call's arguments, which are the same on every process, so every layout names and resets the
@@ -51,6 +52,7 @@ class _Run(ModelHook):
 
     def reset_state(self, module: torch.nn.Module | None) -> torch.nn.Module | None:
         self.prompts: list[torch.Tensor] = []  # kept alive for the run: an id is never reused by another tensor
+        self.conditions: list[dict[str, Any]] = []  # each branch's first call's arguments but its latents and timestep
         self.timestep: float | None = None
         self.shape: tuple[int, ...] | None = None
         self.others: dict[str, Any] | None = None  # a batched call's arguments but its latents (kept alive: by value)
@@ -62,11 +64,16 @@ def _signature(cls: type) -> inspect.Signature:
     return inspect.signature(cls.forward)
 
 
+def _arguments(model: torch.nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The arguments of a call of ``model`` by name (its class's ``forward``, whatever wraps the instance's)."""
+    bound = dict(_signature(type(model)).bind_partial(model, *args, **kwargs).arguments)
+    bound.pop(next(iter(_signature(type(model)).parameters)))  # self
+    return bound
+
+
 def _argument(model: torch.nn.Module, name: str, args: tuple, kwargs: dict) -> Any:
-    """Argument ``name`` of a call of ``model`` (its class's ``forward``, whatever wraps the instance's)."""
-    if name in kwargs:
-        return kwargs[name]
-    return _signature(type(model)).bind_partial(model, *args, **kwargs).arguments.get(name)
+    """Argument ``name`` of a call of ``model``."""
+    return kwargs[name] if name in kwargs else _arguments(model, args, kwargs).get(name)
 
 
 def _branch_namer(model: torch.nn.Module, calls: Any) -> tuple[Callable[[tuple, dict], str], Callable[[], None]]:
@@ -89,27 +96,36 @@ def _branch_namer(model: torch.nn.Module, calls: Any) -> tuple[Callable[[tuple, 
         for index, seen in enumerate(run.prompts):
             if seen is prompt:
                 return BRANCHES[index]
-        for index, seen in enumerate(run.prompts):  # a copy (Kandinsky 5's `.to(dtype)` of embeds in another dtype)
-            if _same(seen, prompt):
+        # a copy of a branch's every condition (Kandinsky 5's `.to(dtype)` of embeds in another dtype), not of its
+        # prompt alone: two branches may differ in their other conditions only (pooled text, text positions)
+        conditions = {
+            k: v for k, v in _arguments(model, args, kwargs).items() if k not in ("hidden_states", calls.timestep)
+        }
+        for index, seen in enumerate(run.conditions):
+            if _same(seen, conditions):
                 return BRANCHES[index]
         if len(run.prompts) == len(BRANCHES):
             raise ConfigError(f"step caching: {kind} got a third {calls.prompt!r} tensor, of other values, in one "
                               "run; its guidance branches are named by their prompt tensors (cond, uncond), so a run "
                               "that replaces them (a step callback) cannot take a cache; run without one")  # fmt: skip
         run.prompts.append(prompt)
+        run.conditions.append(conditions)
         return BRANCHES[len(run.prompts) - 1]
 
     return name, lambda: remove_hook(head, _RUN_HOOK)
 
 
 def _same(a: Any, b: Any) -> bool:
-    """Whether two call arguments are the same: one object, or tensors (or lists, tuples of them) of equal values."""
+    """Whether two call arguments are the same: one object, or tensors (or lists, tuples, dicts of them) of equal
+    values."""
     if a is b:
         return True
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return False
     try:
@@ -129,8 +145,7 @@ def _one_call_a_step(model: torch.nn.Module, timestep_arg: str,
     kind = type(model).__name__
 
     def check(args: tuple, kwargs: dict) -> None:
-        bound = dict(_signature(type(model)).bind_partial(model, *args, **kwargs).arguments)
-        bound.pop(next(iter(_signature(type(model)).parameters)), None)  # self
+        bound = _arguments(model, args, kwargs)
         timestep = bound.get(timestep_arg)
         t = float(timestep.max()) if isinstance(timestep, torch.Tensor) else None
         shape = tuple(tuple(v.shape) if isinstance(v, torch.Tensor) else None for v in (bound.get(n) for n in latents))

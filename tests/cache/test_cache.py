@@ -214,8 +214,8 @@ def test_generate_cli_with_cache_and_compile(tmp_path):
 
 def test_calls_per_guidance_branch_are_named_by_their_prompt_tensor():
     """ChronoEdit's pipeline calls its transformer once per guidance branch outside any cache context: each call is in
-    the context of the prompt tensor it gets (a run's first: cond, its second: uncond, a copy of either
-    that one's, a third refused), a call at a
+    the context of the prompt tensor it gets (a run's first: cond, its second: uncond, a copy of every
+    condition of either that one's, a third refused), a call at a
     higher timestep (a new schedule: Framepack's next section) starts every branch afresh, and diffusers' end-of-run
     reset forgets the tensors."""
     model = load_pipeline("tiny-chronoedit", torch.float32).transformer
@@ -229,6 +229,9 @@ def test_calls_per_guidance_branch_are_named_by_their_prompt_tensor():
         call(prompt, t)
     call(cond.clone(), 940.0)  # a copy made each step (Kandinsky 5's `.to(dtype)`): the branch of the one it equals
     call(uncond.clone(), 940.0)
+    with pytest.raises(ConfigError, match=r"got a third"):  # a copy of the prompt alone: another branch's conditions
+        model(hidden_states=hidden, timestep=torch.tensor([940.0]), encoder_hidden_states=cond.clone(),
+              encoder_hidden_states_image=image + 1)  # fmt: skip
     records = cache.stats.records
     assert [r.context for r in records] == ["cond", "uncond"] * 4
     assert [r.change is None for r in records] == [True, True, False, False, True, True, False, False]  # 950 > 800
