@@ -3,14 +3,17 @@ pipeline names around each call (``with transformer.cache_context("cond")``). A 
 here, by the family's rule, or is refused:
 
 - batched guidance (``cfg_mode="batched"``: EasyAnimate, Allegro, LTX-2's distilled passes): the one call a step gets
-  ``"cond_uncond"``; a second call at the same timestep (LTX-2 DFR's video tiles: other tokens each) is refused, since
-  the step's one state would then serve different inputs;
+  ``"cond_uncond"``; a second call at the same timestep is a second-order scheduler's re-evaluation of the same tokens
+  (Heun, KDPM2: every argument but the latents the previous call's) and takes that context too, any other (LTX-2 DFR's
+  video tiles: other tokens each) is refused, since the step's one state would then serve different inputs;
 - one call per guidance branch, named by the family's ``cache_branches`` (``BranchCalls``: ChronoEdit, HunyuanVideo
-  Framepack): a call is in the branch of the prompt tensor it gets (the pipeline passes one tensor per branch for the
-  whole run, conditional first: the first tensor of a run names ``"cond"``, the second ``"uncond"``, a third is
-  refused). A call whose timestep is above the previous call's (the schedule restarted: Framepack's next section) or
-  whose latents differ in shape from the previous call's (ChronoEdit's temporal reasoning drops its reasoning frames)
-  first resets every branch's cache state, so no residual cached for another schedule or shape is reused;
+  Framepack, Cosmos, Kandinsky 5): a call is in the branch of the prompt tensor it gets (the pipeline passes one prompt
+  per branch for the whole run, conditional first: the first tensor of a run names ``"cond"``, the second
+  ``"uncond"``; a later call whose every argument but the latents and timestep equals in value those of one branch's
+  first call, copies made each step, is in that branch; another is refused). A call whose timestep is above the
+  previous call's (the schedule restarted: Framepack's next section) or whose latents differ in shape from the previous
+  call's (ChronoEdit's temporal reasoning drops its reasoning frames) first resets every branch's cache state, so no
+  residual cached for another schedule or shape is reused;
 - otherwise: refused in one line, since one state would then serve both guidance branches.
 
 The rule reads only the call's arguments, which are the same on every process, so every layout names and resets the
@@ -49,8 +52,10 @@ class _Run(ModelHook):
 
     def reset_state(self, module: torch.nn.Module | None) -> torch.nn.Module | None:
         self.prompts: list[torch.Tensor] = []  # kept alive for the run: an id is never reused by another tensor
+        self.conditions: list[dict[str, Any]] = []  # each branch's first call's arguments but its latents and timestep
         self.timestep: float | None = None
         self.shape: tuple[int, ...] | None = None
+        self.others: dict[str, Any] | None = None  # a batched call's arguments but its latents (kept alive: by value)
         return module
 
 
@@ -59,11 +64,16 @@ def _signature(cls: type) -> inspect.Signature:
     return inspect.signature(cls.forward)
 
 
+def _arguments(model: torch.nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The arguments of a call of ``model`` by name (its class's ``forward``, whatever wraps the instance's)."""
+    bound = dict(_signature(type(model)).bind_partial(model, *args, **kwargs).arguments)
+    bound.pop(next(iter(_signature(type(model)).parameters)))  # self
+    return bound
+
+
 def _argument(model: torch.nn.Module, name: str, args: tuple, kwargs: dict) -> Any:
-    """Argument ``name`` of a call of ``model`` (its class's ``forward``, whatever wraps the instance's)."""
-    if name in kwargs:
-        return kwargs[name]
-    return _signature(type(model)).bind_partial(model, *args, **kwargs).arguments.get(name)
+    """Argument ``name`` of a call of ``model``."""
+    return kwargs[name] if name in kwargs else _arguments(model, args, kwargs).get(name)
 
 
 def _branch_namer(model: torch.nn.Module, calls: Any) -> tuple[Callable[[tuple, dict], str], Callable[[], None]]:
@@ -86,31 +96,68 @@ def _branch_namer(model: torch.nn.Module, calls: Any) -> tuple[Callable[[tuple, 
         for index, seen in enumerate(run.prompts):
             if seen is prompt:
                 return BRANCHES[index]
+        # a copy of a branch's every condition (Kandinsky 5's `.to(dtype)` of embeds in another dtype), not of its
+        # prompt alone: two branches may differ in their other conditions only (pooled text, text positions)
+        conditions = {
+            k: v for k, v in _arguments(model, args, kwargs).items() if k not in ("hidden_states", calls.timestep)
+        }
+        for index, seen in enumerate(run.conditions):
+            if _same(seen, conditions):
+                return BRANCHES[index]
         if len(run.prompts) == len(BRANCHES):
-            raise ConfigError(f"step caching: {kind} got a third {calls.prompt!r} tensor in one run; its guidance "
-                              "branches are named by their prompt tensors (cond, uncond), so a run that replaces them "
-                              "(a step callback) cannot take a cache; run without one")  # fmt: skip
+            raise ConfigError(f"step caching: {kind} got a third {calls.prompt!r} tensor, of other values, in one "
+                              "run; its guidance branches are named by their prompt tensors (cond, uncond), so a run "
+                              "that replaces them (a step callback) cannot take a cache; run without one")  # fmt: skip
         run.prompts.append(prompt)
+        run.conditions.append(conditions)
         return BRANCHES[len(run.prompts) - 1]
 
     return name, lambda: remove_hook(head, _RUN_HOOK)
 
 
-def _one_call_a_step(model: torch.nn.Module, timestep_arg: str) -> tuple[Callable[[tuple, dict], None], Callable]:
+def _same(a: Any, b: Any) -> bool:
+    """Whether two call arguments are the same: one object, or tensors (or lists, tuples, dicts of them) of equal
+    values."""
+    if a is b:
+        return True
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return False
+    try:
+        return bool(a == b)
+    except Exception:  # an argument without a plain equality: not known to be the same
+        return False
+
+
+def _one_call_a_step(model: torch.nn.Module, timestep_arg: str,
+                     latents: tuple[str, ...]) -> tuple[Callable[[tuple, dict], None], Callable]:  # fmt: skip
     """``(check, undo)``: ``check(args, kwargs)`` refuses a call at the timestep of the run's previous call (a batched
-    family's calls outside a cache context share one state: one call a step)."""
+    family's calls outside a cache context share one state: one call a step) unless it re-evaluates the previous
+    call's tokens, as a second-order scheduler does (Heun, KDPM2: the same arguments but the ``latents`` streams,
+    those of the same shapes)."""
     run, head = _Run(), transformer_blocks(model)[0]
     register_hook(head, run, _RUN_HOOK)
     kind = type(model).__name__
 
     def check(args: tuple, kwargs: dict) -> None:
-        timestep = _argument(model, timestep_arg, args, kwargs)
+        bound = _arguments(model, args, kwargs)
+        timestep = bound.get(timestep_arg)
         t = float(timestep.max()) if isinstance(timestep, torch.Tensor) else None
+        shape = tuple(tuple(v.shape) if isinstance(v, torch.Tensor) else None for v in (bound.get(n) for n in latents))
+        others = {k: v for k, v in bound.items() if k not in latents}
         if t is not None and t == run.timestep:
-            raise ConfigError(f"step caching: {kind} was called twice at one timestep outside a cache context (e.g. "
-                              "video tiles), and one cache state would serve both calls' different inputs; call it "
-                              "inside model.cache_context(name) per input, or run without a cache")  # fmt: skip
-        run.timestep = t
+            again = shape == run.shape and run.others is not None and others.keys() == run.others.keys()
+            if not (again and all(_same(v, run.others[k]) for k, v in others.items())):
+                raise ConfigError(f"step caching: {kind} was called twice at one timestep outside a cache context on "
+                                  "other tokens (e.g. video tiles), and one cache state would serve both calls' "
+                                  "different inputs; call it inside model.cache_context(name) per input, or run "
+                                  "without a cache")  # fmt: skip
+        run.timestep, run.shape, run.others = t, shape, others
 
     return check, lambda: remove_hook(head, _RUN_HOOK)
 
@@ -124,7 +171,11 @@ def context_for_every_call(model: torch.nn.Module, family: Any) -> Callable[[], 
         name, forget = _branch_namer(model, family.cache_branches)
         undo.append(forget)
     if family.cfg_mode == "batched":
-        one_call, forget = _one_call_a_step(model, (family.cache_branches or BranchCalls()).timestep)
+        # the streams a second-order scheduler's re-evaluation changes: the video, and the blocks' other generated
+        # stream where the family names it (LTX-2's audio_hidden_states), not the text
+        named = (name for outputs in family.block_outputs.values() for name in outputs[2:4])
+        latents = tuple(dict.fromkeys(("hidden_states", *(n for n in named if n != "encoder_hidden_states"))))
+        one_call, forget = _one_call_a_step(model, (family.cache_branches or BranchCalls()).timestep, latents)
         undo.append(forget)
     given = []  # the context this hook set for the call in progress (the model's own hooks: one model, one call)
 

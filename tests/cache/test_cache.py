@@ -10,6 +10,7 @@ import pytest
 import torch
 from cache_checks import cached_runs
 from cli_run import run_cli
+from diffusers import FlowMatchHeunDiscreteScheduler
 
 from dit_sp import spawn
 from dit_sp.cache import CacheSpec, enable_cache
@@ -91,10 +92,16 @@ def test_a_call_outside_a_cache_context_is_refused_or_given_one_for_a_batched_fa
     with pytest.raises(TypeError):  # a call that fails midway (no text states) leaves no cache context behind
         transformer(hidden_states=torch.randn(1, 4, 2, 4, 4), timestep=torch.tensor([500]))
     assert cache_context_of(transformer) is None
-    # a second call at that timestep (LTX-2 DFR's video tiles) would share the step's one state: refused
+    # a second call at that timestep on other tokens (LTX-2 DFR's video tiles) would share the step's one state
     with pytest.raises(ConfigError, match=r"^step caching: EasyAnimateTransformer3DModel was called twice at one "):
-        transformer(hidden_states=torch.randn(1, 4, 2, 4, 4), timestep=torch.tensor([500]))
+        transformer(hidden_states=torch.randn(1, 4, 2, 4, 6), timestep=torch.tensor([500]))
     assert cache_context_of(transformer) is None
+    # a second-order scheduler evaluates the same tokens twice at one timestep (Heun: t0, t1, t1, t2, t2): allowed
+    cache.stats.clear()
+    easyanimate.scheduler = FlowMatchHeunDiscreteScheduler.from_config(easyanimate.scheduler.config)
+    easyanimate("a red circle", negative_prompt="", num_inference_steps=3, height=32, width=32, num_frames=5,
+                output_type="latent")  # fmt: skip
+    assert len(cache.stats.records) == 5 and {record.context for record in cache.stats.records} == {"cond_uncond"}
     cache.undo()
 
 
@@ -207,7 +214,8 @@ def test_generate_cli_with_cache_and_compile(tmp_path):
 
 def test_calls_per_guidance_branch_are_named_by_their_prompt_tensor():
     """ChronoEdit's pipeline calls its transformer once per guidance branch outside any cache context: each call is in
-    the context of the prompt tensor it gets (a run's first: cond, its second: uncond, a third refused), a call at a
+    the context of the prompt tensor it gets (a run's first: cond, its second: uncond, a copy of every
+    condition of either that one's, a third refused), a call at a
     higher timestep (a new schedule: Framepack's next section) starts every branch afresh, and diffusers' end-of-run
     reset forgets the tensors."""
     model = load_pipeline("tiny-chronoedit", torch.float32).transformer
@@ -219,13 +227,18 @@ def test_calls_per_guidance_branch_are_named_by_their_prompt_tensor():
                                    encoder_hidden_states_image=image)  # fmt: skip
     for prompt, t in [(cond, 900.0), (uncond, 900.0), (cond, 800.0), (uncond, 800.0), (cond, 950.0), (uncond, 950.0)]:
         call(prompt, t)
+    call(cond.clone(), 940.0)  # a copy made each step (Kandinsky 5's `.to(dtype)`): the branch of the one it equals
+    call(uncond.clone(), 940.0)
+    with pytest.raises(ConfigError, match=r"got a third"):  # a copy of the prompt alone: another branch's conditions
+        model(hidden_states=hidden, timestep=torch.tensor([940.0]), encoder_hidden_states=cond.clone(),
+              encoder_hidden_states_image=image + 1)  # fmt: skip
     records = cache.stats.records
-    assert [r.context for r in records] == ["cond", "uncond"] * 3
-    assert [r.change is None for r in records] == [True, True, False, False, True, True]  # 950 > 800: a new schedule
+    assert [r.context for r in records] == ["cond", "uncond"] * 4
+    assert [r.change is None for r in records] == [True, True, False, False, True, True, False, False]  # 950 > 800
     with pytest.raises(
         ConfigError, match=r"^step caching: ChronoEditTransformer3DModel got a third 'encoder_hidden_st"
     ):
-        call(third, 950.0)
+        call(third, 930.0)
     assert cache_context_of(model) is None
     model._reset_stateful_cache()  # what a stock pipeline does when its run ends: the next run names its own tensors
     call(third, 900.0)

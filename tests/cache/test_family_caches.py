@@ -34,7 +34,7 @@ MODELS = {
     "tiny-hunyuanvideo-framepack": (None, 0.2, {"image": "image.png", "guidance": 4.0}),  # true CFG: two branches
     "tiny-cosmos2.5": (0.14, None, {}),  # Cosmos' blocks (block_outputs); a call per branch, named by its prompt
     "tiny-cosmos2-v2w": (None, 0.1, {"image": "image.png"}),  # TeaCache: per-frame timesteps, per-token modulation
-    "tiny-sana-video-i2v": (None, 0.3, {"image": "image.png"}),  # split by whole frames, TeaCache: per-token timesteps
+    "tiny-sana-video-i2v": (0.04, 0.3, {"image": "image.png"}),  # split by whole frames; TeaCache: per-token timesteps
     "tiny-ltx2": (0.3, None, {}),  # two streams: the split video and the whole audio (audio_hidden_states)
     "tiny-kandinsky5": (0.5, 0.3, {}),  # blocks taking visual_embed (named metadata); TeaCache: time_embed, (B, C)
     "tiny-anyflow": (0.14, 0.6, {}),  # its own block class (block_outputs); TeaCache: per-token temb, (B, S, 6, C)

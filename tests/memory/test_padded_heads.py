@@ -1,6 +1,7 @@
 """Ulysses degrees that do not divide the heads: the planner takes every degree ``parallelize`` takes (and refuses,
 in the same words, the ones it refuses), counts the heads padded to ``ceil(H / U)`` a rank and Ulysses' all-to-all
-buffers, says what the padding costs, and stays above the live tensor bytes of a real padded run."""
+buffers, says what the padding costs, and stays above the live tensor bytes of a real padded run while sampling (its
+activations while training: within 25%, as everywhere, ``test_planner.py``)."""
 
 from __future__ import annotations
 
@@ -95,8 +96,9 @@ def test_a_padded_degree_is_planned_with_the_padded_heads_and_its_cost_said():
 @pytest.mark.slow
 def test_the_plan_stays_above_a_measured_padded_run():
     """Ulysses 2 (one spawn): ``usp_attention`` with 3 heads padded to 4 and with 1 padded to 2 (one rank of padding
-    only), and a 3-head Wan transformer (its output equal to one process's): the plan's terms stay above the measured
-    live bytes, and those of the attention only because they count the padded heads."""
+    only), and a 3-head Wan transformer (its output equal to one process's): the attention's and sampling's terms stay
+    above the measured live bytes, the attention's only because they count the padded heads; training's are within
+    25% of them (measured 3% above the estimate: the tiny model's embeddings and output, outside its 2 blocks)."""
     measured = spawn(padded_layout_peaks, 2, args=(NARROW, 3, 48, (3, 1), 864), timeout=300)
     for rank in measured:
         print(f"output error vs one process: {rank['error']:.1e}")
