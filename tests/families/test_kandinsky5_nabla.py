@@ -210,9 +210,9 @@ def test_nabla_sizes_are_checked_in_one_line():
 
 def test_the_planner_never_picks_or_advises_a_ring_for_nabla():
     """The memory planner on Kandinsky 5.0 Video Lite 10 s (``kandinsky5-t2v-lite-10s``: the Lite transformer, 2B as
-    published, with NABLA): GRPO on 8 GPUs that fit on no layout picks Ulysses alone (28 heads: Ulysses 4, dp 2) where
-    the dense Lite takes ring 2 x Ulysses 4; generate's advice offers no ring where the dense model's does; a ring
-    given is refused in one line, sampling and training."""
+    published, with NABLA): GRPO on 8 GPUs that fit on no layout picks Ulysses alone (Ulysses 8, its 28 heads padded to
+    32, as ``parallelize`` takes it) where the dense Lite takes ring 2 x Ulysses 4; generate's advice offers no ring
+    where the dense model's does; a ring given is refused in one line, sampling and training."""
     from dit_sp.errors import ConfigError
     from dit_sp.memory.planner import ARCHITECTURES, TransformerShape, architecture_name, plan_training
     from dit_sp.memory.sampling import SamplingSettings, plan_sampling
@@ -224,7 +224,7 @@ def test_the_planner_never_picks_or_advises_a_ring_for_nabla():
     assert abs(shape.params - 2e9) <= 0.05 * 2e9 and shape.heads == 28, shape
     config = TrainConfig.load("grpo_kandinsky5_t2v_lite")
     layouts = {arch: plan_training(config, 8, 1, arch=arch).layout for arch in (nabla, dense)}
-    assert layouts == {nabla: {"dp": 2, "ring": 1, "ulysses": 4}, dense: {"dp": 1, "ring": 2, "ulysses": 4}}, layouts
+    assert layouts == {nabla: {"dp": 1, "ring": 1, "ulysses": 8}, dense: {"dp": 1, "ring": 2, "ulysses": 4}}, layouts
     with pytest.raises(ConfigError, match="^ring 2: Kandinsky 5's NABLA sparse attention .* use ring 1$"):
         plan_training(config, 8, 80, arch=nabla, ring=2, ulysses=2)
     video = {"frames": 241, "height": 512, "width": 768, "ulysses": 2}
