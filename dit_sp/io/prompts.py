@@ -81,4 +81,10 @@ def image_digests(images: list[str | None]) -> list[str | None]:
     that holds another image on another machine is refused before anything is sampled."""
     import hashlib
 
-    return [None if image is None else hashlib.sha256(Path(image).read_bytes()).hexdigest() for image in images]
+    def digest(image: str) -> str:
+        try:
+            return hashlib.sha256(Path(image).read_bytes()).hexdigest()
+        except OSError as e:
+            raise MissingFileError(f"image {image} cannot be read ({e.strerror or e})") from e
+
+    return [None if image is None else digest(image) for image in images]

@@ -11,7 +11,14 @@ if TYPE_CHECKING:
     from dit_sp.parallel.config import ParallelConfig
     from dit_sp.parallel.device import default_backend, default_device
     from dit_sp.parallel.launch import WorkerError, free_port, spawn
-    from dit_sp.parallel.state import ParallelState, check_ranks_agree, init_layout, init_parallel, single_process_state
+    from dit_sp.parallel.state import (
+        ParallelState,
+        check_ranks_agree,
+        init_layout,
+        init_parallel,
+        read_on_every_rank,
+        single_process_state,
+    )
 
 _WHERE = {
     "ParallelConfig": "dit_sp.parallel.config",
@@ -20,6 +27,7 @@ _WHERE = {
     "all_gather": "dit_sp.parallel.comm",
     "all_to_all": "dit_sp.parallel.comm",
     "check_ranks_agree": "dit_sp.parallel.state",
+    "read_on_every_rank": "dit_sp.parallel.state",
     "default_backend": "dit_sp.parallel.device",
     "default_device": "dit_sp.parallel.device",
     "free_port": "dit_sp.parallel.launch",
@@ -44,6 +52,7 @@ __all__ = [
     "all_gather",
     "all_to_all",
     "check_ranks_agree",
+    "read_on_every_rank",
     "default_backend",
     "default_device",
     "free_port",

@@ -6,15 +6,18 @@ import atexit
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dit_sp._compat import device_mesh, flatten_mesh, group_options
 from dit_sp.errors import ConfigError
 from dit_sp.parallel.config import ParallelConfig
 from dit_sp.parallel.device import default_backend, default_device
 from dit_sp.parallel.launch import loopback_env
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     import torch
@@ -251,3 +254,25 @@ def check_ranks_agree(parallel: ParallelState, value: Any, what: str) -> None:
     if differ:
         raise ConfigError(f"ranks {differ} have other {what} than rank 0: every rank must get the same config "
                           "file, flags and files")  # fmt: skip
+
+
+def read_on_every_rank(parallel: ParallelState, read: Callable[[], T], what: str) -> T:
+    """``read()`` on every rank (under torchrun each rank reads its own files): a ``ConfigError`` on some ranks
+    (a file missing on one machine) is raised on all of them, naming them, instead of leaving the others to wait
+    in the next collective until it times out."""
+    import torch.distributed as dist
+
+    error: ConfigError | None = None
+    try:
+        value = read()
+    except ConfigError as e:
+        error = e
+    if parallel.world_size > 1 and dist.is_initialized():
+        messages: list[str | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(messages, None if error is None else str(error))
+        failed = [rank for rank, message in enumerate(messages) if message is not None]
+        if failed and error is None:
+            raise ConfigError(f"ranks {failed} cannot read {what}: {messages[failed[0]]}")
+    if error is not None:
+        raise error
+    return value

@@ -30,7 +30,7 @@ from dit_sp.errors import ConfigError
 from dit_sp.families import DiffusersPolicy, policy_for, policy_loads_vae, supported_vaes, vae_plan_of
 from dit_sp.io.console import plain_tracebacks, quiet_followers
 from dit_sp.io.prompts import image_digests, read_prompt_file
-from dit_sp.parallel import ParallelState, check_ranks_agree, free_port, init_layout
+from dit_sp.parallel import ParallelState, check_ranks_agree, free_port, init_layout, read_on_every_rank
 from dit_sp.rl import evaluate as _evaluate
 from dit_sp.rl import export as _export
 from dit_sp.rl import nft as _nft
@@ -125,13 +125,14 @@ class GRPOTrainer:
         self._split_decode = config.vae_split if config.parallel_vae and self.parallel.sp > 1 else None
         self._decode_chunk = config.vae_batch or config.grpo.micro_batch
         if prompts is None:
-            prompts, images = read_prompt_file(config.prompts)
+            prompts, images = read_on_every_rank(self.parallel, lambda: read_prompt_file(config.prompts), "the prompts")
         self.prompts = list(prompts)
         self.images: list[str | None] | None = list(images) if images is not None and any(images) else None
         """Each prompt's conditioning image (image-to-video), or None (text-to-video)."""
         check_ranks_agree(self.parallel, [asdict(config), self.prompts, self.images], "settings or prompts")
         if self.images is not None and self.parallel.world_size > 1:  # a path may hold another image elsewhere
-            check_ranks_agree(self.parallel, image_digests(self.images), "image files (the same paths, other content)")
+            digests = read_on_every_rank(self.parallel, lambda: image_digests(self.images), "the prompts' images")
+            check_ranks_agree(self.parallel, digests, "image files (the same paths, other content)")
         if reward is None:
             reward = build_reward(config.reward)
         self.reward = reward if isinstance(reward, WeightedReward) else WeightedReward([("reward", 1.0, reward)])

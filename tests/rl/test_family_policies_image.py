@@ -230,9 +230,10 @@ def test_an_image_the_policy_refuses_is_refused_when_the_trainer_is_built(tmp_pa
     assert "\n" not in message
 
 
-def test_ranks_whose_image_paths_hold_other_images_are_refused(tmp_path):
-    """Rank 1 reads other images at the run's image paths (a machine without the shared disk): the trainer refuses in
-    one line, on both ranks, before loading (the ranks of a sample would otherwise condition it on other images)."""
+def test_ranks_whose_image_paths_hold_other_images_or_none_are_refused(tmp_path):
+    """Rank 1 reads other images at the run's image paths (a machine without the shared disk), or finds none there:
+    the trainer refuses in one line, on both ranks, before loading (the ranks of a sample would otherwise condition it
+    on other images; a rank that failed alone would leave the others waiting in a collective)."""
     from grpo_checks import tiny_config
     from policy_checks import image_prompt_file, refusal_when_built_elsewhere
 
@@ -244,6 +245,10 @@ def test_ranks_whose_image_paths_hold_other_images_are_refused(tmp_path):
     messages = spawn(refusal_when_built_elsewhere, 2, args=(config, str(other)), timeout=300)
     assert messages == ["ranks [1] have other image files (the same paths, other content) than rank 0: every rank "
                         "must get the same config file, flags and files"] * 2  # fmt: skip
+    # an image missing on rank 1 only: both ranks refuse in one line (rank 0 used to wait in a collective)
+    messages = spawn(refusal_when_built_elsewhere, 2, args=(config, None), timeout=300)
+    missing = f"{prompts}:1: image image0.png does not exist (paths are relative to the file)"
+    assert messages == [f"ranks [1] cannot read the prompts: {missing}", missing], messages
 
 
 def test_the_policies_refusals_come_before_loading(tmp_path):

@@ -173,12 +173,15 @@ def refusal_when_built(config: TrainConfig) -> str:
     return ""
 
 
-def refusal_when_built_elsewhere(config: TrainConfig, other_image: str) -> str:
+def refusal_when_built_elsewhere(config: TrainConfig, other_image: str | None) -> str:
     """``refusal_when_built`` with rank 1 as a machine without the shared disk, where the run's image paths hold
-    another image: every PNG's bytes read there are ``other_image``'s."""
+    another image (every PNG's bytes read there are ``other_image``'s) or, with ``other_image`` None, no image."""
     import os
 
-    if os.environ["RANK"] == "1":
+    if os.environ["RANK"] == "1" and other_image is not None:
         read = Path.read_bytes
         Path.read_bytes = lambda self: read(Path(other_image) if self.suffix == ".png" else self)
+    elif os.environ["RANK"] == "1":
+        is_file = Path.is_file
+        Path.is_file = lambda self: self.suffix != ".png" and is_file(self)
     return refusal_when_built(config)
