@@ -16,6 +16,9 @@ here, by the family's rule, or is refused:
   residual cached for another schedule or shape is reused;
 - otherwise: refused in one line, since one state would then serve both guidance branches.
 
+A call, in a context or not, that passes an argument the family's ``cache_refused_args`` names (Sana-Video's
+``controlnet_block_samples``, added between the blocks outside what the hooks skip) is refused in one line.
+
 The rule reads only the call's arguments, which are the same on every process, so every layout names and resets the
 same calls as one process. What it remembers of a run lives in a stateful diffusers hook, so it is forgotten exactly
 when the cache states are (``_reset_stateful_cache``, which every stock pipeline calls when its run ends).
@@ -180,6 +183,10 @@ def context_for_every_call(model: torch.nn.Module, family: Any) -> Callable[[], 
     given = []  # the context this hook set for the call in progress (the model's own hooks: one model, one call)
 
     def enter(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        for arg, why in family.cache_refused_args.items():  # in a cache context or not
+            if _argument(module, arg, args, kwargs) is not None:
+                raise ConfigError(f"step caching: {type(module).__name__} was called with {arg!r}, which a cached call "
+                                  f"cannot take ({why}); run without the cache")  # fmt: skip
         if cache_context_of(module) is not None:
             return
         if family.cfg_mode == "batched":

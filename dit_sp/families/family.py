@@ -199,6 +199,11 @@ class ModelFamily:
     them, or ``block_outputs`` gives it, and nothing runs between blocks that the hooks would skip wrongly);
     ``enable_cache`` and ``generate --cache`` (before loading) refuse with it, the family table shows "refused", and
     ``tests/zoo/test_family_table.py`` checks it against the tiny models."""
+    cache_refused_args: dict[str, str] = field(default_factory=dict, hash=False)
+    """Transformer arguments a step-cached call must not carry (None or absent), each with why: what the model adds
+    between its blocks from them lies outside what diffusers' cache hooks skip, so a skipped step would add it on top
+    of a cached residual that already holds it (Sana-Video's ``controlnet_block_samples``). A cached call that passes
+    one is refused in one line (``dit_sp.cache.contexts``); calls without them are cached as usual."""
     cache_branches: BranchCalls | None = None
     """For a ``sequential`` family whose pipelines call the transformer per guidance branch outside diffusers' cache
     contexts (ChronoEdit, HunyuanVideo Framepack): how a step cache names each call's branch. None: such a call is

@@ -20,7 +20,8 @@ model's own frame count is this rank's. Then:
 
 Step caches: each block returns the video alone (``block_outputs``); the real tokens of a padded shard are its real
 frames' tokens (``dit_sp.cache.step_cache``). TeaCache compares the blocks' ``timestep`` modulation (per token for
-image-to-video). The model's ``controlnet_block_samples``, added between blocks, are passed by no stock pipeline.
+image-to-video). The model's ``controlnet_block_samples``, added between blocks, are passed by no stock pipeline; a
+cached call that passes them is refused (``cache_refused_args``).
 """
 
 from __future__ import annotations
@@ -302,6 +303,10 @@ SANA_VIDEO = ModelFamily(
     vae=AUTOENCODER_DC_VAE,  # the deep-compression AE its pipelines accept (Wan's VAE: split by the Wan family's plan)
     block_outputs={"SanaVideoTransformerBlock": (0, None)},  # each block returns the video alone
     teacache_probe=_teacache_probe,
+    cache_refused_args={
+        "controlnet_block_samples": "the model adds them to the hidden states between its blocks, outside what the "
+        "cache skips, so a skipped step would add them on top of a cached residual that already holds them"
+    },
     pipelines=("SanaVideoPipeline",),
     policy=SanaVideoPolicy,
     tiny_models=("tiny-sana-video", "tiny-sana-video-i2v"),

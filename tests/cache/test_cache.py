@@ -11,10 +11,11 @@ import torch
 from cache_checks import cached_runs
 from cli_run import run_cli
 from diffusers import FlowMatchHeunDiscreteScheduler
+from diffusers.hooks.hooks import CacheContext
 
 from dit_sp import spawn
 from dit_sp.cache import CacheSpec, enable_cache
-from dit_sp.cache.blocks import cache_context_of
+from dit_sp.cache.blocks import cache_context_of, set_cache_context
 from dit_sp.errors import ConfigError
 from dit_sp.zoo import load_pipeline
 
@@ -103,6 +104,37 @@ def test_a_call_outside_a_cache_context_is_refused_or_given_one_for_a_batched_fa
                 output_type="latent")  # fmt: skip
     assert len(cache.stats.records) == 5 and {record.context for record in cache.stats.records} == {"cond_uncond"}
     cache.undo()
+
+
+def test_a_cached_call_carrying_an_argument_its_family_refuses_is_refused_in_one_line():
+    """Sana-Video adds ``controlnet_block_samples`` to the hidden states between its blocks, outside what the cache
+    hooks skip (a skipped step would add them on top of a cached residual that holds them): a cached call passing them
+    is refused in one line, in a cache context or not, and leaves none behind; calls without them are cached."""
+    from sana_video_checks import builtin_inputs
+
+    model = load_pipeline("tiny-sana-video", torch.float32).transformer
+    inputs = builtin_inputs()  # batch 2 (the guidance pair), 3 latent frames of 2 x 4 patches: 24 tokens
+    inner = model.config.num_attention_heads * model.config.attention_head_dim
+    g = torch.Generator().manual_seed(3)
+    samples = tuple(torch.randn(2, 24, inner, generator=g) for _ in model.transformer_blocks[1:])
+    later = dict(inputs, timestep=inputs["timestep"] * 0.9)
+    refused = r"^step caching: SanaVideoTransformer3DModel was called with 'controlnet_block_samples', .*; run without"
+    with torch.no_grad():
+        plain, controlled = (model(**inputs, controlnet_block_samples=s)[0] for s in (None, samples))
+        assert (plain - controlled).abs().max() > 1e-2  # the samples do change the output uncached
+        cache = enable_cache(model, "first_block:10")  # every step after the first skipped
+        torch.testing.assert_close(model(**inputs)[0], plain, atol=1e-5, rtol=0)
+        with pytest.raises(ConfigError, match=refused):
+            model(**later, controlnet_block_samples=samples)
+        assert cache_context_of(model) is None
+        set_cache_context(model, CacheContext("cond_uncond"))  # a caller's own context (this model has no mixin)
+        with pytest.raises(ConfigError, match=refused):
+            model(**later, controlnet_block_samples=samples)
+        set_cache_context(model, None)
+        model(**later)
+        assert [record.computed for record in cache.stats.records] == [True, False]  # the normal call: cached
+        cache.undo()
+        torch.testing.assert_close(model(**inputs, controlnet_block_samples=samples)[0], controlled, atol=0, rtol=0)
 
 
 def _frames_and_decisions(results: list[list[dict]]) -> list[tuple[np.ndarray, dict]]:

@@ -1,13 +1,16 @@
 """``generate`` on Modular Diffusers repositories (``modular_model_index.json``: MiniMax-H3, Wan-Animate-2 and its
 distilled pipeline), loaded offline from the directory's own files. The built-in tiny models saved as repositories
-laid out as downloaded ones (``modular_repos``): every weight loads back exactly; the MiniMax-H3 one through the CLI on
-Ulysses 2 with its weights sharded gives the built-in's video on one process (one spawn), with one set of progress
-bars; an unsupported pipeline or blocks, a missing component entry or folder: one line before anything loads."""
+laid out as downloaded ones (``modular_repos``): every weight loads back exactly; the Wan-Animate-2 one loaded as
+``--shard-weights`` loads it (on a 1-process group in this process) gives the built-in's weights and text encoding;
+the MiniMax-H3 one through the CLI on Ulysses 2 with its weights sharded gives the built-in's video on one process
+(one spawn), with one set of progress bars; an unsupported pipeline or blocks, a missing component entry or folder:
+one line before anything loads."""
 
 from __future__ import annotations
 
 import json
 import shutil
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -81,6 +84,46 @@ def test_a_repository_loads_back_the_builtin_exactly(repos, tmp_path, monkeypatc
     assert type(pipe.blocks).__name__ == "WanAnimate2DistilledBlocks"
     assert "transformer" in _same_weights(pipe, build_tiny("tiny-wan-animate-2"))
     assert attempts == []
+
+
+def test_a_wan_animate_2_repository_loads_shard_wise_as_shard_weights_loads_it(repos, monkeypatch):
+    """What ``--shard-weights`` makes of the saved Wan-Animate-2 repository, on a 1-process gloo group in this
+    process (``generate`` refuses one process; ranges of several: tests/weights/test_scale.py, test_encoder.py): its
+    transformer built on meta and filled from its folder by ``ShardedWeights`` (every key matched, or it raises), its
+    text encoder read shard-wise. Gathered, every transformer weight is the built-in's, and the text encoder encodes
+    as the built-in's; nothing but the sharded two differs."""
+    import torch.distributed as dist
+
+    from dit_sp.parallel.launch import loopback_env
+    from dit_sp.weights import SafetensorsCheckpoint, ShardedWeights, has_meta_parameters
+    from dit_sp.zoo import build_tiny, load_pipeline
+
+    reference = build_tiny("tiny-wan-animate-2")
+    for name, value in loopback_env().items():  # as init_parallel starts a world of one: gloo on loopback
+        monkeypatch.setenv(name, value)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=120))
+    try:
+        group = dist.group.WORLD
+        pipe = load_pipeline(repos["tiny-wan-animate-2"], torch.float32, empty_transformers=True,
+                             sharded_text_encoders=(group, torch.float32))  # fmt: skip
+        transformer, encoder = pipe.transformer, pipe.text_encoder
+        assert has_meta_parameters(transformer) and not has_meta_parameters(encoder)
+        assert encoder.sharded.tables  # its token table read row-wise (the tiny rest is below the shard size)
+        sharded = ShardedWeights(transformer, group, "cpu", SafetensorsCheckpoint(transformer.weights_dir))
+        assert sharded.shards and not has_meta_parameters(transformer)
+        ids = torch.randint(
+            0, reference.text_encoder.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0)
+        )
+        with torch.no_grad():
+            text, expected = encoder(ids).last_hidden_state, reference.text_encoder(ids).last_hidden_state
+        assert expected.abs().max() > 0.1
+        torch.testing.assert_close(text, expected, atol=1e-6, rtol=0)
+        sharded.unshard()
+    finally:
+        dist.destroy_process_group()
+    for name in ("transformer", "image_encoder", "vae"):  # the transformer gathered; the other two loaded whole
+        weights, loaded = getattr(reference, name).state_dict(), getattr(pipe, name).state_dict()
+        assert weights.keys() == loaded.keys() and all(torch.equal(weights[k], loaded[k]) for k in weights), name
 
 
 @pytest.mark.slow  # one CLI run on two processes
