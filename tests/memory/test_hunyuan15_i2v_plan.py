@@ -67,3 +67,5 @@ def test_real_config_counts_the_siglip_tokens_and_encoder():
     sampling = plan_sampling(SamplingSettings("hunyuanvideo-1.5-480p_i2v", 61, 352, 624, guidance=False), 1)
     assert f"1 seq x {16 * 22 * 39 + 1000 + 256 + 729} tokens" in sampling.report(), sampling.report()
     assert sampling.phases["denoising"]["image encoder (bfloat16, whole)"] == encoder
+    text_to_video = planner.plan_training(TrainConfig.load("grpo_hunyuanvideo15"), 16, 80)  # ByT5's 256 tokens too
+    assert _plan_tokens(text_to_video) == 16 * 30 * 53 + 1000 + 256
