@@ -169,10 +169,20 @@ _ARCHITECTURES = {
         "in_channels": 65, "out_channels": 32, "num_attention_heads": 16, "attention_head_dim": 128,
         "num_layers": 54, "num_refiner_layers": 2, "mlp_ratio": 4.0, "patch_size": 1, "patch_size_t": 1,
         "text_embed_dim": 3584, "text_embed_2_dim": 1472, "image_embed_dim": 1152, "task_type": "t2v"})},
-        "text_encoders": 7.07e9 + 0.22e9, "vae": 0.5e9, "compression": (4, 16), "text_tokens": 1000, "joint": True},
+        "text_encoders": 7.07e9 + 0.22e9, "vae": 0.5e9, "compression": (4, 16), "text_tokens": 1000,
+        "text_tokens_2": 256, "joint": True},
+    "hunyuanvideo-1.5-480p_i2v": {"transformers": {"transformer": ("HunyuanVideo15Transformer3DModel", {
+        "in_channels": 65, "out_channels": 32, "num_attention_heads": 16, "attention_head_dim": 128,
+        "num_layers": 54, "num_refiner_layers": 2, "mlp_ratio": 4.0, "patch_size": 1, "patch_size_t": 1,
+        "text_embed_dim": 3584, "text_embed_2_dim": 1472, "image_embed_dim": 1152, "task_type": "i2v"})},
+        "text_encoders": 7.07e9 + 0.22e9, "vae": 0.5e9, "compression": (4, 16), "text_tokens": 1000,
+        "text_tokens_2": 256, "image_tokens": 729, "image_encoder": 0.43e9, "joint": True},
 }  # fmt: skip
-"""The real checkpoint, for the memory planner (``ModelFamily.architectures``): Qwen2.5-VL-7B's language model
-and Glyph-ByT5 text encoders, the 16x-spatial VAE."""
+"""The real checkpoints, for the memory planner (``ModelFamily.architectures``): Qwen2.5-VL-7B's language model
+and Glyph-ByT5 text encoders (1000 and 256 tokens, both attended jointly), the 16x-spatial VAE. Image-to-video
+(``HunyuanVideo-1.5-Diffusers-480p_i2v``): the same transformer (``in_channels`` 65 in both: T2V's condition channels
+are zeros), whose blocks attend jointly to the image's 729 SigLIP tokens too (so400m-patch14-384: 27 x 27 patches,
+``image_embed_dim`` 1152); the SigLIP vision encoder (about 0.43B) stays loaded all run."""
 
 HUNYUAN_VIDEO15 = ModelFamily(
     name="hunyuan_video15",

@@ -190,6 +190,21 @@ def tokens(shape: TransformerShape, frames: int, height: int, width: int, compre
     return math.ceil(latent_frames / pt) * (height // spatial // ph) * (width // spatial // pw)
 
 
+IMAGE_ENCODER = "image encoder"
+"""An image-to-video architecture's image encoder (``image_encoder`` parameters: HunyuanVideo-1.5 I2V's SigLIP), in the
+compute dtype, whole on every rank, never freed (the trainer frees ``dit_sp.zoo.TEXT_ENCODERS`` only)."""
+
+
+def conditioning_tokens(spec: dict[str, Any], max_sequence_length: int | None = None) -> int:
+    """Tokens every block attends jointly beside the video (replicated on every rank); 0 where text enters by
+    cross-attention: the text (``text_tokens``, and a second encoder's ``text_tokens_2``, each capped at
+    ``max_sequence_length``) and an image encoder's ``image_tokens`` (HunyuanVideo-1.5 I2V's 729 SigLIP tokens)."""
+    if not spec["joint"]:
+        return 0
+    cap = max_sequence_length or spec["text_tokens"] + spec.get("text_tokens_2", 0)
+    return min(cap, spec["text_tokens"]) + min(cap, spec.get("text_tokens_2", 0)) + spec.get("image_tokens", 0)
+
+
 def block_values(shape: TransformerShape, ulysses: int = 1) -> int:
     """Values one block saves per token of a rank's share: ``SAVED_PER_TOKEN``, its ``HEAD_LAYOUT_SAVED`` head-layout
     tensors at the padded width where Ulysses pads the heads."""
@@ -302,7 +317,8 @@ def architecture_name(model: str) -> str | None:
     or None; the longest key found wins (``hunyuanvideo-1.5-480p-t2v`` holds ``hunyuanvideo`` too)."""
     lowered = Path(model).name.lower().replace("-diffusers", "")
     found = [key for key in ARCHITECTURES if key in lowered or key.replace("-t2v", "") in lowered]
-    return max(found, key=len, default=None)  # the most specific: HunyuanVideo-1.5 over HunyuanVideo
+    # the longest match: HunyuanVideo-1.5 over HunyuanVideo, its ``480p_i2v`` over the ``480p`` of ``480p-t2v``
+    return max(found, key=lambda key: len(key if key in lowered else key.replace("-t2v", "")), default=None)
 
 
 def _from_directory(path: Path) -> dict[str, Any]:
@@ -378,12 +394,15 @@ def plan_training(config: Any, gpus: int, gpu_memory_gb: float = 80, *, arch: st
     trained_experts = len([e for e in experts if config.experts is None or e in config.experts]) or 1
     sample, grpo = config.sample, config.grpo
     video = tokens(shape, sample.frames, sample.height, sample.width, spec["compression"])
-    total_tokens = video + (min(sample.max_sequence_length, spec["text_tokens"]) if spec["joint"] else 0)
+    total_tokens = video + conditioning_tokens(spec, sample.max_sequence_length)
     samples = grpo.prompts_per_step * grpo.group_size
     compute = 2 if config.mixed_precision else 4
     setup = {"VAE (fp32)": int(spec["vae"] * 4)}
     if not embeddings_cached:
         setup = dict([text_encoder_part(spec["text_encoders"], config.mixed_precision, gpus)]) | setup
+    image_encoder = {IMAGE_ENCODER + f" ({'bf16' if compute == 2 else 'fp32'}, whole, kept)":
+                     int(spec["image_encoder"] * compute)} if "image_encoder" in spec else {}  # fmt: skip
+    setup |= image_encoder
     plan = None
     layouts = _layouts(gpus, shape.heads, ring, ulysses, ring_refusal(transformer_config, class_name=class_name),
                        lambda r, u: ulysses_refusal(class_name, transformer_config, r, u))  # fmt: skip
@@ -412,6 +431,7 @@ def plan_training(config: Any, gpus: int, gpu_memory_gb: float = 80, *, arch: st
             exchange = exchange_bytes(shape, u, max(per_rank, streamed), sequences, compute)
             parts[f"all-to-all buffers (Ulysses, {shape.padded_heads(u)} heads)"] = exchange
         parts["VAE (fp32, decoding ranks)"] = int(spec["vae"] * 4)
+        parts |= image_encoder
         notes = [note] if (note := padding_note(shape, u)) else []
         plan = Plan(f"GRPO ({Path(str(config.model)).name})", {"dp": dp, "ring": r, "ulysses": u}, parts,
                     dict(setup), int(gpu_memory_gb * GiB), notes=notes)  # fmt: skip

@@ -11,6 +11,7 @@ resident weights plus that phase's working set:
   processes, ``ring x ulysses x cfg``) plus the one block gathered while it runs;
 - **text encoders**: in the compute dtype, whole, or ``1/N`` with ``--shard-weights`` on ``N > 1`` processes
   (``load_pipeline(sharded_text_encoders=...)``); through sampling too with ``free_text_encoders=False``;
+- **an image encoder** (an architecture's ``image_encoder``: HunyuanVideo-1.5 I2V's SigLIP): whole, resident;
 - **VAE weights**: in the compute dtype (the prompt encoding's own activations, a few hundred tokens, are
   left out: they are gone before denoising starts);
 - **denoising activations**: inference saves nothing for backward, so the working set is one block's at
@@ -49,6 +50,7 @@ from dit_sp.memory.planner import (
     ARCHITECTURES,
     TransformerShape,
     block_values,
+    conditioning_tokens,
     exchange_bytes,
     padding_note,
     stream_tokens,
@@ -220,6 +222,8 @@ def plan_sampling(
     else:
         resident[f"{' + '.join(experts)} weights ({s.dtype}, whole)"] = len(experts) * shape.params * size
     resident[f"VAE weights ({s.dtype})"] = int(spec["vae"] * size)
+    if "image_encoder" in spec:  # HunyuanVideo-1.5 I2V's SigLIP: part of the pipeline, whole on every process
+        resident[f"image encoder ({s.dtype}, whole)"] = int(spec["image_encoder"] * size)
     controlnet = TransformerShape.of(*spec["controlnet"]) if "controlnet" in spec else None
     if (
         controlnet is not None
@@ -235,7 +239,7 @@ def plan_sampling(
     video = tokens(shape, s.frames, s.height, s.width, spec["compression"])
     # Wan-Animate-2: a segment's latent frames and the reference image's (``extra_latent_frames``)
     video += spec.get("extra_latent_frames", 0) * tokens(shape, 1, s.height, s.width, spec["compression"])
-    total = video + (spec["text_tokens"] if spec["joint"] else 0)
+    total = video + conditioning_tokens(spec)
     # Motif-Video's decoder layers hold two split copies of the video (no text): the larger block's tokens
     streamed = stream_tokens(shape, math.ceil(video / (s.ring * s.ulysses))) if shape.stream_blocks else 0
     per_rank = max(math.ceil(total / (s.ring * s.ulysses)), streamed)
