@@ -9,7 +9,7 @@ import inspect
 from typing import Any
 
 from dit_sp.errors import ConfigError, MissingFileError
-from dit_sp.families import FAMILIES, family_of, python_only_pipelines, refused_pipelines, ring_refusal
+from dit_sp.families import FAMILIES, family_of, python_only_pipelines, refused_pipelines
 from dit_sp.inference.config import GenerateConfig
 from dit_sp.inference.inpaint import takes_inpaint
 from dit_sp.io.video import check_output, check_writable
@@ -161,10 +161,13 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
         raise ConfigError(f"{config.model} ({name}): {refused_pipelines()[name]}")
     if name in python_only_pipelines():  # LTX-2's DFR temporal refine: it refines another pass's latent output
         raise ConfigError(f"{config.model} ({name}): generate does not run it: {python_only_pipelines()[name]}")
+    from dit_sp.zoo.table import family_of_pipeline
+
+    family = family_of_pipeline(name)
     transformer = info.transformer.config if info is not None else {}  # its config.json: NABLA refuses a ring
-    if config.ring > 1 and (ring_refused := ring_refusal(transformer, pipeline=name)):
+    if config.ring > 1 and family is not None and (ring_refused := family.ring_refusal(transformer or {})):
         raise ConfigError(f"--ring {config.ring} for {name}: {ring_refused}")
-    check_cache(config, name)
+    check_cache(config, name, family)
     if check_modular(config, name):
         return
     takes = inspect.signature(getattr(diffusers, name).__call__).parameters
@@ -210,16 +213,13 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
             read_image(path, flag)
 
 
-def check_cache(config: GenerateConfig, name: str) -> None:
-    """``--cache`` for pipeline class ``name``, before loading: refused in one line with the reason of a family whose
-    blocks the step caches cannot run on (``ModelFamily.step_cache_refused``)."""
+def check_cache(config: GenerateConfig, name: str, family: Any) -> None:
+    """``--cache`` for pipeline class ``name`` of ``family`` (a ``ModelFamily`` or None), before loading: refused in
+    one line with the reason of a family whose blocks the step caches cannot run on (``step_cache_refused``)."""
     if not config.cache:
         return
     from dit_sp.cache.step_cache import step_cache_refusal
-    from dit_sp.zoo.table import diffusers_pipelines
 
-    classes = {cls for cls, pipelines in diffusers_pipelines().items() if name in pipelines}
-    family = next((f for f in FAMILIES if classes & set(f.class_names) or name in f.modular_pipelines), None)
     if family is not None and family.step_cache_refused:
         raise ConfigError(f"--cache {config.cache}: {step_cache_refusal(name, family)}")
 

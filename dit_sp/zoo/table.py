@@ -58,6 +58,13 @@ def diffusers_pipelines() -> dict[str, tuple[str, ...]]:
     return {transformer: tuple(sorted(names)) for transformer, names in by_transformer.items()}
 
 
+def family_of_pipeline(name: str) -> ModelFamily | None:
+    """The family of the diffusers pipeline class ``name``: the one whose transformer its ``__init__`` takes (as
+    annotated) or whose Modular Diffusers pipelines include it; None for a pipeline of no registered family."""
+    classes = {cls for cls, pipelines in diffusers_pipelines().items() if name in pipelines}
+    return next((f for f in FAMILIES if classes & set(f.class_names) or name in f.modular_pipelines), None)
+
+
 def family_vaes(family: ModelFamily) -> list[str]:
     """The VAE classes of the family's diffusers pipelines (as their ``__init__`` annotates them, or a modular
     pipeline's blocks expect them), sorted."""
