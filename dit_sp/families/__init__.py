@@ -57,6 +57,12 @@ def supported_classes() -> list[str]:
     return [name for family in FAMILIES for name in family.class_names if name not in family.refused]
 
 
+def family_named(class_name: str) -> ModelFamily | None:
+    """The family of the transformer class named ``class_name`` (read from a checkpoint's files, before loading), or
+    None for a class of no registered family."""
+    return next((f for f in FAMILIES if class_name in f.class_names), None)
+
+
 def family_of(model: torch.nn.Module) -> ModelFamily:
     """The family of a diffusers transformer, or a clear error listing the supported ones."""
     names = {cls.__name__ for cls in type(model).__mro__}
@@ -154,8 +160,9 @@ def ring_refusal(config: Any, *, class_name: str = "", pipeline: str = "") -> st
     class ``class_name`` or in a pipeline of class ``pipeline``, from its family (``ModelFamily.ring_refusal``); empty
     where a ring splits it or the family is not known. Read before any weights load (``generate``, the GRPO trainer's
     preflight, the memory planner)."""
-    family = next((f for f in FAMILIES if class_name in f.class_names
-                   or pipeline in {*f.checkpoint_defaults, *f.modular_pipelines}), None)  # fmt: skip
+    family = family_named(class_name) or next(
+        (f for f in FAMILIES if pipeline in {*f.checkpoint_defaults, *f.modular_pipelines}), None
+    )
     return family.ring_refusal(config or {}) if family is not None else ""
 
 
@@ -173,6 +180,8 @@ __all__ = [
     "architectures",
     "check_shape",
     "checkpoint_defaults",
+    "family_named",
+    "family_named",
     "family_of",
     "policy_for",
     "policy_loads_vae",

@@ -21,11 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dit_sp.families import FAMILIES, TRANSFORMERS, architectures, ring_refusal
+from dit_sp.families import TRANSFORMERS, architectures, family_named, ring_refusal
 from dit_sp.memory.advice import advise_plan
 
 if TYPE_CHECKING:
-    from dit_sp.families import ModelFamily
     from dit_sp.parallel.state import ParallelState
 
 GiB = 2**30
@@ -105,7 +104,7 @@ class TransformerShape:
                or int(config.get("mlp_ratio", 4.0) * dim))  # fmt: skip
         size = config.get("patch_size", config.get("latent_patch_size", 2))
         patch = tuple(size) if isinstance(size, (list, tuple)) else (config.get("patch_size_t") or 1, size, size)
-        family = _family(class_name)
+        family = family_named(class_name)
         streams = family.stream_modules(model) if family is not None else {}
         return cls(params=sum(p.numel() for p in model.parameters()),
                    block_params=max(sum(p.numel() for p in b.parameters()) for b in blocks), layers=len(blocks),
@@ -115,10 +114,7 @@ class TransformerShape:
 
 _SHAPES: dict[tuple[str, str], TransformerShape] = {}
 _REFUSALS: dict[tuple[str, str, int, int], str] = {}
-
-
-def _family(class_name: str) -> ModelFamily | None:
-    return next((f for f in FAMILIES if class_name in f.class_names), None)
+"""``ulysses_refusal``'s answers (the advice tries many layouts of one model, each a meta model to build)."""
 
 
 def layout_state(ring: int, ulysses: int) -> ParallelState:
@@ -140,7 +136,7 @@ def ulysses_refusal(class_name: str, config: dict[str, Any], ring: int, ulysses:
     built on meta with a stand-in ``ParallelState`` of these degrees: Sana-WM's scans refuse a Ulysses degree that
     leaves the last rank no head); empty where it accepts it. Any other Ulysses degree is accepted: heads it does not
     divide are zero-padded (``padding_note``)."""
-    family = _family(class_name)
+    family = family_named(class_name)
     if family is None or family.layout_check is type(family).__dataclass_fields__["layout_check"].default:
         return ""
     key = (class_name, json.dumps(config, sort_keys=True, default=str), ring, ulysses)
