@@ -31,13 +31,11 @@ are kept, so a split decode equals one process's; with tiling on, such a decoder
 
 from __future__ import annotations
 
-import inspect
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import block_argument, context_parallel_types
-from dit_sp.errors import ConfigError
 from dit_sp.families.family import ModelFamily, generation_defaults, no_grad
-from dit_sp.families.policy import DiffusersPolicy
+from dit_sp.families.policy import FirstFrameImagePolicy
 from dit_sp.vae import VAEPlan
 from dit_sp.vae.tiles import TileProtocol
 
@@ -55,7 +53,7 @@ DECODE_SEED = 0
 """The seed of the global generator while ``LTXPolicy`` decodes (the noise a noise-injecting decoder draws)."""
 
 
-class LTXPolicy(DiffusersPolicy):
+class LTXPolicy(FirstFrameImagePolicy):
     """LTX-Video text-to-video (``LTXPipeline``; flow matching, velocity prediction): T5 text tokens with their
     mask, as the pipeline encodes them. Latents are ``(B, C, F, H, W)`` here and packed ``(B, F*H*W, C)`` for the
     transformer, whose rotary positions are scaled as the pipeline scales them at ``FRAME_RATE``. Guidance is
@@ -67,28 +65,10 @@ class LTXPolicy(DiffusersPolicy):
     generator at ``DECODE_SEED``, the same on every rank and layout (the split VAE draws the whole frame's noise as
     one process does), so a video's reward depends on its latents alone.
 
-    Image-to-video (``LTXImageToVideoPipeline``): every prompt has its image, whose latents (drawn from the VAE's
-    posterior at ``policy.IMAGE_SEED``) are the first latent frame, clean throughout: the pipeline gives its tokens
-    timestep 0 and steps only the frames after it. So the policy's latents are those noised frames alone,
-    ``(B, C, F - 1, H, W)``: the SDE, its log-probabilities and the KL cover only them; the transformer sees the image
-    frame in front (timestep 0 per token) and the velocity of the frames after it is returned; ``clean`` puts the
-    image frame back for decoding. Conditioning is then ``((text, mask), image_frame)``, the frame
-    ``(B, C, 1, H, W)``."""
-
-    @classmethod
-    def check_settings(cls, pipeline: type, frames: int, temporal: int) -> None:
-        if "image" in inspect.signature(pipeline.prepare_latents).parameters and (frames - 1) // temporal + 1 < 2:
-            raise ConfigError(f"frames {frames}: {pipeline.__name__} keeps the first latent frame the image's and "
-                              "samples the frames after it, and these frames are that one alone (nothing to sample or "
-                              f"train); set sample.frames to {temporal + 1} or more")  # fmt: skip
-
-    @property
-    def takes_images(self) -> bool:
-        return "image" in inspect.signature(type(self.pipe).prepare_latents).parameters
-
-    def latent_shape(self) -> tuple[int, ...]:
-        channels, frames, height, width = self.shape
-        return (channels, frames - 1, height, width) if self.takes_images else self.shape
+    Image-to-video (``LTXImageToVideoPipeline``, a ``FirstFrameImagePolicy``): every prompt has its image, whose
+    latents (drawn from the VAE's posterior at ``policy.IMAGE_SEED``) are the first latent frame, clean throughout
+    (timestep 0 per token); the policy's latents are the frames after it. Conditioning is then
+    ``((text, mask), image_frame)``, the frame ``(B, C, 1, H, W)``."""
 
     def _image_parts(self, image: Any) -> tuple[Tensor, ...]:
         """``(image_frame,)`` ``(1, C, 1, H, W)``: the first frame of the pipeline's ``prepare_latents``."""
@@ -102,14 +82,6 @@ class LTXPolicy(DiffusersPolicy):
         config = self.transformer.config
         latents = pipe._unpack_latents(packed, frames, height, width, config.patch_size, config.patch_size_t)
         return (latents[:, :, :1],)
-
-    def clean(self, latents: Tensor, cond: tuple[Any, Any | None] | None = None) -> Tensor:
-        """The noised frames with the image frame in front (image-to-video), as the pipeline's latents."""
-        import torch
-
-        if cond is None or not isinstance(cond[0][0], tuple):
-            return latents
-        return torch.cat([cond[0][1].to(latents), latents], dim=2)
 
     def _compression(self, pipe: Any) -> tuple[int, int]:
         return pipe.vae_temporal_compression_ratio, pipe.vae_spatial_compression_ratio
@@ -276,4 +248,16 @@ LTX = ModelFamily(
     architectures=_ARCHITECTURES,
     pipelines=("LTXPipeline", "LTXImageToVideoPipeline"),
     policy=LTXPolicy,
+    policy_refused={
+        "LTXConditionPipeline": (
+            "its conditions are images or videos placed at chosen frames, each with its own strength and "
+            "noised again at every step (image_cond_noise_scale), not one prompt's image; its text-to-video "
+            "is LTXPipeline's policy and its first-frame image-to-video LTXImageToVideoPipeline's"
+        ),
+        "LTXI2VLongMultiPromptPipeline": (
+            "it generates a long video window by window (temporal sliding windows, each fused onto the "
+            "previous one's frames, several prompts per video), so the video is never one latent at one noise"
+            " level"
+        ),
+    },
 )

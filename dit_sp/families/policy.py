@@ -8,6 +8,7 @@ same batch in rollout and training, so their numerics agree), the choice of expe
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Any
 
 from dit_sp.errors import ConfigError
@@ -285,3 +286,36 @@ class DiffusersPolicy:
         latents = self.clean(latents, cond)
         video = vae.decode(self._unscale(latents).to(vae.dtype), return_dict=False)[0]  # (B, C, F, H, W) in [-1, 1]
         return ((video.float() + 1) / 2).clamp(0, 1).permute(0, 2, 1, 3, 4)
+
+
+class FirstFrameImagePolicy(DiffusersPolicy):
+    """A policy whose image-to-video pipeline (one whose ``prepare_latents`` takes the ``image``: LTX-Video I2V,
+    Sana-Video I2V) keeps the image's latents as the first latent frame, clean throughout (its tokens get timestep
+    0), and steps only the frames after it. The policy's latents are then those noised frames alone,
+    ``(B, C, F - 1, H, W)``: the SDE, its log-probabilities and the KL cover only them. Its conditioning is
+    ``(text, image_frame)`` per branch, the frame ``(B, C, 1, H, W)`` (the family's ``_image_parts``); the family's
+    ``_forward`` puts the frame in front and returns the velocity of the frames after it; ``clean`` puts it back
+    for decoding. The text-to-video pipelines of the same policy class are unaffected."""
+
+    @classmethod
+    def check_settings(cls, pipeline: type, frames: int, temporal: int) -> None:
+        if "image" in inspect.signature(pipeline.prepare_latents).parameters and (frames - 1) // temporal + 1 < 2:
+            raise ConfigError(f"frames {frames}: {pipeline.__name__} keeps the first latent frame the image's and "
+                              "samples the frames after it, and these frames are that one alone (nothing to sample or "
+                              f"train); set sample.frames to {temporal + 1} or more")  # fmt: skip
+
+    @property
+    def takes_images(self) -> bool:
+        return "image" in inspect.signature(type(self.pipe).prepare_latents).parameters
+
+    def latent_shape(self) -> tuple[int, ...]:
+        channels, frames, height, width = self.shape
+        return (channels, frames - 1, height, width) if self.takes_images else self.shape
+
+    def clean(self, latents: Tensor, cond: tuple[Any, Any | None] | None = None) -> Tensor:
+        """The noised frames with the image frame in front (image-to-video), as the pipeline's latents."""
+        import torch
+
+        if cond is None or not self.takes_images:
+            return latents
+        return torch.cat([cond[0][1].to(latents), latents], dim=2)

@@ -34,7 +34,7 @@ from dit_sp._compat import block_argument, context_parallel_types
 from dit_sp.errors import ConfigError
 from dit_sp.families.family import ModelFamily, generation_defaults, no_grad
 from dit_sp.families.image_vae import AUTOENCODER_DC_VAE
-from dit_sp.families.policy import DiffusersPolicy
+from dit_sp.families.policy import FirstFrameImagePolicy
 from dit_sp.families.shape import check_multiple
 
 if TYPE_CHECKING:
@@ -43,8 +43,9 @@ if TYPE_CHECKING:
     Tensor = torch.Tensor
 
 
-class SanaVideoPolicy(DiffusersPolicy):
-    """Sana-Video text-to-video (``SanaVideoPipeline``): flow matching at timestep ``1000 s``, nothing converted.
+class SanaVideoPolicy(FirstFrameImagePolicy):
+    """Sana-Video text-to-video (``SanaVideoPipeline``) and image-to-video (``SanaImageToVideoPipeline``): flow
+    matching at timestep ``1000 s``, nothing converted.
 
     Its ``DPMSolverMultistepScheduler`` runs ``flow_prediction`` on flow sigmas (``x0 = x - s v``): the transformer's
     output is the velocity ``eps - x0``; a first-order DPM-solver++ step of it is the Euler step exactly (the
@@ -53,7 +54,12 @@ class SanaVideoPolicy(DiffusersPolicy):
     their mask (the negative prompt without the instruction), as ``__call__`` encodes them. Latents
     ``(B, C, F, H, W)`` normalised by the Wan VAE's ``latents_mean`` / ``latents_std``. Refused in one line: a
     scheduler that does not predict the flow velocity on flow sigmas, a VAE other than Wan's (the pipeline cannot
-    decode the deep-compression AE), a transformer with a guidance embedding (the pipeline passes none)."""
+    decode the deep-compression AE), a transformer with a guidance embedding (the pipeline passes none).
+
+    Image-to-video (a ``FirstFrameImagePolicy``): the image's latents (the VAE's mode, normalised, as the pipeline's
+    ``prepare_latents`` writes them) are the first latent frame, clean throughout: its tokens get timestep 0 (the
+    pipeline's per-token timesteps ``(B, 1, F, H/p, W/p)``) and the pipeline steps only the frames after it, which
+    are the policy's latents. Conditioning is ``((text, mask), image_frame)``, the frame ``(B, C, 1, H, W)``."""
 
     def __init__(self, pipe: Any, transformer: torch.nn.Module, **kwargs: Any):
         super().__init__(pipe, transformer, **kwargs)
@@ -84,11 +90,33 @@ class SanaVideoPolicy(DiffusersPolicy):
     def text_settings(self) -> dict[str, Any]:
         return super().text_settings() | {"complex_human_instruction": self.instruction}
 
-    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: tuple[Tensor, Tensor]) -> Tensor:
-        embeds, mask = cond
+    def _image_parts(self, image: Any) -> tuple[Tensor, ...]:
+        """``(image_frame,)`` ``(1, C, 1, H, W)``: the first frame of the pipeline's ``prepare_latents`` (the VAE's
+        mode of the image: nothing drawn), of latents given as zeros."""
+        import torch
+
+        (channels, _, height, width), spatial = self.shape, self._compression(self.pipe)[1]
+        zeros = torch.zeros(1, *self.shape, device=self.device)
+        latents = self.pipe.prepare_latents(self._pixels(image), 1, channels, height * spatial, width * spatial,
+                                            self.pixel_frames, torch.float32, self.device, None, zeros)  # fmt: skip
+        return (latents[:, :, :1],)
+
+    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: tuple[Any, ...]) -> Tensor:
+        import torch
+
+        image = cond[1].to(hidden.dtype) if isinstance(cond[0], tuple) else None
+        embeds, mask = cond[0] if image is not None else cond
+        if image is not None:  # the clean image frame in front, timestep 0 on its tokens
+            hidden = torch.cat([image, hidden], dim=2)
+            patch_t, patch, _ = model.config.patch_size
+            _, _, frames, height, width = hidden.shape
+            first = timestep.new_zeros(1, 1, frames // patch_t, height // patch, width // patch)
+            first[:, :, 0] = 1.0  # the pipeline's conditioning_mask
+            timestep = timestep.view(-1, 1, 1, 1, 1) * (1 - first)
         out = model(hidden, encoder_hidden_states=embeds.to(hidden.dtype), encoder_attention_mask=mask,
                     timestep=timestep, return_dict=False)[0]  # fmt: skip
-        return out[:, : hidden.shape[1]]
+        out = out[:, : hidden.shape[1]]  # a learned-sigma model's second half dropped
+        return out if image is None else out[:, :, 1:]
 
     def _unscale(self, latents: Tensor) -> Tensor:
         import torch
@@ -307,7 +335,7 @@ SANA_VIDEO = ModelFamily(
         "controlnet_block_samples": "the model adds them to the hidden states between its blocks, outside what the "
         "cache skips, so a skipped step would add them on top of a cached residual that already holds them"
     },
-    pipelines=("SanaVideoPipeline",),
+    pipelines=PIPELINES,
     policy=SanaVideoPolicy,
     tiny_models=("tiny-sana-video", "tiny-sana-video-i2v"),
     checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(81, 480, 832, 50, 6.0, 300)),

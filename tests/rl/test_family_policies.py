@@ -354,8 +354,8 @@ def test_helios_is_refused_with_its_reason():
     for name in ("HeliosPipeline", "HeliosPyramidPipeline"):
         with pytest.raises(ValueError, match=f"^GRPO does not train {name}: it generates the video chunk by chunk, "):
             policy_for(type(name, (), {})())
-    with pytest.raises(ValueError, match="^GRPO has no policy for SanaImageToVideoPipeline; supported pipelines: "):
-        policy_for(type("SanaImageToVideoPipeline", (), {})())
+    with pytest.raises(ValueError, match="^GRPO has no policy for StableDiffusionPipeline; supported pipelines: "):
+        policy_for(type("StableDiffusionPipeline", (), {})())
 
 
 @pytest.mark.slow
@@ -371,7 +371,7 @@ def test_policy_steps_equal_single_process_on_1x2_and_2x1(hunyuanvideo15, prompt
     policies = ["CogVideoXPolicy", "LTX2Policy", "LTXPolicy", "SkyReelsV2Policy", "HunyuanVideo15Policy",
                 "Cosmos25Policy", "Kandinsky5Policy", "MochiPolicy", "EasyAnimatePolicy", "MotifVideoPolicy",
                 "Kandinsky6Policy", "SanaVideoPolicy", "ChronoEditPolicy", "CogVideoXPolicy",
-                "HunyuanVideo15Policy", "LTXPolicy", "WanVACEPolicy"]  # fmt: skip
+                "HunyuanVideo15Policy", "LTXPolicy", "SanaVideoPolicy", "WanVACEPolicy"]  # fmt: skip
     assert [r["policy"] for r in single] == policies
     for one in single:
         assert one["ratio"] == (1.0, 1.0) and (one["log_probs"] != 0).all(), one["policy"]

@@ -172,6 +172,47 @@ def test_ltx_image_to_video_policy_samples_only_the_noised_frames(tmp_path):
 
 @pytest.mark.slow  # runs the stock pipeline
 @torch.no_grad()
+def test_sana_video_image_to_video_policy_samples_only_the_noised_frames(tmp_path):
+    """Sana-Video I2V: the image's latents (the VAE's mode, normalised) are the clean first frame, timestep 0 on its
+    tokens; the policy's latents are the frames after it, whose Euler ODE through the scheduler's flow sigmas is the
+    stock pipeline's first-order DPM-solver++ sampling at unrounded timesteps (guidance 3) and whose decode with the
+    image frame in front is its video; one latent frame (the image's alone) is refused."""
+    from policy_checks import unrounded_dpm_solver
+
+    pipe = build_tiny("tiny-sana-video-i2v")
+    pipe.scheduler = unrounded_dpm_solver(pipe.scheduler)
+    size = {"height": 32, "width": 32, "guidance": 3.0, "max_sequence_length": 16}
+    policy = policy_for(pipe)(pipe, pipe.transformer, frames=9, **size)
+    assert type(policy).__name__ == "SanaVideoPolicy" and policy.takes_images
+    channels, frames, height, width = policy.shape
+    assert policy.latent_shape() == (channels, frames - 1, height, width)  # the noised frames alone
+    image, other = _image(tmp_path / "a.png", 0), _image(tmp_path / "b.png", 1)
+    prepared = []
+    stock_prepare = pipe.prepare_latents
+    pipe.prepare_latents = lambda *args, **kwargs: prepared.append(stock_prepare(*args, **kwargs)) or prepared[-1]
+    noise = torch.randn(1, *policy.shape, generator=torch.Generator().manual_seed(1))
+    call = {"prompt": "a red circle", "negative_prompt": "", "image": Image.open(image), "frames": 9,
+            "num_inference_steps": 3, "guidance_scale": 3.0, "use_resolution_binning": False} | size  # fmt: skip
+    del call["guidance"]
+    stock, video = stock_run(pipe, latents=noise.clone(), **call)
+    cond = policy.encode(["a red circle"], [image])
+    torch.testing.assert_close(cond[0][1], prepared[0][:, :, :1], atol=1e-6, rtol=0)  # the pipeline's image frame
+    assert cond[0][1].abs().max() > 0.1
+    levels = pipe.scheduler.sigmas[:-1].tolist()
+    ours = euler(policy, noise[:, :, 1:], levels, cond)
+    assert stock.abs().max() > 1
+    print(f"SanaVideoPolicy I2V: ODE vs stock {(policy.clean(ours, cond) - stock).abs().max():.2e}")
+    torch.testing.assert_close(policy.clean(ours, cond), stock, atol=1e-5, rtol=0)
+    torch.testing.assert_close(policy.decode(ours, cond), video, atol=1e-5, rtol=0)
+    moved = policy.velocity(noise[:, :, 1:], 1.0, policy.encode(["a red circle"], [other]))
+    assert (moved - policy.velocity(noise[:, :, 1:], 1.0, cond)).abs().max() > 1e-3  # the image conditions the rest
+    with pytest.raises(ValueError, match=r"^frames 1: SanaImageToVideoPipeline keeps the first latent frame the "
+                                         r"image's .* set sample.frames to 5 or more$"):  # fmt: skip
+        policy_for(pipe)(pipe, pipe.transformer, frames=1, **size)
+
+
+@pytest.mark.slow  # runs the stock pipeline
+@torch.no_grad()
 def test_wan_vace_text_to_video_policy_ode_and_decode_are_the_pipelines(tmp_path):
     """Wan VACE without conditions: the policy's Euler ODE (the pipeline's zero VACE context, scale 1) is the stock
     WanVACEPipeline's text-to-video sampling (guidance 4), its decode the pipeline's video; the VACE context matters
@@ -253,7 +294,7 @@ def test_ranks_whose_image_paths_hold_other_images_or_none_are_refused(tmp_path)
 
 def test_the_policies_refusals_come_before_loading(tmp_path):
     """The trainer's preflight (no weights, no workers) refuses what the policies refuse from the settings alone:
-    ChronoEdit's frame count, LTX-Video I2V's single latent frame; a size they train passes."""
+    ChronoEdit's frame count, LTX-Video and Sana-Video I2V's single latent frame; a size they train passes."""
     from grpo_checks import tiny_config
     from policy_checks import image_prompt_file
 
@@ -263,6 +304,7 @@ def test_the_policies_refusals_come_before_loading(tmp_path):
     refused = [
         ("tiny-chronoedit", 9, r"^frames 9: ChronoEditPipeline samples 5 frames \(the image and its edit\)"),
         ("tiny-ltx-i2v", 1, r"^frames 1: LTXImageToVideoPipeline keeps the first latent frame the image's"),
+        ("tiny-sana-video-i2v", 1, r"^frames 1: SanaImageToVideoPipeline keeps the first latent frame the image's"),
     ]
     for model, frames, message in refused:
         with pytest.raises(ValueError, match=message):

@@ -6,23 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from policy_checks import unrounded_dpm_solver
 
 from dit_sp.families import policy_for
 from dit_sp.families.sana_video import SanaVideoPolicy
 from dit_sp.zoo import build_tiny
-
-
-def _unrounded(scheduler):
-    """The pipeline's scheduler at first order (a DPM-solver++ step of a flow velocity is then its Euler step), its
-    timesteps ``1000 s`` as the policy's: the stock scheduler rounds them down to integers (999 for 0.99987)."""
-    from diffusers import DPMSolverMultistepScheduler
-
-    class Unrounded(DPMSolverMultistepScheduler):
-        def set_timesteps(self, *args, **kwargs):
-            super().set_timesteps(*args, **kwargs)
-            self.timesteps = self.sigmas[:-1] * self.config.num_train_timesteps
-
-    return Unrounded.from_config(scheduler.config, solver_order=1)
 
 
 @pytest.mark.slow  # runs the stock pipeline
@@ -33,7 +21,7 @@ def test_sana_video_policy_ode_and_decode_are_the_pipelines():
     (shift 8, guidance 3), and its decode (the Wan VAE's mean and std) the pipeline's video."""
     pipe = build_tiny("tiny-sana-video")
     assert type(pipe.scheduler).__name__ == "DPMSolverMultistepScheduler"
-    pipe.scheduler = _unrounded(pipe.scheduler)
+    pipe.scheduler = unrounded_dpm_solver(pipe.scheduler)
     policy = SanaVideoPolicy(pipe, pipe.transformer, frames=5, height=32, width=32, guidance=3.0,
                              max_sequence_length=16)  # fmt: skip
     positive, negative = policy.encode(["a red circle"])

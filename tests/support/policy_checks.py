@@ -1,6 +1,6 @@
 """Worker-side checks of the GRPO policies of CogVideoX, LTX-2, LTX-Video, SkyReels-V2, HunyuanVideo-1.5, Cosmos 2.5,
 Kandinsky 5, Mochi, EasyAnimate, Motif-Video, Kandinsky 6, Sana-Video and the image-conditioned pipelines (ChronoEdit,
-...): the gradients and log-probs of one training step through the library's ``GRPOTrainer``, and a tiny
+..., Sana-Video I2V): the gradients and log-probs of one training step through the library's ``GRPOTrainer``, and a tiny
 HunyuanVideo-1.5 text-to-video pipeline (the zoo's ``tiny-hunyuanvideo15`` is a transformer only) built offline, as
 diffusers' fast tests build theirs."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -80,6 +81,19 @@ def tiny_hunyuanvideo15(path: str) -> str:
     return path
 
 
+def unrounded_dpm_solver(scheduler: Any) -> Any:
+    """The pipeline's scheduler at first order (a DPM-solver++ step of a flow velocity is then its Euler step), its
+    timesteps ``1000 s`` as the policy's: the stock scheduler rounds them down to integers (999 for 0.99987)."""
+    from diffusers import DPMSolverMultistepScheduler
+
+    class Unrounded(DPMSolverMultistepScheduler):
+        def set_timesteps(self, *args, **kwargs):
+            super().set_timesteps(*args, **kwargs)
+            self.timesteps = self.sigmas[:-1] * self.config.num_train_timesteps
+
+    return Unrounded.from_config(scheduler.config, solver_order=1)
+
+
 def image_prompt_file(folder: Path) -> str:
     """A JSONL prompt file in ``folder``: two prompts, each with its own random 32x32 image (paths relative to it)."""
     from PIL import Image
@@ -131,6 +145,8 @@ def family_configs(hunyuanvideo15: str, images: str, **layout) -> list:
         tiny_config(model="tiny-hunyuanvideo15-i2v", **{"sample.max_sequence_length": 32}, **with_images),
         # the image's latents are the clean first frame (timestep 0 on its tokens): the policy's latents are the rest
         tiny_config(model="tiny-ltx-i2v", **{"sample.max_sequence_length": 16}, **with_images),
+        # the image's latents (the VAE's mode) are the clean first frame (timestep 0 on its tokens); Wan's VAE split
+        tiny_config(model="tiny-sana-video-i2v", **{"sample.max_sequence_length": 16}, **with_images),
         # text-to-video: the pipeline's zero VACE context through the VACE blocks (split like the video)
         tiny_config(model="tiny-wan-vace", height=32, width=32, **{"sample.max_sequence_length": 16}, **common),
     ]
