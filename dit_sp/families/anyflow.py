@@ -50,4 +50,12 @@ ANYFLOW = ModelFamily(
     checkpoint_defaults={"AnyFlowPipeline": generation_defaults(33, 480, 832, 4, 1.0, 512) | {"fps": 16}},
     vae_factors={"AnyFlowPipeline": wan_vae_factors},
     architectures=_ARCHITECTURES,
+    policy_refused={
+        "AnyFlowPipeline": (
+            "it is a few-step flow-map sampler: each step x_r = x_t - (t - r) u(x_t, t, r) moves by the "
+            "transformer's mean velocity over [r, t], which depends on the step's target r "
+            "(use_mean_velocity, the pipeline's default), so a step is not an Euler step of one velocity and "
+            "GRPO's SDE over one velocity would not be its sampler"
+        ),
+    },
 )
