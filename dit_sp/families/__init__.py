@@ -98,12 +98,19 @@ def supported_vaes() -> list[str]:
     return list(dict.fromkeys(name for family in FAMILIES if family.vae is not None for name in family.vae.class_names))
 
 
+def policy_refusal(pipeline: str | None) -> str | None:
+    """Why GRPO does not train the pipeline class named ``pipeline`` (``ModelFamily.policy_refused``), as the one
+    line ``policy_for`` raises; None for a pipeline no family refuses."""
+    why = next((f.policy_refused[pipeline] for f in FAMILIES if pipeline in f.policy_refused), None)
+    return None if why is None else f"GRPO does not train {pipeline}: {why}"
+
+
 def policy_for(pipe: Any) -> type[DiffusersPolicy]:
     """The GRPO policy class of a loaded pipeline, or a clear error listing the trainable pipelines."""
     name = type(pipe).__name__
-    why = next((f.policy_refused[name] for f in FAMILIES if name in f.policy_refused), None)
-    if why is not None:
-        raise ConfigError(f"GRPO does not train {name}: {why}")
+    refusal = policy_refusal(name)
+    if refusal is not None:
+        raise ConfigError(refusal)
     for family in FAMILIES:
         if family.policy is not None and any(cls.__name__ in family.pipelines for cls in type(pipe).__mro__):
             return family.policy
@@ -184,6 +191,7 @@ __all__ = [
     "family_named",
     "family_of",
     "policy_for",
+    "policy_refusal",
     "policy_loads_vae",
     "policy_named",
     "python_only_pipelines",

@@ -199,4 +199,11 @@ ANYFLOW_FAR = ModelFamily(
         "anyflow-far-wan2.1-1.3b": wan_architecture({"transformer": _FAR_1_3B}, "AnyFlowFARTransformer3DModel")
         | {"kv_cache": kv_cache}
     },
+    policy_refused={
+        "AnyFlowFARPipeline": (
+            "it generates the video chunk by chunk, causally, each chunk sampled by AnyFlow's flow map while "
+            "attending to the cached keys and values of the finished chunks, so the video is never one latent"
+            " at one noise level (and each step is a flow-map step, as AnyFlowPipeline's)"
+        ),
+    },
 )

@@ -238,4 +238,15 @@ COGVIDEOX = ModelFamily(
     ),
     vae_factors=dict.fromkeys(_PIPELINES, _vae_factors),
     architectures=_ARCHITECTURES,
+    policy_refused={
+        "CogVideoXFunControlPipeline": (
+            "every sample needs a control video (its latents join the noise in channels), which a GRPO prompt"
+            " file (a prompt and at most one image) cannot supply"
+        ),
+        "CogVideoXVideoToVideoPipeline": (
+            "it re-noises a given video to `strength` (0.8 by default) and denoises it from there: every "
+            "sample needs that source video, which a GRPO prompt file (a prompt and at most one image) cannot"
+            " supply, and its trajectory starts below pure noise, where GRPO's start"
+        ),
+    },
 )

@@ -33,4 +33,11 @@ CONSISID = ModelFamily(
         "its identity perceiver cross-attention adds to the hidden states between blocks (every "
         "cross_attn_interval), outside the blocks the cache hooks skip, so a skipped step would add it twice"
     ),
+    policy_refused={
+        "ConsisIDPipeline": (
+            "every sample needs face-identity inputs (id_cond and id_vit_hidden, made from a face image by "
+            "the insightface, facexlib and EVA-CLIP models of consisid_utils), which the trainer does not "
+            "make"
+        ),
+    },
 )

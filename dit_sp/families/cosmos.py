@@ -279,7 +279,27 @@ COSMOS = ModelFamily(
     architectures=_ARCHITECTURES,
     pipelines=("Cosmos2_5_PredictBasePipeline",),
     policy=Cosmos25Policy,
-    policy_refused={"CosmosTextToWorldPipeline": COSMOS1_NOT_TRAINED},
+    policy_refused={
+        "CosmosTextToWorldPipeline": COSMOS1_NOT_TRAINED,
+        "Cosmos2TextToImagePipeline": (
+            "it generates one image, and its sampler starts at sigma_max 80 (EDM preconditioning of a flow "
+            "model: flow noise level 80 / 81 = 0.9877), not at pure noise, where GRPO's trajectories start"
+        ),
+        "Cosmos2VideoToWorldPipeline": (
+            "its sampler starts at sigma_max 80 (EDM preconditioning of a flow model: flow noise level 80 / "
+            "81 = 0.9877), not at pure noise, where GRPO's trajectories start, and its condition frames come "
+            "from a given image or video"
+        ),
+        "Cosmos2_5_TransferPipeline": (
+            "every sample needs control videos (edge, depth, segmentation or blur, through its controlnet), "
+            "which a GRPO prompt file (a prompt and at most one image) cannot supply"
+        ),
+        "CosmosVideoToWorldPipeline": (
+            "Cosmos 1 is an EDM model whose sampler starts at sigma_max 80 (flow noise level 0.9877), not at "
+            "pure noise, where GRPO's trajectories start, and its condition frames come from a given image or"
+            " video"
+        ),
+    },
     block_outputs={"CosmosTransformerBlock": (0, None)},  # the transformer's blocks return the video alone
     teacache_probe=_teacache_probe,
     cache_branches=BranchCalls(),  # its pipelines call per guidance branch outside diffusers' cache contexts

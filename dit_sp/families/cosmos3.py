@@ -191,4 +191,12 @@ COSMOS3 = ModelFamily(
     checkpoint_defaults={"Cosmos3OmniPipeline": generation_defaults(189, 720, 1280, 35, 6.0, 512) | {"fps": 24}},
     vae_factors={"Cosmos3OmniPipeline": _vae_factors},
     architectures=_ARCHITECTURES,
+    policy_refused={
+        "Cosmos3OmniPipeline": (
+            "no policy is written for it yet: its omni transformer takes one sample's packed sequence per "
+            "call (the prompt's tokens as a causal prefix, then video, sound and action tokens; no batch "
+            "dimension), the conditional and unconditional branches packed to different lengths and its "
+            "predictions masked per branch, and its guardrail would not be run on rollouts"
+        ),
+    },
 )

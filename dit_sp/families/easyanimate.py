@@ -147,4 +147,15 @@ EASYANIMATE = ModelFamily(
     architectures=_ARCHITECTURES,
     pipelines=("EasyAnimatePipeline",),
     policy=EasyAnimatePolicy,
+    policy_refused={
+        "EasyAnimateControlPipeline": (
+            "every sample needs a control video, which a GRPO prompt file (a prompt and at most one image) "
+            "cannot supply (and dit-sp refuses the pipeline altogether: see refused_pipelines)"
+        ),
+        "EasyAnimateInpaintPipeline": (
+            "no policy is written for it yet: it inpaints a video under a mask (image-to-video is the image's"
+            " video under a mask), the masked video's latents and the mask in channels, starting from "
+            "`strength` of noise"
+        ),
+    },
 )

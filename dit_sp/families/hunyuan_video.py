@@ -161,4 +161,16 @@ HUNYUAN_VIDEO = ModelFamily(
         hunyuan_video_vae_factors,
     ),
     architectures=_ARCHITECTURES,
+    policy_refused={
+        "HunyuanSkyreelsImageToVideoPipeline": (
+            "no policy is written for it yet: HunyuanVideoPolicy is text-to-video with embedded guidance, and"
+            " this image-to-video pipeline puts the image's latents in channels and guides with true "
+            "classifier-free guidance on a negative prompt (true_cfg_scale)"
+        ),
+        "HunyuanVideoImageToVideoPipeline": (
+            "no policy is written for it yet: HunyuanVideoPolicy is text-to-video, and this pipeline "
+            "conditions on the image twice, through LLaVA image tokens in the prompt's encoding and through "
+            "its latents (in channels, or replacing the first frame at timestep 0: image_condition_type)"
+        ),
+    },
 )

@@ -73,4 +73,11 @@ HUNYUAN_VIDEO_FRAMEPACK = ModelFamily(
     architectures=_ARCHITECTURES,
     teacache_probe=modulated_input_probe,  # HunyuanVideo's blocks (diffusers has their metadata)
     cache_branches=BranchCalls(),  # its pipeline calls per guidance branch outside diffusers' cache contexts
+    policy_refused={
+        "HunyuanVideoFramepackPipeline": (
+            "it generates the video section by section (latent_window_size latent frames each), each section "
+            "denoised from fresh noise while conditioned on the clean latents of the sections before it (its "
+            "history), so the video is never one latent at one noise level"
+        ),
+    },
 )

@@ -328,4 +328,16 @@ KANDINSKY5 = ModelFamily(
     architectures=_ARCHITECTURES,
     pipelines=("Kandinsky5T2VPipeline",),
     policy=Kandinsky5Policy,
+    policy_refused={
+        "Kandinsky5I2VPipeline": (
+            "no policy is written for it yet: Kandinsky5Policy is text-to-video, and this pipeline puts the "
+            "image's latents (drawn from the VAE's posterior) in the first latent frame, with the "
+            "visual-conditioning mask in channels"
+        ),
+        "Kandinsky5T2IPipeline": (
+            "it generates one image, not a video; no image policy is written (Kandinsky5T2VPipeline is the "
+            "family's trained pipeline)"
+        ),
+        "Kandinsky5I2IPipeline": ("it edits a given image into one image, not a video; no policy is written for it"),
+    },
 )

@@ -141,6 +141,13 @@ KANDINSKY6_SR = ModelFamily(
     vae_factors={PIPELINE: _vae_factors},
     vae=KANDINSKY6_SR_VAE,
     frames_used=(PIPELINE,),  # it blends its decoded tiles (Hann windows) on every rank
+    policy_refused={
+        "Kandinsky6SRPipeline": (
+            "it is a super-resolution pass of a given low-resolution video (no text), which a GRPO prompt "
+            "file (a prompt and at most one image) cannot supply, denoised and decoded tile by tile inside "
+            "its loop, never one latent video"
+        ),
+    },
 )
 """Kandinsky 6's super-resolution stage, a family of its own (its pipeline and VAE, ``Kandinsky6SRVAE``, are its
 alone)."""

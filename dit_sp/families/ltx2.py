@@ -231,4 +231,34 @@ LTX2 = ModelFamily(
     architectures=_ARCHITECTURES,
     # two streams, video and audio: a skipped block passes its audio_hidden_states argument through (not the text)
     block_outputs={"LTX2VideoTransformerBlock": (0, 1, "hidden_states", "audio_hidden_states")},
+    policy_refused={
+        "LTX2ConditionPipeline": (
+            "no policy is written for it yet: it inserts image conditions at chosen frames with their own "
+            "strengths and samples audio beside the video, while LTX2Policy trains LTX2Pipeline's video "
+            "stream alone"
+        ),
+        "LTX2DFRPipeline": (
+            "it is one pass of a multi-pass rendering recipe (half resolution, upsampled, then re-denoised "
+            "with keyframe slots and an IC-LoRA reference), re-denoising given latents and keyframe slots "
+            "rather than sampling one trajectory from pure noise"
+        ),
+        "LTX2DFRTemporalRefinePipeline": (
+            "it refines a given canvas (interpolated x2 in time, then each tile ancestral-denoised with "
+            "LTXEulerAncestralRFScheduler at eta 0.5 and stitched), not one trajectory from pure noise"
+        ),
+        "LTX2HDRPipeline": (
+            "every sample needs a reference SDR video (in-context tokens beside the noise), which a GRPO "
+            "prompt file (a prompt and at most one image) cannot supply, and its HDR output is unbounded, not"
+            " the [0, 1] video the rewards score"
+        ),
+        "LTX2ImageToVideoPipeline": (
+            "no policy is written for it yet: LTX2Policy trains LTX2Pipeline's video stream, and this "
+            "pipeline keeps the image's latents as a clean first frame (timestep 0 on its tokens) beside the "
+            "audio stream"
+        ),
+        "LTX2InContextPipeline": (
+            "every sample needs a reference video (encoded to in-context tokens concatenated to the noise, "
+            "e.g. a pose video), which a GRPO prompt file (a prompt and at most one image) cannot supply"
+        ),
+    },
 )

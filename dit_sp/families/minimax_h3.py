@@ -77,4 +77,11 @@ MINIMAX_H3 = ModelFamily(
         "MiniMax-H3 is guidance-distilled: its modular denoise step makes one transformer call a step (no guider, "
         "no unconditional branch), so there is no guidance pair to split; use cfg=1"
     ),
+    policy_refused={
+        "MiniMaxH3ModularPipeline": (
+            "it denoises video and audio rows jointly in one packed sequence under full attention, each down "
+            "its own schedule (shift 12 for video, 3 for audio), so the video's velocity depends on audio at "
+            "another noise level: a video-only single-velocity policy is not its sampler"
+        ),
+    },
 )

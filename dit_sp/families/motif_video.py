@@ -131,4 +131,11 @@ MOTIF_VIDEO = ModelFamily(
     pipelines=("MotifVideoPipeline",),
     policy=MotifVideoPolicy,
     architectures=_ARCHITECTURES,
+    policy_refused={
+        "MotifVideoImage2VideoPipeline": (
+            "no policy is written for it yet: MotifVideoPolicy is text-to-video (all-zero condition latents "
+            "and mask, no image tokens), and this pipeline fills them from the image (its first-frame "
+            "latents, mask and image embeddings)"
+        ),
+    },
 )

@@ -323,4 +323,11 @@ SANA_WM = ModelFamily(
     checkpoint_defaults={"SanaWMPipeline": generation_defaults(161, 704, 1280, 60, 5.0, 300)},
     vae_factors={"SanaWMPipeline": _vae_factors},
     architectures=_ARCHITECTURES,
+    policy_refused={
+        "SanaWMPipeline": (
+            "a camera-controlled world model: every sample needs its first-frame image and a camera "
+            "trajectory (c2w poses or an action, exactly one of them required), which a GRPO prompt file (a "
+            "prompt and at most one image) cannot supply"
+        ),
+    },
 )

@@ -112,4 +112,25 @@ SKYREELS_V2 = ModelFamily(
     architectures=_ARCHITECTURES,
     pipelines=("SkyReelsV2Pipeline",),
     policy=SkyReelsV2Policy,
+    policy_refused={
+        "SkyReelsV2DiffusionForcingPipeline": (
+            "diffusion forcing: its model takes a timestep per latent frame (frames at different noise levels"
+            " with ar_step > 0) and a video longer than base_num_frames is generated chunk by chunk on the "
+            "previous chunk's frames; no policy is written for it"
+        ),
+        "SkyReelsV2DiffusionForcingImageToVideoPipeline": (
+            "diffusion forcing: its model takes a timestep per latent frame, the image's latents a clean "
+            "first frame, and a video longer than base_num_frames is generated chunk by chunk on the previous"
+            " chunk's frames; no policy is written for it"
+        ),
+        "SkyReelsV2DiffusionForcingVideoToVideoPipeline": (
+            "it extends a given video chunk by chunk, each chunk conditioned on the previous frames: every "
+            "sample needs that video, which a GRPO prompt file (a prompt and at most one image) cannot supply"
+        ),
+        "SkyReelsV2ImageToVideoPipeline": (
+            "no policy is written for it yet: its conditioning is Wan 2.1 I2V's (the image's latents and mask"
+            " in channels, CLIP image tokens), which WanPolicy trains for WanImageToVideoPipeline, but it is "
+            "not wired and tested for this pipeline class"
+        ),
+    },
 )

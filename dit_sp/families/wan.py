@@ -223,4 +223,16 @@ WAN = ModelFamily(
         ("WanPipeline", "WanImageToVideoPipeline", "WanVideoToVideoPipeline", "LucyEditPipeline"), wan_vae_factors
     ),
     architectures=_ARCHITECTURES,
+    policy_refused={
+        "LucyEditPipeline": (
+            "it edits a given video (the video's latents join the noise in channels at every step): every "
+            "sample needs that source video, which a GRPO prompt file (a prompt and at most one image) cannot"
+            " supply"
+        ),
+        "WanVideoToVideoPipeline": (
+            "it re-noises a given video to `strength` (0.8 by default) and denoises it from there: every "
+            "sample needs that source video, which a GRPO prompt file (a prompt and at most one image) cannot"
+            " supply, and its trajectory starts below pure noise, where GRPO's start"
+        ),
+    },
 )

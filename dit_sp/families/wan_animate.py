@@ -131,4 +131,12 @@ WAN_ANIMATE = ModelFamily(
     checkpoint_defaults={PIPELINE: generation_defaults(77, 720, 1280, 20, 1.0, 512) | {"fps": 30}},
     vae_factors={PIPELINE: wan_vae_factors},
     architectures=_ARCHITECTURES,
+    policy_refused={
+        "WanAnimatePipeline": (
+            "every sample needs a pose video and a face video driving its reference image (and, to replace a "
+            "person, a background and a mask video), which a GRPO prompt file (a prompt and at most one "
+            "image) cannot supply; long videos are generated segment by segment on the previous segment's "
+            "frames"
+        ),
+    },
 )

@@ -145,4 +145,16 @@ WAN_ANIMATE_2 = ModelFamily(
     guidance_arg="guider",  # its blocks take no guidance scale: their ClassifierFreeGuidance guider's scale
     ring_refused=RING_REFUSAL,
     cfg_refused=CFG_REFUSAL,
+    policy_refused={
+        "WanAnimate2ModularPipeline": (
+            "every sample needs a driving video that animates its reference character image, which a GRPO "
+            "prompt file (a prompt and at most one image) cannot supply, and it generates segment by segment "
+            "against a cache of the reference's keys and values"
+        ),
+        "WanAnimate2DistilledModularPipeline": (
+            "every sample needs a driving video that animates its reference character image, which a GRPO "
+            "prompt file (a prompt and at most one image) cannot supply, and it generates segment by segment "
+            "against a cache of the reference's keys and values"
+        ),
+    },
 )

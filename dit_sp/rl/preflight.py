@@ -56,14 +56,18 @@ def check_ring(config: TrainConfig, info: Any | None) -> None:
 
 
 def check_policy(config: TrainConfig, info: Any | None) -> None:
-    """The settings the model's GRPO policy refuses (``DiffusersPolicy.check_settings``: ChronoEdit's 5 frames, ...),
-    from its pipeline class and VAE factors (``info``: ``dit_sp.zoo.shape_info``) before loading."""
+    """A pipeline GRPO does not train (``ModelFamily.policy_refused``) and the settings the model's GRPO policy refuses
+    (``DiffusersPolicy.check_settings``: ChronoEdit's 5 frames, ...), from its pipeline class and VAE factors
+    (``info``: ``dit_sp.zoo.shape_info``) before loading."""
     import diffusers
 
-    from dit_sp.families import policy_named
+    from dit_sp.families import policy_named, policy_refusal
     from dit_sp.zoo import pipeline_class_name
 
     name = pipeline_class_name(config.model)
+    refusal = policy_refusal(name)
+    if refusal is not None:
+        raise ConfigError(refusal)
     policy, pipeline = policy_named(name), getattr(diffusers, name or "", None)
     if policy is not None and pipeline is not None and info is not None:
         policy.check_settings(pipeline, config.sample.frames, info.vae_scale_factor_temporal)

@@ -123,12 +123,19 @@ def _pipeline_class(model: str) -> str | None:
     return spec.get("pipeline")
 
 
-def _pipelines(family: ModelFamily) -> str:
-    """The family's pipelines: those with a built-in model plainly, the others of its transformer in italics."""
+def family_pipelines(family: ModelFamily) -> list[str]:
+    """Every pipeline class of the family, sorted: the diffusers pipelines of its transformers (as their ``__init__``
+    annotates them), its built-in models' and its Modular Diffusers pipelines (what the table's column lists)."""
     tested = {_pipeline_class(name) for name in family.tiny_models} - {None}
     by_transformer = diffusers_pipelines()
     names = {p for cls in family.class_names for p in by_transformer.get(cls, ())} | tested
-    names |= set(family.modular_pipelines)
+    return sorted(names | set(family.modular_pipelines))
+
+
+def _pipelines(family: ModelFamily) -> str:
+    """The family's pipelines: those with a built-in model plainly, the others of its transformer in italics."""
+    tested = {_pipeline_class(name) for name in family.tiny_models} - {None}
+    names = family_pipelines(family)
     shown = [
         f"`{name}`" if name in tested else f"*{name}*" + (" (refused)" if name in family.refused_pipelines else "")
         for name in sorted(names, key=lambda n: (n not in tested, n))
