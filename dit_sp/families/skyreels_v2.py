@@ -42,9 +42,11 @@ CAUSAL_REFUSAL = (
 
 
 class SkyReelsV2Policy(WanPolicy):
-    """SkyReels-V2 text-to-video (``SkyReelsV2Pipeline``): a Wan 2.1 transformer with Wan's UMT5 text and VAE, so
-    GRPO samples and trains it as ``WanPolicy`` does Wan 2.1 T2V (flow matching, velocity prediction, guidance on the
-    velocity). The diffusion-forcing and image-to-video pipelines are not trained."""
+    """SkyReels-V2 text-to-video (``SkyReelsV2Pipeline``) and image-to-video (``SkyReelsV2ImageToVideoPipeline``): a
+    Wan 2.1 transformer with Wan's UMT5 text and VAE, so GRPO samples and trains it as ``WanPolicy`` does Wan 2.1 T2V
+    and I2V (flow matching, velocity prediction, guidance on the velocity; image-to-video: the image's latents and
+    mask in channels, CLIP image tokens in cross-attention, from the pipeline's own ``prepare_latents`` and
+    ``encode_image``). The diffusion-forcing pipelines are not trained."""
 
 
 def _teacache_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict) -> tuple[torch.Tensor, bool]:
@@ -110,7 +112,7 @@ SKYREELS_V2 = ModelFamily(
     },
     vae_factors=dict.fromkeys(PIPELINES, wan_vae_factors),
     architectures=_ARCHITECTURES,
-    pipelines=("SkyReelsV2Pipeline",),
+    pipelines=("SkyReelsV2Pipeline", "SkyReelsV2ImageToVideoPipeline"),
     policy=SkyReelsV2Policy,
     policy_refused={
         "SkyReelsV2DiffusionForcingPipeline": (
@@ -126,11 +128,6 @@ SKYREELS_V2 = ModelFamily(
         "SkyReelsV2DiffusionForcingVideoToVideoPipeline": (
             "it extends a given video chunk by chunk, each chunk conditioned on the previous frames: every "
             "sample needs that video, which a GRPO prompt file (a prompt and at most one image) cannot supply"
-        ),
-        "SkyReelsV2ImageToVideoPipeline": (
-            "no policy is written for it yet: its conditioning is Wan 2.1 I2V's (the image's latents and mask"
-            " in channels, CLIP image tokens), which WanPolicy trains for WanImageToVideoPipeline, but it is "
-            "not wired and tested for this pipeline class"
         ),
     },
 )

@@ -87,6 +87,25 @@ def test_chronoedit_policy_ode_and_decode_are_the_pipelines(tmp_path):
 
 @pytest.mark.slow  # runs the stock pipeline
 @torch.no_grad()
+def test_skyreels_v2_image_to_video_policy_ode_and_decode_are_the_pipelines(tmp_path):
+    """SkyReels-V2 I2V is sampled as Wan 2.1 I2V: the image's latents and mask in channels and CLIP tokens in
+    cross-attention; the Euler ODE is the stock pipeline's sampling with an Euler flow scheduler in place of its UniPC
+    one (the same velocity, timesteps and guidance), guidance 5, and the decode its video."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    pipe = build_tiny("tiny-skyreels-v2-i2v")
+    pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=8.0)
+    policy = policy_for(pipe)(pipe, pipe.transformer, frames=5, height=32, width=32, guidance=5.0,
+                              max_sequence_length=16)  # fmt: skip
+    assert type(policy).__name__ == "SkyReelsV2Policy" and policy.takes_images
+    settings = {"num_frames": 5, "height": 32, "width": 32, "num_inference_steps": 3, "guidance_scale": 5.0,
+                "max_sequence_length": 16}  # fmt: skip
+    assert_image_ode_and_decode_are_stock(policy, pipe, _image(tmp_path / "a.png", 0), _image(tmp_path / "b.png", 1),
+                                          settings)  # fmt: skip
+
+
+@pytest.mark.slow  # runs the stock pipeline
+@torch.no_grad()
 def test_cogvideox_image_to_video_policy_ode_and_decode_are_the_pipelines(tmp_path):
     """CogVideoX I2V: the image's latents (drawn from the VAE's posterior at the policy's IMAGE_SEED) join the
     v-prediction input in channels, clean at every step; the converted flow velocity's Euler ODE at the noise levels

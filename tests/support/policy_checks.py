@@ -147,6 +147,8 @@ def family_configs(hunyuanvideo15: str, images: str, **layout) -> list:
         tiny_config(model="tiny-ltx-i2v", **{"sample.max_sequence_length": 16}, **with_images),
         # the image's latents (the VAE's mode) are the clean first frame (timestep 0 on its tokens); Wan's VAE split
         tiny_config(model="tiny-sana-video-i2v", **{"sample.max_sequence_length": 16}, **with_images),
+        # Wan 2.1 I2V's conditioning: the image's latents and mask in channels, CLIP tokens in cross-attention
+        tiny_config(model="tiny-skyreels-v2-i2v", **{"sample.max_sequence_length": 16}, **with_images),
         # text-to-video: the pipeline's zero VACE context through the VACE blocks (split like the video)
         tiny_config(model="tiny-wan-vace", height=32, width=32, **{"sample.max_sequence_length": 16}, **common),
     ]
