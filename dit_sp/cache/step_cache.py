@@ -9,7 +9,7 @@ import torch
 from diffusers.hooks.hooks import HookRegistry
 
 from dit_sp._compat import model_cache_config
-from dit_sp.cache import first_block, teacache
+from dit_sp.cache import between, first_block, teacache
 from dit_sp.cache.blocks import register_declared_blocks
 from dit_sp.cache.contexts import context_for_every_call
 from dit_sp.cache.decide import CacheStats, DecisionGroup
@@ -102,11 +102,13 @@ def enable_cache(obj: Any, cache: str | CacheSpec) -> StepCache:
             register_declared_blocks(model, family.block_outputs)
             where = _decision_group(model, family)
             if spec.policy == "first_block":
-                handle._undo.append(first_block.apply(model, spec.threshold, spec.warmup, where, handle.stats))
+                undo, computing = first_block.apply(model, spec.threshold, spec.warmup, where, handle.stats)
             else:
                 if family.teacache_probe is None:
                     raise ConfigError(f"teacache: no probe for the {family.name} family; use the first_block cache")
-                handle._undo.append(teacache.apply(model, spec, family.teacache_probe, where, handle.stats))
+                undo, computing = teacache.apply(model, spec, family.teacache_probe, where, handle.stats)
+            handle._undo.append(undo)
+            handle._undo.append(between.apply(model, family.cache_between_blocks, computing))
             handle._undo.append(context_for_every_call(model, family))
             setattr(model, _CACHE_ATTR, handle)
             handle._undo.append(lambda model=model: delattr(model, _CACHE_ATTR))

@@ -196,7 +196,8 @@ class ModelFamily:
     with ``frames_on="leader"``."""
     step_cache_refused: str = ""
     """Why the step caches cannot run exactly on the family's blocks (empty: they can: diffusers has block metadata for
-    them, or ``block_outputs`` gives it, and nothing runs between blocks that the hooks would skip wrongly);
+    them, or ``block_outputs`` gives it, and what runs between blocks is declared in ``cache_between_blocks`` or
+    nothing the hooks would skip wrongly);
     ``enable_cache`` and ``generate --cache`` (before loading) refuse with it, the family table shows "refused", and
     ``tests/zoo/test_family_table.py`` checks it against the tiny models."""
     cache_refused_args: dict[str, str] = field(default_factory=dict, hash=False)
@@ -204,6 +205,11 @@ class ModelFamily:
     between its blocks from them lies outside what diffusers' cache hooks skip, so a skipped step would add it on top
     of a cached residual that already holds it (Sana-Video's ``controlnet_block_samples``). A cached call that passes
     one is refused in one line (``dit_sp.cache.contexts``); calls without them are cached as usual."""
+    cache_between_blocks: tuple[str, ...] = ()
+    """The model's modules (attribute names: a module or a ``ModuleList``) that run between its blocks and whose output
+    the model adds to the hidden states, each taking them as ``hidden_states`` (Wan Animate's ``face_adapter``). Under
+    a step cache, a skipped step's cached residual already holds what those between the first and the last block added,
+    so there they return zeros; elsewhere, and on computed steps, they run (``dit_sp.cache.between``)."""
     cache_branches: BranchCalls | None = None
     """For a ``sequential`` family whose pipelines call the transformer per guidance branch outside diffusers' cache
     contexts (ChronoEdit, HunyuanVideo Framepack): how a step cache names each call's branch. None: such a call is

@@ -1,0 +1,56 @@
+"""Step caches on the families that add modules' outputs to the hidden states between their blocks
+(``ModelFamily.cache_between_blocks``, ``dit_sp.cache.between``): Wan Animate's face adapters and ConsisID's identity
+perceiver cross-attention, in both tiny models after the first block (inside the cached residual) and after the last
+(outside it).
+
+One process: a skipped step equals a whole-stack cache built by hand from plain forward hooks (its base plus the
+residual the last block's output held over the first block's output or input at the computed step), and a computed
+step equals the model without a cache; diffusers' hooks alone (the modules running on a skipped step too, as before)
+do not. Ulysses 2 (one spawn): each stock pipeline, cached, skips the same steps as one process (some, not all) and
+gives its frames and last latents within 1e-4."""
+
+from __future__ import annotations
+
+import cache_between_checks as checks
+import pytest
+import torch
+
+from dit_sp import spawn
+from dit_sp.cache import CacheSpec
+from dit_sp.families import family_of
+
+
+@pytest.mark.parametrize("model", checks.MODELS)
+def test_a_skipped_step_adds_the_whole_stack_residual_once(model):
+    transformer, calls = checks.transformer_calls(model)
+    assert family_of(transformer).cache_between_blocks  # the family declares its modules between the blocks
+    with torch.no_grad():
+        plain = [transformer(**call, return_dict=False)[0] for call in calls]
+    for policy in ("first_block", "teacache"):
+        reference = checks.whole_stack_reference(transformer, calls, policy)
+        assert (reference[0] - plain[0]).abs().max() == 0  # the computed call: the model as it is
+        assert (reference[1] - plain[1]).abs().max() > 1e-3  # the skipped one: not what the blocks would give
+        outputs, computed = checks.cached_outputs(transformer, calls, CacheSpec(policy, 1e6))  # skips all it can
+        assert computed == [True, False], policy
+        assert (outputs[0] - plain[0]).abs().max() <= 1e-6, policy
+        assert (outputs[1] - reference[1]).abs().max() <= 1e-6, policy
+    # diffusers' hooks alone run the modules between the blocks on the skipped step too: their effect counts twice
+    old = checks.hooks_alone_outputs(transformer, calls)
+    assert (old[1] - checks.whole_stack_reference(transformer, calls, "first_block")[1]).abs().max() > 1e-2
+
+
+@pytest.mark.slow  # spawns worker processes
+def test_ulysses2_cached_pipelines_skip_as_one_process_and_match_it():
+    by_rank = spawn(checks.between_runs, 2, timeout=300)
+    for rank in by_rank:
+        assert set(rank) == {(model, spec) for model, specs in checks.SPECS.items() for spec in specs}
+        for key, runs in rank.items():
+            whole, split = runs["whole"], runs["split"]
+            assert split["computed"] == whole["computed"], key
+            assert [-(-n // 2) for n in whole["tokens"]] == split["tokens"], key  # each rank: half of the tokens
+            assert any(whole["computed"]) and not all(whole["computed"]), key  # some steps skipped, not all
+            assert (split["frames"] - whole["frames"]).abs().max() <= 1e-4, key
+            assert (split["latents"] - whole["latents"]).abs().max() <= 1e-4, key
+            assert whole["frames"].float().std() > 0.01, key
+    for key in by_rank[0]:  # every rank ran the same one-process run
+        assert (by_rank[0][key]["whole"]["frames"] - by_rank[1][key]["whole"]["frames"]).abs().max() == 0, key
