@@ -102,9 +102,11 @@ LATTE = ModelFamily(
     cfg_batched_args=("hidden_states", "timestep", "encoder_hidden_states", "encoder_attention_mask"),
     # the pipeline calls the model on [unconditional, conditional] (``do_classifier_free_guidance``)
     step_cache_refused=(
-        "its spatial and temporal blocks alternate with the hidden states reshaped between them ((B F, S, C) "
-        "and (B S, F, C)) and a temporal position embedding added after the first, which the cache hooks, "
-        "taking the blocks as one chain, would skip wrongly"
+        "its spatial and temporal blocks alternate with the hidden states reshaped between them: the cached residual "
+        "would be the last block's output, a temporal block's (B S, F, C), minus the first block's output (TeaCache: "
+        "input), a spatial block's (B F, S, C), which is a shape error or, where S equals F, wrong numbers; and its "
+        "temporal position embedding is added inline after the first block, not by a module that a skipped step could "
+        "leave out (cache_between_blocks)"
     ),
     shape_check=_shape_check,
     vae=AUTOENCODER_KL_VAE,  # its image VAE, split by rows (it decodes the frames in chunks of a batch)

@@ -20,6 +20,10 @@ with three additions, all but the last before the sequence is split:
   costs none.
 
 The rotary tables are split with the tokens (as Wan's plan does). diffusers ships no ``_cp_plan`` for this model.
+
+Step caches: the blocks are this module's own copy of Wan's block class (``block_outputs``), and the face adapters
+are declared as added between the blocks (``cache_between_blocks``): on a skipped step those inside the cached
+residual add nothing (``dit_sp.cache.between``); the shard hooks above still run around them.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from dit_sp import spawn
-from dit_sp.cache import CacheSpec
+from dit_sp.cache import CacheSpec, enable_cache
+from dit_sp.errors import ConfigError
 from dit_sp.families import family_of
 
 
@@ -54,3 +55,14 @@ def test_ulysses2_cached_pipelines_skip_as_one_process_and_match_it():
             assert whole["frames"].float().std() > 0.01, key
     for key in by_rank[0]:  # every rank ran the same one-process run
         assert (by_rank[0][key]["whole"]["frames"] - by_rank[1][key]["whole"]["frames"]).abs().max() == 0, key
+
+
+def test_latte_stays_refused_since_its_first_and_last_blocks_differ_in_layout():
+    """Latte's reason (``step_cache_refused``) holds: under diffusers' hooks alone, the residual of its last block, a
+    temporal one ``(B S, F, C)``, minus its first block's output, a spatial one ``(B F, S, C)``, fails (5 frames, 15
+    patches); ``enable_cache`` refuses it first, in one line."""
+    transformer, calls = checks.transformer_calls("tiny-latte")
+    with pytest.raises(RuntimeError, match=r"size of tensor a \(5\) must match the size of tensor b \(15\)"):
+        checks.hooks_alone_outputs(transformer, calls[:1])
+    with pytest.raises(ConfigError, match=r"^step caching is refused for LatteTransformer3DModel \(latte family\): "):
+        enable_cache(transformer, "first_block")

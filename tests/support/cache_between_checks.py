@@ -8,7 +8,7 @@ import contextlib
 
 import torch
 from consisid_checks import consisid_inputs, consisid_pipeline
-from diffusers.hooks.hooks import CacheContext
+from diffusers.hooks.hooks import CacheContext, HookRegistry
 
 from dit_sp import parallelize
 from dit_sp.cache import enable_cache, set_cache_context
@@ -19,8 +19,8 @@ MODELS = ("tiny-wan-animate", "tiny-consisid")
 
 
 def transformer_calls(model: str) -> tuple[torch.nn.Module, list[dict]]:
-    """The tiny transformer (fp32) and two calls of it: a step's inputs, then the next step's (latents moved a
-    little, a smaller timestep)."""
+    """The tiny transformer (fp32) and two calls of it: a step's inputs (``model_checks.model_inputs``; ConsisID's
+    ``consisid_inputs``), then the next step's (latents moved a little, a smaller timestep)."""
     from model_checks import model_inputs
 
     transformer = build_tiny(model, "transformer").float().eval()
@@ -75,6 +75,7 @@ def whole_stack_reference(model: torch.nn.Module, calls: list[dict], policy: str
 def in_context(model: torch.nn.Module):
     """The model's cache hooks in the context ``cond`` (as a stock pipeline's ``cache_context``, which ConsisID's
     model lacks)."""
+    HookRegistry.check_if_exists_or_initialize(model)  # (a model without hooks of its own: the blocks' follow it)
     set_cache_context(model, CacheContext("cond"))
     try:
         yield
