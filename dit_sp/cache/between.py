@@ -1,14 +1,21 @@
-"""What a family adds to the hidden states between its blocks, under a step cache (``ModelFamily.cache_between_blocks``:
-Wan Animate's face adapters, ConsisID's identity perceiver cross-attention).
+"""What a family does between its blocks, under a step cache: modules whose output the model adds to the hidden states
+(``ModelFamily.cache_between_blocks``: Wan Animate's face adapters, ConsisID's identity perceiver cross-attention), and
+a last block that lays the hidden states out otherwise than the first (``ModelFamily.cache_layout``: Latte).
 
-Such a module runs after a block, outside it, and the model adds its output to the hidden states
-(``hidden_states = hidden_states + module(..., hidden_states, ...)``). The residual a step cache keeps is taken from
-the first block to the last (first-block cache: from the first block's output; TeaCache: from its input), so it holds
-every addition made after the first block and before the last block returns. On a skipped step the blocks between
-pass their inputs through; these modules must then add nothing, or their effect would count twice: each returns zeros
-shaped as its ``hidden_states`` argument. A module that runs after the last block (outside the residual) and any on a
-computed step run as they are. Which side of the span a call is on is read as the model runs (the span opens when
-the first block returns and closes when the last one does), so the families declare only the modules' names.
+The residual a step cache keeps is taken from the first block to the last (first-block cache: from the first block's
+output; TeaCache: from its input), so it holds everything done after the first block and before the last one returns.
+
+- Added modules: such a module runs after a block, outside it (``hidden_states = hidden_states + module(...,
+  hidden_states, ...)``). On a skipped step the blocks between pass their inputs through; the modules must then add
+  nothing, or their effect would count twice: each returns zeros shaped as its ``hidden_states`` argument. One that
+  runs after the last block (outside the residual), and all on a computed step, run as they are.
+- Layouts: the last block's output is put in the first block's layout (inside the policy's hooks) for the residual,
+  and back for the model. On a skipped step the last block returns what the first block returned (its output plus
+  the residual), in its own layout, whatever ran between: inline work of the model's forward (Latte's temporal
+  position embedding, added after the first block) stays inside the residual, not added again.
+
+Which side of the span a call is on is read as the model runs (it opens when the first block returns and closes when
+the last one does), so the families declare only names and a layout function.
 """
 
 from __future__ import annotations
@@ -19,34 +26,86 @@ from collections.abc import Callable, Sequence
 import torch
 from diffusers.hooks.hooks import ModelHook
 
-from dit_sp.cache.blocks import register_hook, remove_hook, transformer_blocks
+from dit_sp._compat import block_argument
+from dit_sp.cache.blocks import block_metadata, register_hook, remove_hook, transformer_blocks
 from dit_sp.errors import ConfigError
 
-_SPAN_HOOK, _BETWEEN_HOOK = "dit_sp_cache_span", "dit_sp_cache_between"
+_SPAN_HOOK, _BETWEEN_HOOK, _LAYOUT_HOOK = "dit_sp_cache_span", "dit_sp_cache_between", "dit_sp_cache_layout"
+Layout = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Policy = Callable[[], tuple[Callable[[], None], Callable[[], bool]]]
 
 
 class _Span:
-    """Whether the model's call in progress is between its first block's return and its last block's."""
+    """Whether the model's call in progress is between its first block's return and its last block's, and what the
+    first block returned."""
 
     def __init__(self) -> None:
         self.open = False
+        self.head: torch.Tensor | None = None
 
 
-class _Edge(ModelHook):
-    """On the model (closes: a new call), the first block (opens when it returns) and the last (closes)."""
+class _Model(ModelHook):
+    """On the model: a call starts outside the span, and must have run its last block."""
 
-    def __init__(self, span: _Span, before: bool | None, after: bool | None):
+    def __init__(self, span: _Span):
         super().__init__()
-        self.span, self.before, self.after = span, before, after
+        self.span = span
 
     def pre_forward(self, module, *args, **kwargs):
-        if self.before is not None:
-            self.span.open = self.before
+        self.span.open, self.span.head = False, None
         return args, kwargs
 
     def post_forward(self, module, output):
-        if self.after is not None:
-            self.span.open = self.after
+        if self.span.open:
+            self.span.open = False
+            raise ConfigError(f"step caching: {type(module).__name__}'s last block did not run in this call (e.g. "
+                              "Latte with enable_temporal_attentions=False), so no residual reaches it; run without "
+                              "the cache")  # fmt: skip
+        return output
+
+
+class _Head(ModelHook):
+    """On the first block (outside the policy's hook): opens the span, keeping what the block returned (``keep``:
+    where a layout needs it)."""
+
+    def __init__(self, span: _Span, keep: bool):
+        super().__init__()
+        self.span, self.keep = span, keep
+
+    def post_forward(self, module, output):
+        self.span.open, self.span.head = True, output if self.keep else None
+        return output
+
+
+class _ToHeadLayout(ModelHook):
+    """On the last block, inside the policy's hook: its output in the first block's layout."""
+
+    def __init__(self, span: _Span, layout: Layout):
+        super().__init__()
+        self.span, self.layout = span, layout
+
+    def post_forward(self, module, output):
+        return self.layout(output, self.span.head)
+
+
+class _Tail(ModelHook):
+    """On the last block (outside the policy's hook): closes the span; with a layout, the output in the block's own
+    layout: on a skipped step, what the first block returned."""
+
+    def __init__(self, span: _Span, layout: Layout | None, computing: Callable[[], bool]):
+        super().__init__()
+        self.span, self.layout, self.computing = span, layout, computing
+
+    def initialize_hook(self, module):
+        self.meta = block_metadata(module)
+        return module
+
+    def new_forward(self, module, *args, **kwargs):
+        output = self.fn_ref.original_forward(*args, **kwargs)
+        if self.layout is not None:
+            hidden = block_argument(self.meta, "hidden_states", args, kwargs)
+            output = self.layout(output if self.computing() else self.span.head, hidden)
+        self.span.open = False
         return output
 
 
@@ -84,25 +143,37 @@ def between_modules(model: torch.nn.Module, names: Sequence[str]) -> list[torch.
     return modules
 
 
-def apply(model: torch.nn.Module, names: Sequence[str], computing: Callable[[], bool]) -> Callable[[], None]:
-    """Hooks that make the modules ``names`` declares add nothing between the first and the last block of a step the
-    cache skips (``computing()``: whether the call in progress runs its blocks, read after the first block decided).
-    Returns the undo."""
+def apply(model: torch.nn.Module, names: Sequence[str], layout: Layout | None, policy: Policy) -> Callable[[], None]:
+    """Install the step cache ``policy()`` (it returns its undo and whether the call in progress runs its blocks, read
+    once the first block decided) with hooks that make the modules ``names`` declares add nothing between the first
+    and the last block of a skipped step, and, with ``layout`` (``(x, like)``: ``x`` in ``like``'s layout), keep the
+    residual in the first block's layout. Returns the undo of all of it."""
     modules = between_modules(model, names)
-    if not modules:
-        return lambda: None
+    if not modules and layout is None:
+        return policy()[0]
     blocks, span = transformer_blocks(model), _Span()
-    edges = [(model, _Edge(span, False, None)), (blocks[0], _Edge(span, None, True)),
-             (blocks[-1], _Edge(span, None, False))]  # fmt: skip
-    for module, hook in edges:
-        register_hook(module, hook, _SPAN_HOOK)
-    for module in modules:
-        register_hook(module, _Between(span, computing), _BETWEEN_HOOK)
+    # undone last in, first out: diffusers' remove_hook leaves a hook wrapping the removed one (new_forward) calling it
+    installed: list[Callable[[], None]] = []
 
     def undo() -> None:
-        for module, _ in edges:
-            remove_hook(module, _SPAN_HOOK)
-        for module in modules:
-            remove_hook(module, _BETWEEN_HOOK)
+        while installed:
+            installed.pop()()
 
+    def install(module: torch.nn.Module, hook: ModelHook, name: str) -> None:
+        register_hook(module, hook, name)
+        installed.append(lambda: remove_hook(module, name))
+
+    try:
+        if layout is not None:  # inside the policy's hook on the last block
+            install(blocks[-1], _ToHeadLayout(span, layout), _LAYOUT_HOOK)
+        undo_policy, computing = policy()
+        installed.append(undo_policy)
+        install(model, _Model(span), _SPAN_HOOK)
+        install(blocks[0], _Head(span, layout is not None), _SPAN_HOOK)
+        install(blocks[-1], _Tail(span, layout, computing), _SPAN_HOOK)
+        for module in modules:
+            install(module, _Between(span, computing), _BETWEEN_HOOK)
+    except BaseException:
+        undo()
+        raise
     return undo

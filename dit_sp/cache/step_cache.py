@@ -101,14 +101,16 @@ def enable_cache(obj: Any, cache: str | CacheSpec) -> StepCache:
                 raise ConfigError(step_cache_refusal(type(model).__name__, family))
             register_declared_blocks(model, family.block_outputs)
             where = _decision_group(model, family)
-            if spec.policy == "first_block":
-                undo, computing = first_block.apply(model, spec.threshold, spec.warmup, where, handle.stats)
-            else:
-                if family.teacache_probe is None:
-                    raise ConfigError(f"teacache: no probe for the {family.name} family; use the first_block cache")
-                undo, computing = teacache.apply(model, spec, family.teacache_probe, where, handle.stats)
-            handle._undo.append(undo)
-            handle._undo.append(between.apply(model, family.cache_between_blocks, computing))
+            if spec.policy == "teacache" and family.teacache_probe is None:
+                raise ConfigError(f"teacache: no probe for the {family.name} family; use the first_block cache")
+
+            def policy(model=model, family=family, where=where):
+                if spec.policy == "first_block":
+                    return first_block.apply(model, spec.threshold, spec.warmup, where, handle.stats)
+                return teacache.apply(model, spec, family.teacache_probe, where, handle.stats)
+
+            # the family's work between its blocks (modules added, a last block of another layout) around the policy
+            handle._undo.append(between.apply(model, family.cache_between_blocks, family.cache_layout, policy))
             handle._undo.append(context_for_every_call(model, family))
             setattr(model, _CACHE_ATTR, handle)
             handle._undo.append(lambda model=model: delattr(model, _CACHE_ATTR))

@@ -210,6 +210,11 @@ class ModelFamily:
     the model adds to the hidden states, each taking them as ``hidden_states`` (Wan Animate's ``face_adapter``). Under
     a step cache, a skipped step's cached residual already holds what those between the first and the last block added,
     so there they return zeros; elsewhere, and on computed steps, they run (``dit_sp.cache.between``)."""
+    cache_layout: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    """Where the model's last block lays the hidden states out otherwise than its first (Latte: a temporal block's
+    ``(B S, F, C)``, a spatial block's ``(B F, S, C)``): ``(x, like)`` gives ``x`` in ``like``'s layout, either way.
+    A step cache then keeps its residual in the first block's layout, and on a skipped step the last block returns
+    what the first block returned, in its own layout (``dit_sp.cache.between``)."""
     cache_branches: BranchCalls | None = None
     """For a ``sequential`` family whose pipelines call the transformer per guidance branch outside diffusers' cache
     contexts (ChronoEdit, HunyuanVideo Framepack): how a step cache names each call's branch. None: such a call is

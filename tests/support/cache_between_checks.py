@@ -1,6 +1,8 @@
-"""Step caches on the families with modules added between their blocks (``ModelFamily.cache_between_blocks``: Wan
-Animate's face adapters, ConsisID's perceiver cross-attention): a reference that caches the whole stack by hand, and
-the worker side of the Ulysses-2 runs (the stock pipelines, whole and then split, in the same workers)."""
+"""Step caches on the families with work between their blocks (``dit_sp.cache.between``): modules added to the hidden
+states (``ModelFamily.cache_between_blocks``: Wan Animate's face adapters, ConsisID's perceiver cross-attention) or a
+last block of another layout than the first (``ModelFamily.cache_layout``: Latte's temporal and spatial blocks): a
+reference that caches the whole stack by hand, and the worker side of the Ulysses-2 runs (the stock pipelines, whole
+and then split, in the same workers)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from dit_sp.cache import enable_cache, set_cache_context
 from dit_sp.parallel import init_layout
 from dit_sp.zoo import build_tiny, load_pipeline
 
-MODELS = ("tiny-wan-animate", "tiny-consisid")
+MODELS = ("tiny-wan-animate", "tiny-consisid", "tiny-latte")
 
 
 def transformer_calls(model: str) -> tuple[torch.nn.Module, list[dict]]:
@@ -23,12 +25,25 @@ def transformer_calls(model: str) -> tuple[torch.nn.Module, list[dict]]:
     ``consisid_inputs``), then the next step's (latents moved a little, a smaller timestep)."""
     from model_checks import model_inputs
 
-    transformer = build_tiny(model, "transformer").float().eval()
+    transformer = build_tiny(model, "transformer").float().eval()  # Latte: 5 frames of 15 patches
     first = consisid_inputs() if model == "tiny-consisid" else model_inputs(model)
     g = torch.Generator().manual_seed(3)
     moved = first["hidden_states"] + 0.05 * torch.randn(first["hidden_states"].shape, generator=g)
     second = first | {"hidden_states": moved, "timestep": first["timestep"] - 10}
     return transformer, [first, second]
+
+
+def latte_layouts(batch: int, frames: int, patches: int) -> tuple:
+    """Latte's two layouts by hand, for the reference: ``(to_spatial, to_temporal)``, between a temporal block's
+    ``(B S, F, C)`` and a spatial block's ``(B F, S, C)``."""
+
+    def to_spatial(x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(batch, patches, frames, -1).permute(0, 2, 1, 3).reshape(batch * frames, patches, -1)
+
+    def to_temporal(x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(batch, frames, patches, -1).permute(0, 2, 1, 3).reshape(batch * patches, frames, -1)
+
+    return to_spatial, to_temporal
 
 
 def _streams(output) -> list[torch.Tensor]:
@@ -40,14 +55,18 @@ def _like(streams: list[torch.Tensor], output):
 
 
 @torch.no_grad()
-def whole_stack_reference(model: torch.nn.Module, calls: list[dict], policy: str) -> list[torch.Tensor]:
+def whole_stack_reference(model: torch.nn.Module, calls: list[dict], policy: str,
+                          layouts: tuple | None = None) -> list[torch.Tensor]:  # fmt: skip
     """The outputs of ``calls`` under a correct whole-stack cache that computes the first call and skips the second,
     built from plain forward hooks: the residual is the last block's output minus the first block's output
     (``first_block``) or input (``teacache``) at the first call, so it holds every module added between them; at the
     second, the last block returns that base plus the residual, whatever ran in between, and whatever follows the
-    last block (a face adapter after it, the output norm) runs on it."""
+    last block (a face adapter after it, the output norm) runs on it. ``layouts``: ``(to_first, to_last)`` where the
+    last block's layout is not the first's (Latte): the residual is taken in the first block's."""
+    to_first, to_last = layouts or (lambda x: x, lambda x: x)
     blocks = model.transformer_blocks if hasattr(model, "transformer_blocks") else model.blocks
-    head, tail = blocks[0], blocks[-1]
+    last = model.temporal_transformer_blocks if hasattr(model, "temporal_transformer_blocks") else blocks  # Latte's
+    head, tail = blocks[0], last[-1]
     seen: dict = {}
 
     def at_head(module, args, kwargs, output):
@@ -58,9 +77,9 @@ def whole_stack_reference(model: torch.nn.Module, calls: list[dict], policy: str
 
     def at_tail(module, args, kwargs, output):
         if "residual" not in seen:
-            seen["residual"] = [o - b for o, b in zip(_streams(output), seen["base"], strict=True)]
+            seen["residual"] = [to_first(o) - b for o, b in zip(_streams(output), seen["base"], strict=True)]
             return output
-        return _like([b + r for b, r in zip(seen["base"], seen["residual"], strict=True)], output)
+        return _like([to_last(b + r) for b, r in zip(seen["base"], seen["residual"], strict=True)], output)
 
     handles = [head.register_forward_hook(at_head, with_kwargs=True),
                tail.register_forward_hook(at_tail, with_kwargs=True)]  # fmt: skip
@@ -75,7 +94,8 @@ def whole_stack_reference(model: torch.nn.Module, calls: list[dict], policy: str
 def in_context(model: torch.nn.Module):
     """The model's cache hooks in the context ``cond`` (as a stock pipeline's ``cache_context``, which ConsisID's
     model lacks)."""
-    HookRegistry.check_if_exists_or_initialize(model)  # (a model without hooks of its own: the blocks' follow it)
+    # (a model without hooks of its own: the blocks' follow it; diffusers finds them anew)
+    HookRegistry.check_if_exists_or_initialize(model).invalidate_child_registries_cache()
     set_cache_context(model, CacheContext("cond"))
     try:
         yield
@@ -111,7 +131,8 @@ def hooks_alone_outputs(model: torch.nn.Module, calls: list[dict]) -> list[torch
 
 # Each model's stock pipeline and its cached runs on Ulysses 2 (first-block and TeaCache thresholds that skip some of
 # the 4 steps, not all)
-SPECS = {"tiny-wan-animate": ("first_block:0.3", "teacache:0.3"), "tiny-consisid": ("first_block:0.2", "teacache:0.2")}
+SPECS = {"tiny-wan-animate": ("first_block:0.3", "teacache:0.3"), "tiny-consisid": ("first_block:0.2", "teacache:0.2"),
+         "tiny-latte": ("first_block:0.2", "teacache:0.5")}  # fmt: skip
 
 
 def _wan_animate_run(pipe) -> dict:
@@ -145,16 +166,28 @@ def _consisid_run(pipe) -> dict:
     return {"frames": torch.as_tensor(frames), "latents": latents[-1]}
 
 
+def _latte_run(pipe) -> dict:
+    latents = []
+    keep = lambda pipe, i, t, tensors: latents.append(tensors["latents"].clone()) or {}  # noqa: E731
+    frames = pipe(prompt="a red circle moving left", negative_prompt="", num_inference_steps=4, guidance_scale=7.5,
+                  video_length=5, height=48, width=80, generator=torch.Generator().manual_seed(0), output_type="np",
+                  callback_on_step_end=keep).frames[0]  # fmt: skip
+    return {"frames": torch.as_tensor(frames), "latents": latents[-1]}
+
+
+RUNS = {"tiny-wan-animate": _wan_animate_run, "tiny-consisid": _consisid_run, "tiny-latte": _latte_run}
+
+
 def _cached_run(pipe, model: str, spec: str) -> dict:
     """The cached run's frames, last latents, blocks-ran decisions and the video tokens its first block got."""
     cache = enable_cache(pipe, spec)
-    blocks = pipe.transformer.transformer_blocks if model == "tiny-consisid" else pipe.transformer.blocks
+    blocks = pipe.transformer.blocks if model == "tiny-wan-animate" else pipe.transformer.transformer_blocks
     tokens: set[int] = set()
     handle = blocks[0].register_forward_pre_hook(lambda m, args, kwargs: tokens.add(
         (args[0] if args else kwargs["hidden_states"]).shape[1]), with_kwargs=True)  # fmt: skip
     try:
         with torch.no_grad():
-            out = (_consisid_run if model == "tiny-consisid" else _wan_animate_run)(pipe)
+            out = RUNS[model](pipe)
     finally:
         handle.remove()
         cache.undo()
