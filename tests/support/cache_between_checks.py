@@ -26,7 +26,7 @@ def transformer_calls(model: str) -> tuple[torch.nn.Module, list[dict]]:
     from model_checks import model_inputs
 
     transformer = build_tiny(model, "transformer").float().eval()  # Latte: 5 frames of 15 patches
-    first = consisid_inputs() if model == "tiny-consisid" else model_inputs(model)
+    first = consisid_inputs(1) if model == "tiny-consisid" else model_inputs(model, 1)
     g = torch.Generator().manual_seed(3)
     moved = first["hidden_states"] + 0.05 * torch.randn(first["hidden_states"].shape, generator=g)
     second = first | {"hidden_states": moved, "timestep": first["timestep"] - 10}
