@@ -196,8 +196,8 @@ class ModelFamily:
     with ``frames_on="leader"``."""
     step_cache_refused: str = ""
     """Why the step caches cannot run exactly on the family's blocks (empty: they can: diffusers has block metadata for
-    them, or ``block_outputs`` gives it, and what runs between blocks is declared in ``cache_between_blocks`` or
-    nothing the hooks would skip wrongly);
+    them, or ``block_outputs`` gives it, and what runs between blocks is nothing the hooks would skip wrongly, or
+    declared: ``cache_between_blocks``, ``cache_layout``);
     ``enable_cache`` and ``generate --cache`` (before loading) refuse with it, the family table shows "refused", and
     ``tests/zoo/test_family_table.py`` checks it against the tiny models."""
     cache_refused_args: dict[str, str] = field(default_factory=dict, hash=False)
