@@ -3,6 +3,8 @@ from the first block's residual change reduced over the deciding group (``decide
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from diffusers.hooks.first_block_cache import FirstBlockCacheConfig, apply_first_block_cache
 
@@ -11,8 +13,9 @@ from dit_sp.cache.blocks import remove_hook, transformer_blocks
 from dit_sp.cache.decide import CacheStats, DecisionGroup, StepRecord, relative_change
 
 
-def apply(model: torch.nn.Module, threshold: float, warmup: int, where: DecisionGroup, stats: CacheStats):
-    """Returns the undo."""
+def apply(model: torch.nn.Module, threshold: float, warmup: int, where: DecisionGroup,
+          stats: CacheStats) -> tuple[Callable[[], None], Callable[[], bool]]:  # fmt: skip
+    """Returns the undo, and whether the call in progress runs its blocks (once the first block decided)."""
     blocks = transformer_blocks(model)
     apply_first_block_cache(model, FirstBlockCacheConfig(threshold=threshold))
     leader_hook, block_hook = _compat.first_block_cache_hooks()
@@ -37,4 +40,4 @@ def apply(model: torch.nn.Module, threshold: float, warmup: int, where: Decision
         for block in blocks[1:]:
             remove_hook(block, block_hook)
 
-    return undo
+    return undo, lambda: head.state_manager.get_state().should_compute

@@ -9,7 +9,7 @@ import torch
 from diffusers.hooks.hooks import HookRegistry
 
 from dit_sp._compat import model_cache_config
-from dit_sp.cache import first_block, teacache
+from dit_sp.cache import between, first_block, teacache
 from dit_sp.cache.blocks import register_declared_blocks
 from dit_sp.cache.contexts import context_for_every_call
 from dit_sp.cache.decide import CacheStats, DecisionGroup
@@ -101,12 +101,16 @@ def enable_cache(obj: Any, cache: str | CacheSpec) -> StepCache:
                 raise ConfigError(step_cache_refusal(type(model).__name__, family))
             register_declared_blocks(model, family.block_outputs)
             where = _decision_group(model, family)
-            if spec.policy == "first_block":
-                handle._undo.append(first_block.apply(model, spec.threshold, spec.warmup, where, handle.stats))
-            else:
-                if family.teacache_probe is None:
-                    raise ConfigError(f"teacache: no probe for the {family.name} family; use the first_block cache")
-                handle._undo.append(teacache.apply(model, spec, family.teacache_probe, where, handle.stats))
+            if spec.policy == "teacache" and family.teacache_probe is None:
+                raise ConfigError(f"teacache: no probe for the {family.name} family; use the first_block cache")
+
+            def policy(model=model, family=family, where=where):
+                if spec.policy == "first_block":
+                    return first_block.apply(model, spec.threshold, spec.warmup, where, handle.stats)
+                return teacache.apply(model, spec, family.teacache_probe, where, handle.stats)
+
+            # the family's work between its blocks (modules added, a last block of another layout) around the policy
+            handle._undo.append(between.apply(model, family.cache_between_blocks, family.cache_layout, policy))
             handle._undo.append(context_for_every_call(model, family))
             setattr(model, _CACHE_ATTR, handle)
             handle._undo.append(lambda model=model: delattr(model, _CACHE_ATTR))

@@ -131,8 +131,9 @@ class _HeadHook(_BlockHook):
         return self.outputs(hidden + residual, None if encoder is None else encoder + encoder_residual)
 
 
-def apply(model: torch.nn.Module, spec: CacheSpec, probe: Probe, where: DecisionGroup, stats: CacheStats):
-    """Returns the undo."""
+def apply(model: torch.nn.Module, spec: CacheSpec, probe: Probe, where: DecisionGroup,
+          stats: CacheStats) -> tuple[Callable[[], None], Callable[[], bool]]:  # fmt: skip
+    """Returns the undo, and whether the call in progress runs its blocks (once the first block decided)."""
     blocks = transformer_blocks(model)
     state_manager = StateManager(_State)
     register_hook(blocks[0], _HeadHook(state_manager, spec, probe, where, stats, len(blocks)), _HEAD_HOOK)
@@ -144,4 +145,4 @@ def apply(model: torch.nn.Module, spec: CacheSpec, probe: Probe, where: Decision
         for block in blocks[1:]:
             remove_hook(block, _BLOCK_HOOK)
 
-    return undo
+    return undo, lambda: state_manager.get_state().should_compute

@@ -14,7 +14,7 @@ inputs: no built-in model runs it whole (``tiny-consisid`` is the transformer on
 
 from __future__ import annotations
 
-from dit_sp.families.cogvideox import COGVIDEOX_VAE, _plan, _shape_check
+from dit_sp.families.cogvideox import COGVIDEOX_VAE, _plan, _shape_check, _teacache_probe
 from dit_sp.families.family import ModelFamily
 
 CONSISID = ModelFamily(
@@ -29,10 +29,11 @@ CONSISID = ModelFamily(
     vae=COGVIDEOX_VAE,
     shape_check=_shape_check,
     tiny_models=("tiny-consisid",),
-    step_cache_refused=(
-        "its identity perceiver cross-attention adds to the hidden states between blocks (every "
-        "cross_attn_interval), outside the blocks the cache hooks skip, so a skipped step would add it twice"
-    ),
+    block_outputs={"ConsisIDBlock": (0, 1)},  # CogVideoX's: (video, text); diffusers has no metadata for it
+    # the perceiver cross-attention adds to the video tokens after every cross_attn_interval-th block: a skipped
+    # step's cached residual holds it (dit_sp.cache.between)
+    cache_between_blocks=("perceiver_cross_attention",),
+    teacache_probe=_teacache_probe,  # CogVideoX's: the first block's norm1 output, (B, S_local, C)
     policy_refused={
         "ConsisIDPipeline": (
             "every sample needs face-identity inputs (id_cond and id_vit_hidden, made from a face image by "

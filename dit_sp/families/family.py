@@ -196,7 +196,8 @@ class ModelFamily:
     with ``frames_on="leader"``."""
     step_cache_refused: str = ""
     """Why the step caches cannot run exactly on the family's blocks (empty: they can: diffusers has block metadata for
-    them, or ``block_outputs`` gives it, and nothing runs between blocks that the hooks would skip wrongly);
+    them, or ``block_outputs`` gives it, and what runs between blocks is nothing the hooks would skip wrongly, or
+    declared: ``cache_between_blocks``, ``cache_layout``);
     ``enable_cache`` and ``generate --cache`` (before loading) refuse with it, the family table shows "refused", and
     ``tests/zoo/test_family_table.py`` checks it against the tiny models."""
     cache_refused_args: dict[str, str] = field(default_factory=dict, hash=False)
@@ -204,6 +205,16 @@ class ModelFamily:
     between its blocks from them lies outside what diffusers' cache hooks skip, so a skipped step would add it on top
     of a cached residual that already holds it (Sana-Video's ``controlnet_block_samples``). A cached call that passes
     one is refused in one line (``dit_sp.cache.contexts``); calls without them are cached as usual."""
+    cache_between_blocks: tuple[str, ...] = ()
+    """The model's modules (attribute names: a module or a ``ModuleList``) that run between its blocks and whose output
+    the model adds to the hidden states, each taking them as ``hidden_states`` (Wan Animate's ``face_adapter``). Under
+    a step cache, a skipped step's cached residual already holds what those between the first and the last block added,
+    so there they return zeros; elsewhere, and on computed steps, they run (``dit_sp.cache.between``)."""
+    cache_layout: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    """Where the model's last block lays the hidden states out otherwise than its first (Latte: a temporal block's
+    ``(B S, F, C)``, a spatial block's ``(B F, S, C)``): ``(x, like)`` gives ``x`` in ``like``'s layout, either way.
+    A step cache then keeps its residual in the first block's layout, and on a skipped step the last block returns
+    what the first block returned, in its own layout (``dit_sp.cache.between``)."""
     cache_branches: BranchCalls | None = None
     """For a ``sequential`` family whose pipelines call the transformer per guidance branch outside diffusers' cache
     contexts (ChronoEdit, HunyuanVideo Framepack): how a step cache names each call's branch. None: such a call is

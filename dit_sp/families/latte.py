@@ -10,6 +10,11 @@ the unpatchify then runs whole. The one per-position tensor the model builds ins
 blocks' timestep rows (``timestep_temp``: ``B x P`` rows, one per patch position, equal within a sample), is cut by a
 hook to this rank's ``B x P_local`` rows. The padding positions of an uneven split are masked as keys in the spatial
 attention and are sequences of their own in the temporal one, so they touch no real patch.
+
+Step caches: the first block is spatial and the last temporal, so the cached residual is kept in the spatial layout
+(``cache_layout``: ``swap_layout``) and a skipped step's last block returns the first block's output plus it, in its
+own layout; the temporal position embedding, added inline after the first block, stays inside the residual
+(``dit_sp.cache.between``).
 """
 
 from __future__ import annotations
@@ -59,6 +64,22 @@ def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
     return [block.register_forward_pre_hook(local_rows, with_kwargs=True) for block in blocks]
 
 
+def _teacache_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict) -> tuple[torch.Tensor, bool]:
+    """The first (spatial) block's timestep modulation ``(B F, 6C)`` (per frame, whole on every rank), as TeaCache
+    measures Wan's."""
+    return (args[TIMESTEP_ARG] if len(args) > TIMESTEP_ARG else kwargs["timestep"]), False
+
+
+def swap_layout(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``x`` in ``like``'s layout: a spatial block's ``(B F, S, C)`` as a temporal block's ``(B S, F, C)``, or back
+    (``S``: this rank's patches). The step caches' ``cache_layout``: Latte's first block is spatial, its last
+    temporal."""
+    frames_or_patches, other = like.shape[1], x.shape[1]
+    if x.shape[0] * other != like.shape[0] * frames_or_patches or x.shape[-1] != like.shape[-1]:
+        raise RuntimeError(f"Latte's step cache: {tuple(x.shape)} is not {tuple(like.shape)} in the other layout")
+    return x.reshape(-1, frames_or_patches, other, x.shape[-1]).transpose(1, 2).reshape(like.shape)
+
+
 def _shape_check(config: Any, settings: dict[str, Any], name: Callable[[str], str], vae: tuple[int, int]) -> None:
     """Latte adds a temporal position table of ``video_length`` frames to every patch position's frames: a video of
     another frame count (but one frame, where the model skips it) does not add up. Its VAE does not compress time."""
@@ -101,11 +122,9 @@ LATTE = ModelFamily(
     cfg_mode="batched",
     cfg_batched_args=("hidden_states", "timestep", "encoder_hidden_states", "encoder_attention_mask"),
     # the pipeline calls the model on [unconditional, conditional] (``do_classifier_free_guidance``)
-    step_cache_refused=(
-        "its spatial and temporal blocks alternate with the hidden states reshaped between them ((B F, S, C) "
-        "and (B S, F, C)) and a temporal position embedding added after the first, which the cache hooks, "
-        "taking the blocks as one chain, would skip wrongly"
-    ),
+    # its last block is a temporal one, its first a spatial one: the residual kept in the spatial layout
+    cache_layout=swap_layout,
+    teacache_probe=_teacache_probe,
     shape_check=_shape_check,
     vae=AUTOENCODER_KL_VAE,  # its image VAE, split by rows (it decodes the frames in chunks of a batch)
     tiny_models=("tiny-latte",),

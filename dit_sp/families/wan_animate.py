@@ -20,6 +20,10 @@ with three additions, all but the last before the sequence is split:
   costs none.
 
 The rotary tables are split with the tokens (as Wan's plan does). diffusers ships no ``_cp_plan`` for this model.
+
+Step caches: the blocks are this module's own copy of Wan's block class (``block_outputs``), and the face adapters
+are declared as added between the blocks (``cache_between_blocks``): on a skipped step those inside the cached
+residual add nothing (``dit_sp.cache.between``); the shard hooks above still run around them.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
-from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.families.family import ModelFamily, generation_defaults, timestep_probe
 from dit_sp.families.wan import WAN, wan_architecture, wan_vae_factors
 
 if TYPE_CHECKING:
@@ -115,11 +119,11 @@ PIPELINE = "WanAnimatePipeline"
 
 WAN_ANIMATE = ModelFamily(
     name="wan_animate",
-    step_cache_refused=(
-        "its face adapters add to the hidden states between blocks (after every inject_face_latents_blocks-th), "
-        "outside the blocks the cache hooks skip, so a skipped step would add them on top of the cached residual "
-        "that already holds them"
-    ),
+    # its face adapters add to the hidden states after every inject_face_latents_blocks-th block: a skipped step's
+    # cached residual holds them (dit_sp.cache.between)
+    cache_between_blocks=("face_adapter",),
+    block_outputs={"WanTransformerBlock": (0, None)},  # its own copy of Wan's block class, returning the video alone
+    teacache_probe=timestep_probe,  # Wan's: the blocks' timestep modulation, (B, 6, C)
     class_names=("WanAnimateTransformer3DModel",),
     plan=_plan,
     hooks=_hooks,

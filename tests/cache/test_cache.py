@@ -280,7 +280,6 @@ def test_calls_per_guidance_branch_are_named_by_their_prompt_tensor():
 
 
 @pytest.mark.parametrize(("model", "pipeline", "reason"), [
-    ("tiny-latte", "LattePipeline", "its spatial and temporal blocks alternate with the hidden states reshaped"),
     ("tiny-cosmos3", "Cosmos3OmniPipeline", "take the generated tokens packed without a batch dimension"),
     ("tiny-minimax-h3", "MiniMaxH3ModularPipeline", "calls the transformer outside any cache context"),
 ])  # fmt: skip
