@@ -50,10 +50,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dit_sp._compat import block_argument, context_parallel_types
+from dit_sp._compat import context_parallel_types
 from dit_sp.errors import ConfigError
 from dit_sp.families.family import ModelFamily, generation_defaults, no_grad
-from dit_sp.families.ltx import ltx_vae_downsampling, ltx_vae_factors, ltx_vae_noise, ltx_vae_tiles
+from dit_sp.families.ltx import ltx_teacache_probe, ltx_vae_downsampling, ltx_vae_factors, ltx_vae_noise, ltx_vae_tiles
 from dit_sp.families.policy import DiffusersPolicy
 from dit_sp.vae import VAEPlan
 
@@ -196,16 +196,6 @@ REFINE_PYTHON_ONLY = (
 """Why ``generate`` refuses ``LTX2DFRTemporalRefinePipeline`` (one line); ``parallelize`` splits it exactly."""
 
 
-def _teacache_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict) -> tuple[Tensor, bool]:
-    """TeaCache's probe: the first block's modulated video input (``norm1``, scaled and shifted by the video stream's
-    ``temb``, as LTX-Video's TeaCache measures), ``(B, S_local, C)``; ``temb`` is ``(B, 1, 6C)`` or per token
-    ``(B, S_local, 6C)`` (conditioning frames). The audio stream is not probed: a skipped step reuses both streams'
-    residuals on the video's decision."""
-    hidden, temb = (block_argument(meta, name, args, kwargs) for name in ("hidden_states", "temb"))
-    shift, scale = block.get_mod_params(block.scale_shift_table, temb, hidden.shape[0])[:2]
-    return block.norm1(hidden) * (1 + scale) + shift, True
-
-
 _PIPELINES = ("LTX2Pipeline", "LTX2ImageToVideoPipeline", "LTX2ConditionPipeline", "LTX2InContextPipeline")
 _DISTILLED = ("LTX2HDRPipeline", "LTX2DFRPipeline")
 """Pipelines whose checkpoints are distilled: 8 steps without guidance (their pipelines' defaults)."""
@@ -242,5 +232,7 @@ LTX2 = ModelFamily(
     architectures=_ARCHITECTURES,
     # two streams, video and audio: a skipped block passes its audio_hidden_states argument through (not the text)
     block_outputs={"LTX2VideoTransformerBlock": (0, 1, "hidden_states", "audio_hidden_states")},
-    teacache_probe=_teacache_probe,
+    # TeaCache: the first block's modulated video input, as LTX-Video's; the audio stream is not probed (a skipped
+    # step reuses both streams' residuals on the video's decision)
+    teacache_probe=ltx_teacache_probe,
 )

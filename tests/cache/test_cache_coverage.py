@@ -49,14 +49,20 @@ def test_the_cosmos_transfer_controlnet_refuses_a_step_cache_in_one_line():
 
 
 @torch.no_grad()
-def test_the_ltx2_teacache_probe_is_the_first_blocks_modulated_video_input():
+@pytest.mark.parametrize("cross_attn_mod", [False, True])
+def test_the_ltx2_teacache_probe_is_the_first_blocks_modulated_video_input(cross_attn_mod):
     """The probe, computed from the first block's call, equals what that block's video self-attention (``attn1``)
-    takes: ``norm1`` of the video, scaled and shifted by the video stream's modulation."""
+    takes: ``norm1`` of the video, scaled and shifted by the video stream's modulation (6 rows, or 9 with the
+    cross-attention modulation, ``cross_attn_mod``)."""
     from dit_sp.cache.blocks import block_metadata, register_declared_blocks
     from dit_sp.families import family_of
 
-    pipe = build_tiny("tiny-ltx2")
-    model, family = pipe.transformer, family_of(pipe.transformer)
+    model = build_tiny("tiny-ltx2", "transformer")
+    if cross_attn_mod:
+        torch.manual_seed(0)
+        model = type(model).from_config(model.config, cross_attn_mod=True).eval()
+    assert model.transformer_blocks[0].scale_shift_table.shape[0] == (9 if cross_attn_mod else 6)
+    family = family_of(model)
     register_declared_blocks(model, family.block_outputs)
     block = model.transformer_blocks[0]
     seen = {}
@@ -80,8 +86,8 @@ def test_the_ltx2_teacache_probe_is_the_first_blocks_modulated_video_input():
                   audio_hidden_states=torch.randn(1, 3, config.audio_in_channels, generator=generator),
                   encoder_hidden_states=torch.randn(1, 4, config.caption_channels, generator=generator),
                   audio_encoder_hidden_states=torch.randn(1, 4, config.caption_channels, generator=generator),
-                  timestep=timestep, audio_timestep=torch.tensor([0.7]), num_frames=3, height=2, width=2,
-                  audio_num_frames=3, return_dict=False)  # fmt: skip
+                  timestep=timestep, audio_timestep=torch.tensor([0.7]), sigma=torch.tensor([0.7]), num_frames=3,
+                  height=2, width=2, audio_num_frames=3, return_dict=False)  # fmt: skip
             probe, per_token = seen["probe"]
             assert per_token and probe.shape == seen["attn1"].shape == (1, 12, width)
             torch.testing.assert_close(probe, seen["attn1"], atol=0, rtol=0)
