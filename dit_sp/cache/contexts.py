@@ -89,7 +89,9 @@ def _branch_namer(model: torch.nn.Module, calls: Any) -> tuple[Callable[[tuple, 
     def name(args: tuple, kwargs: dict) -> str:
         prompt, timestep = (_argument(model, arg, args, kwargs) for arg in (calls.prompt, calls.timestep))
         hidden = _argument(model, "hidden_states", args, kwargs)
-        if not isinstance(prompt, torch.Tensor) or not isinstance(timestep, torch.Tensor):
+        # a tensor, or a tuple of them (Cosmos-Transfer2.5's (text, image context)): one object per branch for the run
+        tensors = prompt if isinstance(prompt, tuple) else (prompt,)
+        if not all(isinstance(t, torch.Tensor) for t in tensors) or not isinstance(timestep, torch.Tensor):
             raise ConfigError(f"step caching: {kind} names a call's guidance branch by its {calls.prompt!r} and "
                               f"{calls.timestep!r} tensors, and this call lacks one; pass both")  # fmt: skip
         t, shape = float(timestep.max()), tuple(hidden.shape) if isinstance(hidden, torch.Tensor) else None

@@ -96,7 +96,7 @@ def enable_cache(obj: Any, cache: str | CacheSpec) -> StepCache:
         for model in models:
             if getattr(model, _CACHE_ATTR, None) is not None or model_cache_config(model) is not None:
                 raise ConfigError(f"{type(model).__name__} already has a step cache; undo it (or disable_cache())")
-            family = family_of(model)
+            family = family_of(model, controlnets=True)  # a ControlNet: refused with its family's reason
             if family.step_cache_refused:
                 raise ConfigError(step_cache_refusal(type(model).__name__, family))
             register_declared_blocks(model, family.block_outputs)

@@ -63,12 +63,15 @@ def family_named(class_name: str) -> ModelFamily | None:
     return next((f for f in FAMILIES if class_name in f.class_names), None)
 
 
-def family_of(model: torch.nn.Module) -> ModelFamily:
-    """The family of a diffusers transformer, or a clear error listing the supported ones."""
+def family_of(model: torch.nn.Module, controlnets: bool = False) -> ModelFamily:
+    """The family of a diffusers transformer, or a clear error listing the supported ones; with ``controlnets``, a
+    family's ControlNet (``ModelFamily.controlnet``, e.g. Cosmos-Transfer2.5's) is known too, as its own family."""
     names = {cls.__name__ for cls in type(model).__mro__}
     for family in FAMILIES:
         if names & set(family.class_names):
             return family
+        if controlnets and family.controlnet is not None and names & set(family.controlnet.class_names):
+            return family.controlnet
     raise TypeError(
         f"{type(model).__name__} is not supported for sequence parallelism; supported transformers: "
         f"{', '.join(supported_classes())}. To add it, write a ModelFamily for it in dit_sp/families/ and register "

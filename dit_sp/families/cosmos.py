@@ -22,7 +22,9 @@ processes (``COSMOS_VAE``); Cosmos 2 / 2.5 ship Wan's VAE, split by the Wan fami
 Step caches: the blocks return the video alone (``block_outputs``); the stock pipelines call once per guidance branch
 outside diffusers' cache contexts, so each call's branch is named by its prompt tensor (``cache_branches``). TeaCache
 compares the blocks' ``embedded_timestep`` (per token with per-frame timesteps). Cosmos-Transfer2.5's ControlNet
-residuals are added inside the blocks, so a skipped step reuses the last computed step's.
+residuals are added inside the blocks, so a skipped step reuses the last computed step's; the ControlNet runs every
+step, uncached (a cache on it alone is refused: ``CONTROLNET``), and the branches' prompts, ``(text, image context)``
+tuples, name them.
 
 GRPO (``Cosmos25Policy``) trains Cosmos-Predict2.5 text-to-world: its velocity is already the flow-matching one, at
 the timestep ``s`` itself (not ``1000 s``); its guidance is ``cond + w (cond - uncond)``.
@@ -126,7 +128,11 @@ CONTROLNET = ModelFamily(
     class_names=("CosmosControlNetModel",),
     plan=_controlnet_plan,
     attention_modules=("control_blocks.*.attn1",),
-    step_cache_refused="a ControlNet: its outputs feed the transformer's blocks, which take the step cache",
+    step_cache_refused=(
+        "a ControlNet returns a residual per block (for the transformer's blocks to add), not one stream a cached "
+        "residual could stand for; cache the pipeline, whose transformer takes the cache (the ControlNet runs every "
+        "step)"
+    ),
 )
 """How ``parallelize`` splits a Cosmos pipeline's ControlNet (``ModelFamily.controlnet``)."""
 

@@ -160,12 +160,14 @@ def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
     return [model.register_forward_pre_hook(per_token_timestep, with_kwargs=True, prepend=True)]
 
 
-def _teacache_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict) -> tuple[torch.Tensor, bool]:
+def ltx_teacache_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict) -> tuple[torch.Tensor, bool]:
     """The first block's modulated video input (``norm1`` with the shift and scale of ``temb``), ``(B, S_local,
-    C)``; ``temb`` is ``(B, 1 or S_local, 6 C)``."""
+    C)``; ``temb`` is ``(B, 1 or S_local, N C)``, ``N`` the rows of the block's ``scale_shift_table`` (LTX-Video's 6;
+    LTX-2's video stream: 6, or 9 with its cross-attention modulation), shift and scale its first two."""
     hidden = block_argument(meta, "hidden_states", args, kwargs)
     temb = block_argument(meta, "temb", args, kwargs)
-    ada = block.scale_shift_table[None, None] + temb.reshape(hidden.shape[0], temb.shape[1], 6, -1)
+    table = block.scale_shift_table
+    ada = table[None, None] + temb.reshape(hidden.shape[0], temb.shape[1], table.shape[0], -1)
     shift, scale = ada[:, :, 0], ada[:, :, 1]
     return block.norm1(hidden) * (1 + scale) + shift, True
 
@@ -238,7 +240,7 @@ LTX = ModelFamily(
     attention_modules=("transformer_blocks.*.attn1",),
     cfg_mode="batched",
     cfg_batched_args=("hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask", "video_coords"),
-    teacache_probe=_teacache_probe,
+    teacache_probe=ltx_teacache_probe,
     tiny_models=("tiny-ltx", "tiny-ltx-i2v", "tiny-ltx-condition", "tiny-ltx-long"),
     checkpoint_defaults=dict.fromkeys(_PIPELINES, generation_defaults(161, 512, 704, 50, 3.0, 128) | {"fps": 24})
     | dict.fromkeys(_DISTILLED, generation_defaults(161, 512, 704, 8, 1.0, 128) | {"fps": 25}),

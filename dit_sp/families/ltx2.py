@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 from dit_sp._compat import context_parallel_types
 from dit_sp.errors import ConfigError
 from dit_sp.families.family import ModelFamily, generation_defaults, no_grad
-from dit_sp.families.ltx import ltx_vae_downsampling, ltx_vae_factors, ltx_vae_noise, ltx_vae_tiles
+from dit_sp.families.ltx import ltx_teacache_probe, ltx_vae_downsampling, ltx_vae_factors, ltx_vae_noise, ltx_vae_tiles
 from dit_sp.families.policy import DiffusersPolicy
 from dit_sp.vae import VAEPlan
 
@@ -195,6 +195,7 @@ REFINE_PYTHON_ONLY = (
 )
 """Why ``generate`` refuses ``LTX2DFRTemporalRefinePipeline`` (one line); ``parallelize`` splits it exactly."""
 
+
 _PIPELINES = ("LTX2Pipeline", "LTX2ImageToVideoPipeline", "LTX2ConditionPipeline", "LTX2InContextPipeline")
 _DISTILLED = ("LTX2HDRPipeline", "LTX2DFRPipeline")
 """Pipelines whose checkpoints are distilled: 8 steps without guidance (their pipelines' defaults)."""
@@ -231,6 +232,9 @@ LTX2 = ModelFamily(
     architectures=_ARCHITECTURES,
     # two streams, video and audio: a skipped block passes its audio_hidden_states argument through (not the text)
     block_outputs={"LTX2VideoTransformerBlock": (0, 1, "hidden_states", "audio_hidden_states")},
+    # TeaCache: the first block's modulated video input, as LTX-Video's; the audio stream is not probed (a skipped
+    # step reuses both streams' residuals on the video's decision)
+    teacache_probe=ltx_teacache_probe,
     policy_refused={
         "LTX2ConditionPipeline": (
             "no policy is written for it yet: it inserts image conditions at chosen frames with their own "

@@ -121,9 +121,9 @@ def family_configs(hunyuanvideo15: str, images: str, **layout) -> list:
         tiny_config(model=hunyuanvideo15, height=32, width=48, **{"sample.max_sequence_length": 32}, **common),
         # the chat template takes ~110 of the 160 text tokens; Wan's VAE decodes split by rows
         tiny_config(model="tiny-cosmos2.5", height=32, width=32, **{"sample.max_sequence_length": 160}, **common),
-        # its byte-level template leaves the prompt in the text at 600 tokens: prompt and negative prompt lengths
-        # differ (two transformer calls a guided step); its VAE (HunyuanVideo's) decodes split by rows
-        tiny_config(model="tiny-kandinsky5", height=48, width=32, **{"sample.max_sequence_length": 600}, **common),
+        # prompt and negative prompt lengths differ (two transformer calls a guided step); its VAE (HunyuanVideo's)
+        # decodes split by rows
+        tiny_config(model="tiny-kandinsky5", height=48, width=32, **{"sample.max_sequence_length": 64}, **common),
         # Mochi's VAE takes 6k+1 frames (2 latent frames); its VAE decodes split by rows
         tiny_config(
             model="tiny-mochi", height=32, width=32, **{"sample.max_sequence_length": 32}, **common | {"frames": 7}
