@@ -296,3 +296,24 @@ def test_generate_refuses_a_cache_the_family_refuses_before_loading_with_its_rea
         check_before_loading(GenerateConfig.load(overrides={"model": model, "cache": "first_block"}))
     check_before_loading(GenerateConfig.load(overrides={"model": model}))  # no cache: nothing refused
     check_before_loading(GenerateConfig.load(overrides={"model": "tiny-wan", "cache": "first_block"}))
+
+
+def test_a_first_block_cache_refuses_a_missing_second_stream_in_one_line():
+    """Kandinsky 6 without audio (``sample_audio=False``): its blocks' second stream is None, whose residual diffusers'
+    first-block hooks add; refused in one line (TeaCache keeps no residual of a None stream: it runs)."""
+    from kandinsky6_checks import kandinsky6_inputs
+
+    from dit_sp.zoo import build_tiny
+
+    model = build_tiny("tiny-kandinsky6", "transformer")
+    inputs = kandinsky6_inputs(1, audio=False)
+    cache = enable_cache(model, "first_block:0.1")
+    refusal = r"^step caching: Kandinsky6FusedTransformerDecoderBlock got no 'aud' stream \(None\), whose residual"
+    with model.cache_context("cond"), pytest.raises(ConfigError, match=refusal):
+        model(**inputs)
+    cache.undo()
+    cache = enable_cache(model, "teacache:0.1")
+    with model.cache_context("cond"):
+        video = model(**inputs, return_dict=False)
+    assert len(video) == 1 and video[0].isfinite().all()
+    cache.undo()
