@@ -298,6 +298,27 @@ def test_generate_refuses_a_cache_the_family_refuses_before_loading_with_its_rea
     check_before_loading(GenerateConfig.load(overrides={"model": "tiny-wan", "cache": "first_block"}))
 
 
+def test_calls_without_guidance_are_one_context_reset_where_a_new_schedule_starts():
+    """Kandinsky 6 SR calls the transformer once a step outside any cache context, tile after tile (each tile's
+    schedule falling): every call is ``cond``, and one whose timesteps are not below the previous call's (the next
+    tile's first step, a tile of one step too) or of other shapes starts with no state (no change to decide on), so no
+    tile reuses another's residual."""
+    from dit_sp.zoo import build_tiny
+
+    sr = build_tiny("tiny-kandinsky6-sr", "transformer")
+    tiles = lambda n: torch.cat([torch.randn(n, 1, 16, 16, 4), torch.zeros(n, 1, 16, 16, 5)], -1)  # noqa: E731 (64 tokens)
+    cache = enable_cache(sr, "first_block:0")
+    with torch.no_grad():  # (flex attention: no backward on CPU)
+        for t in [900.0, 600.0, 900.0, 900.0]:  # tiles of 2, 1 and 1 steps
+            sr(hidden_states=tiles(1), timestep=torch.tensor([t]))
+        sr(hidden_states=tiles(2), timestep=torch.tensor([600.0, 600.0]))  # a chunk of 2 tiles: timesteps fell, but
+        # its shapes are others
+    records = cache.stats.records
+    assert {r.context for r in records} == {"cond"}
+    assert [r.change is None for r in records] == [True, False, True, True, True]
+    cache.undo()
+
+
 def test_a_first_block_cache_refuses_a_missing_second_stream_in_one_line():
     """Kandinsky 6 without audio (``sample_audio=False``): its blocks' second stream is None, whose residual diffusers'
     first-block hooks add; refused in one line (TeaCache keeps no residual of a None stream: it runs)."""

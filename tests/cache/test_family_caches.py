@@ -39,6 +39,8 @@ MODELS = {
     "tiny-kandinsky5": (0.5, 0.3, {}),  # blocks taking visual_embed (named metadata); TeaCache: time_embed, (B, C)
     "tiny-anyflow": (0.14, 0.6, {}),  # its own block class (block_outputs); TeaCache: per-token temb, (B, S, 6, C)
     "tiny-kandinsky6": (0.4, 0.3, {}),  # blocks taking vis and aud (named metadata): the split video, the whole audio
+    # no guidance, one call a step outside cache contexts, tile after tile: each tile's schedule resets the state
+    "tiny-kandinsky6-sr": (0.6, 1.3, {"video": "video", "steps": 2}),
 }
 RUNS = [(m, policy) for policy, i in (("first_block", 0), ("teacache", 1)) for m, spec in MODELS.items() if spec[i]]
 
