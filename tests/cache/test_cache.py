@@ -319,10 +319,12 @@ def test_calls_without_guidance_are_one_context_reset_where_a_new_schedule_start
     cache.undo()
 
 
-def test_a_first_block_cache_refuses_a_missing_second_stream_in_one_line():
+def test_a_first_block_cache_refuses_a_missing_second_stream_and_the_sana_wm_refiner_in_one_line():
     """Kandinsky 6 without audio (``sample_audio=False``): its blocks' second stream is None, whose residual diffusers'
-    first-block hooks add; refused in one line (TeaCache keeps no residual of a None stream: it runs)."""
+    first-block hooks add; refused in one line (TeaCache keeps no residual of a None stream: it runs). Sana-WM's refiner
+    (its blocks write a key/value cache) has no block metadata: refused in one line."""
     from kandinsky6_checks import kandinsky6_inputs
+    from sana_wm_refiner_checks import build_refiner
 
     from dit_sp.zoo import build_tiny
 
@@ -338,3 +340,5 @@ def test_a_first_block_cache_refuses_a_missing_second_stream_in_one_line():
         video = model(**inputs, return_dict=False)
     assert len(video) == 1 and video[0].isfinite().all()
     cache.undo()
+    with pytest.raises(ConfigError, match=r"^step caching: diffusers has no block metadata for SanaWMLTX2Refiner"):
+        enable_cache(build_refiner(), "first_block")

@@ -41,6 +41,7 @@ MODELS = {
     "tiny-kandinsky6": (0.4, 0.3, {}),  # blocks taking vis and aud (named metadata): the split video, the whole audio
     # no guidance, one call a step outside cache contexts, tile after tile: each tile's schedule resets the state
     "tiny-kandinsky6-sr": (0.6, 1.3, {"video": "video", "steps": 2}),
+    "tiny-sana-wm": (0.068, 0.5, {"image": "image.png"}),  # blocks taking x; TeaCache: per-frame modulation, padded
 }
 RUNS = [(m, policy) for policy, i in (("first_block", 0), ("teacache", 1)) for m, spec in MODELS.items() if spec[i]]
 
