@@ -14,9 +14,10 @@ here, by the family's rule, or is refused:
   previous call's (the schedule restarted: Framepack's next section) or whose latents differ in shape from the previous
   call's (ChronoEdit's temporal reasoning drops its reasoning frames) first resets every branch's cache state, so no
   residual cached for another schedule or shape is reused;
-- no guidance (``BranchCalls(prompt=None)``: Kandinsky 6 SR): every call is ``"cond"``. A call none of whose timesteps
-  is below the previous call's starts a new schedule (Kandinsky 6 SR's next tile), as does one whose latents or
-  timesteps differ in shape: the state is reset first;
+- no guidance (``BranchCalls(prompt=None)``: Kandinsky 6 SR, MiniMax-H3): every call is ``"cond"``. A call none of whose
+  timesteps moved on from the previous call's (below it; above it where they rise, ``BranchCalls.rising``: MiniMax-H3's
+  flow time) starts a new schedule (Kandinsky 6 SR's next tile, a modular pipeline's next run, which resets no state
+  itself), as does one whose latents or timesteps differ in shape: the state is reset first;
 - otherwise: refused in one line, since one state would then serve both guidance branches.
 
 A call, in a context or not, that passes an argument the family's ``cache_refused_args`` names (Sana-Video's
@@ -97,7 +98,9 @@ def _branch_namer(model: torch.nn.Module, calls: Any) -> tuple[Callable[[tuple, 
             raise ConfigError(f"step caching: {kind} names a call's guidance branch by its {calls.prompt!r} and "
                               f"{calls.timestep!r} tensors, and this call lacks one; pass both")  # fmt: skip
         t, shape = float(timestep.max()), tuple(hidden.shape) if isinstance(hidden, torch.Tensor) else None
-        if run.timestep is not None and (t > run.timestep or shape != run.shape):
+        if run.timestep is not None and (
+            (t < run.timestep if calls.rising else t > run.timestep) or shape != run.shape
+        ):
             HookRegistry.check_if_exists_or_initialize(model).reset_stateful_hooks()  # `run` too
         run.timestep, run.shape = t, shape
         for index, seen in enumerate(run.prompts):
@@ -138,7 +141,8 @@ def _one_branch(model: torch.nn.Module, calls: Any) -> tuple[Callable[[tuple, di
         t = timestep.detach().flatten().double().clone()
         shape = tuple(hidden.shape) if isinstance(hidden, torch.Tensor) else None
         previous = run.timesteps
-        if previous is not None and (shape != run.shape or t.shape != previous.shape or not (t < previous).any()):
+        moved_on = lambda: bool(((t > previous) if calls.rising else (t < previous)).any())  # noqa: E731
+        if previous is not None and (shape != run.shape or t.shape != previous.shape or not moved_on()):
             HookRegistry.check_if_exists_or_initialize(model).reset_stateful_hooks()  # `run` too
         run.timesteps, run.shape = t, shape
         return BRANCHES[0]

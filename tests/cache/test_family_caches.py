@@ -42,6 +42,7 @@ MODELS = {
     # no guidance, one call a step outside cache contexts, tile after tile: each tile's schedule resets the state
     "tiny-kandinsky6-sr": (0.6, 1.3, {"video": "video", "steps": 2}),
     "tiny-sana-wm": (0.068, 0.5, {"image": "image.png"}),  # blocks taking x; TeaCache: per-frame modulation, padded
+    "tiny-minimax-h3": (0.25, 0.1, {}),  # one packed sequence; its timesteps rise (a modular pipeline: no context)
 }
 RUNS = [(m, policy) for policy, i in (("first_block", 0), ("teacache", 1)) for m, spec in MODELS.items() if spec[i]]
 
