@@ -38,9 +38,10 @@ MODELS = {
     "tiny-ltx2": (0.3, None, {}),  # two streams: the split video and the whole audio (audio_hidden_states)
     "tiny-kandinsky5": (0.5, 0.3, {}),  # blocks taking visual_embed (named metadata); TeaCache: time_embed, (B, C)
     "tiny-anyflow": (0.14, 0.6, {}),  # its own block class (block_outputs); TeaCache: per-token temb, (B, S, 6, C)
-    "tiny-kandinsky6": (0.4, 0.3, {}),  # blocks taking vis and aud (named metadata): the split video, the whole audio
+    "tiny-kandinsky6": (0.4, None, {}),  # blocks taking vis and aud (named metadata): the split video, the whole audio
+    # (Kandinsky 6 and 6 SR: TeaCache's probe a whole (B, C) time embedding, as Kandinsky 5's)
     # no guidance, one call a step outside cache contexts, tile after tile: each tile's schedule resets the state
-    "tiny-kandinsky6-sr": (0.6, 1.3, {"video": "video", "steps": 2}),
+    "tiny-kandinsky6-sr": (0.6, None, {"video": "video", "steps": 2}),
     "tiny-sana-wm": (0.068, 0.5, {"image": "image.png"}),  # blocks taking x; TeaCache: per-frame modulation, padded
     "tiny-minimax-h3": (0.25, 0.1, {}),  # one packed sequence; its timesteps rise (a modular pipeline: no context)
 }
