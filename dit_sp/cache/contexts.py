@@ -14,6 +14,10 @@ here, by the family's rule, or is refused:
   previous call's (the schedule restarted: Framepack's next section) or whose latents differ in shape from the previous
   call's (ChronoEdit's temporal reasoning drops its reasoning frames) first resets every branch's cache state, so no
   residual cached for another schedule or shape is reused;
+- no guidance (``BranchCalls(prompt=None)``: Kandinsky 6 SR, MiniMax-H3): every call is ``"cond"``. A call none of whose
+  timesteps moved on from the previous call's (below it; above it where they rise, ``BranchCalls.rising``: MiniMax-H3's
+  flow time) starts a new schedule (Kandinsky 6 SR's next tile, a modular pipeline's next run, which resets no state
+  itself), as does one whose latents or timesteps differ in shape: the state is reset first;
 - otherwise: refused in one line, since one state would then serve both guidance branches.
 
 A call, in a context or not, that passes an argument the family's ``cache_refused_args`` names (Sana-Video's
@@ -57,6 +61,7 @@ class _Run(ModelHook):
         self.prompts: list[torch.Tensor] = []  # kept alive for the run: an id is never reused by another tensor
         self.conditions: list[dict[str, Any]] = []  # each branch's first call's arguments but its latents and timestep
         self.timestep: float | None = None
+        self.timesteps: torch.Tensor | None = None  # the previous call's timesteps (no guidance: ``_one_branch``)
         self.shape: tuple[int, ...] | None = None
         self.others: dict[str, Any] | None = None  # a batched call's arguments but its latents (kept alive: by value)
         return module
@@ -95,7 +100,9 @@ def _branch_namer(model: torch.nn.Module, calls: Any) -> tuple[Callable[[tuple, 
             raise ConfigError(f"step caching: {kind} names a call's guidance branch by its {calls.prompt!r} and "
                               f"{calls.timestep!r} tensors, and this call lacks one; pass both")  # fmt: skip
         t, shape = float(timestep.max()), tuple(hidden.shape) if isinstance(hidden, torch.Tensor) else None
-        if run.timestep is not None and (t > run.timestep or shape != run.shape):
+        if run.timestep is not None and (
+            (t < run.timestep if calls.rising else t > run.timestep) or shape != run.shape
+        ):
             HookRegistry.check_if_exists_or_initialize(model).reset_stateful_hooks()  # `run` too
         run.timestep, run.shape = t, shape
         for index, seen in enumerate(run.prompts):
@@ -116,6 +123,31 @@ def _branch_namer(model: torch.nn.Module, calls: Any) -> tuple[Callable[[tuple, 
         run.prompts.append(prompt)
         run.conditions.append(conditions)
         return BRANCHES[len(run.prompts) - 1]
+
+    return name, lambda: remove_hook(head, _RUN_HOOK)
+
+
+def _one_branch(model: torch.nn.Module, calls: Any) -> tuple[Callable[[tuple, dict], str], Callable[[], None]]:
+    """``(name, undo)`` for a family whose pipelines do not guide: ``name(args, kwargs)`` is ``"cond"``, resetting the
+    cache state first at a new schedule or shape (see the module docstring); ``calls`` is the family's
+    ``BranchCalls``."""
+    run, head = _Run(), transformer_blocks(model)[0]
+    register_hook(head, run, _RUN_HOOK)
+    kind = type(model).__name__
+
+    def name(args: tuple, kwargs: dict) -> str:
+        timestep, hidden = (_argument(model, arg, args, kwargs) for arg in (calls.timestep, "hidden_states"))
+        if not isinstance(timestep, torch.Tensor):
+            raise ConfigError(f"step caching: {kind} tells a new schedule by its {calls.timestep!r} tensor, and this "
+                              "call lacks one; pass it")  # fmt: skip
+        t = timestep.detach().flatten().double().clone()
+        shape = tuple(hidden.shape) if isinstance(hidden, torch.Tensor) else None
+        previous = run.timesteps
+        moved_on = lambda: bool(((t > previous) if calls.rising else (t < previous)).any())  # noqa: E731
+        if previous is not None and (shape != run.shape or t.shape != previous.shape or not moved_on()):
+            HookRegistry.check_if_exists_or_initialize(model).reset_stateful_hooks()  # `run` too
+        run.timesteps, run.shape = t, shape
+        return BRANCHES[0]
 
     return name, lambda: remove_hook(head, _RUN_HOOK)
 
@@ -173,7 +205,8 @@ def context_for_every_call(model: torch.nn.Module, family: Any) -> Callable[[], 
     undo: list[Callable[[], None]] = []
     name = None
     if family.cfg_mode != "batched" and family.cache_branches is not None:
-        name, forget = _branch_namer(model, family.cache_branches)
+        namer = _one_branch if family.cache_branches.prompt is None else _branch_namer
+        name, forget = namer(model, family.cache_branches)
         undo.append(forget)
     if family.cfg_mode == "batched":
         # the streams a second-order scheduler's re-evaluation changes: the video, and the blocks' other generated

@@ -11,6 +11,7 @@ from diffusers.hooks.first_block_cache import FirstBlockCacheConfig, apply_first
 from dit_sp import _compat
 from dit_sp.cache.blocks import remove_hook, transformer_blocks
 from dit_sp.cache.decide import CacheStats, DecisionGroup, StepRecord, relative_change
+from dit_sp.errors import ConfigError
 
 
 def apply(model: torch.nn.Module, threshold: float, warmup: int, where: DecisionGroup,
@@ -34,10 +35,29 @@ def apply(model: torch.nn.Module, threshold: float, warmup: int, where: Decision
         return computed
 
     _compat.replace_first_block_decision(head, should_compute)  # the instance's, in place of diffusers' own
+    both = _both_streams(blocks[0])
 
     def undo() -> None:
+        both.remove()
         remove_hook(blocks[0], leader_hook)
         for block in blocks[1:]:
             remove_hook(block, block_hook)
 
     return undo, lambda: head.state_manager.get_state().should_compute
+
+
+def _both_streams(block: torch.nn.Module) -> torch.utils.hooks.RemovableHandle:
+    """Refuse, in one line, a call whose blocks return two streams but get None for the second (Kandinsky 6 without
+    audio): diffusers' hooks add that stream's residual, and would fail on None. Returns the hook's handle."""
+    meta = _compat.block_metadata(type(block))
+
+    def check(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        if meta.return_encoder_hidden_states_index is None:
+            return
+        if _compat.block_argument(meta, "encoder_hidden_states", args, kwargs) is None:
+            name = getattr(meta, "encoder_hidden_states_argument_name", "encoder_hidden_states")
+            raise ConfigError(f"step caching: {type(module).__name__} got no {name!r} stream (None), whose residual "
+                              "the first_block cache keeps; pass that stream, or use the teacache policy, or run "
+                              "without a cache")  # fmt: skip
+
+    return block.register_forward_pre_hook(check, with_kwargs=True)

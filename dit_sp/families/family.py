@@ -67,12 +67,18 @@ class BranchCalls:
     """How a step cache names the guidance branch of a transformer call that the family's pipelines make once per
     branch outside diffusers' cache contexts (``ModelFamily.cache_branches``; the rule: ``dit_sp.cache.contexts``)."""
 
-    prompt: str = "encoder_hidden_states"
+    prompt: str | None = "encoder_hidden_states"
     """The forward argument holding the branch's prompt embeddings: the pipeline passes one tensor per branch for the
-    whole run, the conditional one first, so a run's first tensor names ``cond`` and its second ``uncond``."""
+    whole run, the conditional one first, so a run's first tensor names ``cond`` and its second ``uncond``. None: the
+    pipeline does not guide (one call a step: Kandinsky 6 SR, MiniMax-H3), every call is ``cond``, and a call none of
+    whose timesteps moved on from the previous call's (below it; above it where they rise) starts a new schedule (a
+    tile's, a run's)."""
     timestep: str = "timestep"
     """The forward argument holding the step's timestep: a call whose timestep is above the previous call's starts a
     new schedule (Framepack's next section), and every branch's cache state is reset first."""
+    rising: bool = False
+    """Whether the timesteps rise over a schedule (MiniMax-H3's flow time: 0 noise, 1 data) rather than fall: a new
+    schedule then starts with a call whose timesteps are below the previous call's (none above, without guidance)."""
 
 
 VAEFactors = Callable[[dict[str, Any]], tuple[int, int]]

@@ -27,6 +27,12 @@ HunyuanVideo family's VAE plan; the audio VAE and vocoder run whole on every ran
 The super-resolution stage (``Kandinsky6SRTransformer3DModel``, ``Kandinsky6SRPipeline``) is a family of its own:
 ``dit_sp/families/kandinsky6_sr.py``.
 
+Step caches: the fused blocks take the video and the audio as ``vis`` and ``aud`` and return both; the family registers
+that with diffusers' block registry (``block_outputs`` with argument names), so the cached residuals are the split
+video's and the whole audio's. The pipeline calls each guidance branch in its own cache context. A call without audio
+(``sample_audio=False``) takes TeaCache only: diffusers' first-block hooks add the audio's residual (refused in one
+line). TeaCache's probe: the video's time embedding.
+
 GRPO: ``Kandinsky6Policy`` (text-to-video, audio off: the pipeline's ``sample_audio=False``).
 """
 
@@ -34,7 +40,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dit_sp._compat import context_parallel_types
+from dit_sp._compat import block_argument, context_parallel_types
 from dit_sp.errors import ConfigError
 from dit_sp.families.family import ModelFamily, generation_defaults, no_grad
 from dit_sp.families.hunyuan_video import hunyuan_video_vae_factors
@@ -109,6 +115,12 @@ def _audio_output(model: torch.nn.Module, arguments: dict[str, Any]) -> tuple[tu
     return () if audio is None else ((*audio.shape[:-1], model.config.out_audio_dim),)
 
 
+def _teacache_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict) -> tuple[Tensor, bool]:
+    """TeaCache's probe: the video stream's time embedding the fused blocks modulate with (``time_embed``'s first,
+    ``(B, time_dim)``: whole on every rank)."""
+    return block_argument(meta, "time_embed", args, kwargs)[0], False
+
+
 def _plan(model: torch.nn.Module) -> dict:
     cp_input, cp_output = context_parallel_types()
     blocks = len(model.visual_transformer_blocks)
@@ -155,10 +167,6 @@ _ARCHITECTURES = {
 
 KANDINSKY6 = ModelFamily(
     name="kandinsky6",
-    step_cache_refused=(
-        "its fused blocks take the video and audio streams as vis and aud, not hidden_states (diffusers' cache "
-        "hooks read that argument by name), and diffusers has no block metadata for them"
-    ),
     class_names=("Kandinsky6Transformer3DModel",),
     plan=_plan,
     attention_modules=("visual_transformer_blocks.*.video_dec_block.self_attention",),
@@ -167,6 +175,9 @@ KANDINSKY6 = ModelFamily(
     cfg_extra_outputs=_audio_output,
     channels_last=True,
     check=_check,
+    # each fused block takes the video and the audio as vis and aud and returns (video, audio)
+    block_outputs={"Kandinsky6FusedTransformerDecoderBlock": (0, 1, "vis", "aud")},
+    teacache_probe=_teacache_probe,
     tiny_models=("tiny-kandinsky6",),
     # the pipeline's own defaults: 121 frames of 512 x 768 at 24 fps, 50 steps, guidance 5, 1024 text tokens
     checkpoint_defaults={PIPELINE: generation_defaults(121, 512, 768, 50, 5.0, 1024) | {"fps": 24}},

@@ -32,20 +32,28 @@ RMS norms are per pixel, and ``Kandinsky6SRSpatialNorm3D`` resizes the latent (`
 by nearest neighbour to an activation exactly ``2^k`` times finer, which maps each rank's latent rows onto its own
 activation rows: nothing is gathered. The decoded tiles are blended by the pipeline itself, so they assemble on every
 rank (``frames_used``).
+
+Step caches: each block takes the video as ``hidden_states`` and returns it alone (``block_outputs``). The pipeline
+calls the transformer once a step outside any cache context, tile after tile (each chunk of tiles its own schedule):
+every call is one context (``BranchCalls(prompt=None)``), and a call whose timestep is not below the previous call's
+(the next chunk's first step) or of another shape first resets the state, so no tile reuses another's residual.
+TeaCache's probe: the time embedding.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dit_sp._compat import context_parallel_types
-from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp._compat import block_argument, context_parallel_types
+from dit_sp.families.family import BranchCalls, ModelFamily, generation_defaults
 from dit_sp.families.head_group import replace_stock_processors
 from dit_sp.families.nabla import NablaOps, SequenceParallelNablaProcessor
 from dit_sp.vae import Padding, VAEPlan
 
 if TYPE_CHECKING:
     import torch
+
+    Tensor = torch.Tensor
 
 
 RING_REFUSAL = (
@@ -121,17 +129,24 @@ tiles)."""
 
 PIPELINE = "Kandinsky6SRPipeline"
 
+
+def _teacache_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict) -> tuple[Tensor, bool]:
+    """TeaCache's probe: the time embedding the blocks modulate with (``temb``, ``(B, time_dim)``: whole on every
+    rank)."""
+    return block_argument(meta, "temb", args, kwargs), False
+
+
 KANDINSKY6_SR = ModelFamily(
     name="kandinsky6_sr",
-    step_cache_refused=(
-        "its blocks take the video as visual_embed, not hidden_states (diffusers' cache hooks read that "
-        "argument by name), and diffusers has no block metadata for them"
-    ),
     class_names=("Kandinsky6SRTransformer3DModel",),
     plan=_plan,
     hooks=_hooks,
     attention_modules=(),  # not SDPA, which the stock routing intercepts: the hooks install their own processor
     channels_last=True,
+    block_outputs={"Kandinsky6SRTransformerBlock": (0, None)},  # each block returns the video alone
+    # no guidance, one call a step outside any cache context; each tile's schedule starts again (its state reset)
+    cache_branches=BranchCalls(prompt=None),
+    teacache_probe=_teacache_probe,
     ring_refused=RING_REFUSAL,
     cfg_refused=CFG_REFUSAL,
     tiny_models=("tiny-kandinsky6-sr",),

@@ -17,8 +17,12 @@ the record pass running to the end on placeholders (``runs_through``: the method
 video of one clip (7 latent frames or fewer) is one decoder call, attending over the whole clip: one rank runs it.
 """
 
-from dit_sp._compat import model_cp_plan
-from dit_sp.families.family import ModelFamily
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from dit_sp._compat import block_argument, model_cp_plan
+from dit_sp.families.family import BranchCalls, ModelFamily
 from dit_sp.vae import TileProtocol, VAEPlan
 
 _ARCHITECTURES = {
@@ -47,13 +51,23 @@ MINIMAX_H3_VAE = VAEPlan(
                        methods=(("decoder", "_decode"), ("encoder", "_encode")), runs_through=True),
 )  # fmt: skip
 
+if TYPE_CHECKING:
+    import torch
+
+
+def _teacache_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict) -> tuple[torch.Tensor, bool]:
+    """TeaCache's probe: the time embedding of the sequence's distinct timesteps the blocks modulate with (``temb``,
+    ``(T, time_embed_dim)``: whole on every rank)."""
+    return block_argument(meta, "temb", args, kwargs), False
+
 
 MINIMAX_H3 = ModelFamily(
     name="minimax_h3",
-    step_cache_refused=(
-        "diffusers has no block metadata for MiniMaxH3TransformerBlock, and its modular pipeline calls the "
-        "transformer outside any cache context"
-    ),
+    block_outputs={"MiniMaxH3TransformerBlock": (0, None)},  # each block returns the packed rows alone
+    # guidance-distilled: one call a step outside any cache context, and a run resets no state (a modular pipeline);
+    # its timesteps rise (flow time, 0 noise to 1 data), so a new run's first call is told by timesteps that fell
+    cache_branches=BranchCalls(prompt=None, rising=True),
+    teacache_probe=_teacache_probe,
     class_names=("MiniMaxH3Transformer3DModel",),
     modular_pipelines=("MiniMaxH3ModularPipeline",),
     modular_workflow="t2va",  # generate runs text to video and audio: a repository's transformer_ref is not loaded

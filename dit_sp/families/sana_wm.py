@@ -24,6 +24,13 @@ along F at the root, ``ceil(F / sp)`` frames a rank, the last ranks padded with 
   conditions ``(B, F, 20)`` are left whole, so the model builds every frame's transforms);
 - the output is gathered along F.
 
+Step caches: each block (``SanaVideoMSCamCtrlBlock``) takes the video as ``x`` and returns it alone; the family
+registers that with diffusers' block registry (``block_outputs`` with the argument's name). Nothing runs between the
+blocks. The pipeline batches both guidance branches into its one call a step, outside any cache context (one context,
+``cfg_mode="batched"``). The decisions count each rank's real frames only (the last rank's padding left out). TeaCache's
+probe: the per-frame timestep modulation. The refiner's blocks have no diffusers block metadata and read and write its
+key/value cache: refused in one line.
+
 Ulysses alone: a ring would hold one block of the scan's frames at a time (refused in one line at ``parallelize``).
 
 The stage-2 refiner (``SanaWMLTX2RefinerTransformer3DModel``, same family) has its own plan and hooks in
@@ -35,7 +42,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from dit_sp._compat import context_parallel_types
+from dit_sp._compat import block_argument, context_parallel_types
 from dit_sp.families.family import ModelFamily, generation_defaults
 from dit_sp.families.ltx import ltx_vae_factors
 from dit_sp.families.sana_video import frame_halo_hooks, gather_frames, rank_frames
@@ -61,6 +68,12 @@ def _plan(model: torch.nn.Module) -> dict:
     frames = cp_input(split_dim=2, expected_dims=5)  # (B, C, F, H, W): whole frames per rank
     per_frame = cp_input(split_dim=2, expected_dims=3)  # (B, 1, F) timesteps
     return {"": {"hidden_states": frames, "timestep": per_frame, "chunk_plucker": frames}}
+
+
+def _teacache_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict) -> tuple[torch.Tensor, bool]:
+    """TeaCache's probe: the per-frame timestep modulation the blocks take (``t``, ``(B, 1, F_local, 6 C)``, split by
+    frames as the video), as ``(B, F_local, 6 C)``."""
+    return block_argument(meta, "t", args, kwargs).flatten(1, 2), True
 
 
 def _layout_check(model: torch.nn.Module, parallel: ParallelState) -> None:
@@ -315,10 +328,8 @@ SANA_WM = ModelFamily(
     check=_check,
     layout_check=_layout_check,
     ring_refused=RING_REFUSAL,
-    step_cache_refused=(
-        "its blocks take the video as x, not hidden_states (diffusers' cache hooks read that argument by "
-        "name), and diffusers has no block metadata for them"
-    ),
+    block_outputs={"SanaVideoMSCamCtrlBlock": (0, None, "x")},  # each block takes the video as x, returns it alone
+    teacache_probe=_teacache_probe,
     tiny_models=("tiny-sana-wm",),
     checkpoint_defaults={"SanaWMPipeline": generation_defaults(161, 704, 1280, 60, 5.0, 300)},
     vae_factors={"SanaWMPipeline": _vae_factors},

@@ -281,7 +281,7 @@ def test_calls_per_guidance_branch_are_named_by_their_prompt_tensor():
 
 @pytest.mark.parametrize(("model", "pipeline", "reason"), [
     ("tiny-cosmos3", "Cosmos3OmniPipeline", "take the generated tokens packed without a batch dimension"),
-    ("tiny-minimax-h3", "MiniMaxH3ModularPipeline", "calls the transformer outside any cache context"),
+    ("tiny-anyflow-far", "AnyFlowFARPipeline", "which a skipped block would leave unfilled for the next chunk"),
 ])  # fmt: skip
 def test_generate_refuses_a_cache_the_family_refuses_before_loading_with_its_reason(model, pipeline, reason):
     """``--cache`` for a family whose blocks the caches cannot run on: one line naming the pipeline, its family and
@@ -295,3 +295,61 @@ def test_generate_refuses_a_cache_the_family_refuses_before_loading_with_its_rea
         check_before_loading(GenerateConfig.load(overrides={"model": model, "cache": "first_block"}))
     check_before_loading(GenerateConfig.load(overrides={"model": model}))  # no cache: nothing refused
     check_before_loading(GenerateConfig.load(overrides={"model": "tiny-wan", "cache": "first_block"}))
+
+
+def test_calls_without_guidance_are_one_context_reset_where_a_new_schedule_starts():
+    """Kandinsky 6 SR (tile after tile, each tile's schedule falling) and MiniMax-H3 (flow time, rising; a modular
+    pipeline, which resets no state between runs) call the transformer once a step outside any cache context: every
+    call is ``cond``, and one whose timesteps did not move on along the schedule (the next tile's first step, a tile
+    of one step too; a next run) or of other shapes starts with no state (no change to decide on), so no tile or run
+    reuses another's residual."""
+    import diffusers
+    from kandinsky_cosmos_checks import TINY
+
+    from dit_sp.zoo import build_tiny
+
+    sr = build_tiny("tiny-kandinsky6-sr", "transformer")
+    tiles = lambda n: torch.cat([torch.randn(n, 1, 16, 16, 4), torch.zeros(n, 1, 16, 16, 5)], -1)  # noqa: E731 (64 tokens)
+    cache = enable_cache(sr, "first_block:0")
+    with torch.no_grad():  # (flex attention: no backward on CPU)
+        for t in [900.0, 600.0, 900.0, 900.0]:  # tiles of 2, 1 and 1 steps
+            sr(hidden_states=tiles(1), timestep=torch.tensor([t]))
+        sr(hidden_states=tiles(2), timestep=torch.tensor([600.0, 600.0]))  # a chunk of 2 tiles: timesteps fell, but
+        # its shapes are others
+    records = cache.stats.records
+    assert {r.context for r in records} == {"cond"}
+    assert [r.change is None for r in records] == [True, False, True, True, True]
+    cache.undo()
+    name, config, make_inputs = TINY["minimax_h3"]
+    minimax = getattr(diffusers, name)(**config).float()
+    inputs = make_inputs(1)
+    cache = enable_cache(minimax, "teacache:0")
+    for video, audio in [(0.1, 0.2), (0.3, 0.5), (0.6, 0.9), (0.1, 0.2), (0.3, 0.5)]:  # two runs
+        minimax(**inputs | {"timestep": torch.tensor([video, audio])})
+    assert [r.change is None for r in cache.stats.records] == [True, False, False, True, False]
+    cache.undo()
+
+
+def test_a_first_block_cache_refuses_a_missing_second_stream_and_the_sana_wm_refiner_in_one_line():
+    """Kandinsky 6 without audio (``sample_audio=False``): its blocks' second stream is None, whose residual diffusers'
+    first-block hooks add; refused in one line (TeaCache keeps no residual of a None stream: it runs). Sana-WM's refiner
+    (its blocks write a key/value cache) has no block metadata: refused in one line."""
+    from kandinsky6_checks import kandinsky6_inputs
+    from sana_wm_refiner_checks import build_refiner
+
+    from dit_sp.zoo import build_tiny
+
+    model = build_tiny("tiny-kandinsky6", "transformer")
+    inputs = kandinsky6_inputs(1, audio=False)
+    cache = enable_cache(model, "first_block:0.1")
+    refusal = r"^step caching: Kandinsky6FusedTransformerDecoderBlock got no 'aud' stream \(None\), whose residual"
+    with model.cache_context("cond"), pytest.raises(ConfigError, match=refusal):
+        model(**inputs)
+    cache.undo()
+    cache = enable_cache(model, "teacache:0.1")
+    with model.cache_context("cond"):
+        video = model(**inputs, return_dict=False)
+    assert len(video) == 1 and video[0].isfinite().all()
+    cache.undo()
+    with pytest.raises(ConfigError, match=r"^step caching: diffusers has no block metadata for SanaWMLTX2Refiner"):
+        enable_cache(build_refiner(), "first_block")

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow  # spawns worker processes
 
 # model: (the first-block cache's threshold and TeaCache's (None: not run here; TeaCache's probe is another's),
 # each skipping some of the tiny model's steps but not all; the pipeline's inputs: files made in the test's directory
-# (a string), and settings)
+# (a string), and settings, 4 steps unless they say)
 MODELS = {
     "tiny-skyreels-v2": (0.14, 0.5, {}),  # a Wan 2.1 transformer of its own block class; guidance in cache contexts
     "tiny-skyreels-v2-df": (None, 0.2, {}),  # diffusion forcing: TeaCache's probe per token (a timestep per frame)
@@ -38,6 +38,12 @@ MODELS = {
     "tiny-ltx2": (0.3, None, {}),  # two streams: the split video and the whole audio (audio_hidden_states)
     "tiny-kandinsky5": (0.5, 0.3, {}),  # blocks taking visual_embed (named metadata); TeaCache: time_embed, (B, C)
     "tiny-anyflow": (0.14, 0.6, {}),  # its own block class (block_outputs); TeaCache: per-token temb, (B, S, 6, C)
+    "tiny-kandinsky6": (0.4, None, {}),  # blocks taking vis and aud (named metadata): the split video, the whole audio
+    # (Kandinsky 6 and 6 SR: TeaCache's probe a whole (B, C) time embedding, as Kandinsky 5's)
+    # no guidance, one call a step outside cache contexts, tile after tile: each tile's schedule resets the state
+    "tiny-kandinsky6-sr": (0.6, None, {"video": "video", "steps": 2}),
+    "tiny-sana-wm": (0.068, 0.5, {"image": "image.png"}),  # blocks taking x; TeaCache: per-frame modulation, padded
+    "tiny-minimax-h3": (0.25, 0.1, {}),  # one packed sequence; its timesteps rise (a modular pipeline: no context)
 }
 RUNS = [(m, policy) for policy, i in (("first_block", 0), ("teacache", 1)) for m, spec in MODELS.items() if spec[i]]
 
@@ -47,13 +53,16 @@ def _settings(tmp, model: str, policy: str, name: str, **flags) -> GenerateConfi
     threshold = first_block if policy == "first_block" else teacache
     inputs = {key: str(tmp / value) if isinstance(value, str) else value for key, value in files.items()}
     return GenerateConfig.load(overrides={"model": model, "out": str(tmp / f"{model}-{policy}-{name}.mp4"),
-                                          "save_latents": str(tmp / f"{model}-{policy}-{name}.pt"), **inputs,
-                                          "steps": 4, "cache": f"{policy}:{threshold}", **flags})  # fmt: skip
+                                          "save_latents": str(tmp / f"{model}-{policy}-{name}.pt"), "steps": 4,
+                                          **inputs, "cache": f"{policy}:{threshold}", **flags})  # fmt: skip
 
 
 def _write_inputs(tmp) -> None:
     rng = np.random.RandomState(0)
     Image.fromarray((rng.rand(40, 30, 3) * 255).astype("uint8")).save(tmp / "image.png")
+    (tmp / "video").mkdir()
+    for i in range(5):  # Kandinsky 6 SR's input: 5 frames of 16 x 48, two tiles of 16 x 32 at resolution_scale 2
+        Image.fromarray((rng.rand(16, 48, 3) * 255).astype("uint8")).save(tmp / "video" / f"{i:02d}.png")
 
 
 @pytest.fixture(scope="module")
