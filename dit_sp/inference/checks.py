@@ -84,6 +84,12 @@ def check_modular(config: GenerateConfig, name: str) -> bool:
             read_image(path, flag)
         elif path:
             read_video(path, flag)
+    if (workflow := family.workflow_for(dataclasses.asdict(config))) != family.modular_workflow:
+        from dit_sp.zoo import checkpoint_dir  # a repository: its workflow's components too (MiniMax-H3's ref2va)
+        from dit_sp.zoo.modular import check_repository
+
+        if (path := checkpoint_dir(config.model)) is not None:
+            check_repository(path, workflow)
     return True
 
 
