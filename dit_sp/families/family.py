@@ -189,6 +189,9 @@ class ModelFamily:
     modular_arguments: Callable[[dict[str, Any]], dict[str, Any]] = lambda arguments: arguments
     """``generate``'s call arguments, under the blocks' names, as the blocks take them (MiniMax-H3: its ``references``
     image as the list of one ``MiniMaxH3ImageReference`` its ``ref2va`` blocks take)."""
+    refiners: dict[str, str] = field(default_factory=dict, hash=False)
+    """Pipeline classes of the family whose output a second pipeline refines (``generate --refine``), each with that
+    refiner's class (Sana-WM's stage 2, ``SanaWMLTX2Refiner``: loaded by ``dit_sp.zoo.refiner``)."""
     python_only: dict[str, str] = field(default_factory=dict, hash=False)
     """Pipeline classes of the family that ``parallelize`` splits but ``generate`` does not run (they take another
     pass's output, which a CLI run does not chain), each with its one-line reason: called from Python."""

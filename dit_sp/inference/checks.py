@@ -40,6 +40,10 @@ def check_before_loading(config: GenerateConfig) -> None:
         from dit_sp.train.lora_io import lora_file
 
         lora_file(path, "--lora")
+    if config.refine:  # a model with a stage-2 refiner, the refiner's files
+        from dit_sp.zoo.refiner import check_refiner
+
+        check_refiner(config.model)
     info = check_shape_from_files(config.model, dataclasses.asdict(config))
     check_image_inputs(config, info)
 

@@ -104,11 +104,12 @@ def setup(config: GenerateConfig, images: bool) -> tuple[ParallelState, Any, dic
 
 
 def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: int, device: torch.device,
-           on_step: Callable[[int, int], None] | None = None) -> dict:  # fmt: skip
+           on_step: Callable[[int, int], None] | None = None, output_type: str = "np") -> dict:  # fmt: skip
     """One video: ``{"frames": (F, H, W, 3) in [0, 1], "latents", "seconds", "seconds_per_step",
     "first_step_seconds", "later_seconds_per_step"}``: the first step apart from the others, since with
     ``compile`` it holds the compilation (a two-expert model compiles its second expert later, in its first step).
-    ``on_step(done, total)`` is called after each denoising step (the server's progress and cancel point)."""
+    ``on_step(done, total)`` is called after each denoising step (the server's progress and cancel point).
+    ``output_type="latent"`` (``--refine``, Sana-WM): ``frames`` are the pipeline's latents, undecoded."""
     step_times: list[float] = []
     final: dict[str, torch.Tensor] = {}
 
@@ -159,7 +160,7 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
         generator=torch.Generator(device).manual_seed(seed),
         seed=seed,  # LTX-Video long multi-prompt: each temporal window's noise is drawn from seed + its first frame
         max_sequence_length=config.max_sequence_length,
-        output_type="np",
+        output_type=output_type,
         # Sana-Video: the size asked, not the 480p/720p bucket its binning would move it to (and the shape checks
         # count the tokens of the size asked)
         use_resolution_binning=False,
