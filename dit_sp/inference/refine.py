@@ -19,20 +19,14 @@ def refine(pipe: Any, config: GenerateConfig, parallel: Any, latents: Any, seed:
     (B, C, F, H, W), "seconds"}``."""
     import torch
 
+    from dit_sp._compat import record_decoded_latents
     from dit_sp.inference.session import progress_bars
     from dit_sp.sp import parallelize
     from dit_sp.zoo.refiner import load_refiner
 
     refiner = load_refiner(config.model, pipe.vae, getattr(torch, config.dtype), parallel.device)
     progress_bars(refiner, disable=not parallel.is_sample_leader or parallel.dp_rank != 0)
-    refined: dict[str, torch.Tensor] = {}
-    decode = refiner._decode_latents  # diffusers' own decode, recording the refined latents it is given
-
-    def recorded(latents: torch.Tensor) -> torch.Tensor:
-        refined["latents"] = latents.detach().cpu()
-        return decode(latents)
-
-    refiner._decode_latents = recorded
+    refined = record_decoded_latents(refiner)  # the refined latents, as diffusers' own decode gets them
     split = parallel.world_size // parallel.dp > 1
     start = time.perf_counter()
     with parallelize(refiner.transformer, parallel) if split else contextlib.nullcontext():

@@ -137,3 +137,11 @@ def test_the_cli_refuses_refine_for_a_model_without_one(tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("error: --refine: tiny-wan (WanPipeline) has no stage-2")
     assert not (tmp_path / "v.mp4").exists()
+
+
+def test_serve_refuses_refine_before_starting():
+    """``serve`` samples each request's video and writes it unrefined: ``refine`` in its settings is refused."""
+    from pipelines.serve import main
+
+    with pytest.raises(ConfigError, match=r"^refine: serve does not run a stage-2 refiner \(generate --refine"):
+        main(["--model", "tiny-sana-wm", "--set", "refine=true"])
