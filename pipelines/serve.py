@@ -96,6 +96,8 @@ def main(argv: list[str] | None = None) -> None:
     if bad:
         raise ConfigError(f"--set {bad[0]}: requests give their own; a served default is any other generate setting")
     config = GenerateConfig.load(args.config, overrides)
+    if config.refine:  # (--set or a --config file) its workers sample a request's video and write it, unrefined
+        raise ConfigError("refine: serve does not run a stage-2 refiner (generate --refine does); drop refine")
     if "RANK" in os.environ:  # under torchrun: its world is the workers, laid out as generate lays them out
         config = _torchrun_layout(config)
     if not 0 <= args.port <= 65535:

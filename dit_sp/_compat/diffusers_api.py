@@ -304,14 +304,35 @@ def _check_hooks() -> None:
 
 
 def _check_model_internals() -> None:
-    from diffusers import ModelMixin
+    from diffusers import ModelMixin, SanaWMLTX2Refiner
     from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
     from diffusers.models.cache_utils import CacheMixin
 
-    for cls, attr in ((ModelMixin, "_keep_in_fp32_modules"), (CacheMixin, "_cache_config")):
+    checked = (
+        (ModelMixin, "_keep_in_fp32_modules"),
+        (CacheMixin, "_cache_config"),
+        (SanaWMLTX2Refiner, "_decode_latents"),
+    )
+    for cls, attr in checked:
         if not hasattr(cls, attr):
             raise _error("diffusers", f"{cls.__name__}.{attr}")
     wan_conv_padding(WanCausalConv3d(1, 1, 3))
+
+
+def record_decoded_latents(pipe: Any) -> dict[str, Any]:
+    """Record the latents ``(B, C, F, H, W)`` a pipeline (Sana-WM's ``SanaWMLTX2Refiner``, whose call returns either its
+    refined latents or their video) hands its private ``_decode_latents``: its method wrapped on this instance; returns
+    the mapping each call fills under ``"latents"`` (on the CPU)."""
+    if not callable(getattr(pipe, "_decode_latents", None)):
+        raise _error("diffusers", f"{type(pipe).__name__}._decode_latents (the decode of its final latents)")
+    decode, recorded = pipe._decode_latents, {}
+
+    def record(latents: Any) -> Any:
+        recorded["latents"] = latents.detach().cpu()
+        return decode(latents)
+
+    pipe._decode_latents = record
+    return recorded
 
 
 def quiet_bare_progress_bars(blocks: list[Any]) -> list[str]:

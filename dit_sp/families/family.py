@@ -189,6 +189,15 @@ class ModelFamily:
     """The workflow of the family's modular blocks that ``generate`` runs (MiniMax-H3's text-to-video-and-audio
     ``t2va``), where the blocks have several: only its components load from a repository (``dit_sp.zoo.modular``);
     empty: every component the blocks expect."""
+    modular_workflows: dict[str, str] = field(default_factory=dict, hash=False)
+    """Other workflows of the family's modular blocks that ``generate`` runs, each by the ``generate`` setting that
+    selects it (MiniMax-H3: ``image``, a reference image, runs ``ref2va``); ``workflow_for`` reads it."""
+    modular_arguments: Callable[[dict[str, Any]], dict[str, Any]] = lambda arguments: arguments
+    """``generate``'s call arguments, under the blocks' names, as the blocks take them (MiniMax-H3: its ``references``
+    image as the list of one ``MiniMaxH3ImageReference`` its ``ref2va`` blocks take)."""
+    refiners: dict[str, str] = field(default_factory=dict, hash=False)
+    """Pipeline classes of the family whose output a second pipeline refines (``generate --refine``), each with that
+    refiner's class (Sana-WM's stage 2, ``SanaWMLTX2Refiner``: loaded by ``dit_sp.zoo.refiner``)."""
     python_only: dict[str, str] = field(default_factory=dict, hash=False)
     """Pipeline classes of the family that ``parallelize`` splits but ``generate`` does not run (they take another
     pass's output, which a CLI run does not chain), each with its one-line reason: called from Python."""
@@ -239,6 +248,11 @@ class ModelFamily:
     def step_cache(self) -> bool:
         """Whether the step caches run on the family's blocks (``step_cache_refused`` is empty)."""
         return not self.step_cache_refused
+
+    def workflow_for(self, settings: dict[str, Any]) -> str:
+        """The workflow of the family's modular blocks that ``generate`` runs with ``settings`` (a ``GenerateConfig``
+        as a mapping): the first of ``modular_workflows`` whose setting is given, else ``modular_workflow``."""
+        return next((flow for key, flow in self.modular_workflows.items() if settings.get(key)), self.modular_workflow)
 
     def ring_refusal(self, config: Any) -> str:
         """Why a ring cannot split the family's transformer of ``config`` (a ``config.json`` mapping) exactly:

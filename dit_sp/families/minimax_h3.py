@@ -61,6 +61,16 @@ def _teacache_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict
     return block_argument(meta, "temb", args, kwargs), False
 
 
+def _references(arguments: dict[str, Any]) -> dict[str, Any]:
+    """``generate``'s reference image (``--image``, a PIL image under the blocks' name ``references``) as the list of
+    one ``MiniMaxH3ImageReference`` that the ``ref2va`` blocks take; the arguments as they are without one."""
+    if arguments.get("references") is None:
+        return arguments
+    from diffusers.modular_pipelines.minimax_h3 import MiniMaxH3ImageReference
+
+    return arguments | {"references": [MiniMaxH3ImageReference(image=arguments["references"])]}
+
+
 MINIMAX_H3 = ModelFamily(
     name="minimax_h3",
     block_outputs={"MiniMaxH3TransformerBlock": (0, None)},  # each block returns the packed rows alone
@@ -71,6 +81,10 @@ MINIMAX_H3 = ModelFamily(
     class_names=("MiniMaxH3Transformer3DModel",),
     modular_pipelines=("MiniMaxH3ModularPipeline",),
     modular_workflow="t2va",  # generate runs text to video and audio: a repository's transformer_ref is not loaded
+    # ... and, with --image (a reference image: its `references`), reference to video and audio on transformer_ref
+    modular_inputs={"image": "references"},
+    modular_workflows={"image": "ref2va"},
+    modular_arguments=_references,
     # a repository's settings (configs/minimax-h3.yaml): 124 frames (5 s at 24 fps) of its 768 x 1344 canvas
     checkpoint_defaults={
         "MiniMaxH3ModularPipeline": {

@@ -333,6 +333,7 @@ SANA_WM = ModelFamily(
     tiny_models=("tiny-sana-wm",),
     checkpoint_defaults={"SanaWMPipeline": generation_defaults(161, 704, 1280, 60, 5.0, 300)},
     vae_factors={"SanaWMPipeline": _vae_factors},
+    refiners={"SanaWMPipeline": "SanaWMLTX2Refiner"},  # generate --refine: stage 2 on stage 1's latents
     architectures=_ARCHITECTURES,
     policy_refused={
         "SanaWMPipeline": (

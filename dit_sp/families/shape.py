@@ -21,7 +21,8 @@ def check_latent_shape(pipe: Any, settings: dict[str, Any], flags: bool = True, 
 
     temporal = getattr(pipe, "vae_scale_factor_temporal", 1)
     spatial = getattr(pipe, "vae_scale_factor_spatial", 8)
-    config = pipe.transformer.config
+    # (a MiniMax-H3 repository's ref2va workflow loads transformer_ref alone)
+    config = (pipe.transformer if pipe.transformer is not None else pipe.transformer_ref).config
     patch = getattr(config, "patch_size", 1)  # none: the model pads to its patch itself (Cosmos 3)
     multiple = spatial * (patch[-1] if isinstance(patch, (list, tuple)) else patch)
     if (settings["frames"] - 1) % temporal:

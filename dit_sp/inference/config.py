@@ -60,6 +60,11 @@ class GenerateConfig:
     """Image-to-video: the first frame (PNG, JPEG, ...), for an image-to-video model (Wan I2V / FLF2V, Wan 2.2
     I2V and TI2V, CogVideoX I2V); resized to ``height`` x ``width`` by the pipeline. Wan Animate and Wan-Animate-2:
     the reference image of the character to animate."""
+    refine: bool = setting(False, "Sana-WM: run its stage-2 refiner on the video's latents (DIR/refiner/)")
+    """Run the model's stage-2 refiner (``ModelFamily.refiners``: Sana-WM's ``SanaWMLTX2Refiner``) on the latents the
+    pipeline makes, and write the refiner's video (decoded by the same VAE; ``save_latents``: the refined latents). The
+    refiner comes from the checkpoint's ``refiner/`` directory (a built-in model: its spec's). Its transformer is split
+    as the pipeline's (Ulysses only; not with ``cfg_parallel`` or ``prompts``)."""
     camera: str | None = setting(None, "Sana-WM: the camera's path, KEYS-FRAMES,... (WASD move, IJKL turn: w-80,jw-40)")
     """Sana-WM's camera trajectory, its pipeline's ``action`` string: comma-separated ``KEYS-FRAMES`` segments, WASD
     moving and IJKL turning the camera for that many frames (``none`` holds it), at least ``frames - 1`` in all (the
@@ -179,6 +184,13 @@ class GenerateConfig:
             if self.shard_weights:
                 raise ConfigError("--lora loads adapters onto whole weights, and --shard-weights keeps them sharded: "
                                   "drop one of them (or merge the LoRA into the checkpoint)")  # fmt: skip
+        if self.refine and self.prompts is not None:
+            raise ConfigError("refine with prompts: the refiner runs after one video's sampling; give a prompt, or "
+                              "drop refine")  # fmt: skip
+        if self.refine and self.cfg_parallel:
+            raise ConfigError("refine with cfg_parallel: the refiner's calls are unguided and carry a key/value "
+                              "cache from call to call, so no guidance pair splits them; drop cfg_parallel (use "
+                              "ulysses)")  # fmt: skip
         if self.cfg_parallel and not self.guidance > 1:
             raise ConfigError(
                 f"cfg_parallel runs the two guidance branches in parallel, but guidance {self.guidance} turns "

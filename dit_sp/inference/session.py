@@ -53,7 +53,8 @@ def setup(config: GenerateConfig, images: bool) -> tuple[ParallelState, Any, dic
     """This rank's layout on the running world, the loaded (and, on several ranks, parallelized)
     pipeline with its guidance arguments (with ``images``, the pipeline that takes them), and its step
     cache, if any."""
-    from dit_sp.zoo import as_image_to_video, load_pipeline
+    from dit_sp.zoo import as_image_to_video, load_pipeline, pipeline_class_name
+    from dit_sp.zoo.modular import workflow_of
 
     cfg = 2 if config.cfg_parallel else 1
     with plain_tracebacks():
@@ -66,8 +67,9 @@ def setup(config: GenerateConfig, images: bool) -> tuple[ParallelState, Any, dic
     # with shard_weights the text encoders shard over a sample's processes too (they all encode its prompt)
     sample_size = parallel.world_size // parallel.dp
     encoders = (parallel.sample_group, dtype) if config.shard_weights and sample_size > 1 else None
+    workflow = workflow_of(pipeline_class_name(config.model), dataclasses.asdict(config))  # MiniMax-H3's ref2va
     pipe = load_pipeline(config.model, dtype, parallel.device, empty_transformers=config.shard_weights,
-                         sharded_text_encoders=encoders)  # fmt: skip
+                         sharded_text_encoders=encoders, workflow=workflow)  # fmt: skip
     if images:
         pipe = as_image_to_video(pipe)
     if config.lora:  # before parallelize: the adapters are part of the model it splits, compiles and caches
@@ -102,11 +104,12 @@ def setup(config: GenerateConfig, images: bool) -> tuple[ParallelState, Any, dic
 
 
 def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: int, device: torch.device,
-           on_step: Callable[[int, int], None] | None = None) -> dict:  # fmt: skip
+           on_step: Callable[[int, int], None] | None = None, output_type: str = "np") -> dict:  # fmt: skip
     """One video: ``{"frames": (F, H, W, 3) in [0, 1], "latents", "seconds", "seconds_per_step",
     "first_step_seconds", "later_seconds_per_step"}``: the first step apart from the others, since with
     ``compile`` it holds the compilation (a two-expert model compiles its second expert later, in its first step).
-    ``on_step(done, total)`` is called after each denoising step (the server's progress and cancel point)."""
+    ``on_step(done, total)`` is called after each denoising step (the server's progress and cancel point).
+    ``output_type="latent"`` (``--refine``, Sana-WM): ``frames`` are the pipeline's latents, undecoded."""
     step_times: list[float] = []
     final: dict[str, torch.Tensor] = {}
 
@@ -157,7 +160,7 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
         generator=torch.Generator(device).manual_seed(seed),
         seed=seed,  # LTX-Video long multi-prompt: each temporal window's noise is drawn from seed + its first frame
         max_sequence_length=config.max_sequence_length,
-        output_type="np",
+        output_type=output_type,
         # Sana-Video: the size asked, not the 480p/720p bucket its binning would move it to (and the shape checks
         # count the tokens of the size asked)
         use_resolution_binning=False,
@@ -272,14 +275,17 @@ def _is_modular(pipe: Any) -> bool:
 
 def _modular_inputs(pipe: Any, arguments: dict[str, Any]) -> dict[str, Any]:
     """The ``arguments`` a modular pipeline's blocks take, under the names its family gives them
-    (``ModelFamily.modular_inputs``: Wan-Animate-2's ``driving_video``; no step callback: ``_steps_recorded`` times its
-    scheduler's steps), and the outputs ``sample`` reads: ``videos`` and ``latents``."""
-    from dit_sp.families import family_of
+    (``ModelFamily.modular_inputs``: Wan-Animate-2's ``driving_video``, MiniMax-H3's ``references``; no step callback:
+    ``_steps_recorded`` times its scheduler's steps) and as its family gives them (``ModelFamily.modular_arguments``),
+    and the outputs ``sample`` reads: ``videos`` and ``latents``."""
+    from dit_sp.families import PARALLELIZED_TRANSFORMERS, family_of
 
-    renamed = family_of(pipe.transformer).modular_inputs
-    arguments = {renamed.get(key, key): value for key, value in arguments.items()}
+    # the transformer its workflow loaded (a MiniMax-H3 repository's ref2va: transformer_ref alone)
+    family = family_of(next(t for t in (getattr(pipe, n, None) for n in PARALLELIZED_TRANSFORMERS) if t is not None))
+    arguments = {family.modular_inputs.get(key, key): value for key, value in arguments.items()}
     names = {param.name for param in pipe.blocks.inputs}
-    return {key: value for key, value in arguments.items() if key in names} | {"output": ["videos", "latents"]}
+    taken = {key: value for key, value in arguments.items() if key in names}
+    return family.modular_arguments(taken) | {"output": ["videos", "latents"]}
 
 
 def _taken(pipe: Any, arguments: dict[str, Any]) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import yaml
 
 from dit_sp import families
 from dit_sp.errors import ConfigError, MissingFileError
-from dit_sp.families import TRANSFORMERS  # re-exported: dit_sp.rl and dit_sp.inference import it from here
+from dit_sp.families import PARALLELIZED_TRANSFORMERS, TRANSFORMERS  # noqa: F401 (TRANSFORMERS: re-exported)
 from dit_sp.families.family import no_grad
 from dit_sp.io.bundled import ASSET_DIR, asset_path
 from dit_sp.zoo.files import check_component, has_class, json_object
@@ -171,6 +171,7 @@ def build_tiny(name: str, component: str | None = None) -> Any:
     if "blocks" in spec:  # a Modular Diffusers pipeline (MiniMax-H3): its blocks' pipeline, holding the components
         pipe = getattr(diffusers, spec["blocks"])().init_pipeline()
         pipe.update_components(**components)
+        pipe.register_to_config(**spec.get("pipeline_config", {}))  # its blocks' configs (saved in its index)
         return pipe
     pipe = getattr(diffusers, spec["pipeline"])(**components, **spec.get("pipeline_config", {}))
     for key, value in spec.get("pipeline_attributes", {}).items():  # set after building (Kandinsky 5's resolutions)
@@ -288,6 +289,7 @@ def load_pipeline(
     empty_transformers: bool = False,
     without: tuple[str, ...] = (),
     sharded_text_encoders: tuple[Any, torch.dtype] | None = None,
+    workflow: str | None = None,
 ) -> Any:
     """A built-in tiny pipeline, or a ``save_pretrained`` directory loaded offline, in ``dtype`` on ``device``: a
     diffusers pipeline directory, or a Modular Diffusers repository (``dit_sp.zoo.modular``: its modular pipeline).
@@ -298,7 +300,8 @@ def load_pipeline(
     directory not to load (left ``None``; those it lacks are ignored). ``sharded_text_encoders=(group, dtype)``:
     the text encoders of a checkpoint directory are built empty and each process of ``group`` reads and holds
     about ``1/N`` of them, in ``dtype`` (``dit_sp.weights.encoder``; every process of ``group`` must then encode
-    the same prompts). Tiny built-in models load whole.
+    the same prompts). ``workflow``: a Modular Diffusers repository's workflow whose components load (default: its
+    family's ``modular_workflow``). Tiny built-in models load whole.
     """
     import torch
 
@@ -315,13 +318,17 @@ def load_pipeline(
     import diffusers
 
     present = [name for name, value in index.items() if isinstance(value, list) and value[0] is not None]
-    empty = [name for name in TRANSFORMERS if empty_transformers and name in present]
+    if is_modular(path):  # the transformer(s) its workflow runs (MiniMax-H3's ref2va: transformer_ref)
+        from dit_sp.zoo.modular import needed_components
+
+        present = [name for name in present if name in needed_components(pipeline_of(path, index), workflow)]
+    empty = [name for name in PARALLELIZED_TRANSFORMERS if empty_transformers and name in present]
     encoders = [name for name in TEXT_ENCODERS if sharded_text_encoders is not None and name in present]
     skipped = [name for name in (*without, *encoders) if name in present]
     if is_modular(path):  # its components in their folders (a spec's subfolder), set with update_components
         from dit_sp.zoo.modular import folders, load_repository
 
-        pipe, folder = load_repository(path, dtype, skip=(*empty, *skipped)), folders(index)
+        pipe, folder = load_repository(path, dtype, skip=(*empty, *skipped), workflow=workflow), folders(index)
         return _fill(pipe, dtype, device, {n: path / folder[n] for n in (*empty, *encoders)}, empty,
                      [n for n in encoders if n not in without], sharded_text_encoders)  # fmt: skip
     try:

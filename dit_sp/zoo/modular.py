@@ -60,13 +60,20 @@ def pipeline_of(path: Path, index: dict[str, Any] | None = None) -> str:
     return by_blocks[blocks]
 
 
-def needed_components(pipeline: str) -> list[str]:
+def workflow_of(pipeline: str | None, settings: dict[str, Any]) -> str | None:
+    """The workflow ``generate`` runs the modular ``pipeline`` in with ``settings`` (``ModelFamily.workflow_for``:
+    MiniMax-H3's ``ref2va`` with a reference image, else ``t2va``); None for a pipeline of no family's modular ones."""
+    family = next((f for f in FAMILIES if pipeline in f.modular_pipelines), None)
+    return None if family is None else family.workflow_for(settings)
+
+
+def needed_components(pipeline: str, workflow: str | None = None) -> list[str]:
     """The components (``from_pretrained`` ones: models, tokenizers, schedulers) that the blocks of ``pipeline``
-    expect, in the workflow its family's ``generate`` runs (``ModelFamily.modular_workflow``)."""
+    expect, in ``workflow`` (default: the one its family's ``generate`` runs, ``ModelFamily.modular_workflow``)."""
     import diffusers
 
     blocks = getattr(diffusers, getattr(diffusers, pipeline).default_blocks_name)()
-    workflow = next(f.modular_workflow for f in FAMILIES if pipeline in f.modular_pipelines)
+    workflow = workflow or next(f.modular_workflow for f in FAMILIES if pipeline in f.modular_pipelines)
     if workflow:
         blocks = blocks.get_workflow(workflow)
     return [spec.name for spec in blocks.expected_components if spec.default_creation_method == "from_pretrained"]
@@ -79,34 +86,35 @@ def folders(index: dict[str, Any]) -> dict[str, str]:
             and isinstance(value[2], dict)}  # fmt: skip
 
 
-def check_repository(path: Path) -> dict[str, Any]:
+def check_repository(path: Path, workflow: str | None = None) -> dict[str, Any]:
     """The repository ``path`` checked from its files alone, before anything loads: its index (a pipeline and blocks
-    that ``generate`` runs: ``pipeline_of``), every component its workflow needs listed, with its directory (a
-    model's ``config.json`` and safetensors headers sound). Returns the index."""
+    that ``generate`` runs: ``pipeline_of``), every component its workflow (``needed_components``) needs listed, with
+    its directory (a model's ``config.json`` and safetensors headers sound). Returns the index."""
     file = path / MODULAR_INDEX
     index = read_index(path)
     pipeline, listed = pipeline_of(path, index), folders(index)
-    for name in needed_components(pipeline):
+    for name in needed_components(pipeline, workflow):
         if name not in listed:
+            flow = f" in its {workflow} workflow" if workflow else ""
             raise MissingFileError(f"{path} is an incomplete {KIND}: {file.name} lists no {name}, which {pipeline} "
-                                   "needs (add its entry and its folder)")  # fmt: skip
+                                   f"needs{flow} (add its entry and its folder)")  # fmt: skip
         check_component(path, name, tuple(index[name][:2]), file, KIND, folder=listed[name])
     return index
 
 
-def load_repository(path: Path, dtype: torch.dtype, skip: tuple[str, ...] = ()) -> Any:
+def load_repository(path: Path, dtype: torch.dtype, skip: tuple[str, ...] = (), workflow: str | None = None) -> Any:
     """The repository ``path`` as its modular pipeline (``ModularPipeline.from_pretrained``, local files only) with
-    the components its workflow needs loaded in ``dtype`` from the directory's own folders (``ComponentSpec.load``),
-    but those in ``skip`` (left ``None``: built empty or sharded by the caller). A component that does not load is
-    one line naming it. A processor whose video processor cannot load without torchvision loads without it
-    (``dit_sp.zoo.tokenizers.without_video``: text and images)."""
+    the components its ``workflow`` (``needed_components``) needs loaded in ``dtype`` from the directory's own
+    folders (``ComponentSpec.load``), but those in ``skip`` (left ``None``: built empty or sharded by the caller). A
+    component that does not load is one line naming it. A processor whose video processor cannot load without
+    torchvision loads without it (``dit_sp.zoo.tokenizers.without_video``: text and images)."""
     import diffusers
 
     index = read_index(path)  # checked before (check_repository)
     pipeline, listed = pipeline_of(path, index), folders(index)
     pipe = getattr(diffusers, pipeline).from_pretrained(str(path), local_files_only=True)
     loaded = {}
-    for name in needed_components(pipeline):
+    for name in needed_components(pipeline, workflow):
         if name in skip:
             continue
         spec = pipe.get_component_spec(name)

@@ -94,8 +94,10 @@ def qwen3_vl_processor(config: dict[str, Any]) -> Any:
     from transformers import Qwen3VLProcessor
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    tokenizer = qwen_byte_tokenizer(config, vision=True)
-    return without_video(Qwen3VLProcessor)(image_processor=Qwen2VLImageProcessorPil(), tokenizer=tokenizer)
+    settings = dict(config)  # an image_processor table: the image processor's settings (a tiny vision tower's patches)
+    image_processor = Qwen2VLImageProcessorPil(**settings.pop("image_processor", {}))
+    tokenizer = qwen_byte_tokenizer(settings, vision=True)
+    return without_video(Qwen3VLProcessor)(image_processor=image_processor, tokenizer=tokenizer)
 
 
 @functools.cache

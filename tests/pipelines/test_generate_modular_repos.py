@@ -30,11 +30,14 @@ def repos(tmp_path_factory) -> dict[str, Path]:
     return {model: save_repository(model, tmp / model) for model in ("tiny-minimax-h3", "tiny-wan-animate-2")}
 
 
-def _same_weights(pipe, reference) -> list[str]:
-    """The model components of ``reference`` whose every tensor ``pipe``'s equals (a missing one fails)."""
-    same = []
+def _same_weights(pipe, reference, workflow: str | None = None) -> list[str]:
+    """The model components of ``reference`` whose every tensor ``pipe``'s equals (a missing one fails), of those that
+    ``workflow`` loads (default: the family's, ``needed_components``)."""
+    from dit_sp.zoo.modular import needed_components
+
+    needed, same = needed_components(type(pipe).__name__, workflow), []
     for name, component in reference.components.items():
-        if isinstance(component, torch.nn.Module):
+        if isinstance(component, torch.nn.Module) and name in needed:
             expected, loaded = component.state_dict(), getattr(pipe, name).state_dict()
             assert expected.keys() == loaded.keys(), name
             assert all(torch.equal(expected[key], loaded[key]) for key in expected), name
@@ -70,6 +73,11 @@ def test_a_repository_loads_back_the_builtin_exactly(repos, tmp_path, monkeypatc
         assert len(_same_weights(pipes[model], reference)) >= 4
     minimax = pipes["tiny-minimax-h3"]
     assert minimax.transformer_ref is None and minimax.processor.video_processor is None
+    # its reference-to-video workflow (generate --image): transformer_ref, not transformer
+    ref2va = load_pipeline(repos["tiny-minimax-h3"], torch.float32, workflow="ref2va")
+    assert ref2va.transformer is None and "transformer_ref" in _same_weights(ref2va, build_tiny("tiny-minimax-h3"),
+                                                                             "ref2va")  # fmt: skip
+    assert ref2va.config.reference_image_short_edge == 32  # the tiny blocks' config, saved in the index
     assert model_defaults(str(repos["tiny-minimax-h3"]))["guidance"] == 1.0  # guidance-distilled: 1, not Wan's 5
     (tmp_path / "run.yaml").write_text(f"model: {repos['tiny-minimax-h3']}\nsteps: 3\n")  # --config with the path
     config = GenerateConfig.load(str(tmp_path / "run.yaml"))
@@ -159,6 +167,87 @@ def test_ulysses_2_on_a_repository_gives_the_builtin_video(repos, tmp_path):
     assert difference.max() <= 1 and (difference > 0).mean() < 1e-3, (difference.max(), (difference > 0).mean())
     bars = bar_starts(result.stderr)
     assert bars[""] == 1 and set(bars.values()) == {1}, f"a bar drawn by more than one rank: {bars}"
+
+
+@pytest.fixture(scope="module")
+def modes(repos, tmp_path_factory):
+    """The two modular modes ``generate`` runs beside text to video, each on a saved repository, one process (in this
+    process) and Ulysses 2 (one spawn for both): MiniMax-H3's reference to video and audio (``--image``: a reference
+    image, its ``ref2va`` workflow on ``transformer_ref``, here built on meta and filled shard-wise) and the distilled
+    Wan-Animate-2 pipeline (an index naming ``WanAnimate2DistilledModularPipeline``)."""
+    from PIL import Image
+    from variant_generate_checks import layout_reports
+
+    from dit_sp import generate
+
+    tmp = tmp_path_factory.mktemp("modular_modes")
+    distilled = tmp / "distilled"
+    shutil.copytree(repos["tiny-wan-animate-2"], distilled)
+    save_repository("tiny-wan-animate-2", distilled, distilled=True, index_only=True)
+    rng = np.random.RandomState(0)
+    Image.fromarray((rng.rand(30, 40, 3) * 255).astype("uint8")).save(tmp / "reference.png")
+    Image.fromarray((rng.rand(32, 48, 3) * 255).astype("uint8")).save(tmp / "character.png")
+    (tmp / "drive").mkdir()
+    for i in range(9):
+        Image.fromarray((rng.rand(32, 48, 3) * 255).astype("uint8")).save(tmp / "drive" / f"{i:02d}.png")
+    jobs = {
+        "ref2va": {"model": str(repos["tiny-minimax-h3"]), "image": str(tmp / "reference.png"), "frames": 124,
+                   "height": 32, "width": 32, "steps": 3},
+        "distilled": {"model": str(distilled), "image": str(tmp / "character.png"), "video": str(tmp / "drive"),
+                      "frames": 5, "height": 32, "width": 48, "steps": 2, "max_sequence_length": 8},
+    }  # fmt: skip
+
+    def settings(name: str, **flags) -> GenerateConfig:
+        return GenerateConfig.load(overrides={"out": str(tmp / f"{name}.mp4"), "save_latents": str(tmp / f"{name}.pt"),
+                                              **flags})  # fmt: skip
+
+    one = {job: generate(settings(f"{job}-one", **flags), True) for job, flags in jobs.items()}
+    split = {"ref2va": {"ulysses": 2, "shard_weights": True, "verify_inputs": True}, "distilled": {"ulysses": 2}}
+    reports = layout_reports([(job, settings(f"{job}-1x2", **jobs[job], **flags)) for job, flags in split.items()])
+    return one, reports
+
+
+@pytest.mark.slow  # one spawn of two processes
+@pytest.mark.parametrize("job", ["ref2va", "distilled"])
+def test_the_modular_modes_on_ulysses_2_give_the_one_process_video(modes, job):
+    from variant_generate_checks import assert_same_video
+
+    one, split = modes
+    assert_same_video(split[job], one[job])
+    latents = torch.load(split[job]["latents"])
+    if job == "ref2va":  # 124 frames of 32 x 32: 37 video rows and 2 x 207 audio rows, as text to video makes
+        assert one[job]["frames"].shape == (124, 32, 32, 3) and latents.shape == (1, 4, 37, 2, 2)
+        # each rank's attention held its half of the one packed sequence, which holds more than the text-only one's
+        # rows (the prompt's text, video and audio rows): the reference's (its image tokens in the text, its latents)
+        from dit_sp.zoo import build_tiny
+
+        prompt = GenerateConfig.load(overrides={"model": "tiny-minimax-h3"}).prompt
+        text = len(build_tiny("tiny-minimax-h3", "tokenizer")(prompt, add_special_tokens=False).input_ids)
+        lengths = split[job]["lengths"]
+        assert len(lengths) == 2 and lengths[0] == lengths[1] and len(lengths[0]) == 1, lengths
+        # (measured: 555 rows, 80 more than text to video's 475: 278 a rank, not 238)
+        assert lengths[0][0] > -(-(text + 37 + 2 * 207) // 2) + 32, (lengths, text)
+    else:  # the driving video's 9 frames in two segments; the last segment's latents (reference frame + 2)
+        assert one[job]["frames"].shape == (9, 32, 48, 3) and latents.shape == (1, 4, 3, 4, 6)
+
+
+def test_a_modular_mode_is_refused_in_one_line_before_loading(repos, tmp_path):
+    """A reference image for a repository without ``transformer_ref`` (its ``ref2va`` components missing), and other
+    input files MiniMax-H3 does not take."""
+    from PIL import Image
+
+    from dit_sp.inference import check_before_loading
+
+    Image.fromarray(np.zeros((32, 32, 3), dtype=np.uint8)).save(tmp_path / "reference.png")
+    path = _broken(repos, tmp_path, lambda path, index: index.pop("transformer_ref"))
+    settings = {"model": str(path), "out": str(tmp_path / "v.mp4"), "frames": 124, "height": 32, "width": 32}
+    check_before_loading(GenerateConfig.load(overrides=settings))  # text to video does not need it
+    with pytest.raises(MissingFileError, match=r"lists no transformer_ref, which MiniMaxH3ModularPipeline needs in "
+                                               r"its ref2va workflow \(add its entry and its folder\)$"):  # fmt: skip
+        check_before_loading(GenerateConfig.load(overrides=settings | {"image": str(tmp_path / "reference.png")}))
+    with pytest.raises(ConfigError, match=r"^--last-image: .* \(MiniMaxH3ModularPipeline\) takes no last image, only "
+                                          r"--image; drop --last-image$"):  # fmt: skip
+        check_before_loading(GenerateConfig.load(overrides=settings | {"last_image": str(tmp_path / "reference.png")}))
 
 
 def _broken(repos, tmp_path, change) -> Path:
