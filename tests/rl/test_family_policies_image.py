@@ -129,6 +129,24 @@ def test_cogvideox_image_to_video_policy_ode_and_decode_are_the_pipelines(tmp_pa
 
 @pytest.mark.slow  # runs the stock pipeline
 @torch.no_grad()
+def test_skyreels_v1_image_to_video_policy_ode_and_decode_are_the_pipelines(tmp_path):
+    """SkyReels-V1 I2V (HunyuanVideo): the image's latents (drawn from the VAE's posterior at the policy's IMAGE_SEED)
+    join the noise in channels; true classifier-free guidance 4 on the negative prompt and the pipeline's embedded
+    guidance 1.0; the Euler ODE is the stock pipeline's sampling and the decode its video."""
+    from dit_sp.families.policy import IMAGE_SEED
+
+    pipe = build_tiny("tiny-hunyuanvideo-skyreels-i2v")
+    policy = policy_for(pipe)(pipe, pipe.transformer, frames=5, height=32, width=32, guidance=4.0,
+                              max_sequence_length=32)  # fmt: skip
+    assert type(policy).__name__ == "HunyuanVideoPolicy" and policy.takes_images and policy.embedded_guidance == 1.0
+    settings = {"num_frames": 5, "height": 32, "width": 32, "num_inference_steps": 3, "true_cfg_scale": 4.0,
+                "max_sequence_length": 32}  # fmt: skip
+    assert_image_ode_and_decode_are_stock(policy, pipe, _image(tmp_path / "a.png", 0), _image(tmp_path / "b.png", 1),
+                                          settings, seed=IMAGE_SEED)  # fmt: skip
+
+
+@pytest.mark.slow  # runs the stock pipeline
+@torch.no_grad()
 def test_hunyuanvideo15_image_to_video_policy_ode_and_decode_are_the_pipelines(tmp_path):
     """HunyuanVideo-1.5 I2V: SigLIP image tokens and the image's condition latents and mask in channels, guidance as
     the pipeline's ClassifierFreeGuidance guider; the pipeline sizes the video by the image's aspect-ratio bucket
