@@ -149,6 +149,9 @@ def family_configs(hunyuanvideo15: str, images: str, **layout) -> list:
         tiny_config(model="tiny-sana-video-i2v", **{"sample.max_sequence_length": 16}, **with_images),
         # Wan 2.1 I2V's conditioning: the image's latents and mask in channels, CLIP tokens in cross-attention
         tiny_config(model="tiny-skyreels-v2-i2v", **{"sample.max_sequence_length": 16}, **with_images),
+        # the image's latents are the clean first frame (the step's timestep on its tokens, the visual_cond mask on it);
+        # 5 latent frames (its first-frame normalization needs them); the template cuts the prompt at 64 tokens
+        tiny_config(model="tiny-kandinsky5-i2v", **{"sample.max_sequence_length": 64}, **with_images | {"frames": 17}),
         # SkyReels-V1 (HunyuanVideo): the image's latents in channels, true guidance and the embedded guidance 1.0
         tiny_config(model="tiny-hunyuanvideo-skyreels-i2v", **{"sample.max_sequence_length": 32}, **with_images),
         # text-to-video: the pipeline's zero VACE context through the VACE blocks (split like the video)
