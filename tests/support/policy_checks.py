@@ -1,8 +1,8 @@
 """Worker-side checks of the GRPO policies of CogVideoX, LTX-2, LTX-Video, SkyReels-V2, HunyuanVideo-1.5, Cosmos 2.5,
 Kandinsky 5, Mochi, EasyAnimate, Motif-Video, Kandinsky 6, Sana-Video and the image-conditioned pipelines (ChronoEdit,
-..., Sana-Video I2V): the gradients and log-probs of one training step through the library's ``GRPOTrainer``, and a tiny
-HunyuanVideo-1.5 text-to-video pipeline (the zoo's ``tiny-hunyuanvideo15`` is a transformer only) built offline, as
-diffusers' fast tests build theirs."""
+..., Sana-Video, Kandinsky 5 and SkyReels-V1 I2V): the gradients and log-probs of one training step through the
+library's ``GRPOTrainer``, and a tiny HunyuanVideo-1.5 text-to-video pipeline (the zoo's ``tiny-hunyuanvideo15`` is a
+transformer only) built offline, as diffusers' fast tests build theirs."""
 
 from __future__ import annotations
 
