@@ -103,11 +103,16 @@ class Kandinsky5Policy(FirstFrameImagePolicy):
         return (latents[:, :1, :, :, :channels].permute(0, 4, 1, 2, 3),)
 
     def clean(self, latents: Tensor, cond: tuple[Any, Any | None] | None = None) -> Tensor:
-        """The image frame in front and the pipeline's ``normalize_first_frame`` applied (image-to-video)."""
+        """The image frame in front and the pipeline's ``normalize_first_frame`` applied (image-to-video), to each
+        video alone, as the pipeline does to one video a call (a batch of them would share the reference statistics:
+        its ``reference.mean()`` spans the batch, which would make a video's decode depend on its batch-mates)."""
+        import torch
+
         latents = super().clean(latents, cond)
         if cond is None or not self.takes_images:
             return latents
-        return self.pipe.normalize_first_frame(latents.permute(0, 2, 3, 4, 1)).permute(0, 4, 1, 2, 3)
+        normalize = self.pipe.normalize_first_frame
+        return torch.cat([normalize(video.permute(0, 2, 3, 4, 1)).permute(0, 4, 1, 2, 3) for video in latents.split(1)])
 
     @no_grad
     def _encode(self, prompts: list[str]) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...] | None]:

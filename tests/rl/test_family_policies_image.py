@@ -181,6 +181,11 @@ def test_kandinsky5_image_to_video_policy_samples_only_the_noised_frames(tmp_pat
     print(f"Kandinsky5Policy I2V: ODE vs stock {(ours - stock[:, :, 1:]).abs().max():.2e}")
     torch.testing.assert_close(torch.cat([first[:, :, :1], ours], dim=2), stock, atol=1e-5, rtol=0)
     torch.testing.assert_close(policy.decode(ours, cond), video, atol=1e-5, rtol=0)
+    # each video is normalized alone (the pipeline's batched normalization would mix their statistics)
+    pair = policy.encode(["a red circle"] * 2, [image, other])
+    both = policy.clean(torch.cat([ours, 3 * ours]), pair)
+    torch.testing.assert_close(both[1:], policy.clean(3 * ours, policy.encode(["a red circle"], [other])))
+    torch.testing.assert_close(both[:1], policy.clean(ours, cond))
     moved = policy.velocity(ours, 1.0, policy.encode(["a red circle"], [other]))
     assert (moved - policy.velocity(ours, 1.0, cond)).abs().max() > 1e-3  # the image conditions the rest
     with pytest.raises(ValueError, match=r"^frames 13: Kandinsky5I2VPipeline normalizes its first 4 latent frames "
