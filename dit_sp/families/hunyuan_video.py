@@ -7,6 +7,7 @@ refiner attends over text only and stays local. diffusers ships no ``_cp_plan`` 
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import block_argument, context_parallel_types
@@ -24,7 +25,14 @@ if TYPE_CHECKING:
 
 class HunyuanVideoPolicy(DiffusersPolicy):
     """HunyuanVideo text-to-video: Llama text tokens with their mask, a pooled CLIP embedding, and the
-    embedded (distilled) guidance of the transformer; true classifier-free guidance only if ``guidance > 1``."""
+    embedded (distilled) guidance of the transformer (default: the pipeline's own ``guidance_scale``, 6.0 for
+    ``HunyuanVideoPipeline``); true classifier-free guidance only if ``guidance > 1``.
+
+    SkyReels-V1 image-to-video (``HunyuanSkyreelsImageToVideoPipeline``): every prompt has its image, whose latents
+    (drawn from the VAE's posterior at ``policy.IMAGE_SEED``, scaled; zeros after the first frame) join the noisy
+    latents ``(B, C, F, H, W)`` in channels, clean at every step; the text is encoded as for text-to-video, the true
+    classifier-free guidance is on the negative prompt and the embedded guidance defaults to that pipeline's 1.0.
+    Conditioning is then ``((embeds, pooled, mask), image_latents)`` per branch."""
 
     def __init__(self, pipe: Any, transformer: torch.nn.Module, *, embedded_guidance: float | None = None,
                  **kwargs: Any):  # fmt: skip
@@ -35,10 +43,26 @@ class HunyuanVideoPolicy(DiffusersPolicy):
                 "false); leave embedded_guidance unset and use guidance for classifier-free guidance"
             )
         super().__init__(pipe, transformer, **kwargs)
-        if takes_guidance and embedded_guidance is None:
-            embedded_guidance = 6.0  # the pipeline's default
+        if takes_guidance and embedded_guidance is None:  # the pipeline's default
+            embedded_guidance = inspect.signature(type(pipe).__call__).parameters["guidance_scale"].default
         self.embedded_guidance = embedded_guidance
         """The distilled guidance the transformer takes as an input; None if it takes none."""
+
+    @property
+    def takes_images(self) -> bool:
+        return type(self.pipe).__name__ == "HunyuanSkyreelsImageToVideoPipeline"
+
+    def _image_parts(self, image: Any) -> tuple[Tensor, ...]:
+        """``(image_latents,)`` ``(1, C, F, H, W)``: the pipeline's ``prepare_latents`` of one image (scaled; the
+        frames after the first zeros)."""
+        import torch
+
+        (channels, frames, height, width), spatial = self.shape, self._compression(self.pipe)[1]
+        zeros = torch.zeros(1, channels, frames, height, width, device=self.device)
+        _, image_latents = self.pipe.prepare_latents(self._pixels(image), 1, channels, height * spatial,
+                                                     width * spatial, self.pixel_frames, torch.float32, self.device,
+                                                     self.image_generator(), zeros)  # fmt: skip
+        return (image_latents,)
 
     @no_grad
     def _encode(self, prompts: list[str]) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...] | None]:
@@ -50,9 +74,12 @@ class HunyuanVideoPolicy(DiffusersPolicy):
         positive = encode(prompts)
         return positive, encode([self.negative_prompt] * len(prompts)) if self.guided else None
 
-    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: tuple[Tensor, ...]) -> Tensor:
+    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: tuple[Any, ...]) -> Tensor:
         import torch
 
+        if isinstance(cond[0], tuple):  # image-to-video: the image's latents in channels
+            cond, image_latents = cond
+            hidden = torch.cat([hidden, image_latents.to(hidden.dtype)], dim=1)
         embeds, pooled, mask = cond
         guidance = None
         if self.embedded_guidance is not None:
@@ -144,7 +171,7 @@ HUNYUAN_VIDEO = ModelFamily(
     guidance_arg="true_cfg_scale",
     guidance_needs_any=("negative_prompt", "negative_prompt_embeds"),
     check=_check,
-    pipelines=("HunyuanVideoPipeline",),
+    pipelines=("HunyuanVideoPipeline", "HunyuanSkyreelsImageToVideoPipeline"),
     policy=HunyuanVideoPolicy,
     vae=HUNYUAN_VIDEO_VAE,
     teacache_probe=modulated_input_probe,
@@ -162,15 +189,11 @@ HUNYUAN_VIDEO = ModelFamily(
     ),
     architectures=_ARCHITECTURES,
     policy_refused={
-        "HunyuanSkyreelsImageToVideoPipeline": (
-            "no policy is written for it yet: HunyuanVideoPolicy is text-to-video with embedded guidance, and"
-            " this image-to-video pipeline puts the image's latents in channels and guides with true "
-            "classifier-free guidance on a negative prompt (true_cfg_scale)"
-        ),
         "HunyuanVideoImageToVideoPipeline": (
-            "no policy is written for it yet: HunyuanVideoPolicy is text-to-video, and this pipeline "
-            "conditions on the image twice, through LLaVA image tokens in the prompt's encoding and through "
-            "its latents (in channels, or replacing the first frame at timestep 0: image_condition_type)"
+            "its sampler starts from 0.999 noise + 0.001 the image's latents (every frame), not from pure noise "
+            "where GRPO's trajectories start, and its Llava text encoder reads the image (the negative prompt a "
+            "black image), so a prompt's embeddings are not the prompt's alone; its token_replace variant is not "
+            "sequence-parallel either"
         ),
     },
 )

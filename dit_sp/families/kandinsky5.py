@@ -28,9 +28,9 @@ gradient averaged over the group (``_hooks``), so that the text blocks' bfloat16
 Its VAE is HunyuanVideo's (``AutoencoderKLHunyuanVideo``), split by the HunyuanVideo family's VAE plan. Guidance runs
 as two calls per step, conditional first (``guidance_scale``; the stock pipeline brings its own negative prompt).
 
-GRPO (``Kandinsky5Policy``) trains text-to-video: the transformer masks no text token, so each prompt's Qwen2.5-VL
-tokens are kept at their own length (as the pipeline encodes one prompt) and samples of different text lengths run
-in separate transformer calls.
+GRPO (``Kandinsky5Policy``) trains text-to-video and image-to-video: the transformer masks no text token, so each
+prompt's Qwen2.5-VL tokens are kept at their own length (as the pipeline encodes one prompt) and samples of different
+text lengths run in separate transformer calls.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from dit_sp.families.family import BranchCalls, ModelFamily, Undo, generation_de
 from dit_sp.families.hunyuan_video import hunyuan_video_vae_factors
 from dit_sp.families.image_vae import AUTOENCODER_KL_VAE
 from dit_sp.families.nabla import NablaOps, SequenceParallelNablaProcessor
-from dit_sp.families.policy import DiffusersPolicy
+from dit_sp.families.policy import FirstFrameImagePolicy
 
 if TYPE_CHECKING:
     import torch
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     Tensor = torch.Tensor
 
 
-class Kandinsky5Policy(DiffusersPolicy):
+class Kandinsky5Policy(FirstFrameImagePolicy):
     """Kandinsky 5 text-to-video (``Kandinsky5T2VPipeline``; flow matching, velocity prediction, timestep ``1000 s``):
     the last Qwen2.5-VL hidden state of the templated prompt (after the template's ``prompt_template_encode_start_idx``
     tokens) and CLIP's pooled embedding, as the pipeline encodes one prompt. The transformer takes no text mask, so
@@ -61,7 +61,19 @@ class Kandinsky5Policy(DiffusersPolicy):
     pipeline). Latents are ``(B, C, F, H, W)`` here and channels-last ``(B, F, H, W, C)`` for the transformer, with a
     ``visual_cond`` model's all-zero image latents and mask in channels (text-to-video), the pipeline's rotary
     positions and resolution-dependent rotary scale, and a NABLA checkpoint's ``sparse_params`` (the pipeline's
-    ``get_sparse_params``: ``None`` for a dense one). Guidance is classifier-free guidance on the velocity."""
+    ``get_sparse_params``: ``None`` for a dense one). Guidance is classifier-free guidance on the velocity.
+
+    Image-to-video (``Kandinsky5I2VPipeline``, a ``FirstFrameImagePolicy``): the image's latents (drawn from the VAE's
+    posterior by the pipeline's ``prepare_latents`` at ``policy.IMAGE_SEED``, scaled) are the first latent frame, never
+    stepped; the transformer sees it in front at the step's timestep (the pipeline gives every token the same one),
+    with a ``visual_cond`` model's zero latents and a mask of ones on that frame in channels. The policy's latents are
+    the frames after it; ``clean`` puts the image frame back and applies the pipeline's ``normalize_first_frame`` (the
+    first 4 latent frames moved to the statistics of the next ones), as the pipeline does before decoding.
+    Conditioning is then ``((text, lengths, pooled), image_frame)``, the frame ``(B, C, 1, H, W)``."""
+
+    NORMALIZED_FRAMES = 4
+    """The latent frames ``Kandinsky5I2VPipeline.normalize_first_frame`` normalizes to the statistics of those after
+    them (so the pipeline needs at least one more: fewer give NaN latents)."""
 
     def __init__(self, pipe: Any, transformer: torch.nn.Module, **kwargs: Any):
         super().__init__(pipe, transformer, **kwargs)
@@ -69,6 +81,38 @@ class Kandinsky5Policy(DiffusersPolicy):
 
     def _channels(self, transformer: torch.nn.Module) -> int:
         return transformer.config.out_visual_dim
+
+    @classmethod
+    def check_settings(cls, pipeline: type, frames: int, temporal: int) -> None:
+        super().check_settings(pipeline, frames, temporal)
+        latent_frames, least = (frames - 1) // temporal + 1, cls.NORMALIZED_FRAMES + 1
+        if pipeline.__name__ == "Kandinsky5I2VPipeline" and latent_frames < least:
+            raise ConfigError(f"frames {frames}: Kandinsky5I2VPipeline normalizes its first {cls.NORMALIZED_FRAMES} "
+                              f"latent frames to the statistics of the ones after them, and {latent_frames} latent "
+                              f"frames leave none (NaN latents); set sample.frames to {(least - 1) * temporal + 1} or "
+                              "more")  # fmt: skip
+
+    def _image_parts(self, image: Any) -> tuple[Tensor, ...]:
+        """``(image_frame,)`` ``(1, C, 1, H, W)``: the first frame of the pipeline's ``prepare_latents`` (which draws
+        the noise, then the image's posterior sample, from its generator)."""
+        import torch
+
+        (channels, _, height, width), spatial = self.shape, self._compression(self.pipe)[1]
+        latents = self.pipe.prepare_latents(image, 1, channels, height * spatial, width * spatial, self.pixel_frames,
+                                            torch.float32, self.device, self.image_generator())  # fmt: skip
+        return (latents[:, :1, :, :, :channels].permute(0, 4, 1, 2, 3),)
+
+    def clean(self, latents: Tensor, cond: tuple[Any, Any | None] | None = None) -> Tensor:
+        """The image frame in front and the pipeline's ``normalize_first_frame`` applied (image-to-video), to each
+        video alone, as the pipeline does to one video a call (a batch of them would share the reference statistics:
+        its ``reference.mean()`` spans the batch, which would make a video's decode depend on its batch-mates)."""
+        import torch
+
+        latents = super().clean(latents, cond)
+        if cond is None or not self.takes_images:
+            return latents
+        normalize = self.pipe.normalize_first_frame
+        return torch.cat([normalize(video.permute(0, 2, 3, 4, 1)).permute(0, 4, 1, 2, 3) for video in latents.split(1)])
 
     @no_grad
     def _encode(self, prompts: list[str]) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...] | None]:
@@ -91,10 +135,16 @@ class Kandinsky5Policy(DiffusersPolicy):
     def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: tuple[Tensor, ...]) -> Tensor:
         import torch
 
-        text, lengths, pooled = cond
+        image = cond[1].to(hidden.dtype) if isinstance(cond[0], tuple) else None
+        text, lengths, pooled = cond[0] if image is not None else cond
+        if image is not None:  # the clean image frame in front
+            hidden = torch.cat([image, hidden], dim=2)
         x = hidden.permute(0, 2, 3, 4, 1)  # (B, F, H, W, C)
-        if model.config.visual_cond:  # text-to-video: no image latents, an all-zero mask
-            x = torch.cat([x, torch.zeros_like(x), x.new_zeros(*x.shape[:-1], 1)], dim=-1)
+        if model.config.visual_cond:  # zero latents; the mask is one on the image's frame (none in text-to-video)
+            mask = x.new_zeros(*x.shape[:-1], 1)
+            if image is not None:
+                mask[:, :1] = 1
+            x = torch.cat([x, torch.zeros_like(x), mask], dim=-1)
         frames, spatial = x.shape[1], self.pipe.vae_scale_factor_spatial
         rope = [torch.arange(frames, device=x.device), torch.arange(self.height // spatial // 2, device=x.device),
                 torch.arange(self.width // spatial // 2, device=x.device)]  # fmt: skip
@@ -109,8 +159,8 @@ class Kandinsky5Policy(DiffusersPolicy):
                         sparse_params=sparse, return_dict=True).sample  # fmt: skip
             parts.append(out)
             order.append(index)
-        out = torch.cat(parts)[torch.cat(order).argsort()]  # back in the batch's order
-        return out.permute(0, 4, 1, 2, 3)
+        out = torch.cat(parts)[torch.cat(order).argsort()].permute(0, 4, 1, 2, 3)  # back in the batch's order
+        return out if image is None else out[:, :, 1:]
 
     def _unscale(self, latents: Tensor) -> Tensor:
         return latents / self.pipe.vae.config.scaling_factor
@@ -326,14 +376,9 @@ KANDINSKY5 = ModelFamily(
     vae_factors=dict.fromkeys(PIPELINES, hunyuan_video_vae_factors)
     | dict.fromkeys(IMAGE_PIPELINES, _image_vae_factors),
     architectures=_ARCHITECTURES,
-    pipelines=("Kandinsky5T2VPipeline",),
+    pipelines=("Kandinsky5T2VPipeline", "Kandinsky5I2VPipeline"),
     policy=Kandinsky5Policy,
     policy_refused={
-        "Kandinsky5I2VPipeline": (
-            "no policy is written for it yet: Kandinsky5Policy is text-to-video, and this pipeline puts the "
-            "image's latents (drawn from the VAE's posterior) in the first latent frame, with the "
-            "visual-conditioning mask in channels"
-        ),
         "Kandinsky5T2IPipeline": (
             "it generates one image, not a video; no image policy is written (Kandinsky5T2VPipeline is the "
             "family's trained pipeline)"

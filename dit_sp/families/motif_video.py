@@ -133,9 +133,9 @@ MOTIF_VIDEO = ModelFamily(
     architectures=_ARCHITECTURES,
     policy_refused={
         "MotifVideoImage2VideoPipeline": (
-            "no policy is written for it yet: MotifVideoPolicy is text-to-video (all-zero condition latents "
-            "and mask, no image tokens), and this pipeline fills them from the image (its first-frame "
-            "latents, mask and image embeddings)"
+            "its image tokens come from the SigLIP vision tower inside its T5Gemma2 text encoder, which a GRPO "
+            "trainer loads (sharded over every rank) only while prompt embeddings are missing and then drops, so "
+            "the policy could not encode a run's images when their samples first need them"
         ),
     },
 )

@@ -129,6 +129,72 @@ def test_cogvideox_image_to_video_policy_ode_and_decode_are_the_pipelines(tmp_pa
 
 @pytest.mark.slow  # runs the stock pipeline
 @torch.no_grad()
+def test_skyreels_v1_image_to_video_policy_ode_and_decode_are_the_pipelines(tmp_path):
+    """SkyReels-V1 I2V (HunyuanVideo): the image's latents (drawn from the VAE's posterior at the policy's IMAGE_SEED)
+    join the noise in channels; true classifier-free guidance 4 on the negative prompt and the pipeline's embedded
+    guidance 1.0; the Euler ODE is the stock pipeline's sampling and the decode its video."""
+    from dit_sp.families.policy import IMAGE_SEED
+
+    pipe = build_tiny("tiny-hunyuanvideo-skyreels-i2v")
+    policy = policy_for(pipe)(pipe, pipe.transformer, frames=5, height=32, width=32, guidance=4.0,
+                              max_sequence_length=32)  # fmt: skip
+    assert type(policy).__name__ == "HunyuanVideoPolicy" and policy.takes_images and policy.embedded_guidance == 1.0
+    settings = {"num_frames": 5, "height": 32, "width": 32, "num_inference_steps": 3, "true_cfg_scale": 4.0,
+                "max_sequence_length": 32}  # fmt: skip
+    assert_image_ode_and_decode_are_stock(policy, pipe, _image(tmp_path / "a.png", 0), _image(tmp_path / "b.png", 1),
+                                          settings, seed=IMAGE_SEED)  # fmt: skip
+
+
+@pytest.mark.slow  # runs the stock pipeline
+@torch.no_grad()
+def test_kandinsky5_image_to_video_policy_samples_only_the_noised_frames(tmp_path):
+    """Kandinsky 5 I2V: the image's latents (the VAE's posterior, drawn by the pipeline's prepare_latents at the
+    policy's IMAGE_SEED) are the first latent frame, never stepped, with the visual_cond mask on it; the policy's
+    latents are the frames after it, whose Euler ODE is the stock pipeline's sampling (guidance 4) and whose decode
+    (the image frame in front, the pipeline's first-frame normalization) is its video; fewer than 5 latent frames
+    (NaN latents in the pipeline) are refused in one line."""
+    from dit_sp.families.policy import IMAGE_SEED
+
+    pipe = build_tiny("tiny-kandinsky5-i2v")
+    size = {"height": 32, "width": 32, "guidance": 4.0, "max_sequence_length": 600}
+    policy = policy_for(pipe)(pipe, pipe.transformer, frames=17, **size)
+    assert type(policy).__name__ == "Kandinsky5Policy" and policy.takes_images
+    channels, frames, height, width = policy.shape
+    assert policy.latent_shape() == (channels, frames - 1, height, width) == (4, 4, 4, 4)
+    image, other = _image(tmp_path / "a.png", 0), _image(tmp_path / "b.png", 1)
+    prepared = []
+    stock_prepare = pipe.prepare_latents
+    pipe.prepare_latents = lambda *args, **kwargs: (
+        prepared.append(stock_prepare(*args, **kwargs)) or prepared[-1].clone()
+    )
+    call = {"prompt": "a red circle", "negative_prompt": "", "image": Image.open(image), "num_frames": 17,
+            "num_inference_steps": 3, "guidance_scale": 4.0, "height": 32, "width": 32, "max_sequence_length": 600,
+            "generator": torch.Generator().manual_seed(IMAGE_SEED)}  # fmt: skip
+    stock, video = stock_run(pipe, **call)  # stock: (B, F, H, W, 2C + 1), before the first-frame normalization
+    # (the pipeline steps the latents it is given in place: it gets a clone, prepared[0] keeps the start)
+    cond = policy.encode(["a red circle"], [image])
+    first = prepared[0][..., :channels].permute(0, 4, 1, 2, 3)  # (B, C, F, H, W)
+    torch.testing.assert_close(cond[0][1], first[:, :, :1], atol=1e-6, rtol=0)  # the pipeline's image frame
+    ours = euler(policy, first[:, :, 1:], pipe.scheduler.sigmas[:-1].tolist(), cond)
+    stock = stock[..., :channels].permute(0, 4, 1, 2, 3)
+    assert stock.abs().max() > 1
+    print(f"Kandinsky5Policy I2V: ODE vs stock {(ours - stock[:, :, 1:]).abs().max():.2e}")
+    torch.testing.assert_close(torch.cat([first[:, :, :1], ours], dim=2), stock, atol=1e-5, rtol=0)
+    torch.testing.assert_close(policy.decode(ours, cond), video, atol=1e-5, rtol=0)
+    # each video is normalized alone (the pipeline's batched normalization would mix their statistics)
+    pair = policy.encode(["a red circle"] * 2, [image, other])
+    both = policy.clean(torch.cat([ours, 3 * ours]), pair)
+    torch.testing.assert_close(both[1:], policy.clean(3 * ours, policy.encode(["a red circle"], [other])))
+    torch.testing.assert_close(both[:1], policy.clean(ours, cond))
+    moved = policy.velocity(ours, 1.0, policy.encode(["a red circle"], [other]))
+    assert (moved - policy.velocity(ours, 1.0, cond)).abs().max() > 1e-3  # the image conditions the rest
+    with pytest.raises(ValueError, match=r"^frames 13: Kandinsky5I2VPipeline normalizes its first 4 latent frames "
+                                         r".* set sample.frames to 17 or more$"):  # fmt: skip
+        policy_for(pipe)(pipe, pipe.transformer, frames=13, **size)
+
+
+@pytest.mark.slow  # runs the stock pipeline
+@torch.no_grad()
 def test_hunyuanvideo15_image_to_video_policy_ode_and_decode_are_the_pipelines(tmp_path):
     """HunyuanVideo-1.5 I2V: SigLIP image tokens and the image's condition latents and mask in channels, guidance as
     the pipeline's ClassifierFreeGuidance guider; the pipeline sizes the video by the image's aspect-ratio bucket
@@ -313,7 +379,8 @@ def test_ranks_whose_image_paths_hold_other_images_or_none_are_refused(tmp_path)
 
 def test_the_policies_refusals_come_before_loading(tmp_path):
     """The trainer's preflight (no weights, no workers) refuses what the policies refuse from the settings alone:
-    ChronoEdit's frame count, LTX-Video and Sana-Video I2V's single latent frame; a size they train passes."""
+    ChronoEdit's frame count, LTX-Video and Sana-Video I2V's single latent frame, Kandinsky 5 I2V's fewer than 5; a size
+    they train passes."""
     from grpo_checks import tiny_config
     from policy_checks import image_prompt_file
 
@@ -321,11 +388,12 @@ def test_the_policies_refusals_come_before_loading(tmp_path):
 
     prompts = image_prompt_file(tmp_path)
     refused = [
-        ("tiny-chronoedit", 9, r"^frames 9: ChronoEditPipeline samples 5 frames \(the image and its edit\)"),
-        ("tiny-ltx-i2v", 1, r"^frames 1: LTXImageToVideoPipeline keeps the first latent frame the image's"),
-        ("tiny-sana-video-i2v", 1, r"^frames 1: SanaImageToVideoPipeline keeps the first latent frame the image's"),
+        ("tiny-chronoedit", 9, r"^frames 9: ChronoEditPipeline samples 5 frames \(the image and its edit\)", 5),
+        ("tiny-ltx-i2v", 1, r"^frames 1: LTXImageToVideoPipeline keeps the first latent frame the image's", 5),
+        ("tiny-sana-video-i2v", 1, r"^frames 1: SanaImageToVideoPipeline keeps the first latent frame the image's", 5),
+        ("tiny-kandinsky5-i2v", 13, r"^frames 13: Kandinsky5I2VPipeline normalizes its first 4 latent frames", 17),
     ]
-    for model, frames, message in refused:
+    for model, frames, message, trained in refused:
         with pytest.raises(ValueError, match=message):
             check_before_loading(tiny_config(model=model, prompts=prompts, frames=frames, height=32, width=32), 1)
-        check_before_loading(tiny_config(model=model, prompts=prompts, frames=5, height=32, width=32), 1)
+        check_before_loading(tiny_config(model=model, prompts=prompts, frames=trained, height=32, width=32), 1)

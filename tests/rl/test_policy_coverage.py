@@ -38,10 +38,12 @@ def test_every_pipeline_is_trained_or_refused_with_a_reason():
             assert str(err.value) == f"GRPO does not train {name}: {why}"
     assert not missing, f"pipelines neither trained by GRPO nor refused with a reason: {missing}"
     assert len(trained) == len(set(trained)) and len(refused) == len(set(refused))  # one family each
-    assert {"SanaImageToVideoPipeline", "SkyReelsV2ImageToVideoPipeline"} <= set(trained) and {
-        "AnyFlowPipeline",
-        "SanaWMPipeline",
-    } <= set(refused)
+    assert {
+        "SanaImageToVideoPipeline",
+        "SkyReelsV2ImageToVideoPipeline",
+        "HunyuanSkyreelsImageToVideoPipeline",
+        "Kandinsky5I2VPipeline",
+    } <= set(trained) and {"AnyFlowPipeline", "SanaWMPipeline", "HunyuanVideoImageToVideoPipeline"} <= set(refused)
     print(f"{len(trained)} pipelines trained, {len(refused)} refused with a reason")
 
 
@@ -55,8 +57,10 @@ def test_a_refused_pipeline_is_refused_before_loading(tmp_path):
     for model, name in (
         ("tiny-anyflow", "AnyFlowPipeline"),
         ("tiny-hunyuanvideo-framepack", "HunyuanVideoFramepackPipeline"),
+        ("tiny-hunyuanvideo-i2v", "HunyuanVideoImageToVideoPipeline"),
+        ("tiny-motif-video-i2v", "MotifVideoImage2VideoPipeline"),
     ):
-        with pytest.raises(ConfigError, match=f"^GRPO does not train {name}: it ") as err:
+        with pytest.raises(ConfigError, match=f"^GRPO does not train {name}: its? ") as err:
             check_before_loading(tiny_config(model=model, frames=5, height=32, width=32), 1)
         assert "\n" not in str(err.value)
     check_before_loading(tiny_config(model="tiny-sana-video", frames=5, height=32, width=32), 1)

@@ -1,8 +1,8 @@
 """Worker-side checks of the GRPO policies of CogVideoX, LTX-2, LTX-Video, SkyReels-V2, HunyuanVideo-1.5, Cosmos 2.5,
 Kandinsky 5, Mochi, EasyAnimate, Motif-Video, Kandinsky 6, Sana-Video and the image-conditioned pipelines (ChronoEdit,
-..., Sana-Video I2V): the gradients and log-probs of one training step through the library's ``GRPOTrainer``, and a tiny
-HunyuanVideo-1.5 text-to-video pipeline (the zoo's ``tiny-hunyuanvideo15`` is a transformer only) built offline, as
-diffusers' fast tests build theirs."""
+..., Sana-Video, Kandinsky 5 and SkyReels-V1 I2V): the gradients and log-probs of one training step through the
+library's ``GRPOTrainer``, and a tiny HunyuanVideo-1.5 text-to-video pipeline (the zoo's ``tiny-hunyuanvideo15`` is a
+transformer only) built offline, as diffusers' fast tests build theirs."""
 
 from __future__ import annotations
 
@@ -149,6 +149,11 @@ def family_configs(hunyuanvideo15: str, images: str, **layout) -> list:
         tiny_config(model="tiny-sana-video-i2v", **{"sample.max_sequence_length": 16}, **with_images),
         # Wan 2.1 I2V's conditioning: the image's latents and mask in channels, CLIP tokens in cross-attention
         tiny_config(model="tiny-skyreels-v2-i2v", **{"sample.max_sequence_length": 16}, **with_images),
+        # the image's latents are the clean first frame (the step's timestep on its tokens, the visual_cond mask on it);
+        # 5 latent frames (its first-frame normalization needs them); the template cuts the prompt at 64 tokens
+        tiny_config(model="tiny-kandinsky5-i2v", **{"sample.max_sequence_length": 64}, **with_images | {"frames": 17}),
+        # SkyReels-V1 (HunyuanVideo): the image's latents in channels, true guidance and the embedded guidance 1.0
+        tiny_config(model="tiny-hunyuanvideo-skyreels-i2v", **{"sample.max_sequence_length": 32}, **with_images),
         # text-to-video: the pipeline's zero VACE context through the VACE blocks (split like the video)
         tiny_config(model="tiny-wan-vace", height=32, width=32, **{"sample.max_sequence_length": 16}, **common),
     ]
