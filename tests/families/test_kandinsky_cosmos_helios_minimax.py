@@ -189,13 +189,15 @@ def test_the_planner_knows_the_real_checkpoints_at_their_published_sizes(name, l
     assert shape.layers == blocks and shape.block_params < shape.params / 10
 
 
-@pytest.mark.parametrize(("name", "message"), [
-    ("minimax_h3", "MiniMaxH3Transformer3DModel \\(minimax_h3 family\\)")])  # fmt: skip
-def test_step_caches_the_blocks_cannot_take_are_refused_in_one_line(name, message):
+def test_parallelize_with_a_cache_refuses_a_family_whose_blocks_cannot_take_one_in_one_line():
+    """``parallelize(..., cache=...)`` gives the family's own reason (AnyFlow FAR: per-block KV caches)."""
     from dit_sp.errors import ConfigError
+    from dit_sp.zoo import build_tiny
 
-    with pytest.raises(ConfigError, match=f"step caching is refused for {message}") as error:
-        parallelize(build(name), init_parallel(ParallelConfig()), cache="first_block")
+    pipe = build_tiny("tiny-anyflow-far")
+    refusal = r"^step caching is refused for AnyFlowFARTransformer3DModel \(anyflow_far family\): its blocks read"
+    with pytest.raises(ConfigError, match=refusal) as error:
+        parallelize(pipe, init_parallel(ParallelConfig()), cache="first_block")
     assert "\n" not in str(error.value)
 
 

@@ -20,6 +20,20 @@ def _image(path, seed: int) -> str:
     return str(path)
 
 
+def _record_prepare_latents(pipe) -> list:
+    """Wraps ``pipe.prepare_latents`` to keep what each call returns; a tensor is handed on as a copy, so what is
+    kept is the pipeline's start even where it steps its latents in place."""
+    prepared = []
+    stock_prepare = pipe.prepare_latents
+
+    def record(*args, **kwargs):
+        prepared.append(stock_prepare(*args, **kwargs))
+        return prepared[-1].clone() if isinstance(prepared[-1], torch.Tensor) else prepared[-1]
+
+    pipe.prepare_latents = record
+    return prepared
+
+
 def euler(policy, noise: torch.Tensor, levels: list[float], cond) -> torch.Tensor:
     """The policy's Euler ODE (GRPO's SDE step without noise) through ``levels``, to 0."""
     x = noise
@@ -162,11 +176,7 @@ def test_kandinsky5_image_to_video_policy_samples_only_the_noised_frames(tmp_pat
     channels, frames, height, width = policy.shape
     assert policy.latent_shape() == (channels, frames - 1, height, width) == (4, 4, 4, 4)
     image, other = _image(tmp_path / "a.png", 0), _image(tmp_path / "b.png", 1)
-    prepared = []
-    stock_prepare = pipe.prepare_latents
-    pipe.prepare_latents = lambda *args, **kwargs: (
-        prepared.append(stock_prepare(*args, **kwargs)) or prepared[-1].clone()
-    )
+    prepared = _record_prepare_latents(pipe)
     call = {"prompt": "a red circle", "negative_prompt": "", "image": Image.open(image), "num_frames": 17,
             "num_inference_steps": 3, "guidance_scale": 4.0, "height": 32, "width": 32, "max_sequence_length": 600,
             "generator": torch.Generator().manual_seed(IMAGE_SEED)}  # fmt: skip
@@ -233,9 +243,7 @@ def test_ltx_image_to_video_policy_samples_only_the_noised_frames(tmp_path):
     channels, frames, height, width = policy.shape
     assert policy.latent_shape() == (channels, frames - 1, height, width)  # the noised frames alone
     image, other = _image(tmp_path / "a.png", 0), _image(tmp_path / "b.png", 1)
-    prepared = []
-    stock_prepare = pipe.prepare_latents
-    pipe.prepare_latents = lambda *args, **kwargs: prepared.append(stock_prepare(*args, **kwargs)) or prepared[-1]
+    prepared = _record_prepare_latents(pipe)
     call = {"prompt": "a red circle", "negative_prompt": "", "image": Image.open(image), "num_frames": 9, "height": 32,
             "width": 32, "num_inference_steps": 3, "guidance_scale": 3.0, "max_sequence_length": 16}  # fmt: skip
     stock, video = stock_run(pipe, generator=torch.Generator().manual_seed(IMAGE_SEED), **call)
@@ -272,9 +280,7 @@ def test_sana_video_image_to_video_policy_samples_only_the_noised_frames(tmp_pat
     channels, frames, height, width = policy.shape
     assert policy.latent_shape() == (channels, frames - 1, height, width)  # the noised frames alone
     image, other = _image(tmp_path / "a.png", 0), _image(tmp_path / "b.png", 1)
-    prepared = []
-    stock_prepare = pipe.prepare_latents
-    pipe.prepare_latents = lambda *args, **kwargs: prepared.append(stock_prepare(*args, **kwargs)) or prepared[-1]
+    prepared = _record_prepare_latents(pipe)
     noise = torch.randn(1, *policy.shape, generator=torch.Generator().manual_seed(1))
     call = {"prompt": "a red circle", "negative_prompt": "", "image": Image.open(image), "frames": 9,
             "num_inference_steps": 3, "guidance_scale": 3.0, "use_resolution_binning": False} | size  # fmt: skip
