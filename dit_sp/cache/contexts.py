@@ -20,6 +20,16 @@ here, by the family's rule, or is refused:
   itself), as does one whose latents or timesteps differ in shape: the state is reset first;
 - otherwise: refused in one line, since one state would then serve both guidance branches.
 
+A call inside a context the pipeline set (``cache_context("cond")``) is compared with the previous call of that
+context: one whose latents or timesteps changed shape, or whose timesteps went back (some above the previous call's,
+below where they rise, ``BranchCalls.rising``) while none moved on, starts a new schedule inside one pipeline call (Wan
+Animate's next segment, Helios' next chunk, SkyReels-V2 diffusion forcing's next long-video iteration, LTX's next
+long multi-prompt window) and first resets every context's state (the record of each context's previous call too, so
+the other branch's first call of the new schedule is not reset again). Per-frame or per-token timesteps (diffusion
+forcing's matrix, where a frame that starts rises from the dummy 999 to the schedule's 1000 while others fall; LTX
+I2V's conditioning tokens at 0) never reset within one schedule; a call at the previous call's timestep (Heun's
+re-evaluation, the other branch) does not either.
+
 A call, in a context or not, that passes an argument the family's ``cache_refused_args`` names (Sana-Video's
 ``controlnet_block_samples``, added between the blocks outside what the hooks skip) is refused in one line.
 
@@ -44,7 +54,7 @@ from dit_sp.families.family import BranchCalls
 
 BRANCHES = ("cond", "uncond")
 """The contexts of a family's guidance calls, in the order its pipelines make them."""
-_RUN_HOOK = "dit_sp_branch_run"
+_RUN_HOOK, _SCHEDULE_HOOK = "dit_sp_branch_run", "dit_sp_context_schedules"
 
 
 class _Run(ModelHook):
@@ -199,6 +209,61 @@ def _one_call_a_step(model: torch.nn.Module, timestep_arg: str,
     return check, lambda: remove_hook(head, _RUN_HOOK)
 
 
+class _Schedules(ModelHook):
+    """The previous call's timesteps and latents shape in each cache context the pipeline set (by name). Stateful, so
+    diffusers forgets them with the cache states (a reset here too)."""
+
+    _is_stateful = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reset_state(None)
+
+    def reset_state(self, module: torch.nn.Module | None) -> torch.nn.Module | None:
+        self.previous: dict[str, tuple[torch.Tensor | None, tuple[int, ...] | None]] = {}
+        return module
+
+
+def _new_schedule_in_context(model: torch.nn.Module, calls: BranchCalls) -> tuple[Callable[[tuple, dict], bool],
+                                                                                   Callable[[], None]]:  # fmt: skip
+    """``(check, undo)``: ``check(args, kwargs)``, for a call inside a cache context the pipeline set, resets every
+    context's cache state when the call starts a new schedule (see the module docstring) and says whether it did."""
+    run, head = _Schedules(), transformer_blocks(model)[0]
+    register_hook(head, run, _SCHEDULE_HOOK)
+    latents = list(_signature(type(model)).parameters)[1]  # the latents: "hidden_states" or the forward's first
+
+    def check(args: tuple, kwargs: dict) -> bool:
+        context = cache_context_of(model)
+        timestep = _argument(model, calls.timestep, args, kwargs)
+        hidden = _argument(model, latents, args, kwargs)
+        t = torch.as_tensor(timestep).detach().flatten().double().clone() if timestep is not None else None
+        shape = tuple(hidden.shape) if isinstance(hidden, torch.Tensor) else None
+        previous = run.previous.get(context.name)
+        new = previous is not None and _starts_anew(t, shape, *previous, calls.rising)
+        if new:
+            HookRegistry.check_if_exists_or_initialize(model).reset_stateful_hooks()  # `run` and the context too
+            set_cache_context(model, context)
+        run.previous[context.name] = (t, shape)
+        return new
+
+    return check, lambda: remove_hook(head, _SCHEDULE_HOOK)
+
+
+def _starts_anew(t: torch.Tensor | None, shape: tuple[int, ...] | None, t_before: torch.Tensor | None,
+                 shape_before: tuple[int, ...] | None, rising: bool) -> bool:  # fmt: skip
+    """Whether a call (its flattened timesteps ``t``, its latents' shape) starts a new schedule after the previous call
+    of its context: the latents or timesteps changed shape, or a timestep went back (up; down where they rise) and
+    none moved on (a new per-frame schedule starts all frames back; within one, some frame always moves on)."""
+    if shape != shape_before or (t is None) != (t_before is None):
+        return True
+    if t is None or t_before is None:
+        return False
+    if t.shape != t_before.shape:
+        return True
+    back, on = (t < t_before, t > t_before) if rising else (t > t_before, t < t_before)
+    return bool(back.any()) and not bool(on.any())
+
+
 def context_for_every_call(model: torch.nn.Module, family: Any) -> Callable[[], None]:
     """Give each call of ``model`` made outside a cache context the context of the family's rule (the module
     docstring), or refuse it. Returns the undo."""
@@ -215,6 +280,8 @@ def context_for_every_call(model: torch.nn.Module, family: Any) -> Callable[[], 
         latents = tuple(dict.fromkeys(("hidden_states", *(n for n in named if n != "encoder_hidden_states"))))
         one_call, forget = _one_call_a_step(model, (family.cache_branches or BranchCalls()).timestep, latents)
         undo.append(forget)
+    in_context, forget = _new_schedule_in_context(model, family.cache_branches or BranchCalls())
+    undo.append(forget)
     given = []  # the context this hook set for the call in progress (the model's own hooks: one model, one call)
 
     def enter(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
@@ -223,6 +290,7 @@ def context_for_every_call(model: torch.nn.Module, family: Any) -> Callable[[], 
                 raise ConfigError(f"step caching: {type(module).__name__} was called with {arg!r}, which a cached call "
                                   f"cannot take ({why}); run without the cache")  # fmt: skip
         if cache_context_of(module) is not None:
+            in_context(args, kwargs)
             return
         if family.cfg_mode == "batched":
             one_call(args, kwargs)

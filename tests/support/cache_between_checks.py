@@ -141,7 +141,9 @@ def _wan_animate_run(pipe) -> dict:
 
     rng = np.random.RandomState(0)
     image = Image.fromarray((rng.rand(40, 30, 3) * 255).astype("uint8"))
-    video = lambda size: [Image.fromarray((rng.rand(*size, 3) * 255).astype("uint8")) for _ in range(5)]  # noqa: E731
+    # 9 frames, segments of 5 with 1 frame of the previous one: 2 segments, the second a new schedule inside the
+    # pipeline's cache contexts (every state reset at its first call)
+    video = lambda size: [Image.fromarray((rng.rand(*size, 3) * 255).astype("uint8")) for _ in range(9)]  # noqa: E731
     latents = []
     keep = lambda pipe, i, t, tensors: latents.append(tensors["latents"].clone()) or {}  # noqa: E731
     frames = pipe(image=image, pose_video=video((48, 32)), face_video=video((20, 20)), prompt="a person dancing",
