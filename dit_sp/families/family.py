@@ -77,8 +77,10 @@ class BranchCalls:
     """The forward argument holding the step's timestep: a call whose timestep is above the previous call's starts a
     new schedule (Framepack's next section), and every branch's cache state is reset first."""
     rising: bool = False
-    """Whether the timesteps rise over a schedule (MiniMax-H3's flow time: 0 noise, 1 data) rather than fall: a new
-    schedule then starts with a call whose timesteps are below the previous call's (none above, without guidance)."""
+    """Whether the timesteps the transformer gets rise over a schedule (MiniMax-H3's flow time: 0 noise, 1 data;
+    Mochi's inverted timesteps) rather than fall: a new schedule then starts with a call whose timesteps are below the
+    previous call's (none above), for calls outside cache contexts and inside the pipeline's own alike. Declared the
+    wrong way, every call looks like a new schedule: nothing is skipped, nothing is wrong."""
 
 
 VAEFactors = Callable[[dict[str, Any]], tuple[int, int]]
@@ -233,7 +235,8 @@ class ModelFamily:
     cache_branches: BranchCalls | None = None
     """For a ``sequential`` family whose pipelines call the transformer per guidance branch outside diffusers' cache
     contexts (ChronoEdit, HunyuanVideo Framepack): how a step cache names each call's branch. None: such a call is
-    refused under a step cache (one state would serve both branches)."""
+    refused under a step cache (one state would serve both branches). Any family: its ``timestep`` and ``rising``
+    tell a step cache where a new schedule starts (a ``batched`` family's, Mochi's, only those)."""
     block_outputs: dict[str, tuple[Any, ...]] = field(default_factory=dict, hash=False)
     """Blocks diffusers has no metadata for, by class name: where their outputs are (the hidden states' index, the
     encoder hidden states' index or None; ``(0, None)`` for a block returning one tensor), optionally followed by the

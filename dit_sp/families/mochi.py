@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import block_argument, context_parallel_types
 from dit_sp.errors import ConfigError
-from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.families.family import BranchCalls, ModelFamily, generation_defaults
 from dit_sp.families.policy import DiffusersPolicy
 from dit_sp.vae import Padding, VAEPlan
 from dit_sp.vae.tiles import TileProtocol
@@ -149,6 +149,9 @@ MOCHI = ModelFamily(
     cfg_mode="batched",
     cfg_batched_args=("hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask"),
     teacache_probe=_teacache_probe,
+    # its pipeline passes inverted timesteps (the scheduler's invert_sigmas: 0 noise, rising to 1000), so the step
+    # caches tell a new schedule inside one call by a timestep that fell (dit_sp.cache.contexts)
+    cache_branches=BranchCalls(rising=True),
     vae=MOCHI_VAE,
     tiny_models=("tiny-mochi",),
     # the MochiPipeline's VAE factors are fixed (x6 in time, x8 in space), whatever the VAE's config
