@@ -71,7 +71,7 @@ class _Run(ModelHook):
         self.prompts: list[torch.Tensor] = []  # kept alive for the run: an id is never reused by another tensor
         self.conditions: list[dict[str, Any]] = []  # each branch's first call's arguments but its latents and timestep
         self.timestep: float | None = None
-        self.timesteps: torch.Tensor | None = None  # the previous call's timesteps (no guidance: ``_one_branch``)
+        self.timesteps: torch.Tensor | None = None  # the previous call's timesteps, flattened (or their max: branches)
         self.shape: tuple[int, ...] | None = None
         self.others: dict[str, Any] | None = None  # a batched call's arguments but its latents (kept alive: by value)
         return module
@@ -109,12 +109,11 @@ def _branch_namer(model: torch.nn.Module, calls: Any) -> tuple[Callable[[tuple, 
         if not all(isinstance(t, torch.Tensor) for t in tensors) or not isinstance(timestep, torch.Tensor):
             raise ConfigError(f"step caching: {kind} names a call's guidance branch by its {calls.prompt!r} and "
                               f"{calls.timestep!r} tensors, and this call lacks one; pass both")  # fmt: skip
-        t, shape = float(timestep.max()), tuple(hidden.shape) if isinstance(hidden, torch.Tensor) else None
-        if run.timestep is not None and (
-            (t < run.timestep if calls.rising else t > run.timestep) or shape != run.shape
-        ):
+        t = timestep.detach().max().double().reshape(1)  # the schedule's front (per-token timesteps: its noisiest)
+        shape = tuple(hidden.shape) if isinstance(hidden, torch.Tensor) else None
+        if run.timesteps is not None and _starts_anew(t, shape, run.timesteps, run.shape, calls.rising):
             HookRegistry.check_if_exists_or_initialize(model).reset_stateful_hooks()  # `run` too
-        run.timestep, run.shape = t, shape
+        run.timesteps, run.shape = t, shape
         for index, seen in enumerate(run.prompts):
             if seen is prompt:
                 return BRANCHES[index]
@@ -152,9 +151,8 @@ def _one_branch(model: torch.nn.Module, calls: Any) -> tuple[Callable[[tuple, di
                               "call lacks one; pass it")  # fmt: skip
         t = timestep.detach().flatten().double().clone()
         shape = tuple(hidden.shape) if isinstance(hidden, torch.Tensor) else None
-        previous = run.timesteps
-        moved_on = lambda: bool(((t > previous) if calls.rising else (t < previous)).any())  # noqa: E731
-        if previous is not None and (shape != run.shape or t.shape != previous.shape or not moved_on()):
+        # one call a step: a call at the previous call's timesteps is the next tile's, and starts anew too
+        if run.timesteps is not None and _starts_anew(t, shape, run.timesteps, run.shape, calls.rising, same_step=True):
             HookRegistry.check_if_exists_or_initialize(model).reset_stateful_hooks()  # `run` too
         run.timesteps, run.shape = t, shape
         return BRANCHES[0]
@@ -250,10 +248,12 @@ def _new_schedule_in_context(model: torch.nn.Module, calls: BranchCalls) -> tupl
 
 
 def _starts_anew(t: torch.Tensor | None, shape: tuple[int, ...] | None, t_before: torch.Tensor | None,
-                 shape_before: tuple[int, ...] | None, rising: bool) -> bool:  # fmt: skip
+                 shape_before: tuple[int, ...] | None, rising: bool, same_step: bool = False) -> bool:  # fmt: skip
     """Whether a call (its flattened timesteps ``t``, its latents' shape) starts a new schedule after the previous call
     of its context: the latents or timesteps changed shape, or a timestep went back (up; down where they rise) and
-    none moved on (a new per-frame schedule starts all frames back; within one, some frame always moves on)."""
+    none moved on (a new per-frame schedule starts all frames back; within one, some frame always moves on). With
+    ``same_step``, a call none of whose timesteps moved on starts anew even at the previous call's timesteps (one
+    call a step and no guidance branches: Kandinsky 6 SR's next tile). The one rule of every call's naming here."""
     if shape != shape_before or (t is None) != (t_before is None):
         return True
     if t is None or t_before is None:
@@ -261,7 +261,7 @@ def _starts_anew(t: torch.Tensor | None, shape: tuple[int, ...] | None, t_before
     if t.shape != t_before.shape:
         return True
     back, on = (t < t_before, t > t_before) if rising else (t > t_before, t < t_before)
-    return bool(back.any()) and not bool(on.any())
+    return not bool(on.any()) and (same_step or bool(back.any()))
 
 
 def context_for_every_call(model: torch.nn.Module, family: Any) -> Callable[[], None]:
