@@ -72,16 +72,7 @@ class LTXPolicy(FirstFrameImagePolicy):
 
     def _image_parts(self, image: Any) -> tuple[Tensor, ...]:
         """``(image_frame,)`` ``(1, C, 1, H, W)``: the first frame of the pipeline's ``prepare_latents``."""
-        import torch
-
-        pipe, (channels, frames, height, width) = self.pipe, self.shape
-        spatial = self._compression(pipe)[1]
-        packed, _ = pipe.prepare_latents(self._pixels(image), 1, channels, height * spatial, width * spatial,
-                                         self.pixel_frames, torch.float32, self.device,
-                                         self.image_generator())  # fmt: skip
-        config = self.transformer.config
-        latents = pipe._unpack_latents(packed, frames, height, width, config.patch_size, config.patch_size_t)
-        return (latents[:, :, :1],)
+        return (first_latent_frame(self, self._pixels(image)),)
 
     def _compression(self, pipe: Any) -> tuple[int, int]:
         return pipe.vae_temporal_compression_ratio, pipe.vae_spatial_compression_ratio
@@ -90,17 +81,12 @@ class LTXPolicy(FirstFrameImagePolicy):
         return self._masked_text(prompts)
 
     def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: tuple[Any, ...]) -> Tensor:
-        import torch
-
         pipe, image = self.pipe, None
         text, mask = cond if not isinstance(cond[0], tuple) else cond[0]
         patch, patch_t = model.config.patch_size, model.config.patch_size_t
         if isinstance(cond[0], tuple):  # the clean image frame in front, timestep 0 on its tokens
-            image = cond[1].to(hidden.dtype)
-            hidden = torch.cat([image, hidden], dim=2)
-            first = hidden.new_zeros(1, 1, *hidden.shape[2:])
-            first[:, :, 0] = 1.0
-            timestep = timestep[:, None] * (1 - pipe._pack_latents(first, patch, patch_t).squeeze(-1))
+            image = cond[1]
+            hidden, timestep = image_frame_in_front(pipe, hidden, timestep, image, patch, patch_t)
         _, _, frames, height, width = hidden.shape
         grid = (frames // patch_t, height // patch, width // patch)
         temporal, spatial = self._compression(pipe)
@@ -129,6 +115,34 @@ class LTXPolicy(FirstFrameImagePolicy):
             torch.manual_seed(DECODE_SEED)  # a noise-injecting decoder's draws: the same on every rank and call
             video = vae.decode(self._unscale(latents).to(vae.dtype), decode_timestep, return_dict=False)[0]
         return ((video.float() + 1) / 2).clamp(0, 1).permute(0, 2, 1, 3, 4)
+
+
+def first_latent_frame(policy: FirstFrameImagePolicy, pixels: Tensor) -> Tensor:
+    """The image's latent frame ``(1, C, 1, H, W)`` as an LTX image-to-video pipeline's ``prepare_latents`` makes it
+    (LTX-Video's and LTX-2's: packed latents and a conditioning mask, the image's latents the first frame), for
+    ``pixels`` ``(1, 3, H, W)``; a generator at ``IMAGE_SEED`` for what it draws (LTX-Video: the VAE's posterior)."""
+    import torch
+
+    pipe, (channels, frames, height, width) = policy.pipe, policy.shape
+    spatial, config = policy._compression(pipe)[1], policy.transformer.config
+    packed, _ = pipe.prepare_latents(image=pixels, batch_size=1, num_channels_latents=channels,
+                                     height=height * spatial, width=width * spatial, num_frames=policy.pixel_frames,
+                                     dtype=torch.float32, device=policy.device,
+                                     generator=policy.image_generator())  # fmt: skip
+    return pipe._unpack_latents(packed, frames, height, width, config.patch_size, config.patch_size_t)[:, :, :1]
+
+
+def image_frame_in_front(pipe: Any, hidden: Tensor, timestep: Tensor, image: Tensor, patch: int,
+                         patch_t: int) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """``(latents, per-token timesteps)`` of an LTX image-to-video transformer call: the clean image frame ``image``
+    ``(B, C, 1, H, W)`` in front of the noised frames ``hidden`` ``(B, C, F - 1, H, W)``, and the step's timestep
+    ``(B,)`` on every token but the image frame's (0), ``(B, S)`` in the pipeline's packed token order."""
+    import torch
+
+    hidden = torch.cat([image.to(hidden.dtype), hidden], dim=2)
+    first = hidden.new_zeros(1, 1, *hidden.shape[2:])
+    first[:, :, 0] = 1.0
+    return hidden, timestep[:, None] * (1 - pipe._pack_latents(first, patch, patch_t).squeeze(-1))
 
 
 def _plan(model: torch.nn.Module) -> dict:

@@ -43,7 +43,8 @@ VAE and the vocoder are not split: every rank holds the whole audio stream and d
 communication (a mel spectrogram of about 25 latent frames a second and a 1D vocoder over time, small beside the
 video decode; they have no rows to split).
 
-GRPO (``LTX2Policy``) trains the video stream alone: the audio is refused (see the class).
+GRPO (``LTX2Policy``) trains the video stream alone, of text-to-video and image-to-video: the audio is isolated and
+not trained (see the class).
 """
 
 from __future__ import annotations
@@ -53,8 +54,16 @@ from typing import TYPE_CHECKING, Any
 from dit_sp._compat import context_parallel_types
 from dit_sp.errors import ConfigError
 from dit_sp.families.family import ModelFamily, generation_defaults, no_grad
-from dit_sp.families.ltx import ltx_teacache_probe, ltx_vae_downsampling, ltx_vae_factors, ltx_vae_noise, ltx_vae_tiles
-from dit_sp.families.policy import DiffusersPolicy
+from dit_sp.families.ltx import (
+    first_latent_frame,
+    image_frame_in_front,
+    ltx_teacache_probe,
+    ltx_vae_downsampling,
+    ltx_vae_factors,
+    ltx_vae_noise,
+    ltx_vae_tiles,
+)
+from dit_sp.families.policy import FirstFrameImagePolicy
 from dit_sp.vae import VAEPlan
 
 if TYPE_CHECKING:
@@ -67,18 +76,26 @@ FRAME_RATE = 24.0
 ``motion_speed`` 1)."""
 
 
-class LTX2Policy(DiffusersPolicy):
-    """LTX-2 text-to-video (``LTX2Pipeline``), the video stream only: silent videos.
+class LTX2Policy(FirstFrameImagePolicy):
+    """LTX-2 text-to-video (``LTX2Pipeline``) and image-to-video (``LTX2ImageToVideoPipeline``), the video stream
+    only: silent videos.
 
     GRPO's trajectories, log-probabilities and rewards are over one latent video; LTX-2 denoises an audio stream
     beside it, and each stream attends to the other (audio-to-video and video-to-audio cross-attention). The policy
     runs the transformer with ``isolate_modalities`` (as the pipeline's modality-isolation guidance branch does):
     both cross-attentions are off, so the video velocity does not depend on the audio at all, and the audio stream
     gets one placeholder latent frame of zeros whose output is dropped. Audio is neither sampled, scored nor trained
-    (the audio layers get no gradient). The text goes through the pipeline's connectors once, when it is encoded.
-    Guidance is plain classifier-free guidance on the video velocity (equal to the pipeline's x0-space delta form);
-    the pipeline's spatio-temporal and modality guidance and guidance rescale are not part of the policy.
-    Latents are ``(B, C, F, H, W)`` here and packed ``(B, F*H*W, C)`` for the transformer.
+    (the audio layers get no gradient). The stock sampler differs exactly there: its guided call runs the
+    cross-attentions over the audio it denoises jointly, and it adds spatio-temporal and modality guidance and
+    guidance rescale; with the cross-attentions isolated, those off, it samples the policy's ODE
+    (``tests/rl/test_family_policies_ltx2.py``). The text goes through the pipeline's connectors once, when it is
+    encoded. Guidance is plain classifier-free guidance on the video velocity (equal to the pipeline's x0-space
+    delta form). Latents are ``(B, C, F, H, W)`` here and packed ``(B, F*H*W, C)`` for the transformer.
+
+    Image-to-video (a ``FirstFrameImagePolicy``): the image, re-compressed as the pipeline does (H.264 at
+    ``image_crf``), has its latents (the VAE's mode, normalised: nothing drawn) as the first latent frame, whose tokens
+    get timestep 0 (the audio and the prompt modulation the step's); the policy's latents are the frames after it.
+    Conditioning is then ``((video_text, audio_text, mask), image_frame)``, the frame ``(B, C, 1, H, W)``.
 
     Refused: a timestep-conditioned VAE (its decode draws noise)."""
 
@@ -87,9 +104,22 @@ class LTX2Policy(DiffusersPolicy):
         if pipe.vae.config.get("timestep_conditioning"):
             raise ConfigError("LTX-2 GRPO decodes without noise; this VAE is timestep-conditioned (decode_timestep "
                               "adds noise to the latents), which the policy does not support")  # fmt: skip
+        self.image_crf = image_crf(pipe) if self.takes_images else 0
+        """The H.264 CRF the image is re-compressed at before it is encoded (the pipeline's default ``image_crf``)."""
 
     def _compression(self, pipe: Any) -> tuple[int, int]:
         return pipe.vae_temporal_compression_ratio, pipe.vae_spatial_compression_ratio
+
+    def _image_parts(self, image: Any) -> tuple[Tensor, ...]:
+        """``(image_frame,)`` ``(1, C, 1, H, W)``: the first frame of the pipeline's ``prepare_latents`` of the image
+        re-compressed at ``image_crf``, as ``LTX2ImageToVideoPipeline.__call__`` encodes it."""
+        import numpy as np
+        from diffusers.pipelines.ltx2.utils import apply_image_conditioning_crf
+        from PIL import Image
+
+        if self.image_crf:
+            image = Image.fromarray(apply_image_conditioning_crf(np.array(image.convert("RGB")), self.image_crf))
+        return (first_latent_frame(self, self._pixels(image)),)
 
     @no_grad
     def _encode(self, prompts: list[str]) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...] | None]:
@@ -108,26 +138,50 @@ class LTX2Policy(DiffusersPolicy):
 
         return connect(embeds, mask), connect(negative, negative_mask) if self.guided else None
 
-    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: tuple[Tensor, ...]) -> Tensor:
+    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: tuple[Any, ...]) -> Tensor:
         import torch
 
-        video_text, audio_text, mask = cond
+        image = cond[1] if isinstance(cond[0], tuple) else None
+        video_text, audio_text, mask = cond[0] if image is not None else cond
         config = model.config
-        batch, _, frames, height, width = hidden.shape
         patch, patch_t = config.patch_size, config.patch_size_t
+        step = timestep  # (B,): the audio's and the prompt modulation's timestep
+        if image is not None:  # the clean image frame in front, timestep 0 on its tokens
+            hidden, timestep = image_frame_in_front(self.pipe, hidden, timestep, image, patch, patch_t)
+        batch, _, frames, height, width = hidden.shape
         grid = (frames // patch_t, height // patch, width // patch)
         packed = self.pipe._pack_latents(hidden, patch, patch_t)
         audio = torch.zeros(batch, 1, config.audio_in_channels, dtype=hidden.dtype, device=hidden.device)
         out = model(hidden_states=packed, audio_hidden_states=audio, encoder_hidden_states=video_text.to(hidden.dtype),
-                    audio_encoder_hidden_states=audio_text.to(hidden.dtype), timestep=timestep, sigma=timestep,
-                    encoder_attention_mask=mask, audio_encoder_attention_mask=mask, num_frames=grid[0],
+                    audio_encoder_hidden_states=audio_text.to(hidden.dtype), timestep=timestep, audio_timestep=step,
+                    sigma=step, encoder_attention_mask=mask, audio_encoder_attention_mask=mask, num_frames=grid[0],
                     height=grid[1], width=grid[2], fps=FRAME_RATE, audio_num_frames=1, isolate_modalities=True,
                     return_dict=False)[0]  # fmt: skip
-        return self.pipe._unpack_latents(out, *grid, patch, patch_t)
+        out = self.pipe._unpack_latents(out, *grid, patch, patch_t)
+        return out if image is None else out[:, :, 1:]
 
     def _unscale(self, latents: Tensor) -> Tensor:
         vae = self.pipe.vae
         return self.pipe._denormalize_latents(latents, vae.latents_mean, vae.latents_std, vae.config.scaling_factor)
+
+
+def image_crf(pipe: Any) -> int:
+    """The H.264 CRF ``LTX2ImageToVideoPipeline`` re-compresses its image at by default: diffusers'
+    ``resolve_default_image_crf`` of its text encoder (33 for Gemma 3, LTX-2 to 2.3; 18 for Gemma 4, LTX-2.5). Where
+    the trainer has not loaded the text encoder (every prompt's embeddings cached), its type is read from the
+    checkpoint's ``text_encoder/config.json``, so a resumed run conditions on the same image as the first."""
+    import json
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from diffusers.pipelines.ltx2.utils import resolve_default_image_crf
+
+    encoder = getattr(pipe, "text_encoder", None)
+    source = pipe.config.get("_name_or_path") if encoder is None else None
+    config = Path(source) / "text_encoder" / "config.json" if source else None
+    if config is not None and config.is_file():
+        encoder = SimpleNamespace(config=SimpleNamespace(model_type=json.loads(config.read_text()).get("model_type")))
+    return resolve_default_image_crf(encoder)
 
 
 def _plan(model: torch.nn.Module) -> dict:
@@ -213,7 +267,7 @@ LTX2 = ModelFamily(
         *("timestep", "audio_timestep", "sigma", "audio_sigma", "encoder_attention_mask"),
         *("audio_encoder_attention_mask", "video_coords", "audio_coords", "video_keyframes_mask"),
     ),
-    pipelines=("LTX2Pipeline",),
+    pipelines=("LTX2Pipeline", "LTX2ImageToVideoPipeline"),
     policy=LTX2Policy,
     tiny_models=(
         "tiny-ltx2",
@@ -254,11 +308,6 @@ LTX2 = ModelFamily(
             "every sample needs a reference SDR video (in-context tokens beside the noise), which a GRPO "
             "prompt file (a prompt and at most one image) cannot supply, and its HDR output is unbounded, not"
             " the [0, 1] video the rewards score"
-        ),
-        "LTX2ImageToVideoPipeline": (
-            "no policy is written for it yet: LTX2Policy trains LTX2Pipeline's video stream, and this "
-            "pipeline keeps the image's latents as a clean first frame (timestep 0 on its tokens) beside the "
-            "audio stream"
         ),
         "LTX2InContextPipeline": (
             "every sample needs a reference video (encoded to in-context tokens concatenated to the noise, "

@@ -59,7 +59,8 @@ def test_stated_latents_and_tokens_follow_from_the_settings(path):
      ("grpo_wan2.1_vace_1.3b", "wan2.1-vace-1.3b", 8), ("grpo_sana_video_2b_i2v", "sana-video_2b_480p", 8),
      ("grpo_skyreels_v2_i2v_14b", "skyreels-v2-i2v-14b-720p", 32),
      ("grpo_skyreels_v1_hunyuan_i2v", "skyreels-v1-hunyuan-i2v", 32),
-     ("grpo_kandinsky5_i2v_pro", "kandinsky5-i2v-pro", 16)],
+     ("grpo_kandinsky5_i2v_pro", "kandinsky5-i2v-pro", 16),
+     ("grpo_ltx2_i2v", "ltx-2-19b", 32)],
 )  # fmt: skip
 def test_real_checkpoint_configs_load_and_fit_their_plan(name, arch, gpus):
     config = TrainConfig.load(name)

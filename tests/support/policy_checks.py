@@ -156,6 +156,8 @@ def family_configs(hunyuanvideo15: str, images: str, **layout) -> list:
         tiny_config(model="tiny-hunyuanvideo-skyreels-i2v", **{"sample.max_sequence_length": 32}, **with_images),
         # text-to-video: the pipeline's zero VACE context through the VACE blocks (split like the video)
         tiny_config(model="tiny-wan-vace", height=32, width=32, **{"sample.max_sequence_length": 16}, **common),
+        # LTX-2 I2V, audio isolated: the image's latents (re-compressed, the VAE's mode) are the clean first frame
+        tiny_config(model="tiny-ltx2-i2v", **{"sample.max_sequence_length": 32}, **with_images),
     ]
 
 
