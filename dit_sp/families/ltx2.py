@@ -43,8 +43,8 @@ VAE and the vocoder are not split: every rank holds the whole audio stream and d
 communication (a mel spectrogram of about 25 latent frames a second and a 1D vocoder over time, small beside the
 video decode; they have no rows to split).
 
-GRPO (``LTX2Policy``) trains the video stream alone, of text-to-video and image-to-video: the audio is isolated and
-not trained (see the class).
+GRPO (``LTX2Policy``) trains the video stream alone, of text-to-video, image-to-video and the condition pipeline's
+first-frame image: the audio is isolated and not trained (see the class).
 """
 
 from __future__ import annotations
@@ -77,8 +77,9 @@ FRAME_RATE = 24.0
 
 
 class LTX2Policy(FirstFrameImagePolicy):
-    """LTX-2 text-to-video (``LTX2Pipeline``) and image-to-video (``LTX2ImageToVideoPipeline``), the video stream
-    only: silent videos.
+    """LTX-2 text-to-video (``LTX2Pipeline``) and image-to-video (``LTX2ImageToVideoPipeline``;
+    ``LTX2ConditionPipeline`` with the image as one condition at the first frame), the video stream only: silent
+    videos.
 
     GRPO's trajectories, log-probabilities and rewards are over one latent video; LTX-2 denoises an audio stream
     beside it, and each stream attends to the other (audio-to-video and video-to-audio cross-attention). The policy
@@ -107,19 +108,39 @@ class LTX2Policy(FirstFrameImagePolicy):
         self.image_crf = image_crf(pipe) if self.takes_images else 0
         """The H.264 CRF the image is re-compressed at before it is encoded (the pipeline's default ``image_crf``)."""
 
+    @classmethod
+    def image_first_frame(cls, pipeline: type) -> bool:
+        """``LTX2ImageToVideoPipeline`` (its ``prepare_latents`` takes the ``image``) and ``LTX2ConditionPipeline``
+        (its ``conditions``: one image at latent index 0, strength 1)."""
+        return super().image_first_frame(pipeline) or pipeline.__name__ == "LTX2ConditionPipeline"
+
     def _compression(self, pipe: Any) -> tuple[int, int]:
         return pipe.vae_temporal_compression_ratio, pipe.vae_spatial_compression_ratio
 
     def _image_parts(self, image: Any) -> tuple[Tensor, ...]:
-        """``(image_frame,)`` ``(1, C, 1, H, W)``: the first frame of the pipeline's ``prepare_latents`` of the image
-        re-compressed at ``image_crf``, as ``LTX2ImageToVideoPipeline.__call__`` encodes it."""
+        """``(image_frame,)`` ``(1, C, 1, H, W)``: the image's clean first latent frame as the pipeline's
+        ``prepare_latents`` makes it, the image re-compressed at ``image_crf``: ``LTX2ImageToVideoPipeline``'s (as its
+        ``__call__`` re-compresses and resizes it), or ``LTX2ConditionPipeline``'s of one ``LTX2VideoCondition`` at
+        latent index 0 with strength 1 (its own resize to cover the frame, centre crop and re-compression)."""
         import numpy as np
+        import torch
         from diffusers.pipelines.ltx2.utils import apply_image_conditioning_crf
         from PIL import Image
 
-        if self.image_crf:
-            image = Image.fromarray(apply_image_conditioning_crf(np.array(image.convert("RGB")), self.image_crf))
-        return (first_latent_frame(self, self._pixels(image)),)
+        pipe = self.pipe
+        if type(pipe).__name__ != "LTX2ConditionPipeline":
+            if self.image_crf:
+                image = Image.fromarray(apply_image_conditioning_crf(np.array(image.convert("RGB")), self.image_crf))
+            return (first_latent_frame(self, self._pixels(image)),)
+        from diffusers.pipelines.ltx2.pipeline_ltx2_condition import LTX2VideoCondition
+
+        (channels, frames, height, width), spatial = self.shape, self._compression(pipe)[1]
+        condition = LTX2VideoCondition(frames=image, index=0, strength=1.0, crf=self.image_crf)
+        _, _, clean, _ = pipe.prepare_latents([condition], 1, channels, height * spatial, width * spatial,
+                                              self.pixel_frames, FRAME_RATE, 1.0, torch.float32, self.device,
+                                              self.image_generator())  # fmt: skip
+        config = self.transformer.config
+        return (pipe._unpack_latents(clean, frames, height, width, config.patch_size, config.patch_size_t)[:, :, :1],)
 
     @no_grad
     def _encode(self, prompts: list[str]) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...] | None]:
@@ -131,7 +152,10 @@ class LTX2Policy(FirstFrameImagePolicy):
             max_sequence_length=self.max_sequence_length,
             device=self.device,
         )
+        # the padding side the pipeline's connectors get: LTX2ConditionPipeline's is its tokenizer's when it was built
+        # (tokenizer_padding_side), the others' the tokenizer's after encode_prompt set it
         side = getattr(pipe.tokenizer, "padding_side", "left") if getattr(pipe, "tokenizer", None) else "left"
+        side = getattr(pipe, "tokenizer_padding_side", side)
 
         def connect(text: Tensor, text_mask: Tensor) -> tuple[Tensor, ...]:  # (video text, audio text, mask)
             return tuple(pipe.connectors(text, text_mask, padding_side=side))
@@ -267,7 +291,7 @@ LTX2 = ModelFamily(
         *("timestep", "audio_timestep", "sigma", "audio_sigma", "encoder_attention_mask"),
         *("audio_encoder_attention_mask", "video_coords", "audio_coords", "video_keyframes_mask"),
     ),
-    pipelines=("LTX2Pipeline", "LTX2ImageToVideoPipeline"),
+    pipelines=("LTX2Pipeline", "LTX2ImageToVideoPipeline", "LTX2ConditionPipeline"),
     policy=LTX2Policy,
     tiny_models=(
         "tiny-ltx2",
@@ -290,11 +314,6 @@ LTX2 = ModelFamily(
     # step reuses both streams' residuals on the video's decision)
     teacache_probe=ltx_teacache_probe,
     policy_refused={
-        "LTX2ConditionPipeline": (
-            "no policy is written for it yet: it inserts image conditions at chosen frames with their own "
-            "strengths and samples audio beside the video, while LTX2Policy trains LTX2Pipeline's video "
-            "stream alone"
-        ),
         "LTX2DFRPipeline": (
             "it is one pass of a multi-pass rendering recipe (half resolution, upsampled, then re-denoised "
             "with keyframe slots and an IC-LoRA reference), re-denoising given latents and keyframe slots "

@@ -298,15 +298,21 @@ class FirstFrameImagePolicy(DiffusersPolicy):
     for decoding. The text-to-video pipelines of the same policy class are unaffected."""
 
     @classmethod
+    def image_first_frame(cls, pipeline: type) -> bool:
+        """Whether ``pipeline`` keeps an image as its clean first latent frame: its ``prepare_latents`` takes the
+        ``image`` (a family whose pipeline takes it otherwise says so here)."""
+        return "image" in inspect.signature(pipeline.prepare_latents).parameters
+
+    @classmethod
     def check_settings(cls, pipeline: type, frames: int, temporal: int) -> None:
-        if "image" in inspect.signature(pipeline.prepare_latents).parameters and (frames - 1) // temporal + 1 < 2:
+        if cls.image_first_frame(pipeline) and (frames - 1) // temporal + 1 < 2:
             raise ConfigError(f"frames {frames}: {pipeline.__name__} keeps the first latent frame the image's and "
                               "samples the frames after it, and these frames are that one alone (nothing to sample or "
                               f"train); set sample.frames to {temporal + 1} or more")  # fmt: skip
 
     @property
     def takes_images(self) -> bool:
-        return "image" in inspect.signature(type(self.pipe).prepare_latents).parameters
+        return self.image_first_frame(type(self.pipe))
 
     def latent_shape(self) -> tuple[int, ...]:
         channels, frames, height, width = self.shape

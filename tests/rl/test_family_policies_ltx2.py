@@ -1,7 +1,9 @@
-"""GRPO policy of LTX-2 (``LTX2Policy``: the video stream, the audio isolated), text-to-video and image-to-video: its
-Euler ODE at the scheduler's own noise levels is the stock pipeline's sampling where the stock pipeline's audio path
-is the policy's (the audio-video cross-attentions isolated), and the test shows what differs where it is not. One
-GRPO step of each on 1x2 and 2x1 is in tests/rl/test_family_policies.py (the families' shared spawn)."""
+"""GRPO policy of LTX-2 (``LTX2Policy``: the video stream, the audio isolated), text-to-video, image-to-video and the
+condition pipeline with one first-frame image: its Euler ODE at the scheduler's own noise levels is the stock
+pipeline's sampling where the stock pipeline's audio path is the policy's (the audio-video cross-attentions isolated),
+and the test shows what differs where it is not. One GRPO step of text- and image-to-video on 1x2 and 2x1 is in
+tests/rl/test_family_policies.py (the families' shared spawn); the condition pipeline's differs from image-to-video's
+only in how the image is encoded, which its test compares with the pipeline's."""
 
 from __future__ import annotations
 
@@ -133,6 +135,46 @@ def test_ltx2_image_to_video_policy_samples_only_the_noised_frames(tmp_path):
     with pytest.raises(ValueError, match=r"^frames 1: LTX2ImageToVideoPipeline keeps the first latent frame"):
         check_before_loading(tiny_config(model="tiny-ltx2-i2v", prompts=prompts, frames=1, height=32, width=32), 1)
     check_before_loading(tiny_config(model="tiny-ltx2-i2v", prompts=prompts, frames=5, height=32, width=32), 1)
+
+
+@pytest.mark.slow  # runs the stock pipeline
+@torch.no_grad()
+def test_ltx2_condition_policy_is_its_image_to_video(tmp_path):
+    """LTX2ConditionPipeline with one image condition at latent index 0, strength 1 (a prompt file's image): its own
+    preprocessing (resize to cover, centre crop, CRF 33) makes the clean first frame, which it keeps at timestep 0; the
+    policy's Euler ODE of the frames after it is the stock sampling (audio isolated, plain guidance 3) within 1e-5, its
+    decode the pipeline's video (the text through the connectors at the pipeline's own padding side); one latent
+    frame is refused before loading."""
+    from diffusers.pipelines.ltx2.pipeline_ltx2_condition import LTX2VideoCondition
+
+    pipe = build_tiny("tiny-ltx2-condition")
+    policy = policy_for(pipe)(pipe, pipe.transformer, frames=9, height=32, width=32, guidance=3.0,
+                              max_sequence_length=32)  # fmt: skip
+    assert type(policy).__name__ == "LTX2Policy" and policy.takes_images and policy.image_crf == 33
+    channels, frames, height, width = policy.shape
+    assert policy.latent_shape() == (channels, frames - 1, height, width)
+    image = _image(tmp_path / "a.png", 0)
+    prepared, stock_prepare = [], pipe.prepare_latents
+    pipe.prepare_latents = lambda *a, **k: prepared.append(stock_prepare(*a, **k)) or (prepared[-1][0].clone(),
+                                                                                         *prepared[-1][1:])  # fmt: skip
+    _isolate(pipe)
+    condition = LTX2VideoCondition(frames=Image.open(image), index=0, strength=1.0)
+    stock, video = _stock(pipe, policy.shape[1:], conditions=[condition], prompt="a red circle", negative_prompt="",
+                          generator=torch.Generator().manual_seed(0), **SETTINGS, **PLAIN_CFG)  # fmt: skip
+    start = pipe._unpack_latents(prepared[0][0], frames, height, width, 1, 1)  # the pipeline's image frame and noise
+    cond = policy.encode(["a red circle"], [image])
+    torch.testing.assert_close(cond[0][1], start[:, :, :1], atol=1e-6, rtol=0)  # the image frame is the pipeline's
+    assert cond[0][1].abs().max() > 0.1
+    ours = _euler(policy, start[:, :, 1:], pipe.scheduler.sigmas[:-1].tolist(), cond)
+    assert stock.abs().max() > 1
+    print(f"LTX2Policy condition: ODE vs stock (audio isolated) {(policy.clean(ours, cond) - stock).abs().max():.2e}")
+    torch.testing.assert_close(policy.clean(ours, cond), stock, atol=1e-5, rtol=0)
+    torch.testing.assert_close(policy.decode(ours, cond), video, atol=1e-5, rtol=0)
+    prompts = image_prompt_file(tmp_path)  # the trainer's preflight refuses one latent frame before loading
+    with pytest.raises(ValueError, match=r"^frames 1: LTX2ConditionPipeline keeps the first latent frame the image's"):
+        check_before_loading(
+            tiny_config(model="tiny-ltx2-condition", prompts=prompts, frames=1, height=32, width=32), 1
+        )
 
 
 def test_ltx2_image_crf_is_the_text_encoders_loaded_or_not(tmp_path):
