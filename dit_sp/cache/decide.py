@@ -18,11 +18,14 @@ import torch.distributed as dist
 
 @dataclass(frozen=True)
 class DecisionGroup:
-    """The processes that see one sample's tokens and must take the same branch, and how many of this
-    process's ``local`` tokens are real (the rest pads the last shard)."""
+    """The processes that see one sample's tokens and must take the same branch, how many of this process's
+    ``local`` tokens are real (the rest pads the last shard), and which dimension of the blocks' hidden states holds
+    the tokens (1: ``(B, S_local, ...)``; 0: one packed sequence without a batch dimension, ``(S_local, C)``, as
+    Cosmos 3's layers take theirs: ``ModelFamily.cache_token_dim``)."""
 
     group: dist.ProcessGroup | None = None
     real_tokens: Callable[[int], int] = lambda local: local
+    token_dim: int = 1
 
     @property
     def size(self) -> int:
@@ -75,12 +78,13 @@ def relative_change(current: torch.Tensor, previous: torch.Tensor, where: Decisi
                     per_token: bool) -> tuple[float, float]:  # fmt: skip
     """``(group, local)`` relative L1 change ``sum|current - previous| / sum|previous|``.
 
-    ``current``/``previous``: ``(B, S_local, ...)`` with ``per_token`` (only the real tokens count), or
-    a tensor every process of the group holds whole (e.g. a timestep embedding).
+    ``current``/``previous``: the tokens along ``where.token_dim`` (``(B, S_local, ...)``, or ``(S_local, C)``) with
+    ``per_token`` (only the real tokens count), or a tensor every process of the group holds whole (e.g. a timestep
+    embedding).
     """
     if per_token:
-        real = where.real_tokens(current.shape[1])
-        current, previous = current[:, :real], previous[:, :real]
+        real = where.real_tokens(current.shape[where.token_dim])
+        current, previous = (x.narrow(where.token_dim, 0, real) for x in (current, previous))
     sums = torch.stack([(current.double() - previous.double()).abs().sum(), previous.double().abs().sum()])
     local = (sums[0] / sums[1]).item()
     if where.size > 1:  # (a tensor held whole: both sums grow by the group size, the ratio stays exact)

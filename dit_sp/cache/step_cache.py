@@ -40,7 +40,7 @@ def _decision_group(model: torch.nn.Module, family: Any) -> DecisionGroup:
     batch, as in one process)."""
     ctx = getattr(model, SEQUENCE_ATTR, None)
     if ctx is None:
-        return DecisionGroup()
+        return DecisionGroup(token_dim=family.cache_token_dim)
     parallel = ctx.parallel
     group = parallel.sample_group if family.cfg_mode == "batched" and parallel.cfg == 2 else parallel.sp_group
 
@@ -51,13 +51,13 @@ def _decision_group(model: torch.nn.Module, family: Any) -> DecisionGroup:
             return local
         if local % ctx.local_len:
             raise RuntimeError(
-                f"step cache: a block's tensor holds {local} tokens, but this rank's shard of the sequence has "
-                f"{ctx.local_len} units; the family's blocks are not laid out (B, S, ...)"
+                f"step cache: a block's tensor holds {local} tokens along dimension {family.cache_token_dim}, but "
+                f"this rank's shard of the sequence has {ctx.local_len} units; the family's cache_token_dim is wrong"
             )
         real_units = max(0, min(ctx.local_len, ctx.seq_len - parallel.sp_rank * ctx.local_len))
         return local // ctx.local_len * real_units
 
-    return DecisionGroup(group, real_tokens)
+    return DecisionGroup(group, real_tokens, family.cache_token_dim)
 
 
 def step_cache_refusal(name: str, family: Any) -> str:

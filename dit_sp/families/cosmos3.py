@@ -17,8 +17,15 @@ Cost beyond the halved gen work: every rank repeats the und stream, the und quer
 (``und_len`` extra queries over the whole gen sequence), and the key/value heads travel repeated to the query heads.
 
 The stock pipeline masks the conditional prediction before it makes the unconditional call (and the two branches
-pack prompts of different lengths), so CFG parallelism is refused; step caches are refused too (none was checked on
-the two-stream blocks).
+pack prompts of different lengths), so CFG parallelism is refused.
+
+Step caches: the layers' two streams are registered with the argument names diffusers' hooks honour (``gen_seq`` the
+hidden states, ``und_seq`` the encoder stream: ``block_outputs``), and the caches read the tokens along dimension 0
+(``cache_token_dim``: the packed ``(S, C)``), so a decision counts this rank's real gen tokens only (the und prefix is
+another stream, the last shard's padding is left out) and its sums reduced over the SP group are one process's. The
+pipeline calls each guidance branch in its own cache context (``cond``, ``uncond``: a state each, whatever their
+packed lengths); ``BranchCalls`` names a call outside one by its ``input_ids`` tensor, and tells a new schedule by
+``vision_timesteps``. TeaCache compares the first layer's normalized gen input (``_teacache_probe``).
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import copy
 import functools
 from typing import TYPE_CHECKING, Any
 
-from dit_sp.families.family import ModelFamily, Undo, generation_defaults
+from dit_sp.families.family import BranchCalls, ModelFamily, Undo, generation_defaults
 
 if TYPE_CHECKING:
     import torch
@@ -144,6 +151,15 @@ def _hooks(model: torch.nn.Module, ctx: Any) -> list[Any]:
     return [Undo(lambda: [fn() for fn in reversed(undo)])]
 
 
+def _teacache_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict) -> tuple[torch.Tensor, bool]:
+    """TeaCache's probe: what the first layer's gen attention reads, its normalized gen tokens
+    ``input_layernorm_moe_gen(gen_seq)``, ``(S_local, C)``: the latents' patches with the timestep embedding the model
+    added to the noisy ones (the layers have no timestep modulation of their own)."""
+    from dit_sp._compat import block_argument
+
+    return block.input_layernorm_moe_gen(block_argument(meta, "hidden_states", args, kwargs)), True
+
+
 def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
     return vae.get("scale_factor_temporal", 4), vae.get("scale_factor_spatial", 8)
 
@@ -172,11 +188,6 @@ _ARCHITECTURES = {
 
 COSMOS3 = ModelFamily(
     name="cosmos3",
-    step_cache_refused=(
-        "its decoder layers take the generated tokens packed without a batch dimension (gen_seq, (S, C)), while the "
-        "caches decide from a (B, S_local, ...) residual reduced over the split; and diffusers' first-block hooks "
-        "read hidden_states by name, which its layers take as gen_seq"
-    ),
     class_names=("Cosmos3OmniTransformer",),
     plan=lambda model: {},  # the model's own seams split and gather (``_hooks``)
     hooks=_hooks,
@@ -187,6 +198,10 @@ COSMOS3 = ModelFamily(
         "branches pack prompts of different lengths), so the two guidance branches cannot run at once on two "
         "process groups; use cfg=1"
     ),
+    block_outputs={"Cosmos3VLTextMoTDecoderLayer": (1, 0, "gen_seq", "und_seq")},
+    cache_token_dim=0,
+    cache_branches=BranchCalls(prompt="input_ids", timestep="vision_timesteps"),
+    teacache_probe=_teacache_probe,
     tiny_models=("tiny-cosmos3",),
     checkpoint_defaults={"Cosmos3OmniPipeline": generation_defaults(189, 720, 1280, 35, 6.0, 512) | {"fps": 24}},
     vae_factors={"Cosmos3OmniPipeline": _vae_factors},

@@ -159,7 +159,7 @@ class ModelFamily:
     teacache_probe: Callable[[torch.nn.Module, object, tuple, dict], tuple[torch.Tensor, bool]] | None = None
     """What the ``teacache`` step cache compares between steps, from the first block and its call
     ``(block, metadata, args, kwargs)``: ``(tensor, per_token)``, per-token tensors laid out
-    ``(B, S_local, ...)`` (``dit_sp.cache.teacache``)."""
+    ``(B, S_local, ...)`` (``(S_local, ...)`` where ``cache_token_dim`` is 0; ``dit_sp.cache.teacache``)."""
     shape_check: Callable[[Any, dict[str, Any], Callable[[str], str], tuple[int, int]], None] = (
         lambda config, settings, name, vae: None
     )
@@ -232,6 +232,10 @@ class ModelFamily:
     ``(B S, F, C)``, a spatial block's ``(B F, S, C)``): ``(x, like)`` gives ``x`` in ``like``'s layout, either way.
     A step cache then keeps its residual in the first block's layout, and on a skipped step the last block returns
     what the first block returned, in its own layout (``dit_sp.cache.between``)."""
+    cache_token_dim: int = 1
+    """The dimension of the tokens in the blocks' hidden states, and in a per-token ``teacache_probe``: 1 for
+    ``(B, S, ...)``; 0 for one packed sequence without a batch dimension (Cosmos 3's layers take ``(S, C)``). A step
+    cache decides from the real tokens along it (the last shard's padding left out: ``dit_sp.cache.decide``)."""
     cache_branches: BranchCalls | None = None
     """For a ``sequential`` family whose pipelines call the transformer per guidance branch outside diffusers' cache
     contexts (ChronoEdit, HunyuanVideo Framepack): how a step cache names each call's branch. None: such a call is

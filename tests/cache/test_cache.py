@@ -280,7 +280,6 @@ def test_calls_per_guidance_branch_are_named_by_their_prompt_tensor():
 
 
 @pytest.mark.parametrize(("model", "pipeline", "reason"), [
-    ("tiny-cosmos3", "Cosmos3OmniPipeline", "take the generated tokens packed without a batch dimension"),
     ("tiny-anyflow-far", "AnyFlowFARPipeline", "which a skipped block would leave unfilled for the next chunk"),
 ])  # fmt: skip
 def test_generate_refuses_a_cache_the_family_refuses_before_loading_with_its_reason(model, pipeline, reason):

@@ -4,13 +4,15 @@ it) or whose cache was never checked (Cosmos, Sana-Video: split by whole frames)
 with each new kind of probe) and gives its frames and latents within 1e-4. The families whose pipelines call per
 guidance branch outside cache contexts (ChronoEdit, Framepack: ``BranchCalls``) also run, in the same workers, where
 a state must be reset midway (Framepack's second section, ChronoEdit's temporal reasoning), whole and then split:
-each branch has its own state. One spawn runs them all."""
+each branch has its own state; and Cosmos 3's stock pipeline (its branches in their own cache contexts, packed to
+different lengths), whole and then split on Ulysses 2 and ring 2, with every record. One spawn runs them all."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from cache_checks import BRANCH_RUNS, branch_runs
+from cache_checks import BRANCH_RUNS
+from cosmos3_cache_checks import family_cache_runs
 from PIL import Image
 from variant_generate_checks import assert_same_video, layout_reports
 
@@ -71,7 +73,7 @@ def videos(tmp_path_factory):
     _write_inputs(tmp)
     reports = {(*run, "single"): generate(_settings(tmp, *run, "single"), True) for run in RUNS}
     jobs = [((*run, "1x2"), _settings(tmp, *run, "1x2", ulysses=2)) for run in RUNS]
-    return reports | layout_reports(jobs, then=branch_runs)
+    return reports | layout_reports(jobs, then=family_cache_runs)
 
 
 @pytest.mark.parametrize(("model", "policy"), RUNS)
@@ -90,7 +92,7 @@ def test_calls_per_guidance_branch_get_a_state_each_reset_at_a_new_section_or_sh
     same decisions, frames and last latents (within 1e-4) as one process."""
     starts = {"tiny-hunyuanvideo-framepack": {0, 4}, "tiny-chronoedit": {0, 2}}  # steps that start a schedule or shape
     for rank in videos["then"]:
-        for model, runs in rank.items():
+        for model, runs in rank["branches"].items():
             whole, split = runs["whole"], runs["split"]
             records = whole["records"]
             assert [r["context"] for r in records] == ["cond", "uncond"] * (len(records) // 2), model
@@ -103,3 +105,23 @@ def test_calls_per_guidance_branch_get_a_state_each_reset_at_a_new_section_or_sh
             assert np.abs(split["frames"] - whole["frames"]).max() <= 1e-4, model
             assert np.abs(split["latents"] - whole["latents"]).max() <= 1e-4, model
             assert whole["frames"].std() > 0.01, model
+
+
+@pytest.mark.parametrize("layout", ["1x2", "2x1"])
+def test_cosmos3_decides_from_the_reduced_change_of_its_real_gen_tokens(videos, layout):
+    """Cosmos 3 image-to-video on Ulysses 2 and ring 2 (its 9 gen tokens, packed ``(S, C)`` without a batch dimension,
+    split 5 and 4, the second shard padded; the first latent frame the image's, clean): under each cache, every call
+    of each branch (``cond``, ``uncond``: prompts packed to different lengths, a state each) decides on the change one
+    process computes (summed over the ranks' real tokens only: a counted pad, or a rank's own share, would differ),
+    so the same calls run; some are skipped, not all, and the last latents are one process's within 1e-4."""
+    for rank in videos["then"]:
+        for spec, runs in rank["cosmos3"].items():
+            whole, split = runs["whole"]["records"], runs[layout]["records"]
+            assert [r["context"] for r in whole] == ["cond", "uncond"] * 4, spec
+            assert [r["computed"] for r in split] == [r["computed"] for r in whole], spec
+            assert any(r["computed"] for r in whole) and not all(r["computed"] for r in whole), spec
+            for r, s in zip(whole[2:], split[2:], strict=True):  # the first step of each branch: nothing to compare
+                assert s["change"] == pytest.approx(r["change"], rel=1e-5), spec
+                assert abs(s["local_change"] - r["change"]) > 1e-3 * r["change"], spec  # a rank alone: another value
+            assert (runs[layout]["latents"] - runs["whole"]["latents"]).abs().max() <= 1e-4, spec
+            assert runs["whole"]["latents"].std() > 0.01, spec  # a real video's latents, not a constant

@@ -2,7 +2,8 @@
 gradient) on 1x2 (Ulysses), 2x1 (ring) in one 2-process spawn and 2x2 in one 4-process spawn, with a causal prefix of
 7 prompt tokens, 27 gen tokens (uneven), 3-axis mRoPE positions, grouped-query attention and a clean conditioning
 frame, and with sound and action tokens joining the gen tokens (the omni heads); each rank's attention gets the whole
-prefix and its share of the gen tokens. CFG parallelism and the step caches are refused in one line."""
+prefix and its share of the gen tokens. CFG parallelism is refused in one line (the step caches:
+tests/cache/test_cache_cosmos3.py)."""
 
 from __future__ import annotations
 
@@ -67,14 +68,6 @@ def test_cfg_parallelism_is_refused_in_one_line():
         parallelize(pipe, parallel)
     assert pipe.transformer._cp_shard_fn is None  # nothing left installed
     assert type(pipe.transformer.layers[0].self_attn.processor).__name__ == "Cosmos3AttnProcessor"
-
-
-def test_step_caches_are_refused_in_one_line():
-    from dit_sp.cache import enable_cache
-    from dit_sp.errors import ConfigError
-
-    with pytest.raises(ConfigError, match=r"^step caching is refused for Cosmos3OmniTransformer \(cosmos3"):
-        enable_cache(build(), "first_block:0.1")
 
 
 def test_seams_set_by_another_parallelism_are_refused():
