@@ -181,8 +181,8 @@ RUNS = {"tiny-wan-animate": _wan_animate_run, "tiny-consisid": _consisid_run, "t
 
 
 def _cached_run(pipe, model: str, spec: str) -> dict:
-    """The cached run's frames, last latents, per call its context and whether its blocks ran (``decisions``), and
-    the shapes ``(batch, tokens)`` of the video its first block got."""
+    """The cached run's frames, last latents, per call its context, whether its blocks ran and the change it decided on
+    (``records``: None where it had none), and the shapes ``(batch, tokens)`` of the video its first block got."""
     cache = enable_cache(pipe, spec)
     blocks = pipe.transformer.blocks if model == "tiny-wan-animate" else pipe.transformer.transformer_blocks
     shapes: set[tuple[int, int]] = set()
@@ -194,7 +194,8 @@ def _cached_run(pipe, model: str, spec: str) -> dict:
     finally:
         handle.remove()
         cache.undo()
-    return out | {"decisions": [(r.context, r.computed) for r in cache.stats.records], "shapes": sorted(shapes)}
+    records = [(r.context, r.computed, r.change) for r in cache.stats.records]
+    return out | {"records": records, "shapes": sorted(shapes)}
 
 
 LAYOUTS = {"1x2": {"ulysses": 2}, "cfg2": {"cfg": 2}, "ring2": {"ring": 2}}
@@ -203,7 +204,7 @@ LAYOUTS = {"1x2": {"ulysses": 2}, "cfg2": {"cfg": 2}, "ring2": {"ring": 2}}
 
 def between_runs() -> dict:
     """Per model and cache spec (``SPECS``): the cached run of its stock pipeline whole (every rank: one process's run)
-    and then inside ``parallelize`` on each of ``LAYOUTS``: frames, the last step's latents, the decisions and the
+    and then inside ``parallelize`` on each of ``LAYOUTS``: frames, the last step's latents, the records and the
     shapes the first block got (``_cached_run``), under ``"whole"`` and each layout's name."""
     layouts = {name: init_layout(**layout) for name, layout in LAYOUTS.items()}
     results = {}
