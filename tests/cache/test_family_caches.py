@@ -4,8 +4,11 @@ it) or whose cache was never checked (Cosmos, Sana-Video: split by whole frames)
 with each new kind of probe) and gives its frames and latents within 1e-4. The families whose pipelines call per
 guidance branch outside cache contexts (ChronoEdit, Framepack: ``BranchCalls``) also run, in the same workers, where
 a state must be reset midway (Framepack's second section, ChronoEdit's temporal reasoning), whole and then split:
-each branch has its own state; and Cosmos 3's stock pipeline (its branches in their own cache contexts, packed to
-different lengths), whole and then split on Ulysses 2 and ring 2, with every record. One spawn runs them all."""
+each branch has its own state. The families cached last (Kandinsky 6, Sana-WM, MiniMax-H3) also run on CFG parallelism
+and a ring where they take them (``MORE_LAYOUTS``), and the layouts they refuse are refused in one line with a cache
+given: before loading (``generate``), or, for Kandinsky 6 SR's CFG parallelism, at ``parallelize``. Cosmos 3's stock
+pipeline (its branches in their own cache contexts, packed to different lengths) runs whole and then split on Ulysses 2
+and ring 2, with every record. One spawn runs them all."""
 
 from __future__ import annotations
 
@@ -17,8 +20,8 @@ from PIL import Image
 from variant_generate_checks import assert_same_video, layout_reports
 
 from dit_sp import GenerateConfig, generate
-
-pytestmark = pytest.mark.slow  # spawns worker processes
+from dit_sp.errors import ConfigError
+from dit_sp.inference import check_before_loading
 
 # model: (the first-block cache's threshold and TeaCache's (None: not run here; TeaCache's probe is another's),
 # each skipping some of the tiny model's steps but not all; the pipeline's inputs: files made in the test's directory
@@ -40,14 +43,23 @@ MODELS = {
     "tiny-ltx2": (0.3, None, {}),  # two streams: the split video and the whole audio (audio_hidden_states)
     "tiny-kandinsky5": (0.5, 0.3, {}),  # blocks taking visual_embed (named metadata); TeaCache: time_embed, (B, C)
     "tiny-anyflow": (0.14, 0.6, {}),  # its own block class (block_outputs); TeaCache: per-token temb, (B, S, 6, C)
-    "tiny-kandinsky6": (0.4, None, {}),  # blocks taking vis and aud (named metadata): the split video, the whole audio
-    # (Kandinsky 6 and 6 SR: TeaCache's probe a whole (B, C) time embedding, as Kandinsky 5's)
+    # blocks taking vis and aud (named metadata): the split video, the whole audio; TeaCache: a whole (B, C) time
+    # embedding, as Kandinsky 5's
+    "tiny-kandinsky6": (0.4, 0.2, {}),
     # no guidance, one call a step outside cache contexts, tile after tile: each tile's schedule resets the state
-    "tiny-kandinsky6-sr": (0.6, None, {"video": "video", "steps": 2}),
+    "tiny-kandinsky6-sr": (0.6, 1.5, {"video": "video", "steps": 2}),
     "tiny-sana-wm": (0.068, 0.5, {"image": "image.png"}),  # blocks taking x; TeaCache: per-frame modulation, padded
     "tiny-minimax-h3": (0.25, 0.1, {}),  # one packed sequence; its timesteps rise (a modular pipeline: no context)
 }
 RUNS = [(m, policy) for policy, i in (("first_block", 0), ("teacache", 1)) for m, spec in MODELS.items() if spec[i]]
+LAYOUTS = {"1x2": {"ulysses": 2}, "cfg2": {"cfg_parallel": True}, "ring2": {"ring": 2}}
+"""The layouts of the split runs, on 2 processes: every model on Ulysses 2, and those of ``MORE_LAYOUTS`` on CFG
+parallelism (2 x 1) or a ring of 2."""
+MORE_LAYOUTS = {"tiny-kandinsky6": ("cfg2", "ring2"), "tiny-sana-wm": ("cfg2",), "tiny-minimax-h3": ("ring2",)}
+"""Families cached since their first checks, on the layouts they take beside Ulysses (Kandinsky 6: CFG parallelism,
+its two guidance calls a step one a rank, and a ring; Sana-WM: CFG parallelism, its guidance batch halved, its ring
+refused; MiniMax-H3: a ring, its CFG parallelism refused: no guidance; Kandinsky 6 SR refuses both)."""
+SPLIT_RUNS = [(*run, layout) for run in RUNS for layout in ("1x2", *MORE_LAYOUTS.get(run[0], ()))]
 
 
 def _settings(tmp, model: str, policy: str, name: str, **flags) -> GenerateConfig:
@@ -72,18 +84,27 @@ def videos(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("family_caches")
     _write_inputs(tmp)
     reports = {(*run, "single"): generate(_settings(tmp, *run, "single"), True) for run in RUNS}
-    jobs = [((*run, "1x2"), _settings(tmp, *run, "1x2", ulysses=2)) for run in RUNS]
+    jobs = [(run, _settings(tmp, *run, **LAYOUTS[run[-1]])) for run in SPLIT_RUNS]
     return reports | layout_reports(jobs, then=family_cache_runs)
 
 
-@pytest.mark.parametrize(("model", "policy"), RUNS)
-def test_the_step_cache_decides_as_one_process(videos, model, policy):
-    reference, report = videos[(model, policy, "single")], videos[(model, policy, "1x2")]
-    assert report["cache"]["computed"] == reference["cache"]["computed"]
+@pytest.mark.slow  # spawns worker processes
+@pytest.mark.parametrize(("model", "policy", "layout"), SPLIT_RUNS)
+def test_the_step_cache_decides_as_one_process(videos, model, policy, layout):
+    """Every rank takes one process's decisions on the calls it runs: under CFG parallelism with a call per guidance
+    branch (Kandinsky 6), cfg rank 0 runs the conditional calls, rank 1 the unconditional ones."""
+    reference, report = videos[(model, policy, "single")], videos[(model, policy, layout)]
+    computed = reference["cache"]["computed"]
     assert 0 < reference["cache"]["saved_fraction"] < 1, reference["cache"]  # it skipped some blocks, not all
+    if layout == "cfg2" and set(computed) == {"cond", "uncond"}:
+        expected = [{"cond": computed["cond"]}, {"uncond": computed["uncond"]}]
+    else:
+        expected = [computed, computed]
+    assert [cache["computed"] for cache in report["caches"]] == expected
     assert_same_video(report, reference)
 
 
+@pytest.mark.slow  # spawns worker processes
 def test_calls_per_guidance_branch_get_a_state_each_reset_at_a_new_section_or_shape(videos):
     """ChronoEdit and Framepack: the two guidance calls of a step are in two contexts (``cond``, ``uncond``), each
     starting with no state (no change to decide on: the failure mode, one shared state, would give the second call the
@@ -125,3 +146,39 @@ def test_cosmos3_decides_from_the_reduced_change_of_its_real_gen_tokens(videos, 
                 assert abs(s["local_change"] - r["change"]) > 1e-3 * r["change"], spec  # a rank alone: another value
             assert (runs[layout]["latents"] - runs["whole"]["latents"]).abs().max() <= 1e-4, spec
             assert runs["whole"]["latents"].std() > 0.01, spec  # a real video's latents, not a constant
+
+
+REFUSED = {  # a cached run on a layout its family refuses: (the flags, the start of the one line)
+    "tiny-kandinsky6-sr": ({"ring": 2}, "--ring 2 for Kandinsky6SRPipeline: Kandinsky 6 SR's NABLA sparse attention"),
+    "tiny-sana-wm": ({"ring": 2}, "--ring 2 for SanaWMPipeline: SanaWMTransformer3DModel's gated-delta-rule"),
+    "tiny-minimax-h3": ({"cfg_parallel": True, "guidance": 4.0},
+                        "--cfg-parallel for MiniMaxH3ModularPipeline: MiniMax-H3 is guidance-distilled"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("model", REFUSED)
+def test_a_cached_run_on_a_layout_its_family_refuses_is_refused_in_one_line_before_loading(tmp_path, model):
+    """``generate --cache`` with a ring (Kandinsky 6 SR, Sana-WM: only Ulysses splits their attention) or CFG
+    parallelism (MiniMax-H3: no guidance pair) that the family refuses: its one line, from the files alone."""
+    flags, start = REFUSED[model]
+    _write_inputs(tmp_path)
+    for policy in ("first_block", "teacache"):
+        with pytest.raises(ConfigError) as error:
+            check_before_loading(_settings(tmp_path, model, policy, "refused", **flags))
+        message = str(error.value)
+        assert message.startswith(start) and message.endswith("use ring 1" if "ring" in flags else "use cfg=1")
+        assert "\n" not in message
+
+
+@pytest.mark.slow  # spawns worker processes
+def test_kandinsky6_sr_refuses_cfg_parallelism_and_a_ring_with_a_cache_at_parallelize(videos):
+    """``parallelize(pipe, layout, cache="teacache")``: CFG parallelism, which ``generate`` lets through to it (the
+    pipeline has no guidance scale to check before loading), and a ring, refused in one line; the pipeline is left
+    as it was."""
+    for rank in videos["then"]:
+        refused = rank["refused"]
+        assert refused["cfg2"].startswith("ConfigError: cfg parallelism (cfg=2) for Kandinsky6SRPipeline: "
+                                          "Kandinsky6SRPipeline does not guide"), refused  # fmt: skip
+        assert refused["ring2"].startswith("LayoutRefused: Kandinsky 6 SR's NABLA sparse attention"), refused
+        assert refused["ring2"].endswith("use ring 1 (got ring 2)"), refused
+        assert not any("\n" in message for message in (refused["cfg2"], refused["ring2"])) and refused["restored"]

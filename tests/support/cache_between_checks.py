@@ -181,33 +181,40 @@ RUNS = {"tiny-wan-animate": _wan_animate_run, "tiny-consisid": _consisid_run, "t
 
 
 def _cached_run(pipe, model: str, spec: str) -> dict:
-    """The cached run's frames, last latents, blocks-ran decisions and the video tokens its first block got."""
+    """The cached run's frames, last latents, per call its context, whether its blocks ran and the change it decided on
+    (``records``: None where it had none), and the shapes ``(batch, tokens)`` of the video its first block got."""
     cache = enable_cache(pipe, spec)
     blocks = pipe.transformer.blocks if model == "tiny-wan-animate" else pipe.transformer.transformer_blocks
-    tokens: set[int] = set()
-    handle = blocks[0].register_forward_pre_hook(lambda m, args, kwargs: tokens.add(
-        (args[0] if args else kwargs["hidden_states"]).shape[1]), with_kwargs=True)  # fmt: skip
+    shapes: set[tuple[int, int]] = set()
+    handle = blocks[0].register_forward_pre_hook(lambda m, args, kwargs: shapes.add(
+        tuple((args[0] if args else kwargs["hidden_states"]).shape[:2])), with_kwargs=True)  # fmt: skip
     try:
         with torch.no_grad():
             out = RUNS[model](pipe)
     finally:
         handle.remove()
         cache.undo()
-    return out | {"computed": cache.stats.decisions(), "tokens": sorted(tokens)}
+    records = [(r.context, r.computed, r.change) for r in cache.stats.records]
+    return out | {"records": records, "shapes": sorted(shapes)}
+
+
+LAYOUTS = {"1x2": {"ulysses": 2}, "cfg2": {"cfg": 2}, "ring2": {"ring": 2}}
+"""The layouts of the split runs, on 2 processes: Ulysses 2, CFG parallelism (2 x 1) and a ring of 2."""
 
 
 def between_runs() -> dict:
-    """On Ulysses 2, per model and cache spec (``SPECS``): the cached run of its stock pipeline whole (every rank:
-    one process's run) and then inside ``parallelize``: frames, the last step's latents and the blocks-ran
-    decisions."""
-    parallel = init_layout(ulysses=2)
+    """Per model and cache spec (``SPECS``): the cached run of its stock pipeline whole (every rank: one process's run)
+    and then inside ``parallelize`` on each of ``LAYOUTS``: frames, the last step's latents, the records and the
+    shapes the first block got (``_cached_run``), under ``"whole"`` and each layout's name."""
+    layouts = {name: init_layout(**layout) for name, layout in LAYOUTS.items()}
     results = {}
     for model, specs in SPECS.items():
-        pipe = consisid_pipeline() if model == "tiny-consisid" else load_pipeline(model, torch.float32, parallel.device)
+        device = next(iter(layouts.values())).device
+        pipe = consisid_pipeline() if model == "tiny-consisid" else load_pipeline(model, torch.float32, device)
         pipe.set_progress_bar_config(disable=True)
         for spec in specs:
-            whole = _cached_run(pipe, model, spec)
-            with parallelize(pipe, parallel):
-                split = _cached_run(pipe, model, spec)
-            results[(model, spec)] = {"whole": whole, "split": split}
+            results[(model, spec)] = {"whole": _cached_run(pipe, model, spec)}
+            for name, parallel in layouts.items():
+                with parallelize(pipe, parallel):
+                    results[(model, spec)][name] = _cached_run(pipe, model, spec)
     return results

@@ -99,3 +99,28 @@ def branch_runs() -> dict:
             split = _branch_run(pipe, model)
         results[model] = {"whole": whole, "split": split}
     return results
+
+
+def refused_layouts() -> dict[str, str]:
+    """On 2 processes: ``parallelize(pipe, ..., cache="teacache")`` of the tiny Kandinsky 6 SR pipeline on CFG
+    parallelism (2 x 1) and on a ring of 2, which it refuses (no guidance; NABLA attention that only Ulysses splits):
+    per layout the error, ``"TYPE: message"``, or ``"not refused"``; and ``"restored"``: whether the pipeline is its
+    stock class after both (a refused ``parallelize`` leaves it as it was)."""
+    from dit_sp.errors import ConfigError
+    from dit_sp.zoo import build_tiny
+
+    pipe = build_tiny("tiny-kandinsky6-sr")
+    stock = type(pipe)
+    errors = {}
+    for name, layout in (("cfg2", {"cfg": 2}), ("ring2", {"ring": 2})):
+        try:
+            parallelize(pipe, init_layout(**layout), cache="teacache").undo()
+            errors[name] = "not refused"
+        except ConfigError as error:
+            errors[name] = f"{type(error).__name__}: {error}"
+    return errors | {"restored": type(pipe) is stock and not getattr(pipe.transformer, "_diffusers_hook", None)}
+
+
+def branch_runs_and_refused_layouts() -> dict:
+    """``branch_runs`` under ``"branches"``, ``refused_layouts`` under ``"refused"``: one ``then`` of a spawn."""
+    return {"branches": branch_runs(), "refused": refused_layouts()}

@@ -107,7 +107,8 @@ def cosmos3_runs() -> dict:
 
 
 def family_cache_runs() -> dict:
-    """What the family-cache spawn runs after its jobs: ``cache_checks.branch_runs`` and ``cosmos3_runs``."""
-    from cache_checks import branch_runs
+    """What the family-cache spawn runs after its jobs: ``cache_checks.branch_runs_and_refused_layouts`` and
+    ``cosmos3_runs``."""
+    from cache_checks import branch_runs_and_refused_layouts
 
-    return {"branches": branch_runs(), "cosmos3": cosmos3_runs()}
+    return branch_runs_and_refused_layouts() | {"cosmos3": cosmos3_runs()}

@@ -62,8 +62,8 @@ decoder's rotary embedding): in a shared call that another rank ran, they do not
 
 def layout_reports(jobs: list[tuple[object, GenerateConfig]], then: Callable[[], Any] | None = None) -> dict:
     """Each ``(key, settings)`` job run on 2 workers (one spawn for all): per key, the report of the one rank
-    that wrote the output, with every rank's attention lengths under ``"lengths"`` and its ``vae_calls`` under
-    ``"vae_calls"``; with ``then`` (a module-level
+    that wrote the output, with every rank's attention lengths under ``"lengths"``, its ``vae_calls`` under
+    ``"vae_calls"`` and its step cache's report (None without one) under ``"caches"``; with ``then`` (a module-level
     check run after the jobs in the same workers), its result on each rank under ``"then"``."""
     by_rank = spawn(generate_recording, 2, args=([settings for _, settings in jobs], then), timeout=300)
     reports = {}
@@ -73,6 +73,7 @@ def layout_reports(jobs: list[tuple[object, GenerateConfig]], then: Callable[[],
         reports[key] = leaders[0] | {
             "lengths": [rank_reports[i]["attention_lengths"] for rank_reports in by_rank],
             "vae_calls": [rank_reports[i]["vae_calls"] for rank_reports in by_rank],
+            "caches": [rank_reports[i].get("cache") for rank_reports in by_rank],
         }
     if then is not None:
         reports["then"] = [rank_reports[-1] for rank_reports in by_rank]
