@@ -14,11 +14,13 @@ over the call's frames) take whole-frame statistics, and its upsampling is neare
 it has no attention. Tiled decode and encode share whole tiles: a tile's start shows in no call argument (the
 cache lives on the modules), so ``_clear_conv_cache``, which the tiled methods call after each tile, marks it.
 
-GRPO: ``EasyAnimatePolicy`` (text-to-video; flow matching, nothing converted).
+GRPO: ``EasyAnimatePolicy`` (flow matching, nothing converted): text-to-video, and the inpaint pipeline's
+image-to-video at strength 1 (the image's masked video and its mask in channels).
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import context_parallel_types
@@ -33,6 +35,10 @@ if TYPE_CHECKING:
 
     Tensor = torch.Tensor
 
+NOISE_AUG_STRENGTH = 0.0563
+"""``EasyAnimateInpaintPipeline``'s default ``noise_aug_strength``: the scale of the noise its transformers with
+``add_noise_in_inpaint_model`` add to the kept frames before encoding them."""
+
 TEXT_TOKENS = 256
 """The text length ``EasyAnimatePipeline`` encodes every prompt at: ``encode_prompt``'s default, which its
 ``__call__`` does not change."""
@@ -44,7 +50,15 @@ class EasyAnimatePolicy(DiffusersPolicy):
     the pipeline encodes it. The transformer takes the text without its mask, so the padding is part of the
     conditioning: the policy needs ``max_sequence_length`` 256, the length the pipeline pads every prompt to.
     Guidance is classifier-free guidance on the velocity (the pipeline's ``guidance_rescale`` is not part of the
-    policy). Latents are ``(B, C, F, H, W)``, divided by the VAE's ``scaling_factor``."""
+    policy). Latents are ``(B, C, F, H, W)``, divided by the VAE's ``scaling_factor``.
+
+    ``EasyAnimateInpaintPipeline`` (the InP checkpoints) is trained as image-to-video at strength 1: a trajectory from
+    pure noise over every latent frame, the transformer's ``inpaint_latents`` ``(B, M + C, F, H, W)`` (the mask's
+    latents, then the masked video's) joined to it in channels at every step, in both guidance branches. The masked
+    video is the image as its first frame and black (-1) after, under a mask that keeps the first frame, as the
+    pipeline builds it from ``get_image_to_video_latent``; the pipeline's noise augmentation of that video (a
+    transformer with ``add_noise_in_inpaint_model``, at its default ``noise_aug_strength``) draws from a generator at
+    ``IMAGE_SEED``, once per image."""
 
     def __init__(self, pipe: Any, transformer: torch.nn.Module, **kwargs: Any):
         length = kwargs.get("max_sequence_length")
@@ -58,10 +72,48 @@ class EasyAnimatePolicy(DiffusersPolicy):
         return pipe.vae_temporal_compression_ratio, pipe.vae_spatial_compression_ratio
 
     def _channels(self, transformer: torch.nn.Module) -> int:
-        return transformer.config.in_channels  # text-to-video: the noise alone
+        # text-to-video: the noise alone; inpaint: the noise is what the transformer predicts (its input adds the
+        # mask's and the masked video's latents)
+        return transformer.config.out_channels if self.takes_images else transformer.config.in_channels
 
-    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: Tensor) -> Tensor:
-        return model(hidden, timestep, encoder_hidden_states=cond.to(hidden.dtype), return_dict=False)[0]
+    @property
+    def takes_images(self) -> bool:
+        """The inpaint pipeline (a ``mask_video`` argument): image-to-video, an image per prompt."""
+        return "mask_video" in inspect.signature(type(self.pipe).__call__).parameters
+
+    def _image_parts(self, image: Any) -> tuple[Tensor]:
+        """``(inpaint_latents,)`` ``(1, M + C, F, H, W)`` of ``image`` as ``EasyAnimateInpaintPipeline.__call__`` builds
+        them for ``video`` and ``mask_video`` of ``get_image_to_video_latent`` at strength 1: the mask's latents (``1 -
+        mask`` resized to the latents, or encoded by the VAE without ``resize_inpaint_mask_directly``) and the masked
+        video's, both scaled by the VAE's ``scaling_factor``."""
+        import torch
+        from diffusers.pipelines.easyanimate.pipeline_easyanimate_inpaint import get_image_to_video_latent, resize_mask
+
+        pipe, (_, _, height, width), spatial = self.pipe, self.shape, self._compression(self.pipe)[1]
+        size, frames, dtype = (height * spatial, width * spatial), self.pixel_frames, pipe.vae.dtype
+        video, mask = get_image_to_video_latent([image], None, frames, size)  # (1, 3 | 1, F, H, W), [0, 1] | 0 / 255
+
+        def per_frame(processor: Any, x: Tensor) -> Tensor:  # the pipeline's preprocessing, frame by frame
+            flat = processor.preprocess(x.permute(0, 2, 1, 3, 4).flatten(0, 1), height=size[0], width=size[1])
+            return flat.float().unflatten(0, (1, frames)).permute(0, 2, 1, 3, 4)
+
+        video, mask = per_frame(pipe.image_processor, video), per_frame(pipe.mask_processor, mask)
+        tiled = mask.tile(1, 3, 1, 1, 1)
+        masked = video * (tiled < 0.5) - torch.ones_like(video) * (tiled > 0.5)  # the kept frame; black elsewhere
+        direct = pipe.transformer.config.resize_inpaint_mask_directly
+        mask_latents, masked_latents = pipe.prepare_mask_latents(
+            None if direct else tiled, masked, 1, *size, dtype, self.device, self.image_generator(), self.guided,
+            noise_aug_strength=NOISE_AUG_STRENGTH)  # fmt: skip
+        if direct:
+            mask_latents = resize_mask(1 - mask, masked_latents, pipe.vae.config.cache_mag_vae)
+            mask_latents = mask_latents.to(self.device, dtype) * pipe.vae.config.scaling_factor
+        return (torch.cat([mask_latents, masked_latents], dim=1).float(),)
+
+    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: Tensor | tuple[Tensor, Tensor]) -> Tensor:
+        text, inpaint = cond if isinstance(cond, tuple) else (cond, None)
+        inpaint = None if inpaint is None else inpaint.to(hidden.dtype)
+        return model(hidden, timestep, encoder_hidden_states=text.to(hidden.dtype), inpaint_latents=inpaint,
+                     return_dict=False)[0]  # fmt: skip
 
     def _unscale(self, latents: Tensor) -> Tensor:
         return latents / self.pipe.vae.config.scaling_factor
@@ -145,17 +197,12 @@ EASYANIMATE = ModelFamily(
     checkpoint_defaults=dict.fromkeys(_PIPELINES, generation_defaults(49, 512, 512, 50, 5.0, 256) | {"fps": 8}),
     vae_factors=dict.fromkeys(_PIPELINES, _vae_factors),
     architectures=_ARCHITECTURES,
-    pipelines=("EasyAnimatePipeline",),
+    pipelines=("EasyAnimatePipeline", "EasyAnimateInpaintPipeline"),
     policy=EasyAnimatePolicy,
     policy_refused={
         "EasyAnimateControlPipeline": (
             "every sample needs a control video, which a GRPO prompt file (a prompt and at most one image) "
             "cannot supply (and dit-sp refuses the pipeline altogether: see refused_pipelines)"
-        ),
-        "EasyAnimateInpaintPipeline": (
-            "no policy is written for it yet: it inpaints a video under a mask (image-to-video is the image's"
-            " video under a mask), the masked video's latents and the mask in channels, starting from "
-            "`strength` of noise"
         ),
     },
 )

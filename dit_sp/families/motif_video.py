@@ -13,11 +13,12 @@ attention is USP over two split streams side by side (``usp_attention``'s ``stre
 them. Its VAE is Wan's (``AutoencoderKLWan``), split by the Wan family's VAE plan. diffusers ships no ``_cp_plan``
 for this model.
 
-GRPO: ``MotifVideoPolicy`` (text-to-video; flow matching, nothing converted).
+GRPO: ``MotifVideoPolicy`` (text- and image-to-video; flow matching, nothing converted).
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Any
 
 from dit_sp.errors import ConfigError
@@ -40,7 +41,16 @@ class MotifVideoPolicy(DiffusersPolicy):
     The pipeline guides through its guider component; the policy's guidance is classifier-free guidance on the
     velocity, ``uncond + guidance (cond - uncond)``, which is the pipeline's when its guider is a
     ``ClassifierFreeGuidance`` in its standard form (``guidance`` replaces the guider's scale). Any other guider is
-    refused in one line: the policy would train a guidance the pipeline does not sample with."""
+    refused in one line: the policy would train a guidance the pipeline does not sample with.
+
+    ``MotifVideoImage2VideoPipeline``: every latent frame is noised and stepped; the condition channels hold the
+    image's latents (the VAE's posterior drawn at ``IMAGE_SEED``, normalised) on the first frame, zeros after, and a
+    mask of ones on that frame; the image's SigLIP tokens ``(1, N, D)`` (the vision tower inside the T5Gemma2 text
+    encoder, of the image resized to the video's size) go to the transformer's ``image_embeds`` in both guidance
+    branches. The tokens are text-encoder parts (``images_need_text_encoders``): a trainer computes them with the
+    prompts' embeddings and keeps them on disk beside them, so the text encoder is dropped as for text-to-video."""
+
+    images_need_text_encoders = True
 
     def __init__(self, pipe: Any, transformer: torch.nn.Module, **kwargs: Any):
         guider = getattr(pipe, "guider", None)
@@ -66,14 +76,48 @@ class MotifVideoPolicy(DiffusersPolicy):
         )
         return (embeds, mask), (negative, negative_mask) if self.guided else None
 
-    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: tuple[Tensor, Tensor]) -> Tensor:
+    @property
+    def takes_images(self) -> bool:
+        return "image" in inspect.signature(type(self.pipe).__call__).parameters
+
+    def _video(self, image: Any) -> Tensor:
+        """``image`` as the pipeline's one-frame video ``(1, 1, 3, H, W)`` in [-1, 1] at the policy's size."""
         import torch
 
-        text, mask = cond
+        _, _, height, width = self.shape
+        spatial = self._compression(self.pipe)[1]
+        video = self.pipe.video_processor.preprocess_video([image], height=height * spatial, width=width * spatial)
+        return video.permute(0, 2, 1, 3, 4).to(self.device, torch.float32)
+
+    def _image_parts(self, image: Any) -> tuple[Tensor]:
+        """``(condition,)`` ``(1, C + 1, F, H, W)``: the image's normalised latents on the first frame (zeros after)
+        and the mask of ones on it, as ``_prepare_first_frame_conditioning`` builds them."""
+        pipe, (channels, frames, height, width) = self.pipe, self.shape
+        first = pipe.vae.encode(self._video(image)[:, 0:1].permute(0, 2, 1, 3, 4).to(pipe.vae.dtype))
+        first = first.latent_dist.sample(generator=self.image_generator()).float()
+        config = pipe.vae.config
+        first = pipe._normalize_latents(first, config.latents_mean, config.latents_std)
+        condition = first.new_zeros(1, channels + 1, frames, height, width)
+        condition[:, :channels, :1], condition[:, channels, 0] = first, 1.0
+        return (condition,)
+
+    def _encoder_image_parts(self, image: Any) -> tuple[Tensor]:
+        """``(tokens,)`` ``(1, N, D)`` in the text encoder's dtype: the SigLIP tokens of the image's first frame in
+        [0, 1], from the text encoder's vision tower (the pipeline's ``_get_image_embeds``)."""
+        frame = ((self._video(image)[:, 0] + 1) / 2).clamp(0, 1)
+        tower = self.pipe.text_encoder.vision_tower
+        return (self.pipe._get_image_embeds(tower, self.pipe.feature_extractor, frame, self.device),)
+
+    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: tuple) -> Tensor:
+        import torch
+
+        (text, mask), condition, tokens = cond if self.takes_images else (cond, None, None)
         batch, channels, frames, height, width = hidden.shape
-        condition = hidden.new_zeros(batch, model.config.in_channels - channels, frames, height, width)
-        return model(hidden_states=torch.cat([hidden, condition], dim=1), timestep=timestep,
-                     encoder_hidden_states=text.to(hidden.dtype), encoder_attention_mask=mask,
+        if condition is None:  # text-to-video: all-zero condition latents and mask
+            condition = hidden.new_zeros(batch, model.config.in_channels - channels, frames, height, width)
+        tokens = None if tokens is None else tokens.to(hidden.dtype)
+        return model(hidden_states=torch.cat([hidden, condition.to(hidden.dtype)], dim=1), timestep=timestep,
+                     encoder_hidden_states=text.to(hidden.dtype), encoder_attention_mask=mask, image_embeds=tokens,
                      return_dict=False)[0]  # fmt: skip
 
     def _unscale(self, latents: Tensor) -> Tensor:
@@ -109,6 +153,9 @@ _ARCHITECTURES = {
         "text_encoders": 4.3e9, "vae": 127e6, "compression": (4, 8), "text_tokens": 512, "joint": True},
 }  # fmt: skip
 """The real checkpoint, for the memory planner (``ModelFamily.architectures``)."""
+# image-to-video (the same checkpoint, as MotifVideoImage2VideoPipeline): the SigLIP tower's 4096 tokens (896 px, patch
+# 14) join the text in the blocks' joint attention
+_ARCHITECTURES["motif-video-2b-i2v"] = _ARCHITECTURES["motif-video-2b"] | {"image_tokens": 4096}
 
 PIPELINES = ("MotifVideoPipeline", "MotifVideoImage2VideoPipeline")
 
@@ -128,14 +175,7 @@ MOTIF_VIDEO = ModelFamily(
     tiny_models=("tiny-motif-video", "tiny-motif-video-i2v"),
     checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(121, 736, 1280, 50, 5.0, 512) | {"fps": 24}),
     vae_factors=dict.fromkeys(PIPELINES, _vae_factors),
-    pipelines=("MotifVideoPipeline",),
+    pipelines=PIPELINES,
     policy=MotifVideoPolicy,
     architectures=_ARCHITECTURES,
-    policy_refused={
-        "MotifVideoImage2VideoPipeline": (
-            "its image tokens come from the SigLIP vision tower inside its T5Gemma2 text encoder, which a GRPO "
-            "trainer loads (sharded over every rank) only while prompt embeddings are missing and then drops, so "
-            "the policy could not encode a run's images when their samples first need them"
-        ),
-    },
 )

@@ -36,6 +36,13 @@ class DiffusersPolicy:
     (default ``guidance``), as the stock pipeline does. ``reference`` / ``reference_2``: each expert's
     reference model of the KL term (None: the expert itself)."""
 
+    images_need_text_encoders: bool = False
+    """Whether part of an image's conditioning comes from the pipeline's text encoders (``_encoder_image_parts``;
+    Motif-Video I2V's SigLIP tokens, from the vision tower inside its T5Gemma2 encoder). A trainer then computes it
+    while it has the encoders loaded for the prompts (``encoder_image_parts``) and keeps it on disk with their
+    embeddings (``dit_sp.rl.embeddings.PromptEmbeddings``), so that the encoders can be dropped; the policy reads it
+    from there (``embeddings``)."""
+
     conditions_with_vae: bool = False
     """Whether the conditioning runs the VAE on every rank, images or not (Wan VACE's zero context): every rank of
     a trainer then loads the VAE (``policy_loads_vae``)."""
@@ -140,17 +147,33 @@ class DiffusersPolicy:
     @no_grad
     def _image_condition(self, path: str) -> tuple[Tensor, ...]:
         """``_image_parts`` of the image at ``path`` (RGB), batch 1, cached on the CPU (a run may see thousands) by
-        path: read once, the first time a sample uses it. Every rank of a sample meets the same paths in the same
-        order, so hits and misses (and the collectives a miss's encoding runs) agree; a key read from the file again
-        would let a file rewritten mid-run split the ranks between a hit and an encoding, a hang."""
+        path: read once, the first time a sample uses it; then its text-encoder parts (``images_need_text_encoders``),
+        read from the embeddings' files on each use when the trainer keeps them there. Every rank of a sample meets
+        the same paths in the same order, so hits and misses (and the collectives a miss's encoding runs) agree; a key
+        read from the file again would let a file rewritten mid-run split the ranks between a hit and an encoding, a
+        hang."""
         cache = self.__dict__.setdefault("_image_cache", {})
+        stored = self.images_need_text_encoders and self.embeddings is not None
         if path not in cache:
-            from PIL import Image
-
-            with Image.open(path) as file:
-                image = file.convert("RGB")
-            cache[path] = tuple(part.cpu() for part in self._image_parts(image))
+            image = _read_image(path)
+            parts = self._image_parts(image)
+            if self.images_need_text_encoders and not stored:  # the text encoders are loaded: computed once here
+                parts += self._encoder_image_parts(image)
+            cache[path] = tuple(part.cpu() for part in parts)
+        if stored:  # read per use from the prompts' embeddings' directory, as theirs (not held in memory)
+            return cache[path] + tuple(part.cpu() for part in self.embeddings.read_image(path, "cpu"))
         return cache[path]
+
+    @no_grad
+    def encoder_image_parts(self, path: str) -> tuple[Tensor, ...]:
+        """``_encoder_image_parts`` of the image at ``path`` (batch 1, on the CPU), from the text encoders, which must
+        be loaded (collective over a sharded encoder's group)."""
+        return tuple(part.cpu() for part in self._encoder_image_parts(_read_image(path)))
+
+    def _encoder_image_parts(self, image: Any) -> tuple[Tensor, ...]:
+        """The conditioning tensors (batch 1) of one PIL image that the pipeline's text encoders compute
+        (``images_need_text_encoders``), joined after ``_image_parts``; none by default."""
+        return ()
 
     def check_images(self, images: list[str]) -> None:
         """Each image's size checked (``check_image_size``, from the file's header alone) before anything is sampled:
@@ -325,3 +348,11 @@ class FirstFrameImagePolicy(DiffusersPolicy):
         if cond is None or not self.takes_images:
             return latents
         return torch.cat([cond[0][1].to(latents), latents], dim=2)
+
+
+def _read_image(path: str) -> Any:
+    """The image at ``path`` as an RGB PIL image."""
+    from PIL import Image
+
+    with Image.open(path) as file:
+        return file.convert("RGB")

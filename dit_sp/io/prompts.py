@@ -54,6 +54,12 @@ def read_text(file: Path) -> str:
                           "text; save the file as UTF-8") from None  # fmt: skip
 
 
+UNTRAINED_CONDITIONS = ("video", "mask_video", "last_image", "strength")
+"""Keys of a prompt line that would condition its video beyond a prompt and one image, refused in a GRPO prompt file
+(not ignored): a source video or its mask (EasyAnimate inpaint is trained as image-to-video from pure noise), a last
+frame (``pipelines.generate``'s first-last-frame), a strength below 1."""
+
+
 def read_prompt_file(path: str | Path) -> tuple[list[str], list[str | None]]:
     """``(prompts, images)`` of a prompt file: a .jsonl line may give an ``image`` (a path relative to the
     file) that conditions an image-to-video model; ``images`` holds None where a line gives none."""
@@ -65,6 +71,10 @@ def read_prompt_file(path: str | Path) -> tuple[list[str], list[str | None]]:
             image = entry.get("image")
         except (KeyError, TypeError, AttributeError) as e:
             raise ConfigError(f"{file}:{number}: expected a JSON object with a 'prompt' ({e})") from e
+        untrained = [key for key in UNTRAINED_CONDITIONS if key in entry]
+        if untrained:
+            raise ConfigError(f"{file}:{number}: {untrained[0]!r} is not trained: GRPO samples each prompt from pure "
+                              "noise (strength 1) conditioned on at most one image ('image'); drop it")  # fmt: skip
         if image is not None and not (file.parent / str(image)).is_file():
             raise MissingFileError(f"{file}:{number}: image {image} does not exist (paths are relative to the file)")
         images.append(None if image is None else str(file.parent / str(image)))

@@ -57,15 +57,44 @@ def concat(items: list[Any]) -> Any:
 
 
 class PromptEmbeddings:
-    """One ``.pt`` file per prompt in ``directory``, keyed by the model, the prompt and the text settings."""
+    """One ``.pt`` file per prompt in ``directory``, keyed by the model, the prompt and the text settings; and, for a
+    policy whose images are partly encoded by the text encoders (``DiffusersPolicy.images_need_text_encoders``),
+    one per image, keyed by the same settings, ``image_settings`` (the video size the image is resized to) and the
+    image file's content (SHA-256)."""
 
-    def __init__(self, directory: str | Path, settings: dict[str, Any]):
+    def __init__(self, directory: str | Path, settings: dict[str, Any], image_settings: dict[str, Any] | None = None):
         self.directory = Path(directory)
         self.settings = settings
+        self.image_settings = image_settings or {}
+        self._image_keys: dict[str, str] = {}
 
     def path(self, prompt: str) -> Path:
         key = json.dumps([self.settings, prompt], sort_keys=True, default=str)
         return self.directory / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.pt"
+
+    def image_key(self, image: str) -> str:
+        """The key of the image file ``image``'s encoder parts (what ``path`` takes in place of a prompt), from its
+        content the first time it is asked for (a run reads the file it encoded, however the path changes later)."""
+        if image not in self._image_keys:
+            digest = hashlib.sha256(Path(image).read_bytes()).hexdigest()
+            self._image_keys[image] = json.dumps({"image": digest, **self.image_settings}, sort_keys=True)
+        return self._image_keys[image]
+
+    def missing_images(self, images: Sequence[str]) -> list[str]:
+        """The distinct image paths of ``images`` whose encoder parts have no usable file yet (``missing``)."""
+        keys = {self.image_key(image): image for image in dict.fromkeys(images)}
+        return [keys[key] for key in self.missing(list(keys))]
+
+    def compute_images(self, images: Sequence[str], encode: Callable[[str], tuple[torch.Tensor, ...]],
+                       write: bool = True) -> None:  # fmt: skip
+        """Each image's encoder parts (``encode(path)``: a tuple of batch-1 tensors) written to its file, as
+        ``compute`` writes a prompt's (``write=False``: encode only, a sharded encoder's other processes)."""
+        for image in images:
+            self.compute([self.image_key(image)], lambda _, image=image: encode(image), write=write)
+
+    def read_image(self, image: str, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """The encoder parts of the image file ``image`` (batch 1) on ``device`` (``read``)."""
+        return self.read([self.image_key(image)], device)
 
     def missing(self, prompts: Sequence[str]) -> list[str]:
         """The distinct prompts of ``prompts`` that have no usable file yet, in order: a damaged one (not the

@@ -27,7 +27,14 @@ import torch
 import torch.distributed as dist
 
 from dit_sp.errors import ConfigError
-from dit_sp.families import DiffusersPolicy, policy_for, policy_loads_vae, supported_vaes, vae_plan_of
+from dit_sp.families import (
+    DiffusersPolicy,
+    policy_for,
+    policy_loads_vae,
+    policy_named,
+    supported_vaes,
+    vae_plan_of,
+)
 from dit_sp.io.console import plain_tracebacks, quiet_followers
 from dit_sp.io.prompts import image_digests, read_prompt_file
 from dit_sp.parallel import ParallelState, check_ranks_agree, free_port, init_layout, read_on_every_rank
@@ -153,8 +160,14 @@ class GRPOTrainer:
              "max_sequence_length": config.sample.max_sequence_length,
              "negative_prompt": config.sample.negative_prompt if config.sample.guidance > 1 else None}
             | ({"text_encoder_dtype": config.mixed_precision} if config.mixed_precision else {}),
+            {"height": config.sample.height, "width": config.sample.width},
         )  # fmt: skip
         missing = self._agreed(self.embeddings.missing(self.prompts))
+        policy = policy_named(type(pipeline).__name__ if pipeline is not None else pipeline_class_name(config.model))
+        needs_images = self.images is not None and policy is not None and policy.images_need_text_encoders
+        self._missing_images = self._agreed(self.embeddings.missing_images(self.images)) if needs_images else []
+        """The images whose text-encoder parts (Motif-Video I2V's SigLIP tokens) are not on disk yet."""
+        encode = bool(missing or self._missing_images)
         self._source = source if source is not None and source.is_dir() else None
         if pipeline is None:
             # a checkpoint's text encoders load only if some prompt lacks its embedding, sharded over the world
@@ -162,12 +175,12 @@ class GRPOTrainer:
             # after sharding)
             vae = loads_vae(self.parallel.sp_rank, self._split_decode, self.images is not None,
                             pipeline_class_name(config.model))  # fmt: skip
-            without = (() if missing else TEXT_ENCODERS) + (() if vae else ("vae",))
-            encoders = (dist.group.WORLD, getattr(torch, config.mixed_precision or "float32")) if missing else None
+            without = (() if encode else TEXT_ENCODERS) + (() if vae else ("vae",))
+            encoders = (dist.group.WORLD, getattr(torch, config.mixed_precision or "float32")) if encode else None
             pipeline = load_pipeline(config.model, torch.float32, self.parallel.device, empty_transformers=True,
                                      without=without if source is not None else (),
                                      sharded_text_encoders=encoders)  # fmt: skip
-            self._sharded_encoders = source is not None and bool(missing)
+            self._sharded_encoders = source is not None and encode
         torch.manual_seed(config.seed)  # identical LoRA initialisation on every rank, however the model loaded
         self._export_class = type(pipeline)
         if self.images is not None:
@@ -257,14 +270,19 @@ class GRPOTrainer:
         return box[0]
 
     def _encode_prompts(self, missing: list[str], free_encoders: bool) -> None:
-        """Every prompt's embedding on disk (the ranks share the missing ones), read from there from now on;
-        then the text encoders of a loaded checkpoint are dropped."""
-        if missing:
+        """Every prompt's embedding on disk (the ranks share the missing ones), and every image's parts that the text
+        encoders compute (``DiffusersPolicy.images_need_text_encoders``), read from there from now on; then the text
+        encoders of a loaded checkpoint are dropped."""
+        images, embeddings = self._missing_images, self.embeddings
+        if missing or images:
             parallel = self.parallel
             if self._sharded_encoders:  # collective: every rank encodes every prompt, rank 0 writes the files
-                self.embeddings.compute(missing, self.policy._encode, write=self.is_leader)
+                embeddings.compute(missing, self.policy._encode, write=self.is_leader)
+                embeddings.compute_images(images, self.policy.encoder_image_parts, write=self.is_leader)
             else:  # whole encoders: the ranks share the prompts
-                self.embeddings.compute(missing[parallel.rank :: parallel.world_size], self.policy._encode)
+                embeddings.compute(missing[parallel.rank :: parallel.world_size], self.policy._encode)
+                share = images[parallel.rank :: parallel.world_size]
+                embeddings.compute_images(share, self.policy.encoder_image_parts)
             if parallel.world_size > 1:
                 dist.barrier()
         self.policy.embeddings = self.embeddings

@@ -121,8 +121,30 @@ def load_sharded_text_encoder(directory: str | Path, group: Any, device: torch.d
             param.data = param.data.to(dtype)
     for buffer in encoder.buffers():  # rotary tables and the like stay as built; they move with the model
         buffer.data = buffer.data.to(device)
-    encoder.sharded = shard_text_encoder(encoder, group, device, SafetensorsCheckpoint(directory))
+    checkpoint = SafetensorsCheckpoint(directory)
+    checkpoint.rename(_saved_names(encoder, checkpoint.keys()))
+    encoder.sharded = shard_text_encoder(encoder, group, device, checkpoint)
     return encoder
+
+
+def _saved_names(encoder: torch.nn.Module, keys: set[str]) -> dict[str, str]:
+    """``{saved key: the model's name}`` of the tensors that transformers renames when it loads ``encoder`` (its plain
+    ``WeightRenaming`` rules; T5Gemma2's encoder saves ``embed_tokens.weight`` for ``text_model.embed_tokens.weight``):
+    only keys that are no name of the model and become one that is not saved."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightRenaming
+
+    renamings = [rule for rule in get_model_conversion_mapping(encoder) if type(rule) is WeightRenaming]
+    model = {name for name, _ in encoder.named_parameters(remove_duplicate=False)}
+    model |= {name for name, _ in encoder.named_buffers(remove_duplicate=False)}
+    names = {}
+    for key in keys - model:
+        name = key
+        for rule in renamings:
+            name = rule.rename_source_key(name)[0]
+        if name in model and name not in keys:
+            names[key] = name
+    return names
 
 
 def _own_rows(weight: torch.nn.Parameter, names: list[str], world: int, rank: int, device: torch.device,

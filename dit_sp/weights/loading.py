@@ -82,6 +82,10 @@ class SafetensorsCheckpoint:
     def keys(self) -> set[str]:
         return set(self._where)
 
+    def rename(self, names: dict[str, str]) -> None:
+        """Read the tensors saved as each key of ``names`` under its value (a model's own name for it)."""
+        self._where = {names.get(key, key): where for key, where in self._where.items()}
+
     def __contains__(self, name: str) -> bool:
         return name in self._where
 

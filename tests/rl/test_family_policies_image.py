@@ -5,6 +5,7 @@ GRPO step on 1x2 and 2x1 is in test_family_policies.py's layout test (``policy_c
 from __future__ import annotations
 
 import inspect
+import json
 
 import numpy as np
 import pytest
@@ -304,6 +305,75 @@ def test_sana_video_image_to_video_policy_samples_only_the_noised_frames(tmp_pat
 
 @pytest.mark.slow  # runs the stock pipeline
 @torch.no_grad()
+def test_easyanimate_inpaint_image_to_video_policy_ode_and_decode_are_the_pipelines(tmp_path):
+    """EasyAnimate inpaint as image-to-video at strength 1: the mask's and the masked video's latents (the image as the
+    kept first frame, its noise augmentation drawn at IMAGE_SEED) join the noise in channels; the Euler ODE from the
+    pipeline's own noise is its sampling (guidance 5) and the decode its video."""
+    from diffusers.pipelines.easyanimate.pipeline_easyanimate_inpaint import get_image_to_video_latent
+
+    from dit_sp.families.policy import IMAGE_SEED
+
+    pipe = build_tiny("tiny-easyanimate-inpaint")
+    assert pipe.transformer.config.add_noise_in_inpaint_model  # the augmentation noise is part of what is compared
+    policy = policy_for(pipe)(pipe, pipe.transformer, frames=5, height=32, width=32, guidance=5.0,
+                              max_sequence_length=256)  # fmt: skip
+    assert type(policy).__name__ == "EasyAnimatePolicy" and policy.takes_images
+    assert policy.latent_shape() == (4, 2, 4, 4)  # every latent frame is sampled (in_channels 9 = 4 + 1 + 4)
+    image, other = _image(tmp_path / "a.png", 0), _image(tmp_path / "b.png", 1)
+    # the pipeline draws its noise (it cannot take latents at strength 1 in diffusers 0.42.1), then its generator
+    # restarts at IMAGE_SEED for the augmentation noise, as the policy draws it
+    generator, prepared, stock_prepare = torch.Generator().manual_seed(1), [], pipe.prepare_latents
+
+    def prepare(*args, **kwargs):
+        prepared.append(stock_prepare(*args, **kwargs))
+        generator.manual_seed(IMAGE_SEED)
+        return prepared[-1]
+
+    pipe.prepare_latents = prepare
+    video, mask = get_image_to_video_latent([Image.open(image).convert("RGB")], None, 5, (32, 32))
+    stock, frames = stock_run(pipe, prompt="a red circle", negative_prompt="", video=video, mask_video=mask,
+                              num_frames=5, height=32, width=32, num_inference_steps=3, guidance_scale=5.0,
+                              generator=generator)  # fmt: skip
+    noise, cond = prepared[0][1], policy.encode(["a red circle"], [image])
+    ours = euler(policy, noise, pipe.scheduler.sigmas[:-1].tolist(), cond)
+    assert stock.abs().max() > 1
+    print(f"EasyAnimatePolicy inpaint I2V: ODE vs stock {(ours - stock).abs().max():.2e}")
+    torch.testing.assert_close(ours, stock, atol=1e-5, rtol=0)
+    torch.testing.assert_close(policy.decode(ours, cond), frames, atol=1e-5, rtol=0)
+    moved = policy.velocity(noise, 1.0, policy.encode(["a red circle"], [other]))
+    assert (moved - policy.velocity(noise, 1.0, cond)).abs().max() > 1e-3
+
+
+@pytest.mark.slow  # runs the stock pipeline
+@torch.no_grad()
+def test_motif_video_image_to_video_policy_ode_and_decode_are_the_pipelines(tmp_path):
+    """Motif-Video I2V: the image's latents (the VAE's posterior drawn at IMAGE_SEED) and mask in channels on the first
+    frame, every frame stepped, its SigLIP tokens (the text encoder's vision tower) to the transformer; the Euler ODE
+    is the stock pipeline's sampling with its ClassifierFreeGuidance guider (4) and the decode its video; the tokens
+    condition the velocity."""
+    from diffusers.guiders import ClassifierFreeGuidance
+
+    from dit_sp.families.policy import IMAGE_SEED
+
+    pipe = build_tiny("tiny-motif-video-i2v")
+    pipe.guider = ClassifierFreeGuidance(guidance_scale=4.0)
+    policy = policy_for(pipe)(pipe, pipe.transformer, frames=5, height=32, width=32, guidance=4.0,
+                              max_sequence_length=32)  # fmt: skip
+    assert type(policy).__name__ == "MotifVideoPolicy" and policy.takes_images and policy.images_need_text_encoders
+    settings = {"num_frames": 5, "height": 32, "width": 32, "num_inference_steps": 3, "max_sequence_length": 32}
+    image = _image(tmp_path / "a.png", 0)
+    assert_image_ode_and_decode_are_stock(policy, pipe, image, _image(tmp_path / "b.png", 1), settings,
+                                          seed=IMAGE_SEED)  # fmt: skip
+    positive, negative = policy.encode(["a red circle"], [image])
+    noise = torch.randn(1, *policy.latent_shape(), generator=torch.Generator().manual_seed(1))
+    without = (positive[0], positive[1], torch.zeros_like(positive[2]))
+    assert positive[2].shape == (1, 4, 16)  # the tiny tower's 4 tokens of 16
+    assert (policy.velocity(noise, 1.0, (without, negative)) - policy.velocity(noise, 1.0, (positive, negative))).abs(
+    ).max() > 1e-3  # fmt: skip
+
+
+@pytest.mark.slow  # runs the stock pipeline
+@torch.no_grad()
 def test_wan_vace_text_to_video_policy_ode_and_decode_are_the_pipelines(tmp_path):
     """Wan VACE without conditions: the policy's Euler ODE (the pipeline's zero VACE context, scale 1) is the stock
     WanVACEPipeline's text-to-video sampling (guidance 4), its decode the pipeline's video; the VACE context matters
@@ -386,7 +456,7 @@ def test_ranks_whose_image_paths_hold_other_images_or_none_are_refused(tmp_path)
 def test_the_policies_refusals_come_before_loading(tmp_path):
     """The trainer's preflight (no weights, no workers) refuses what the policies refuse from the settings alone:
     ChronoEdit's frame count, LTX-Video and Sana-Video I2V's single latent frame, Kandinsky 5 I2V's fewer than 5; a size
-    they train passes."""
+    they train passes. A prompt line that gives a source video or a strength is refused (not ignored)."""
     from grpo_checks import tiny_config
     from policy_checks import image_prompt_file
 
@@ -403,3 +473,14 @@ def test_the_policies_refusals_come_before_loading(tmp_path):
         with pytest.raises(ValueError, match=message):
             check_before_loading(tiny_config(model=model, prompts=prompts, frames=frames, height=32, width=32), 1)
         check_before_loading(tiny_config(model=model, prompts=prompts, frames=trained, height=32, width=32), 1)
+    # EasyAnimate inpaint trains image-to-video from pure noise: a line giving a source video or a strength is refused
+    check_before_loading(tiny_config(model="tiny-easyanimate-inpaint", prompts=prompts, frames=9, height=32, width=32,
+                                     **{"sample.max_sequence_length": 256}), 1)  # fmt: skip
+    for key, value in (("video", "clip.mp4"), ("strength", 0.6)):
+        line = json.dumps({"prompt": "a red circle", "image": "image0.png", key: value})
+        (tmp_path / "other.jsonl").write_text(line + "\n")
+        config = tiny_config(model="tiny-easyanimate-inpaint", prompts=str(tmp_path / "other.jsonl"), frames=9)
+        with pytest.raises(ValueError, match=rf"other.jsonl:1: '{key}' is not trained: GRPO samples each prompt from "
+                                             r"pure noise \(strength 1\) conditioned on at most one image \('image'\); "
+                                             "drop it$"):  # fmt: skip
+            check_before_loading(config, 1)

@@ -158,6 +158,12 @@ def family_configs(hunyuanvideo15: str, images: str, **layout) -> list:
         tiny_config(model="tiny-wan-vace", height=32, width=32, **{"sample.max_sequence_length": 16}, **common),
         # LTX-2 I2V, audio isolated: the image's latents (re-compressed, the VAE's mode) are the clean first frame
         tiny_config(model="tiny-ltx2-i2v", **{"sample.max_sequence_length": 32}, **with_images),
+        # EasyAnimate inpaint as image-to-video: the mask's and the masked video's latents in channels (the pipeline's
+        # 256 unmasked text tokens); MagVit's VAE decodes split by rows
+        tiny_config(model="tiny-easyanimate-inpaint", **{"sample.max_sequence_length": 256}, **with_images),
+        # Motif-Video I2V: the image's latents and mask in channels, its SigLIP tokens (computed with the prompts'
+        # embeddings, read from their files) in front of the text; Wan's VAE decodes split by rows
+        tiny_config(model="tiny-motif-video-i2v", **{"sample.max_sequence_length": 32}, **with_images),
     ]
 
 
@@ -210,3 +216,30 @@ def refusal_when_built_elsewhere(config: TrainConfig, other_image: str | None) -
         is_file = Path.is_file
         Path.is_file = lambda self: self.suffix != ".png" and is_file(self)
     return refusal_when_built(config)
+
+
+def image_tokens_through_runs(configs: list[TrainConfig]) -> list[dict]:
+    """Trainers of ``configs`` built in turn (a checkpoint directory of Motif-Video I2V), each after the one before
+    saved its checkpoint at step 0 and was dropped (the later ones resume): for each, the images whose SigLIP tokens it
+    encoded, whether its pipeline still holds a text encoder and how many T5Gemma2 encoders are alive, and the tokens
+    its policy conditions each prompt's image on."""
+    import gc
+    import warnings
+
+    from transformers import T5Gemma2Encoder
+
+    results = []
+    for config in configs:
+        trainer = GRPOTrainer(config)
+        gc.collect()
+        with warnings.catch_warnings():  # looking at every object touches deprecated torch attributes
+            warnings.simplefilter("ignore")
+            alive = sum(isinstance(thing, T5Gemma2Encoder) for thing in gc.get_objects())
+        pairs = zip(trainer.prompts, trainer.images)
+        tokens = [trainer.policy.encode([prompt], [image])[0][2] for prompt, image in pairs]
+        results.append({"encoded": [Path(image).name for image in trainer._missing_images], "alive": alive,
+                        "text_encoder": trainer.pipe.text_encoder is not None, "tokens": tokens})  # fmt: skip
+        trainer.save_checkpoint()
+        del trainer
+        gc.collect()
+    return results
