@@ -114,6 +114,8 @@ SKYREELS_V2 = ModelFamily(
     architectures=_ARCHITECTURES,
     pipelines=("SkyReelsV2Pipeline", "SkyReelsV2ImageToVideoPipeline"),
     policy=SkyReelsV2Policy,
+    # the diffusion-forcing checkpoints (Skywork/SkyReels-V2-DF-*-Diffusers) run text- and image-to-video alike
+    image_to_video={"SkyReelsV2DiffusionForcingPipeline": "SkyReelsV2DiffusionForcingImageToVideoPipeline"},
     policy_refused={
         "SkyReelsV2DiffusionForcingPipeline": (
             "diffusion forcing: its model takes a timestep per latent frame (frames at different noise levels"

@@ -200,6 +200,9 @@ WAN = ModelFamily(
     cfg_mode="sequential",
     pipelines=("WanPipeline", "WanImageToVideoPipeline"),
     policy=WanPolicy,
+    # Wan 2.2 TI2V-5B ships as WanPipeline (per-token timesteps): its image-to-video is WanImageToVideoPipeline's
+    image_to_video={"WanPipeline": "WanImageToVideoPipeline"},
+    image_to_video_if=lambda config: bool(config.get("expand_timesteps")),
     vae=WAN_VAE,
     teacache_probe=timestep_probe,
     shape_check=_shape_check,
