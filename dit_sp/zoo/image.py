@@ -1,8 +1,9 @@
 """The pipeline class a model runs as when an image is given: a checkpoint saved as a text-to-video pipeline that is
 an image-to-video model too (``ModelFamily.image_to_video``: SANA-Video 2B, Wan 2.2 TI2V, LTX-Video, ...) runs as
 its image-to-video class, built from the same components and pipeline settings. The two classes are checked to take
-the same components: from a checkpoint's files before loading (``image_class``), and on a built pipeline
-(``as_image_to_video``); where they do not, one line says which component is missing or left over."""
+the same components and settings: from a checkpoint's files before loading (``image_class``), and on a built pipeline
+(``as_image_to_video``); where they do not, one line says which component is missing, or which component or setting
+the image class does not take."""
 
 from __future__ import annotations
 
@@ -22,16 +23,18 @@ def _parameters(class_name: str) -> dict[str, inspect.Parameter] | None:
     return {n: p for n, p in inspect.signature(cls.__init__).parameters.items() if n not in ("self", "kwargs")}
 
 
-def component_refusal(source: str, target: str, components: dict[str, bool]) -> str:
+def component_refusal(source: str, target: str, components: dict[str, bool], settings: tuple[str, ...] = ()) -> str:
     """Why pipeline class ``target`` cannot run a checkpoint of class ``source`` whose ``components`` (by name:
-    whether it has one) are given, or empty where it can: a component ``target`` requires that the checkpoint lacks,
-    or one the checkpoint has that ``target`` does not take (the model would not be the same)."""
+    whether it has one) and pipeline ``settings`` (names: ``expand_timesteps``, ...) are given, or empty where it can:
+    a component ``target`` requires that the checkpoint lacks, or a component or setting the checkpoint has that
+    ``target`` does not take (the model would not be the same)."""
     parameters = _parameters(target)
     if parameters is None:
         return f"{target} is not a pipeline class of this diffusers"
     required = [n for n, p in parameters.items() if p.default is inspect.Parameter.empty]
     missing = [name for name in required if not components.get(name)]
     extra = [name for name, present in components.items() if present and name not in parameters]
+    extra += [name for name in settings if name not in parameters]
     if missing:
         return (f"its image-to-video pipeline {target} needs the component(s) {', '.join(missing)}, which this "
                 f"{source} checkpoint lacks; add them to its directory, or drop the image")  # fmt: skip
@@ -49,7 +52,8 @@ def image_class(name: str | None, settings: dict[str, Any], components: dict[str
     target = families.image_to_video_pipeline(name, settings)
     if target is None:
         return name
-    why = component_refusal(str(name), target, components)
+    taken = tuple(key for key in settings if not key.startswith("_") and key not in components)
+    why = component_refusal(str(name), target, components, taken)
     if why:
         raise ConfigError(f"{f'{model} ({name})' if model else name} cannot run with an image: {why}")
     return target
@@ -71,8 +75,4 @@ def as_image_to_video(pipe: Any) -> Any:
 
     parameters = _parameters(target) or {}
     settings = {key: value for key, value in config.items() if key in parameters and key not in components}
-    built = getattr(diffusers, target)(**{k: v for k, v in components.items() if k in parameters}, **settings)
-    for key in ("vae_scale_factor_temporal", "vae_scale_factor_spatial"):  # a pipeline loaded without its VAE
-        if getattr(pipe, "vae", None) is None and hasattr(pipe, key):
-            setattr(built, key, getattr(pipe, key))
-    return built
+    return getattr(diffusers, target)(**{k: v for k, v in components.items() if k in parameters}, **settings)

@@ -43,3 +43,14 @@ def test_a_text_to_video_model_runs_as_its_image_to_video_class(source, target):
 def test_wan_2_1_text_to_video_is_not_switched():
     pipe = build_tiny("tiny-wan")
     assert pipeline_class_name("tiny-wan", image=True) == "WanPipeline" and as_image_to_video(pipe) is pipe
+
+
+def test_a_setting_the_image_class_does_not_take_is_refused(tmp_path):
+    import json
+
+    build_tiny("tiny-sana-video").save_pretrained(tmp_path / "sana")
+    index = tmp_path / "sana" / "model_index.json"
+    index.write_text(json.dumps(json.loads(index.read_text()) | {"motion_score": 30}))  # no parameter for it
+    why = r"\(SanaVideoPipeline\) cannot run with an image: .* SanaImageToVideoPipeline takes no motion_score, which"
+    with pytest.raises(ConfigError, match=why):
+        pipeline_class_name(tmp_path / "sana", image=True)
