@@ -161,7 +161,8 @@ async def _serve(config: GenerateConfig, limits: ServerLimits, schedule: Schedul
     from dit_sp.server.videos import VideoServer
 
     served = os.path.basename(os.path.normpath(config.model))
-    # a Wan 2.2 TI2V checkpoint is served as text-to-video (its image pipeline is another; images are refused)
+    # a text-to-video checkpoint that is image-to-video too (SANA-Video, Wan 2.2 TI2V: ModelFamily.image_to_video) is
+    # served as text-to-video (its image pipeline is another class; images are refused)
     images = False
     store = JobStore(args.job_dir, args.max_queued)
     lora_dir = str(Path(args.lora_dir).resolve()) if args.lora_dir else None

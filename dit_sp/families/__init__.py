@@ -165,6 +165,16 @@ def architectures() -> dict[str, dict[str, Any]]:
     return {name: arch for family in FAMILIES for name, arch in family.architectures.items()}
 
 
+def image_to_video_pipeline(pipeline: str | None, config: dict[str, Any]) -> str | None:
+    """The image-to-video pipeline class that runs a checkpoint of pipeline class ``pipeline`` (its pipeline config:
+    ``model_index.json``'s settings) when an image is given (``ModelFamily.image_to_video``, where the family's
+    ``image_to_video_if`` holds), or None: it runs as it is."""
+    for family in FAMILIES:
+        if pipeline in family.image_to_video and family.image_to_video_if(config):
+            return family.image_to_video[pipeline]
+    return None
+
+
 def ring_refusal(config: Any, *, class_name: str = "", pipeline: str = "") -> str:
     """Why a ring cannot split exactly the transformer of ``config`` (its ``config.json`` mapping), of transformer
     class ``class_name`` or in a pipeline of class ``pipeline``, from its family (``ModelFamily.ring_refusal``); empty
@@ -193,6 +203,7 @@ __all__ = [
     "family_named",
     "family_named",
     "family_of",
+    "image_to_video_pipeline",
     "policy_for",
     "policy_refusal",
     "policy_loads_vae",

@@ -247,6 +247,16 @@ class ModelFamily:
     names of the arguments taking those two streams where they are not ``hidden_states`` / ``encoder_hidden_states``
     (LTX-2's second stream, its audio: ``(0, 1, "hidden_states", "audio_hidden_states")``). A step cache registers
     them with diffusers' block registry when it is enabled on the family's model, so that diffusers' hooks read them."""
+    image_to_video: dict[str, str] = field(default_factory=dict, hash=False)
+    """Text-to-video pipeline classes of the family whose checkpoints are also image-to-video models, each with the
+    image-to-video pipeline class that runs them when an image is given (SANA-Video 2B's ``SanaVideoPipeline`` as
+    ``SanaImageToVideoPipeline``): the same components and weights, checked against that class's ``__init__``
+    (``dit_sp.zoo.image``), so that no checkpoint's ``_class_name`` is edited by hand. Where only some checkpoints
+    of a class are, ``image_to_video_if`` says which."""
+    image_to_video_if: Callable[[dict[str, Any]], bool] = lambda config: True
+    """Whether a checkpoint of an ``image_to_video`` class is one, from its pipeline's config (``model_index.json``'s
+    settings, a built pipeline's ``config``): Wan's ``WanPipeline`` only with per-token timesteps (Wan 2.2 TI2V's
+    ``expand_timesteps``); Wan 2.1 T2V was not trained on images."""
     architectures: dict[str, dict[str, Any]] = field(default_factory=dict, hash=False)
     """The real checkpoints, for the memory planner (``dit_sp.memory.planner.ARCHITECTURES``): their
     transformer configs, text-encoder and VAE parameter counts, VAE compression and text length."""

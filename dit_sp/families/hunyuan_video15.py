@@ -170,7 +170,7 @@ _ARCHITECTURES = {
         "num_layers": 54, "num_refiner_layers": 2, "mlp_ratio": 4.0, "patch_size": 1, "patch_size_t": 1,
         "text_embed_dim": 3584, "text_embed_2_dim": 1472, "image_embed_dim": 1152, "task_type": "t2v"})},
         "text_encoders": 7.07e9 + 0.22e9, "vae": 0.5e9, "compression": (4, 16), "text_tokens": 1000,
-        "text_tokens_2": 256, "joint": True},
+        "text_tokens_2": 256, "masked_image_tokens": 729, "joint": True},
     "hunyuanvideo-1.5-480p_i2v": {"transformers": {"transformer": ("HunyuanVideo15Transformer3DModel", {
         "in_channels": 65, "out_channels": 32, "num_attention_heads": 16, "attention_head_dim": 128,
         "num_layers": 54, "num_refiner_layers": 2, "mlp_ratio": 4.0, "patch_size": 1, "patch_size_t": 1,
@@ -182,7 +182,10 @@ _ARCHITECTURES = {
 and Glyph-ByT5 text encoders (1000 and 256 tokens, both attended jointly), the 16x-spatial VAE. Image-to-video
 (``HunyuanVideo-1.5-Diffusers-480p_i2v``): the same transformer (``in_channels`` 65 in both: T2V's condition channels
 are zeros), whose blocks attend jointly to the image's 729 SigLIP tokens too (so400m-patch14-384: 27 x 27 patches,
-``image_embed_dim`` 1152); the SigLIP vision encoder (about 0.43B) stays loaded all run."""
+``image_embed_dim`` 1152); the SigLIP vision encoder (about 0.43B) stays loaded all run. Text-to-video's pipeline passes
+729 all-zero image tokens, which the transformer masks out (``is_t2v``: their attention mask is zero both ways) but
+carries through every block, as it carries the text's padding (``masked_image_tokens``: in the sampling plan; the GRPO
+policy passes one)."""
 
 HUNYUAN_VIDEO15 = ModelFamily(
     name="hunyuan_video15",

@@ -264,6 +264,7 @@ LTX = ModelFamily(
     architectures=_ARCHITECTURES,
     pipelines=("LTXPipeline", "LTXImageToVideoPipeline"),
     policy=LTXPolicy,
+    image_to_video={"LTXPipeline": "LTXImageToVideoPipeline"},  # Lightricks/LTX-Video: one checkpoint for both
     policy_refused={
         "LTXConditionPipeline": (
             "its conditions are images or videos placed at chosen frames, each with its own strength and "

@@ -292,6 +292,7 @@ LTX2 = ModelFamily(
         *("audio_encoder_attention_mask", "video_coords", "audio_coords", "video_keyframes_mask"),
     ),
     pipelines=("LTX2Pipeline", "LTX2ImageToVideoPipeline", "LTX2ConditionPipeline"),
+    image_to_video={"LTX2Pipeline": "LTX2ImageToVideoPipeline"},  # Lightricks/LTX-2: one checkpoint for both
     policy=LTX2Policy,
     tiny_models=(
         "tiny-ltx2",

@@ -176,6 +176,8 @@ MOTIF_VIDEO = ModelFamily(
     checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(121, 736, 1280, 50, 5.0, 512) | {"fps": 24}),
     vae_factors=dict.fromkeys(PIPELINES, _vae_factors),
     pipelines=PIPELINES,
+    # Motif-Technologies/Motif-Video-2B: one checkpoint for both (the image pipeline needs its feature_extractor)
+    image_to_video={"MotifVideoPipeline": "MotifVideoImage2VideoPipeline"},
     policy=MotifVideoPolicy,
     architectures=_ARCHITECTURES,
 )

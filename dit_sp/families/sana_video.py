@@ -337,6 +337,8 @@ SANA_VIDEO = ModelFamily(
     },
     pipelines=PIPELINES,
     policy=SanaVideoPolicy,
+    # SANA-Video 2B ships as SanaVideoPipeline; diffusers runs the same checkpoint as SanaImageToVideoPipeline
+    image_to_video={"SanaVideoPipeline": "SanaImageToVideoPipeline"},
     tiny_models=("tiny-sana-video", "tiny-sana-video-i2v"),
     checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(81, 480, 832, 50, 6.0, 300)),
     vae_factors=dict.fromkeys(PIPELINES, _vae_factors),

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import block_argument, context_parallel_types
 from dit_sp.families.family import ModelFamily, generation_defaults
-from dit_sp.families.wan import WanPolicy, wan_architecture, wan_vae_factors
+from dit_sp.families.wan import CLIP_VIT_H, I2V_14B, WanPolicy, wan_architecture, wan_vae_factors
 
 if TYPE_CHECKING:
     import torch
@@ -81,11 +81,9 @@ _ARCHITECTURES = {
     "skyreels-v2-df-1.3b-540p": wan_architecture({"transformer": _DF_1_3B}, "SkyReelsV2Transformer3DModel"),
     "skyreels-v2-t2v-14b-720p": wan_architecture({"transformer": _14B}, "SkyReelsV2Transformer3DModel"),
     "skyreels-v2-t2v-14b-540p": wan_architecture({"transformer": _14B}, "SkyReelsV2Transformer3DModel"),
-    # image-to-video: the image's latents and mask in channels, CLIP ViT-H image tokens in cross-attention
-    "skyreels-v2-i2v-14b-720p": wan_architecture(
-        {"transformer": _14B | {"in_channels": 36, "image_dim": 1280, "added_kv_proj_dim": 5120}},
-        "SkyReelsV2Transformer3DModel",
-    ),
+    # image-to-video: Wan 2.1 I2V 14B's transformer and its CLIP ViT-H image encoder (whole, kept all run)
+    "skyreels-v2-i2v-14b-720p": wan_architecture({"transformer": I2V_14B}, "SkyReelsV2Transformer3DModel")
+    | {"image_encoder": CLIP_VIT_H},
 }
 """The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
 
@@ -114,6 +112,8 @@ SKYREELS_V2 = ModelFamily(
     architectures=_ARCHITECTURES,
     pipelines=("SkyReelsV2Pipeline", "SkyReelsV2ImageToVideoPipeline"),
     policy=SkyReelsV2Policy,
+    # the diffusion-forcing checkpoints (Skywork/SkyReels-V2-DF-*-Diffusers) run text- and image-to-video alike
+    image_to_video={"SkyReelsV2DiffusionForcingPipeline": "SkyReelsV2DiffusionForcingImageToVideoPipeline"},
     policy_refused={
         "SkyReelsV2DiffusionForcingPipeline": (
             "diffusion forcing: its model takes a timestep per latent frame (frames at different noise levels"

@@ -176,12 +176,25 @@ def wan_architecture(transformers: dict[str, dict[str, Any]], class_name: str = 
 
 
 _14B = {"num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40}
+I2V_14B = _14B | {"in_channels": 36, "image_dim": 1280, "added_kv_proj_dim": 5120}
+"""Wan 2.1 I2V 14B's transformer (SkyReels-V2 I2V 14B's too): the image's latents and mask in channels, CLIP image
+tokens in cross-attention."""
+
+CLIP_VIT_H = 632.08e6
+"""Wan 2.1 I2V's image encoder (SkyReels-V2 I2V's too), whole on every rank for the whole run: CLIP ViT-H/14's vision
+tower (open_clip xlm-roberta-large-vit-huge-14 in Wan's own code; diffusers' scripts/convert_wan_to_diffusers.py saves
+it as ``CLIPVisionModelWithProjection.from_pretrained("laion/CLIP-ViT-H-14-laion2B-s32B-b79K")``: width 1280, 32
+layers, MLP 5120, patch 14 at 224 pixels, projection 1024), 632,076,800 parameters counted on the meta device with
+transformers (``tests/families/test_skyreels_cosmos_checkpoints.py``). Its 257 tokens (the penultimate layer's) enter
+by cross-attention, as the text does, so they are not in the planned sequence."""
 
 _ARCHITECTURES = {
     "wan2.1-t2v-1.3b": wan_architecture({"transformer": {"num_attention_heads": 12, "ffn_dim": 8960,
                                                       "num_layers": 30}}),
     "wan2.1-t2v-14b": wan_architecture({"transformer": _14B}),
     "wan2.2-t2v-a14b": wan_architecture(dict.fromkeys(TRANSFORMERS, _14B)),
+    # Wan-AI/Wan2.1-I2V-14B-480P-Diffusers and -720P (one transformer config), with its CLIP image encoder
+    "wan2.1-i2v-14b": wan_architecture({"transformer": I2V_14B}) | {"image_encoder": CLIP_VIT_H},
     "wan2.2-ti2v-5b": wan_architecture({"transformer": {"num_attention_heads": 24, "ffn_dim": 14336, "num_layers": 30,
                                                      "in_channels": 48, "out_channels": 48}},
                                     vae=705e6, spatial=16),
@@ -200,6 +213,9 @@ WAN = ModelFamily(
     cfg_mode="sequential",
     pipelines=("WanPipeline", "WanImageToVideoPipeline"),
     policy=WanPolicy,
+    # Wan 2.2 TI2V-5B ships as WanPipeline (per-token timesteps): its image-to-video is WanImageToVideoPipeline's
+    image_to_video={"WanPipeline": "WanImageToVideoPipeline"},
+    image_to_video_if=lambda config: bool(config.get("expand_timesteps")),
     vae=WAN_VAE,
     teacache_probe=timestep_probe,
     shape_check=_shape_check,

@@ -191,14 +191,19 @@ IMAGE_ENCODER = "image encoder"
 compute dtype, whole on every rank, never freed (the trainer frees ``dit_sp.zoo.TEXT_ENCODERS`` only)."""
 
 
-def conditioning_tokens(spec: dict[str, Any], max_sequence_length: int | None = None) -> int:
-    """Tokens every block attends jointly beside the video (replicated on every rank); 0 where text enters by
+def conditioning_tokens(spec: dict[str, Any], max_sequence_length: int | None = None, policy: bool = False) -> int:
+    """Tokens every block carries jointly beside the video (replicated on every rank); 0 where text enters by
     cross-attention: the text (``text_tokens``, and a second encoder's ``text_tokens_2``, each capped at
-    ``max_sequence_length``) and an image encoder's ``image_tokens`` (HunyuanVideo-1.5 I2V's 729 SigLIP tokens)."""
+    ``max_sequence_length``), an image encoder's ``image_tokens`` (HunyuanVideo-1.5 I2V's 729 SigLIP tokens) and
+    ``masked_image_tokens``: all-zero image tokens a text-to-video pipeline passes, which the transformer masks out but
+    carries through every block like the text's padding (HunyuanVideo-1.5 T2V's 729); ``policy``: the GRPO policy's
+    count of those, one (``HunyuanVideo15Policy``)."""
     if not spec["joint"]:
         return 0
     cap = max_sequence_length or spec["text_tokens"] + spec.get("text_tokens_2", 0)
-    return min(cap, spec["text_tokens"]) + min(cap, spec.get("text_tokens_2", 0)) + spec.get("image_tokens", 0)
+    masked = min(1, spec.get("masked_image_tokens", 0)) if policy else spec.get("masked_image_tokens", 0)
+    text = min(cap, spec["text_tokens"]) + min(cap, spec.get("text_tokens_2", 0))
+    return text + spec.get("image_tokens", 0) + masked
 
 
 def block_values(shape: TransformerShape, ulysses: int = 1) -> int:
@@ -390,7 +395,7 @@ def plan_training(config: Any, gpus: int, gpu_memory_gb: float = 80, *, arch: st
     trained_experts = len([e for e in experts if config.experts is None or e in config.experts]) or 1
     sample, grpo = config.sample, config.grpo
     video = tokens(shape, sample.frames, sample.height, sample.width, spec["compression"])
-    total_tokens = video + conditioning_tokens(spec, sample.max_sequence_length)
+    total_tokens = video + conditioning_tokens(spec, sample.max_sequence_length, policy=True)
     samples = grpo.prompts_per_step * grpo.group_size
     compute = 2 if config.mixed_precision else 4
     setup = {"VAE (fp32)": int(spec["vae"] * 4)}

@@ -29,7 +29,7 @@ def check_before_loading(config: TrainConfig, world_size: int) -> None:
     check_writable(Path(config.output_dir) / "config.yaml", "output_dir")
     if config.embedding_cache:
         check_writable(Path(config.embedding_cache) / "embedding.pt", "embedding_cache")
-    read_prompt_file(config.prompts)
+    images = any(read_prompt_file(config.prompts)[1])
     check_packages(config)
     for key in ("init_from", "init_from_2"):
         if getattr(config.lora, key):
@@ -38,7 +38,7 @@ def check_before_loading(config: TrainConfig, world_size: int) -> None:
     check_reward(config.reward)
     info = check_shape_from_files(config.model, asdict(config.sample), flags=False)
     check_ring(config, info)
-    check_policy(config, info)
+    check_policy(config, info, images)
     check_split(config.grpo, ParallelConfig.for_world(world_size, ring=config.ring, ulysses=config.ulysses).dp)
 
 
@@ -55,22 +55,25 @@ def check_ring(config: TrainConfig, info: Any | None) -> None:
             raise ConfigError(f"ring {config.ring} for {config.model}: {why}")
 
 
-def check_policy(config: TrainConfig, info: Any | None) -> None:
+def check_policy(config: TrainConfig, info: Any | None, images: bool = False) -> str | None:
     """A pipeline GRPO does not train (``ModelFamily.policy_refused``) and the settings the model's GRPO policy refuses
     (``DiffusersPolicy.check_settings``: ChronoEdit's 5 frames, ...), from its pipeline class and VAE factors
-    (``info``: ``dit_sp.zoo.shape_info``) before loading."""
+    (``info``: ``dit_sp.zoo.shape_info``) before loading. With ``images`` (the prompt file gives them), the pipeline
+    class is the one the trainer runs the model as with images (``dit_sp.zoo.image``: SANA-Video 2B's
+    ``SanaVideoPipeline`` as ``SanaImageToVideoPipeline``). Returns that class's name (None where unknown)."""
     import diffusers
 
     from dit_sp.families import policy_named, policy_refusal
     from dit_sp.zoo import pipeline_class_name
 
-    name = pipeline_class_name(config.model)
+    name = pipeline_class_name(config.model, image=images)
     refusal = policy_refusal(name)
     if refusal is not None:
         raise ConfigError(refusal)
     policy, pipeline = policy_named(name), getattr(diffusers, name or "", None)
     if policy is not None and pipeline is not None and info is not None:
         policy.check_settings(pipeline, config.sample.frames, info.vae_scale_factor_temporal)
+    return name
 
 
 def check_packages(config: TrainConfig) -> None:

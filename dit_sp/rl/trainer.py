@@ -184,7 +184,7 @@ class GRPOTrainer:
         torch.manual_seed(config.seed)  # identical LoRA initialisation on every rank, however the model loaded
         self._export_class = type(pipeline)
         if self.images is not None:
-            pipeline = as_image_to_video(pipeline)  # Wan 2.2 TI2V's WanPipeline: the same model, with images
+            pipeline = as_image_to_video(pipeline)  # a T2V checkpoint that is I2V too (SANA-Video, Wan 2.2 TI2V)
         self.pipe = pipeline.to(self.parallel.device) if not has_meta_parameters(pipeline.transformer) else pipeline
         self.experts: dict[str, torch.nn.Module] = {
             name: getattr(self.pipe, name) for name in TRANSFORMERS if getattr(self.pipe, name, None) is not None

@@ -146,9 +146,16 @@ def read_request(fields: dict[str, Any], image_path: str | None, base: GenerateC
             raise BadRequest(f"seconds must be > 0 and at most 600, got {seconds!r}", "seconds")
         settings["frames"] = _frames_for(base, value)
     if image_path is not None:
-        if pipeline_class_name(base.model, image=True) != pipeline_class_name(base.model):
-            raise BadRequest(f"{served} (Wan 2.2 TI2V) is served as text-to-video: its image-to-video pipeline is not "
-                             "loaded; drop input_reference, or run generate --image", "input_reference")  # fmt: skip
+        try:
+            image_class = pipeline_class_name(base.model, image=True)
+        except ConfigError as e:
+            raise BadRequest(_as_request(str(e)), "input_reference") from e
+        if image_class != pipeline_class_name(
+            base.model
+        ):  # a T2V checkpoint that is I2V too (ModelFamily.image_to_video)
+            raise BadRequest(f"{served} is served as text-to-video ({pipeline_class_name(base.model)}): its "
+                             f"image-to-video pipeline ({image_class}) is not loaded; drop input_reference, or run "
+                             "generate --image", "input_reference")  # fmt: skip
         settings["image"] = image_path
     try:
         config = dataclasses.replace(base, **settings)

@@ -19,6 +19,7 @@ from dit_sp.families.family import no_grad
 from dit_sp.io.bundled import ASSET_DIR, asset_path
 from dit_sp.zoo.files import check_component, has_class, json_object
 from dit_sp.zoo.hub import cached_snapshot, is_hub_id
+from dit_sp.zoo.image import as_image_to_video, image_class  # noqa: F401 (as_image_to_video: re-exported)
 from dit_sp.zoo.modular import is_modular, pipeline_of
 from dit_sp.zoo.sample import read_sample_settings
 from dit_sp.zoo.tokenizers import (
@@ -203,31 +204,24 @@ def checkpoint_dir(model: str | Path) -> Path | None:
 def pipeline_class_name(model: str | Path, *, image: bool = False) -> str | None:
     """The diffusers pipeline class of a built-in model or a checkpoint directory (from its files alone);
     ``None`` where it cannot be read (the full load reports why). ``image``: the class that runs it with an
-    image (``as_image_to_video``)."""
+    image (``dit_sp.zoo.image``: its family's image-to-video class, where it has one; ``ConfigError`` where that
+    class does not take the checkpoint's components)."""
     try:
         path = checkpoint_dir(model)
         if path is None:
             spec = model_spec(str(model))
             name, settings = spec.get("pipeline"), spec.get("pipeline_config", {})
+            components = dict.fromkeys(spec.get("components", {}), True)
         elif is_modular(path):  # a Modular Diffusers repository: the pipeline its blocks run as
-            name, settings = pipeline_of(path), {}
+            name, settings, components = pipeline_of(path), {}, {}
         else:
             settings = json.loads((path / "model_index.json").read_text())
             name = settings.get("_class_name")
+            components = {key: value[0] is not None for key, value in settings.items()
+                          if not key.startswith("_") and isinstance(value, list) and len(value) == 2}  # fmt: skip
     except (OSError, ValueError, AttributeError, ConfigError, MissingFileError):
         return None
-    return "WanImageToVideoPipeline" if image and name == "WanPipeline" and settings.get("expand_timesteps") else name
-
-
-def as_image_to_video(pipe: Any) -> Any:
-    """A Wan 2.2 TI2V checkpoint (a ``WanPipeline`` with per-token timesteps) as the
-    ``WanImageToVideoPipeline`` of the same components, which takes an image; other pipelines as they are."""
-    if type(pipe).__name__ != "WanPipeline" or not pipe.config.get("expand_timesteps"):
-        return pipe
-    import diffusers
-
-    return diffusers.WanImageToVideoPipeline(**pipe.components, boundary_ratio=pipe.config.get("boundary_ratio"),
-                                             expand_timesteps=True)  # fmt: skip
+    return image_class(name, settings, components, model) if image else name
 
 
 def model_defaults(model: str) -> dict[str, Any]:

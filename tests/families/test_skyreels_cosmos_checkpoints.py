@@ -57,3 +57,30 @@ def test_cfg_parallelism_of_the_cosmos_and_motif_pipelines_is_refused_in_one_lin
     assert "\n" not in str(error.value)
     processors = [type(getattr(m, "processor", None)).__name__ for m in pipe.transformer.modules()]
     assert not any(name.startswith("SequenceParallel") for name in processors)  # nothing left installed
+
+
+def test_wan_and_skyreels_image_to_video_plans_count_the_clip_image_encoder():
+    """Wan 2.1 I2V's CLIP ViT-H/14 vision tower (SkyReels-V2 I2V's too): the planner's count is the model diffusers'
+    Wan conversion saves (laion/CLIP-ViT-H-14-laion2B-s32B-b79K's vision config, counted on meta), and it is in the
+    GRPO and the sampling plans, whole and kept."""
+    import torch
+    import transformers
+
+    from dit_sp import TrainConfig
+    from dit_sp.families.wan import CLIP_VIT_H
+    from dit_sp.memory.planner import plan_training
+
+    vision = transformers.CLIPVisionConfig(hidden_size=1280, intermediate_size=5120, num_hidden_layers=32,
+                                           num_attention_heads=16, patch_size=14, image_size=224,
+                                           projection_dim=1024)  # fmt: skip
+    with torch.device("meta"):
+        params = sum(p.numel() for p in transformers.CLIPVisionModelWithProjection(vision).parameters())
+    assert abs(params - CLIP_VIT_H) < 1e5, params
+    assert architecture_name("/m/Wan2.1-I2V-14B-480P-Diffusers") == "wan2.1-i2v-14b"
+    for arch in ("skyreels-v2-i2v-14b-720p", "wan2.1-i2v-14b"):
+        assert ARCHITECTURES[arch]["image_encoder"] == CLIP_VIT_H
+        plan = plan_sampling(SamplingSettings(arch, 33, 480, 832), 8, 80.0)
+        assert plan.phases["denoising"]["image encoder (bfloat16, whole)"] == int(CLIP_VIT_H * 2)
+    grpo = plan_training(TrainConfig.load("grpo_skyreels_v2_i2v_14b"), 32, 80)
+    assert grpo.components["image encoder (bf16, whole, kept)"] == int(CLIP_VIT_H * 2) and grpo.fits
+    assert "image_encoder" not in ARCHITECTURES["skyreels-v2-t2v-14b-720p"]

@@ -1,5 +1,6 @@
 """Image-to-video through ``generate --image`` (and ``--last-image``): Wan 2.1 I2V and FLF2V, Wan 2.2 TI2V
-(per-token timesteps, clean first frame), CogVideoX I2V and HunyuanVideo I2V (a Llava text encoder that sees
+(per-token timesteps, clean first frame), a SANA-Video text-to-video checkpoint (run as ``SanaImageToVideoPipeline``),
+CogVideoX I2V and HunyuanVideo I2V (a Llava text encoder that sees
 the image), from saved model directories, give the same video on every layout; the image conditions the
 video; a batch takes an image per prompt."""
 
@@ -9,6 +10,7 @@ import dataclasses
 import json
 import sys
 
+import diffusers
 import imageio.v3 as iio
 import numpy as np
 import pytest
@@ -17,7 +19,7 @@ from cli_run import run_python
 from PIL import Image
 
 from dit_sp import GenerateConfig, generate, spawn
-from dit_sp.zoo import build_tiny
+from dit_sp.zoo import build_tiny, load_pipeline
 
 pytestmark = pytest.mark.slow  # spawns worker processes or runs the CLI
 
@@ -27,6 +29,8 @@ MODELS = {  # built-in name: (settings, with a last frame)
     "tiny-wan2.2-ti2v": ({}, False),
     "tiny-cogvideox-i2v": ({"height": 48, "width": 32}, False),
     "tiny-hunyuanvideo-i2v": ({"guidance": 4.0}, False),  # true CFG: the image-conditioned branches run apart
+    # saved as SanaVideoPipeline (as SANA-Video 2B ships), run with the image as SanaImageToVideoPipeline
+    "tiny-sana-video": ({}, False),
 }
 LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}}
 
@@ -64,6 +68,16 @@ def videos(tmp_path_factory):
     for model in MODELS:
         reports[(model, "single")] = generate(_settings(tmp, model, "single", first), True)
         reports[(model, "other")] = generate(_settings(tmp, model, "other", other), True)
+    # SanaImageToVideoPipeline built by hand from the text-to-video checkpoint's components, saved as that class
+    components = load_pipeline(tmp / "models" / "tiny-sana-video", torch.float32).components
+    reports["saved as"] = json.loads((tmp / "models" / "tiny-sana-video" / "model_index.json").read_text())[
+        "_class_name"
+    ]
+    diffusers.SanaImageToVideoPipeline(**components).save_pretrained(tmp / "models" / "sana-i2v-class")
+    by_hand = _settings(tmp, "tiny-sana-video", "by-hand", first)
+    reports[("sana-i2v-class", "single")] = generate(
+        dataclasses.replace(by_hand, model=str(tmp / "models" / "sana-i2v-class")), True
+    )
     for layout, flags in LAYOUTS.items():
         jobs = [_settings(tmp, model, layout, first, **flags) for model in MODELS]
         by_rank = spawn(run_jobs, 2, args=(jobs,), timeout=300)
@@ -83,6 +97,14 @@ def test_every_layout_gives_the_one_process_video(videos, model, layout):
     assert np.abs(report["frames"] - reference["frames"]).max() <= 1e-4
     frames = list(iio.imiter(report["out"]))  # 9, or 5 for HunyuanVideo I2V (its first 4 repeat the image)
     assert len(frames) == len(reference["frames"]) in (5, 9) and frames[0].shape[:2] == reference["frames"].shape[1:3]
+
+
+def test_a_text_to_video_checkpoint_runs_as_its_image_to_video_class(videos):
+    """SANA-Video's SanaVideoPipeline checkpoint with --image is SanaImageToVideoPipeline of the same components."""
+    converted, by_hand = videos[("tiny-sana-video", "single")], videos[("sana-i2v-class", "single")]
+    assert videos["saved as"] == "SanaVideoPipeline"  # its model_index.json, nothing edited by hand
+    latents, expected = torch.load(converted["latents"]), torch.load(by_hand["latents"])
+    assert latents.shape == expected.shape and (latents - expected).abs().max() <= 1e-5
 
 
 @pytest.mark.parametrize("model", list(MODELS))

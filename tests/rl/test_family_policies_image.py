@@ -484,3 +484,31 @@ def test_the_policies_refusals_come_before_loading(tmp_path):
                                              r"pure noise \(strength 1\) conditioned on at most one image \('image'\); "
                                              "drop it$"):  # fmt: skip
             check_before_loading(config, 1)
+
+
+def test_the_preflight_runs_a_text_to_video_checkpoint_with_images_as_its_image_to_video_pipeline(tmp_path):
+    """A saved SanaVideoPipeline checkpoint (as SANA-Video 2B ships) with an image prompt file: the preflight checks the
+    SanaImageToVideoPipeline policy the trainer runs (its single latent frame refused), and the text-to-video one
+    without images; a Motif-Video checkpoint without the image pipeline's feature_extractor is refused in one line."""
+    from grpo_checks import tiny_config
+    from policy_checks import image_prompt_file
+
+    from dit_sp.rl.preflight import check_before_loading, check_policy
+    from dit_sp.zoo import build_tiny
+
+    build_tiny("tiny-sana-video").save_pretrained(tmp_path / "sana")
+    model, images, texts = str(tmp_path / "sana"), image_prompt_file(tmp_path), tmp_path / "texts.txt"
+    texts.write_text("a red circle\n")
+    with pytest.raises(ValueError, match=r"^frames 1: SanaImageToVideoPipeline keeps the first latent frame"):
+        check_before_loading(tiny_config(model=model, prompts=images, frames=1, height=32, width=32), 1)
+    check_before_loading(tiny_config(model=model, prompts=texts, frames=1, height=32, width=32), 1)
+    config = tiny_config(model=model, prompts=images, frames=5, height=32, width=32)
+    assert check_policy(config, None, images=True) == "SanaImageToVideoPipeline"
+    assert check_policy(config, None) == "SanaVideoPipeline"
+    motif = tiny_config(model="tiny-motif-video", prompts=images, frames=5, height=32, width=32)
+    with pytest.raises(
+        ValueError,
+        match=r"^tiny-motif-video \(MotifVideoPipeline\) cannot run with an image: its "
+        r"image-to-video pipeline MotifVideoImage2VideoPipeline needs the component",
+    ):
+        check_before_loading(motif, 1)

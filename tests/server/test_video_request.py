@@ -26,9 +26,13 @@ def test_image_to_video_needs_its_first_frame(tmp_path):
     assert (config.image, config.width, config.height, config.seed) == (str(path), 32, 48, 3)
     assert settings == {"prompt": "a red circle", "seed": 3, "width": 32, "height": 48} and size == "32x48"
     assert float(seconds) == pytest.approx(config.frames / config.fps)
-    ti2v = GenerateConfig.load(overrides={"model": "tiny-wan2.2-ti2v"})  # served as text-to-video: no image
-    with pytest.raises(BadRequest, match="served as text-to-video: its image-to-video pipeline is not loaded"):
-        read_request({"prompt": "a red circle"}, str(path), ti2v, "tiny-wan2.2-ti2v")
+    for model, classes in [
+        ("tiny-wan2.2-ti2v", r"\(WanPipeline\): its image-to-video pipeline \(WanImageToVideo"),
+        ("tiny-sana-video", r"\(SanaVideoPipeline\): its image-to-video pipeline \(SanaImageTo"),
+    ]:
+        t2v = GenerateConfig.load(overrides={"model": model})  # served as text-to-video: no image
+        with pytest.raises(BadRequest, match=rf"{model} is served as text-to-video {classes}.*is not loaded"):
+            read_request({"prompt": "a red circle"}, str(path), t2v, model)
 
 
 def test_fields_are_typed_and_named():
