@@ -20,7 +20,7 @@ from dit_sp.inference.batch import generate_batch
 from dit_sp.inference.checks import check_before_loading
 from dit_sp.inference.config import GenerateConfig
 from dit_sp.inference.encoders import TextEncoders
-from dit_sp.inference.refine import refine
+from dit_sp.inference.refine import Refiner
 from dit_sp.inference.session import cache_report, sample, save_latents, setup
 from dit_sp.io.video import save_video
 
@@ -41,9 +41,10 @@ def generate(config: GenerateConfig, return_frames: bool = False) -> dict[str, A
     if config.free_text_encoders:
         encoders.free_in_first_step()
     seed = parallel.dp_seed(config.seed)
+    refiner = Refiner.load(pipe, config, parallel) if config.refine else None
     video = sample(pipe, config, guidance, seed, parallel.device, output_type="latent" if config.refine else "np")
-    if config.refine:  # stage 2 on stage 1's latents (Sana-WM): the refiner's video and latents are written
-        refined = refine(pipe, config, parallel, video["frames"], seed)
+    if refiner is not None:  # stage 2 on stage 1's latents (Sana-WM): the refiner's video and latents are written
+        refined = refiner(video["frames"], config.prompt, seed, config.fps)
         video |= {"frames": refined["frames"], "latents": refined["latents"], "refine_seconds": refined["seconds"]}
     report: dict[str, Any] = {key: video[key] for key in ("seconds", "seconds_per_step", "first_step_seconds",
                                                           "later_seconds_per_step")}  # fmt: skip
