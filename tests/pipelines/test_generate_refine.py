@@ -2,13 +2,15 @@
 spec) run on stage 1's latents. The CLI on Ulysses 2 (both stages' transformers split, the VAE shared) writes the
 frames and refined latents of one process (one CLI run); the CLI with a batch of prompts (``--prompts``, each video
 refined with its own prompt and seed) on CFG parallelism (stage 1's guidance branches on two processes, the unguided
-refiner on both as one Ulysses group) writes each video's refined latents of one process. The one-process results are
-what diffusers' own refiner makes of stage 1's saved latents in Python. A checkpoint directory's refiner is its
-``refiner/`` folder (loaded back exactly). Refused in one line before loading: a model without a refiner, a checkpoint
-without ``refiner/``; ``serve`` with ``refine``."""
+refiner on both as one Ulysses group) writes each video's refined latents of one process; the server started with
+``--set refine=true`` writes the refined video of one process, or stage 1's for a request that turns
+``refine`` off. The one-process results are what diffusers' own refiner makes of stage 1's saved latents in Python. A
+checkpoint directory's refiner is its ``refiner/`` folder (loaded back exactly). Refused in one line before loading: a
+model without a refiner, a checkpoint without ``refiner/``; a request asking a server without one for it."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -138,6 +140,37 @@ def test_the_refined_video_is_diffusers_refiner_on_stage_1s_latents(runs):
         torch.set_num_threads(threads)
 
 
+@pytest.mark.slow  # a server (one worker)
+def test_the_server_refines_a_requests_video_as_generate_does(runs):
+    """``serve --set refine=true``: a request's video is the one-process batch's refined one (the same
+    prompt, seed and first frame: ``_same_mp4``), and a request with ``refine: false`` gets stage 1's video (one
+    frame more: the refiner drops the sink frame's)."""
+    openai = pytest.importorskip("openai")
+    from serve_run import Server, wait_until
+
+    from dit_sp.io.bundled import asset_path
+
+    tmp = runs["tmp"]
+    server = Server(["--model", "tiny-sana-wm", "--set", "steps=2", "--set", "refine=true", "--job-dir",
+                     str(tmp / "jobs")], cwd=tmp, start_timeout=180)  # fmt: skip
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        image = ("first.png", asset_path("first_frame.png").read_bytes(), "image/png")
+        served = {}
+        for index, refine in ((0, True), (1, False)):
+            job = client.videos.create(prompt=PROMPTS[index]["prompt"], input_reference=image,
+                                       extra_body={"seed": PROMPTS[index]["seed"], "refine": refine})  # fmt: skip
+            done = wait_until(lambda job=job: (v := client.videos.retrieve(job.id)).status in ("completed", "failed")
+                              and v, 120, f"{job.id} to finish")  # fmt: skip
+            assert done.status == "completed", done
+            served[index] = _mp4_frames(client.videos.download_content(job.id).content)
+        assert server.terminate(60) == 0, server.output
+    finally:
+        server.kill()
+    for index, directory in ((0, "one"), (1, "s1")):  # refined, then stage 1's
+        _same_mp4(served[index], _mp4_frames((tmp / directory / "v" / f"{index:05d}.mp4").read_bytes()))
+
+
 def test_a_checkpoints_refiner_is_its_refiner_folder(tmp_path):
     """A saved Sana-WM checkpoint: without ``refiner/`` refused in one line; with the refiner saved there it loads
     back exactly, decoding through the pipeline's VAE."""
@@ -164,13 +197,24 @@ def test_a_checkpoints_refiner_is_its_refiner_folder(tmp_path):
 
 
 def test_bad_combinations_are_refused_in_one_line_before_loading(tmp_path):
-    """A model without a refiner (before loading: ``check_before_loading``)."""
+    """A model without a refiner (before loading: ``check_before_loading``); a request for the refiner to a server
+    started without it (a 400 naming the field)."""
     from dit_sp.inference import check_before_loading
+    from dit_sp.server.video_request import BadRequest, read_request
 
     config = GenerateConfig.load(overrides={"model": "tiny-wan", "refine": True, "out": str(tmp_path / "v.mp4")})
     with pytest.raises(ConfigError, match=r"^--refine: tiny-wan \(WanPipeline\) has no stage-2 refiner that generate "
                                           r"runs \(it refines SanaWMPipeline\); drop --refine$"):  # fmt: skip
         check_before_loading(config)
+    base = GenerateConfig.load(overrides=BASE)
+    with pytest.raises(BadRequest, match=r"^refine: this server runs no stage-2 refiner; start it with --set "
+                                         r"refine=true") as refused:  # fmt: skip
+        read_request({"prompt": "a walk", "refine": True}, None, base, "tiny-sana-wm")
+    assert refused.value.param == "refine"
+    with pytest.raises(BadRequest, match=r"^refine must be true or false, got 'yes'$"):
+        read_request({"prompt": "a walk", "refine": "yes"}, None, base, "tiny-sana-wm")
+    served = dataclasses.replace(base, refine=True)
+    assert read_request({"prompt": "a walk", "refine": "false"}, None, served, "tiny-sana-wm")[1]["refine"] is False
 
 
 def test_the_cli_refuses_refine_for_a_model_without_one(tmp_path):
@@ -183,9 +227,9 @@ def test_the_cli_refuses_refine_for_a_model_without_one(tmp_path):
     assert not (tmp_path / "v.mp4").exists()
 
 
-def test_serve_refuses_refine_before_starting():
-    """``serve`` samples each request's video and writes it unrefined: ``refine`` in its settings is refused."""
+def test_serve_refuses_refine_for_a_model_without_one_before_starting():
+    """``serve --set refine=true`` checks the model's refiner as ``generate --refine`` does, before workers start."""
     from pipelines.serve import main
 
-    with pytest.raises(ConfigError, match=r"^refine: serve does not run a stage-2 refiner \(generate --refine"):
-        main(["--model", "tiny-sana-wm", "--set", "refine=true"])
+    with pytest.raises(ConfigError, match=r"^--refine: tiny-wan \(WanPipeline\) has no stage-2 refiner"):
+        main(["--model", "tiny-wan", "--set", "refine=true"])
