@@ -76,6 +76,13 @@ class GenerateConfig:
     """Sana-WM's camera intrinsics, ``fx,fy,cx,cy`` in the pixels of ``--image`` (the pipeline rescales them for its
     resize and crop); default: the model's (a built-in model's spec), else the pipeline requires them."""
     last_image: str | None = setting(None, "first-last-frame: the last frame too (Wan FLF2V; default: none)")
+    """First-last-frame: the last frame (Wan FLF2V, LTX-2; MiniMax-H3: selects its ``fl2va`` workflow, ``image`` then
+    being the first frame, not a reference)."""
+    workflow: str | None = setting(None, "MiniMax-H3: t2va, fl2va or ref2va (default: by --image / --last-image)")
+    """MiniMax-H3's workflow (its Modular Diffusers blocks'): ``t2va`` (text only), ``fl2va`` (first and/or last frame:
+    ``image`` the first, ``last_image`` the last) or ``ref2va`` (``image`` a reference image). Default: ``fl2va`` with
+    ``last_image``, ``ref2va`` with ``image`` alone, else ``t2va``; naming ``fl2va`` runs it from a first frame alone.
+    Inputs the workflow does not take are refused before loading."""
     video: str | None = setting(
         None, "video-to-video: the input video (SkyReels-V2 DF, Wan, CogVideoX V2V; Wan-Animate-2: the driving video)"
     )
