@@ -123,9 +123,10 @@ def main(argv: list[str] | None = None) -> None:
 
     check_checkpoint(config.model)  # the model's files and the served defaults' sizes, before workers start
     if config.refine:  # (--set refine=true or a --config file) the workers load the stage-2 refiner too
-        from dit_sp.zoo.refiner import check_refiner
+        from dit_sp.zoo.refiner import check_refiner, check_refiner_layout
 
         check_refiner(config.model)
+        check_refiner_layout(config.model, config.ulysses * (2 if config.cfg_parallel else 1), "the workers' layout")
     check_shape_from_files(config.model, dataclasses.asdict(config))
     if os.environ.get("RANK", "0") != "0":  # a worker of torchrun's world: rank 0 serves and ends it
         from dit_sp.server.cluster import run_rank

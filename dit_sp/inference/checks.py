@@ -40,10 +40,12 @@ def check_before_loading(config: GenerateConfig) -> None:
         from dit_sp.train.lora_io import lora_file
 
         lora_file(path, "--lora")
-    if config.refine:  # a model with a stage-2 refiner, the refiner's files
-        from dit_sp.zoo.refiner import check_refiner
+    if config.refine:  # a model with a stage-2 refiner, the refiner's files, the Ulysses degree it runs on
+        from dit_sp.zoo.refiner import check_refiner, check_refiner_layout
 
         check_refiner(config.model)
+        why = f"--cfg-parallel x --ulysses {config.ulysses}: its calls are unguided" if config.cfg_parallel else ""
+        check_refiner_layout(config.model, config.ulysses * (2 if config.cfg_parallel else 1), why or "--ulysses")
     info = check_shape_from_files(config.model, dataclasses.asdict(config))
     check_image_inputs(config, info)
 

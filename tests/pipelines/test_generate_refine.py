@@ -189,6 +189,9 @@ def test_a_checkpoints_refiner_is_its_refiner_folder(tmp_path):
     built = load_refiner("tiny-sana-wm", pipe.vae, torch.float32)
     built.save_pretrained(tmp_path / "ckpt" / "refiner")
     check_before_loading(GenerateConfig.load(overrides=settings))
+    with pytest.raises(ConfigError, match=r"^--refine: its refiner runs on Ulysses 4 \(--ulysses\): Ulysses 4 over "
+                                          r"SanaWMLTX2RefinerTransformer3DModel's 3 heads"):  # fmt: skip
+        check_before_loading(GenerateConfig.load(overrides=settings | {"ulysses": 4}))  # its transformer's config.json
     loaded = load_refiner(tmp_path / "ckpt", pipe.vae, torch.float32)
     assert loaded.vae is pipe.vae
     for name in ("transformer", "connectors", "text_encoder"):
@@ -197,8 +200,9 @@ def test_a_checkpoints_refiner_is_its_refiner_folder(tmp_path):
 
 
 def test_bad_combinations_are_refused_in_one_line_before_loading(tmp_path):
-    """A model without a refiner (before loading: ``check_before_loading``); a request for the refiner to a server
-    started without it (a 400 naming the field)."""
+    """A model without a refiner, and a CFG-parallel layout whose merged Ulysses group would leave a refiner rank no
+    head (before loading: ``check_before_loading``); a request for the refiner to a server started without it (a 400
+    naming the field)."""
     from dit_sp.inference import check_before_loading
     from dit_sp.server.video_request import BadRequest, read_request
 
@@ -206,6 +210,15 @@ def test_bad_combinations_are_refused_in_one_line_before_loading(tmp_path):
     with pytest.raises(ConfigError, match=r"^--refine: tiny-wan \(WanPipeline\) has no stage-2 refiner that generate "
                                           r"runs \(it refines SanaWMPipeline\); drop --refine$"):  # fmt: skip
         check_before_loading(config)
+    cfg = GenerateConfig.load(overrides=BASE | {"refine": True, "cfg_parallel": True, "ulysses": 2,
+                                                "out": str(tmp_path / "v.mp4")})  # fmt: skip
+    with pytest.raises(ConfigError) as refused:  # the refiner on both guidance groups: 4 ranks over its 3 heads
+        check_before_loading(cfg)
+    assert str(refused.value).startswith("--refine: its refiner runs on Ulysses 4 (--cfg-parallel x --ulysses 2: its "
+                                         "calls are unguided): Ulysses 4 over SanaWMLTX2RefinerTransformer3DModel's "
+                                         "3 heads (1 a rank) leaves the last rank no head")  # fmt: skip
+    assert "\n" not in str(refused.value)
+    check_before_loading(dataclasses.replace(cfg, ulysses=1))  # Ulysses 2: a head or two a rank
     base = GenerateConfig.load(overrides=BASE)
     with pytest.raises(BadRequest, match=r"^refine: this server runs no stage-2 refiner; start it with --set "
                                          r"refine=true") as refused:  # fmt: skip
