@@ -132,6 +132,8 @@ def generate_batch(config: GenerateConfig, return_frames: bool = False) -> dict[
     last_new = last_new_text([videos[i] for i in todo]) if config.free_text_encoders else None
     start = time.perf_counter()
     report: dict[str, Any] = {"layout": str(parallel.config), "videos": len(todo), "skipped": len(mine) - len(todo)}
+    if refiner is not None:
+        report["refiner_layout"] = refiner.layout
     written, frames = [], {}
     for position, index in enumerate(
         tqdm(todo, desc="videos", disable=not (parallel.is_sample_leader and parallel.dp_rank == 0))

@@ -44,7 +44,7 @@ class Refiner:
         from dit_sp._compat import record_decoded_latents
         from dit_sp.inference.session import progress_bars
 
-        self.pipe, self.layout, self.device = pipe, layout, device
+        self.pipe, self.parallel, self.device = pipe, layout, device
         self.recorded = record_decoded_latents(pipe)  # the refined latents, as diffusers' own decode gets them
         progress_bars(pipe, disable=not leader)
 
@@ -60,6 +60,11 @@ class Refiner:
         refiner = load_refiner(config.model, pipe.vae, getattr(torch, config.dtype), parallel.device)
         return cls(refiner, layout, parallel.device, leader=parallel.is_sample_leader and parallel.dp_rank == 0)
 
+    @property
+    def layout(self) -> str:
+        """Where the refiner's transformer runs: ``"ulysses=N"`` (its sample's Ulysses group) or ``"one process"``."""
+        return f"ulysses={self.parallel.ulysses}" if self.parallel is not None else "one process"
+
     def __call__(self, latents: Any, prompt: str, seed: int, fps: float) -> dict[str, Any]:
         """The refiner on the pipeline's ``latents`` ``(B, C, F, H, W)`` (its ``output_type="latent"`` output) with
         ``prompt``, its noise drawn from ``seed``. Returns ``{"frames": (F, H, W, 3) in [0, 1], "latents": the refined
@@ -69,8 +74,8 @@ class Refiner:
         from dit_sp.sp import parallelize
 
         start = time.perf_counter()
-        split = self.layout is not None
-        with parallelize(self.pipe.transformer, self.layout) if split else contextlib.nullcontext():
+        split = self.parallel is not None
+        with parallelize(self.pipe.transformer, self.parallel) if split else contextlib.nullcontext():
             generator = torch.Generator(self.device).manual_seed(seed)
             frames = self.pipe(latents, prompt, fps=fps, generator=generator, output_type="np")
         return {"frames": frames, "latents": self.recorded["latents"], "seconds": time.perf_counter() - start}

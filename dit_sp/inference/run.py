@@ -30,7 +30,7 @@ def generate(config: GenerateConfig, return_frames: bool = False) -> dict[str, A
     ``generate_batch``): loads the pipeline, parallelizes it over the running world (torchrun's, ``spawn``'s,
     or one process) and samples. Returns ``{"layout", "seconds", "seconds_per_step", "first_step_seconds",
     "later_seconds_per_step", "text_encoders"}`` (``TextEncoders.report``; with a step cache,
-    ``"cache"``: ``cache_report``) and, on the rank that
+    ``"cache"``: ``cache_report``; with ``refine``, ``"refine_seconds"`` and ``"refiner_layout"``) and, on the rank that
     writes the sample, ``"out"`` (and ``"latents"``, and the float ``"frames"`` ``(F, H, W, 3)`` with
     ``return_frames``)."""
     if config.prompts is not None:
@@ -49,8 +49,8 @@ def generate(config: GenerateConfig, return_frames: bool = False) -> dict[str, A
     report: dict[str, Any] = {key: video[key] for key in ("seconds", "seconds_per_step", "first_step_seconds",
                                                           "later_seconds_per_step")}  # fmt: skip
     report["layout"] = str(parallel.config)
-    if config.refine:
-        report["refine_seconds"] = video["refine_seconds"]
+    if refiner is not None:
+        report["refine_seconds"], report["refiner_layout"] = video["refine_seconds"], refiner.layout
     report["text_encoders"] = encoders.report()
     if cache is not None:
         report["cache"] = cache_report(cache)
