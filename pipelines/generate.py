@@ -112,6 +112,8 @@ def main(argv: list[str] | None = None) -> None:
         skipped = sum(r["skipped"] for r in leaders)
         print(f"wrote {videos} videos to {batch_layout(config)[0]} ({skipped} already there, skipped); "
               f"{videos / max(seconds, 1e-9) * 3600:.0f} videos/hour on {reports[0]['layout']}")  # fmt: skip
+        if "refiner_layout" in reports[0]:
+            print(f"refiner on {reports[0]['refiner_layout']}")
         return
     for report in reports:
         if "out" in report:
@@ -122,6 +124,8 @@ def main(argv: list[str] | None = None) -> None:
                       "s/step")  # fmt: skip
             else:
                 print(f"layout {report['layout']}: {report['seconds']:.1f} s, {report['seconds_per_step']:.3f} s/step")
+            if "refiner_layout" in report:
+                print(f"refiner on {report['refiner_layout']}: {report['refine_seconds']:.1f} s")
 
 
 if __name__ == "__main__":

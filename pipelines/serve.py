@@ -96,8 +96,6 @@ def main(argv: list[str] | None = None) -> None:
     if bad:
         raise ConfigError(f"--set {bad[0]}: requests give their own; a served default is any other generate setting")
     config = GenerateConfig.load(args.config, overrides)
-    if config.refine:  # (--set or a --config file) its workers sample a request's video and write it, unrefined
-        raise ConfigError("refine: serve does not run a stage-2 refiner (generate --refine does); drop refine")
     if "RANK" in os.environ:  # under torchrun: its world is the workers, laid out as generate lays them out
         config = _torchrun_layout(config)
     if not 0 <= args.port <= 65535:
@@ -124,6 +122,11 @@ def main(argv: list[str] | None = None) -> None:
     from dit_sp.zoo import check_checkpoint, check_shape_from_files
 
     check_checkpoint(config.model)  # the model's files and the served defaults' sizes, before workers start
+    if config.refine:  # (--set refine=true or a --config file) the workers load the stage-2 refiner too
+        from dit_sp.zoo.refiner import check_refiner, check_refiner_layout
+
+        check_refiner(config.model)
+        check_refiner_layout(config.model, config.ulysses * (2 if config.cfg_parallel else 1), "the workers' layout")
     check_shape_from_files(config.model, dataclasses.asdict(config))
     if os.environ.get("RANK", "0") != "0":  # a worker of torchrun's world: rank 0 serves and ends it
         from dit_sp.server.cluster import run_rank

@@ -193,7 +193,12 @@ class ModelFamily:
     empty: every component the blocks expect."""
     modular_workflows: dict[str, str] = field(default_factory=dict, hash=False)
     """Other workflows of the family's modular blocks that ``generate`` runs, each by the ``generate`` setting that
-    selects it (MiniMax-H3: ``image``, a reference image, runs ``ref2va``); ``workflow_for`` reads it."""
+    selects it, the first given winning (MiniMax-H3: ``last_image`` runs ``fl2va``, else ``image``, a reference image,
+    ``ref2va``); ``workflow_for`` reads it, and ``GenerateConfig.workflow`` names one instead."""
+    workflow_inputs: dict[str, dict[str, str]] = field(default_factory=dict, hash=False)
+    """Per workflow of ``modular_workflows`` (or ``modular_workflow``), the inputs it takes in place of
+    ``modular_inputs`` (MiniMax-H3's ``fl2va``: ``image`` as its first frame and ``last_image`` as its last, under their
+    own names; ``t2va``: none); ``inputs_for`` reads it."""
     modular_arguments: Callable[[dict[str, Any]], dict[str, Any]] = lambda arguments: arguments
     """``generate``'s call arguments, under the blocks' names, as the blocks take them (MiniMax-H3: its ``references``
     image as the list of one ``MiniMaxH3ImageReference`` its ``ref2va`` blocks take)."""
@@ -268,8 +273,22 @@ class ModelFamily:
 
     def workflow_for(self, settings: dict[str, Any]) -> str:
         """The workflow of the family's modular blocks that ``generate`` runs with ``settings`` (a ``GenerateConfig``
-        as a mapping): the first of ``modular_workflows`` whose setting is given, else ``modular_workflow``."""
+        as a mapping): the one its ``workflow`` names, else the first of ``modular_workflows`` whose setting is given,
+        else ``modular_workflow``."""
+        if settings.get("workflow"):
+            return settings["workflow"]
         return next((flow for key, flow in self.modular_workflows.items() if settings.get(key)), self.modular_workflow)
+
+    @property
+    def workflows(self) -> tuple[str, ...]:
+        """Every workflow ``generate`` runs the family's modular blocks in (empty: the blocks have one)."""
+        flows = [self.modular_workflow, *self.modular_workflows.values()] if self.modular_workflows else []
+        return tuple(dict.fromkeys(flows))
+
+    def inputs_for(self, workflow: str) -> dict[str, str]:
+        """``generate``'s inputs that ``workflow`` takes, each with its blocks' name for it: its ``workflow_inputs``,
+        else ``modular_inputs``."""
+        return self.workflow_inputs.get(workflow, self.modular_inputs)
 
     def ring_refusal(self, config: Any) -> str:
         """Why a ring cannot split the family's transformer of ``config`` (a ``config.json`` mapping) exactly:

@@ -81,9 +81,12 @@ MINIMAX_H3 = ModelFamily(
     class_names=("MiniMaxH3Transformer3DModel",),
     modular_pipelines=("MiniMaxH3ModularPipeline",),
     modular_workflow="t2va",  # generate runs text to video and audio: a repository's transformer_ref is not loaded
-    # ... and, with --image (a reference image: its `references`), reference to video and audio on transformer_ref
+    # ... with --last-image, first and last frame to video and audio (--image: the first frame), on transformer; and
+    # with --image alone (a reference image: its `references`), reference to video and audio on transformer_ref;
+    # --workflow names one (fl2va from a first frame alone)
     modular_inputs={"image": "references"},
-    modular_workflows={"image": "ref2va"},
+    modular_workflows={"last_image": "fl2va", "image": "ref2va"},
+    workflow_inputs={"t2va": {}, "fl2va": {"image": "image", "last_image": "last_image"}},
     modular_arguments=_references,
     # a repository's settings (configs/minimax-h3.yaml): 124 frames (5 s at 24 fps) of its 768 x 1344 canvas
     checkpoint_defaults={

@@ -14,7 +14,7 @@ from dit_sp.inference.checks import check_before_loading, guidance_arguments
 from dit_sp.inference.config import GenerateConfig
 from dit_sp.io.prompts import prompt_entries
 from dit_sp.io.schema import from_mapping
-from dit_sp.io.video import check_output, save_video
+from dit_sp.io.video import check_output, check_writable, save_video
 
 PER_PROMPT = (
     "prompt",
@@ -102,20 +102,27 @@ def generate_batch(config: GenerateConfig, return_frames: bool = False) -> dict[
     prompt's seed is its own (not shifted per dp rank): every layout gives the same video for it.
     Prompts that come again are not encoded again, and the text encoders are freed in the first step of the
     last video with a new prompt (``dit_sp.inference.encoders``; ``free_text_encoders``, ``embedding_cache_mb``).
+    With ``config.refine`` the model's stage-2 refiner, loaded once, refines each video's latents with its prompt and
+    seed (``dit_sp.inference.refine``); with ``config.save_latents`` (``FILE.pt``) each video's final latents are
+    saved as ``FILE_{index:05d}.pt``.
     Returns ``{"layout", "seconds", "videos", "text_encoders"}`` and, on sample leaders, ``"written"`` (paths) and, with
     ``return_frames``, ``"frames"`` by index."""
     import torch.distributed as dist
     from tqdm import tqdm
 
     from dit_sp.inference.encoders import TextEncoders
-    from dit_sp.inference.session import cache_report, sample, setup
+    from dit_sp.inference.refine import Refiner
+    from dit_sp.inference.session import cache_report, sample, save_latents, setup
 
     videos = read_batch(config)
     directory, suffix = batch_layout(config)
     check_output(directory / f"00000{suffix}")
+    if config.save_latents:
+        check_writable(config.save_latents, "--save-latents")
     for video in videos:
         check_before_loading(video)
     parallel, pipe, guidance, cache = setup(config, images=any(video.image for video in videos))
+    refiner = Refiner.load(pipe, config, parallel) if config.refine else None  # every rank: it may build groups
     done = _done(directory)
     mine = [i for i in range(len(videos)) if i % parallel.dp == parallel.dp_rank]
     todo = [i for i in mine if done.get(i) != _manifest_entry(i, videos[i], f"{i:05d}{suffix}")]
@@ -125,17 +132,26 @@ def generate_batch(config: GenerateConfig, return_frames: bool = False) -> dict[
     last_new = last_new_text([videos[i] for i in todo]) if config.free_text_encoders else None
     start = time.perf_counter()
     report: dict[str, Any] = {"layout": str(parallel.config), "videos": len(todo), "skipped": len(mine) - len(todo)}
+    if refiner is not None:
+        report["refiner_layout"] = refiner.layout
     written, frames = [], {}
     for position, index in enumerate(
         tqdm(todo, desc="videos", disable=not (parallel.is_sample_leader and parallel.dp_rank == 0))
     ):
         if position == last_new:
             encoders.free_in_first_step(later_prompts_cached=True)
-        video = sample(pipe, videos[index], guidance_arguments(pipe, videos[index]), videos[index].seed,
-                        parallel.device)  # fmt: skip
+        one = videos[index]
+        video = sample(pipe, one, guidance_arguments(pipe, one), one.seed, parallel.device,
+                       output_type="latent" if refiner else "np")  # fmt: skip
+        if refiner is not None:  # stage 2 on stage 1's latents, with this video's prompt and seed
+            refined = refiner(video["frames"], one.prompt, one.seed, one.fps)
+            video |= {"frames": refined["frames"], "latents": refined["latents"]}
         if parallel.is_sample_leader:
             name = f"{index:05d}{suffix}"
-            written.append(str(save_video(video["frames"], directory / name, fps=videos[index].fps)))
+            written.append(str(save_video(video["frames"], directory / name, fps=one.fps)))
+            if config.save_latents:
+                path = Path(config.save_latents)
+                save_latents(video["latents"], path.with_name(f"{path.stem}_{index:05d}{path.suffix}"))
             with (directory / "manifest.jsonl").open("a") as f:  # one short line per append: no interleaving
                 f.write(json.dumps(_manifest_entry(index, videos[index], name)) + "\n")
             if return_frames:

@@ -40,35 +40,48 @@ def check_before_loading(config: GenerateConfig) -> None:
         from dit_sp.train.lora_io import lora_file
 
         lora_file(path, "--lora")
-    if config.refine:  # a model with a stage-2 refiner, the refiner's files
-        from dit_sp.zoo.refiner import check_refiner
+    if config.refine:  # a model with a stage-2 refiner, the refiner's files, the Ulysses degree it runs on
+        from dit_sp.zoo.refiner import check_refiner, check_refiner_layout
 
         check_refiner(config.model)
+        why = f"--cfg-parallel x --ulysses {config.ulysses}: its calls are unguided" if config.cfg_parallel else ""
+        check_refiner_layout(config.model, config.ulysses * (2 if config.cfg_parallel else 1), why or "--ulysses")
     info = check_shape_from_files(config.model, dataclasses.asdict(config))
     check_image_inputs(config, info)
 
 
 def check_modular(config: GenerateConfig, name: str) -> bool:
     """For a Modular Diffusers pipeline ``name`` (MiniMax-H3, Wan-Animate-2): ``--cfg-parallel`` refused with its
-    family's reason, the input files its family passes (``ModelFamily.modular_inputs``) required where its blocks
-    require them and readable, the others refused (MiniMax-H3: ``generate`` runs its text-to-video workflow), and so
-    are ``--camera`` / ``--intrinsics``, ``--causal-block-size`` / ``--ar-step`` and ``--negative-prompt`` where the
-    blocks' inputs do not take them; ``False`` for other pipelines."""
+    family's reason, ``--workflow`` one of its family's (``ModelFamily.workflows``), the input files the workflow takes
+    (``ModelFamily.inputs_for``: MiniMax-H3's ``fl2va`` its first and last frame, ``ref2va`` a reference image)
+    required where its blocks require them (a workflow other than the family's default: one of them at least) and
+    readable, the others refused, and so are ``--camera`` / ``--intrinsics``, ``--causal-block-size`` / ``--ar-step``
+    and ``--negative-prompt`` where the blocks' inputs do not take them; ``False`` for other pipelines."""
     family = next((f for f in FAMILIES if name in f.modular_pipelines), None)
     if family is None:
         return False
     if config.cfg_parallel and family.cfg_refused:
         raise ConfigError(f"--cfg-parallel for {name}: {family.cfg_refused}")
+    workflow = family.workflow_for(dataclasses.asdict(config))
+    if config.workflow and workflow not in family.workflows:
+        runs = f"its workflows are {', '.join(family.workflows)}" if family.workflows else "it has one workflow"
+        raise ConfigError(f"--workflow {config.workflow}: {config.model} ({name}) has no such workflow ({runs}); "
+                          f"{'name one of them' if family.workflows else 'drop --workflow'}")  # fmt: skip
     inputs = ("image", "last_image", "video", "control_video", *MOTION_VIDEOS)
-    taken = [key for key in inputs if key in family.modular_inputs]
+    taken = [key for key in inputs if key in family.inputs_for(workflow)]
     given = [key for key in inputs if getattr(config, key, None) and key not in taken]
     if given:
         flag = "--" + given[0].replace("_", "-")
+        flow = f" in its {workflow} workflow" if family.workflows else ""
         if not taken:
-            raise ConfigError(f"{flag}: generate runs {name} from text only (its text-to-video workflow); for its "
-                              "keyframe or reference workflows, call it from Python")  # fmt: skip
-        raise ConfigError(f"{flag}: {config.model} ({name}) takes no {given[0].replace('_', ' ')}, only "
-                          f"{' and '.join('--' + k.replace('_', '-') for k in taken)}; drop {flag}")  # fmt: skip
+            raise ConfigError(f"{flag}: {config.model} ({name}) takes no input files{flow} (text only); drop {flag}"
+                              + (" or --workflow" if config.workflow else ""))  # fmt: skip
+        raise ConfigError(f"{flag}: {config.model} ({name}) takes no {given[0].replace('_', ' ')}{flow}, only "
+                          f"{' and '.join('--' + k.replace('_', '-') for k in taken)}; drop {flag}"
+                          + (" or --workflow" if config.workflow else ""))  # fmt: skip
+    if workflow != family.modular_workflow and not any(getattr(config, key) for key in taken):
+        raise ConfigError(f"--workflow {workflow}: {config.model} ({name}) needs "
+                          f"{' or '.join('--' + k.replace('_', '-') for k in taken)} in it; add one")  # fmt: skip
     import diffusers
 
     blocks = getattr(diffusers, getattr(diffusers, name).default_blocks_name)()
@@ -79,7 +92,7 @@ def check_modular(config: GenerateConfig, name: str) -> bool:
         raise ConfigError(f"--negative-prompt: {config.model} ({name}) takes no negative prompt (its blocks have no "
                           "such input); drop --negative-prompt")  # fmt: skip
     for key in taken:
-        flag, param = "--" + key.replace("_", "-"), params[family.modular_inputs[key]]
+        flag, param = "--" + key.replace("_", "-"), params[family.inputs_for(workflow)[key]]
         if not getattr(config, key) and param.required:
             what = param.description.split(",")[0].split(".")[0]
             raise ConfigError(f"{config.model} ({name}) needs {flag} PATH: its {param.name}, "
@@ -88,7 +101,7 @@ def check_modular(config: GenerateConfig, name: str) -> bool:
             read_image(path, flag)
         elif path:
             read_video(path, flag)
-    if (workflow := family.workflow_for(dataclasses.asdict(config))) != family.modular_workflow:
+    if workflow != family.modular_workflow:
         from dit_sp.zoo import checkpoint_dir  # a repository: its workflow's components too (MiniMax-H3's ref2va)
         from dit_sp.zoo.modular import check_repository
 
@@ -124,6 +137,9 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
     check_cache(config, name, family)
     if check_modular(config, name):
         return
+    if config.workflow:
+        raise ConfigError(f"--workflow {config.workflow}: {config.model} ({name}) is not a Modular Diffusers pipeline "
+                          "with workflows (MiniMax-H3's); drop --workflow")  # fmt: skip
     takes = inspect.signature(getattr(diffusers, name).__call__).parameters
     if "cond_image" in takes and "image" not in takes:  # LTX-Video long multi-prompt: --image is its cond_image
         takes = {**takes, "image": takes["cond_image"]}

@@ -63,8 +63,10 @@ class GenerateConfig:
     refine: bool = setting(False, "Sana-WM: run its stage-2 refiner on the video's latents (DIR/refiner/)")
     """Run the model's stage-2 refiner (``ModelFamily.refiners``: Sana-WM's ``SanaWMLTX2Refiner``) on the latents the
     pipeline makes, and write the refiner's video (decoded by the same VAE; ``save_latents``: the refined latents). The
-    refiner comes from the checkpoint's ``refiner/`` directory (a built-in model: its spec's). Its transformer is split
-    as the pipeline's (Ulysses only; not with ``cfg_parallel`` or ``prompts``)."""
+    refiner comes from the checkpoint's ``refiner/`` directory (a built-in model: its spec's), loaded once for a batch
+    (``prompts``: each video refined with its own prompt and seed). Its transformer is split over a sample's processes
+    (Ulysses only): with ``cfg_parallel``, whose two guidance groups hold the same latents, as one Ulysses group of
+    both groups' processes (its calls are unguided: ``dit_sp.inference.refine``)."""
     camera: str | None = setting(None, "Sana-WM: the camera's path, KEYS-FRAMES,... (WASD move, IJKL turn: w-80,jw-40)")
     """Sana-WM's camera trajectory, its pipeline's ``action`` string: comma-separated ``KEYS-FRAMES`` segments, WASD
     moving and IJKL turning the camera for that many frames (``none`` holds it), at least ``frames - 1`` in all (the
@@ -74,6 +76,13 @@ class GenerateConfig:
     """Sana-WM's camera intrinsics, ``fx,fy,cx,cy`` in the pixels of ``--image`` (the pipeline rescales them for its
     resize and crop); default: the model's (a built-in model's spec), else the pipeline requires them."""
     last_image: str | None = setting(None, "first-last-frame: the last frame too (Wan FLF2V; default: none)")
+    """First-last-frame: the last frame (Wan FLF2V, LTX-2; MiniMax-H3: selects its ``fl2va`` workflow, ``image`` then
+    being the first frame, not a reference)."""
+    workflow: str | None = setting(None, "MiniMax-H3: t2va, fl2va or ref2va (default: by --image / --last-image)")
+    """MiniMax-H3's workflow (its Modular Diffusers blocks'): ``t2va`` (text only), ``fl2va`` (first and/or last frame:
+    ``image`` the first, ``last_image`` the last) or ``ref2va`` (``image`` a reference image). Default: ``fl2va`` with
+    ``last_image``, ``ref2va`` with ``image`` alone, else ``t2va``; naming ``fl2va`` runs it from a first frame alone.
+    Inputs the workflow does not take are refused before loading."""
     video: str | None = setting(
         None, "video-to-video: the input video (SkyReels-V2 DF, Wan, CogVideoX V2V; Wan-Animate-2: the driving video)"
     )
@@ -112,7 +121,8 @@ class GenerateConfig:
     inpaint pipeline (with ``video``): per frame, white where the video is made anew, black where it is kept."""
     save_latents: str | None = setting(None, "also save the final latents to this .pt file (default: none)")
     """Also save the final latents to this ``.pt`` file (for exact comparisons): those of the last step (Wan 2.2
-    TI2V with an image: before the pipeline puts the image's latents into the first frame)."""
+    TI2V with an image: before the pipeline puts the image's latents into the first frame; ``refine``: the refined
+    ones). A batch (``prompts``) saves each video's as ``FILE_00000.pt``, ``FILE_00001.pt``, ... by index."""
     prompts: str | None = setting(None, "a batch: a .txt or .jsonl file of prompts (default: none, --prompt)")
     """A batch: a .txt (one prompt per line) or .jsonl file (per line ``prompt`` and optionally ``seed``,
     ``frames``, ``height``, ``width``, ``steps``, ``guidance``, ``negative_prompt``, ``image``, ``last_image``:
@@ -184,13 +194,6 @@ class GenerateConfig:
             if self.shard_weights:
                 raise ConfigError("--lora loads adapters onto whole weights, and --shard-weights keeps them sharded: "
                                   "drop one of them (or merge the LoRA into the checkpoint)")  # fmt: skip
-        if self.refine and self.prompts is not None:
-            raise ConfigError("refine with prompts: the refiner runs after one video's sampling; give a prompt, or "
-                              "drop refine")  # fmt: skip
-        if self.refine and self.cfg_parallel:
-            raise ConfigError("refine with cfg_parallel: the refiner's calls are unguided and carry a key/value "
-                              "cache from call to call, so no guidance pair splits them; drop cfg_parallel (use "
-                              "ulysses)")  # fmt: skip
         if self.cfg_parallel and not self.guidance > 1:
             raise ConfigError(
                 f"cfg_parallel runs the two guidance branches in parallel, but guidance {self.guidance} turns "

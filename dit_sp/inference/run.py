@@ -20,7 +20,7 @@ from dit_sp.inference.batch import generate_batch
 from dit_sp.inference.checks import check_before_loading
 from dit_sp.inference.config import GenerateConfig
 from dit_sp.inference.encoders import TextEncoders
-from dit_sp.inference.refine import refine
+from dit_sp.inference.refine import Refiner
 from dit_sp.inference.session import cache_report, sample, save_latents, setup
 from dit_sp.io.video import save_video
 
@@ -30,7 +30,7 @@ def generate(config: GenerateConfig, return_frames: bool = False) -> dict[str, A
     ``generate_batch``): loads the pipeline, parallelizes it over the running world (torchrun's, ``spawn``'s,
     or one process) and samples. Returns ``{"layout", "seconds", "seconds_per_step", "first_step_seconds",
     "later_seconds_per_step", "text_encoders"}`` (``TextEncoders.report``; with a step cache,
-    ``"cache"``: ``cache_report``) and, on the rank that
+    ``"cache"``: ``cache_report``; with ``refine``, ``"refine_seconds"`` and ``"refiner_layout"``) and, on the rank that
     writes the sample, ``"out"`` (and ``"latents"``, and the float ``"frames"`` ``(F, H, W, 3)`` with
     ``return_frames``)."""
     if config.prompts is not None:
@@ -41,15 +41,16 @@ def generate(config: GenerateConfig, return_frames: bool = False) -> dict[str, A
     if config.free_text_encoders:
         encoders.free_in_first_step()
     seed = parallel.dp_seed(config.seed)
+    refiner = Refiner.load(pipe, config, parallel) if config.refine else None
     video = sample(pipe, config, guidance, seed, parallel.device, output_type="latent" if config.refine else "np")
-    if config.refine:  # stage 2 on stage 1's latents (Sana-WM): the refiner's video and latents are written
-        refined = refine(pipe, config, parallel, video["frames"], seed)
+    if refiner is not None:  # stage 2 on stage 1's latents (Sana-WM): the refiner's video and latents are written
+        refined = refiner(video["frames"], config.prompt, seed, config.fps)
         video |= {"frames": refined["frames"], "latents": refined["latents"], "refine_seconds": refined["seconds"]}
     report: dict[str, Any] = {key: video[key] for key in ("seconds", "seconds_per_step", "first_step_seconds",
                                                           "later_seconds_per_step")}  # fmt: skip
     report["layout"] = str(parallel.config)
-    if config.refine:
-        report["refine_seconds"] = video["refine_seconds"]
+    if refiner is not None:
+        report["refine_seconds"], report["refiner_layout"] = video["refine_seconds"], refiner.layout
     report["text_encoders"] = encoders.report()
     if cache is not None:
         report["cache"] = cache_report(cache)

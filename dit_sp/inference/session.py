@@ -180,7 +180,7 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
     if stock.__name__ in STALE_CALLBACK_LATENTS:  # the scheduler's steps are recorded instead (_steps_recorded)
         del arguments["callback_on_step_end"]
     modular = _is_modular(pipe)
-    arguments = _modular_inputs(pipe, arguments) if modular else _taken(pipe, arguments)
+    arguments = _modular_inputs(pipe, arguments, dataclasses.asdict(config)) if modular else _taken(pipe, arguments)
     start = time.perf_counter()
     with _steps_recorded(pipe, on_step_end, "callback_on_step_end" not in arguments):
         result = pipe(**arguments)
@@ -273,16 +273,18 @@ def _is_modular(pipe: Any) -> bool:
     return isinstance(pipe, ModularPipeline)
 
 
-def _modular_inputs(pipe: Any, arguments: dict[str, Any]) -> dict[str, Any]:
-    """The ``arguments`` a modular pipeline's blocks take, under the names its family gives them
-    (``ModelFamily.modular_inputs``: Wan-Animate-2's ``driving_video``, MiniMax-H3's ``references``; no step callback:
+def _modular_inputs(pipe: Any, arguments: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    """The ``arguments`` a modular pipeline's blocks take, under the names its family gives them in the workflow of
+    ``settings`` (``ModelFamily.inputs_for``: Wan-Animate-2's ``driving_video``, MiniMax-H3's ``references`` in
+    ``ref2va``, its ``image`` and ``last_image`` keyframes in ``fl2va``; no step callback:
     ``_steps_recorded`` times its scheduler's steps) and as its family gives them (``ModelFamily.modular_arguments``),
     and the outputs ``sample`` reads: ``videos`` and ``latents``."""
     from dit_sp.families import PARALLELIZED_TRANSFORMERS, family_of
 
     # the transformer its workflow loaded (a MiniMax-H3 repository's ref2va: transformer_ref alone)
     family = family_of(next(t for t in (getattr(pipe, n, None) for n in PARALLELIZED_TRANSFORMERS) if t is not None))
-    arguments = {family.modular_inputs.get(key, key): value for key, value in arguments.items()}
+    inputs = family.inputs_for(family.workflow_for(settings))
+    arguments = {inputs.get(key, key): value for key, value in arguments.items()}
     names = {param.name for param in pipe.blocks.inputs}
     taken = {key: value for key, value in arguments.items() if key in names}
     return family.modular_arguments(taken) | {"output": ["videos", "latents"]}

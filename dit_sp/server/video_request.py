@@ -5,7 +5,8 @@ OpenAI's fields: ``prompt`` (required), ``model`` (the served one's name, or abs
 ``seconds`` (mapped to frames at the model's fps when ``num_frames`` is absent) and ``input_reference`` (an
 uploaded first frame, for an image-to-video model). Beyond them, the names diffusers pipelines use:
 ``seed``, ``num_frames``, ``num_inference_steps``, ``guidance_scale``, ``guidance_scale_2`` and
-``negative_prompt``; and ``lora``, an adapter of the server's ``--lora-dir`` by name. A multipart form's
+``negative_prompt``; ``lora``, an adapter of the server's ``--lora-dir`` by name; and ``refine`` (true or false: the
+stage-2 refiner of a server started with ``--set refine=true``, on by default there). A multipart form's
 values are text and a JSON body's are typed; both are read alike.
 """
 
@@ -24,7 +25,7 @@ from dit_sp.server.adapters import AdapterError, Adapters
 
 EXTRA = {"seed": ("seed", int), "num_frames": ("frames", int), "num_inference_steps": ("steps", int),
          "guidance_scale": ("guidance", float), "guidance_scale_2": ("guidance_2", float),
-         "negative_prompt": ("negative_prompt", str)}  # fmt: skip
+         "negative_prompt": ("negative_prompt", str), "refine": ("refine", bool)}  # fmt: skip
 """Request field -> (``GenerateConfig`` field, type)."""
 FIELDS = ("prompt", "model", "size", "seconds", "input_reference", "lora", *EXTRA)
 FLAGS = {"--image PATH": "input_reference", "--image": "input_reference", "--last-image": "a last frame",
@@ -50,6 +51,10 @@ def _as_request(message: str) -> str:
 
 
 def _number(name: str, value: Any, kind: type) -> Any:
+    if kind is bool:  # JSON's true/false, or a form's text
+        if isinstance(value, bool) or value in ("true", "false"):
+            return value in (True, "true")
+        raise BadRequest(f"{name} must be true or false, got {value!r}", name)
     if kind is str:
         if not isinstance(value, str):
             raise BadRequest(f"{name} must be a string, got {value!r}", name)
@@ -137,6 +142,9 @@ def read_request(fields: dict[str, Any], image_path: str | None, base: GenerateC
     for name, (key, kind) in EXTRA.items():
         if fields.get(name) not in (None, ""):
             settings[key] = _number(name, fields[name], kind)
+    if settings.get("refine") and not base.refine:
+        raise BadRequest("refine: this server runs no stage-2 refiner; start it with --set refine=true (a model with "
+                         "one: Sana-WM)", "refine")  # fmt: skip
     if fields.get("size") not in (None, ""):
         settings["width"], settings["height"] = _size(fields["size"])
     seconds = fields.get("seconds")

@@ -73,7 +73,8 @@ def switch_lora(pipe: Any, current: str | None, wanted: str | None, lora_dir: st
 
 def serve_worker(config: GenerateConfig, images: bool, jobs: list, events: Any, cancels: list,
                  lora_dir: str | None = None) -> dict:  # fmt: skip
-    """One rank of the server: load once (``setup``), then run the jobs its queue brings until ``None``.
+    """One rank of the server: load once (``setup``; with ``config.refine`` the stage-2 refiner too), then run the
+    jobs its queue brings until ``None`` (a job with ``refine`` refined as ``generate --refine`` refines).
 
     A job is ``{"id", "seq", "group", "settings", "dir"}``: ``settings`` override ``config`` (checked by the
     server), ``dir`` is the job's directory (None: the files travel back in the event, ``("done", seq, {name:
@@ -86,12 +87,15 @@ def serve_worker(config: GenerateConfig, images: bool, jobs: list, events: Any, 
 
     from dit_sp.inference.checks import guidance_arguments
     from dit_sp.inference.encoders import TextEncoders
+    from dit_sp.inference.refine import Refiner
     from dit_sp.inference.session import sample, setup
     from dit_sp.io.video import save_video
 
     rank = int(os.environ.get("RANK", "0"))
     events.put(("started", rank, os.getpid()))
     parallel, pipe, _, _ = setup(config, images=images)
+    # served with refine: the stage-2 refiner loaded once, on every rank (its layout's groups span the world)
+    refiner = Refiner.load(pipe, config, parallel) if config.refine else None
     TextEncoders(pipe, int(config.embedding_cache_mb * 2**20))  # kept (prompts keep coming); repeated ones reused
     group, leader = parallel.dp_rank, parallel.is_sample_leader
     events.put(("ready", rank, os.getpid()))
@@ -122,8 +126,11 @@ def serve_worker(config: GenerateConfig, images: bool, jobs: list, events: Any, 
                 lora = None  # what was loaded is unloaded
                 raise
             video_config = dataclasses.replace(config, **settings)
+            refine = video_config.refine and refiner is not None  # a request may turn it off
             video = sample(pipe, video_config, guidance_arguments(pipe, video_config), video_config.seed,
-                           parallel.device, on_step=on_step)  # fmt: skip
+                           parallel.device, on_step=on_step, output_type="latent" if refine else "np")  # fmt: skip
+            if refine:  # stage 2 on stage 1's latents (no cancel point inside: it runs to its end)
+                video = refiner(video["frames"], video_config.prompt, video_config.seed, video_config.fps)
             if leader and job["dir"] is not None:
                 directory = Path(job["dir"])
                 save_video(video["frames"], directory / "video.mp4", fps=video_config.fps)

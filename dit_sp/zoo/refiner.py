@@ -45,6 +45,36 @@ def check_refiner(model: str | Path) -> str:
     return refiner
 
 
+def check_refiner_layout(model: str | Path, ulysses: int, why: str) -> None:
+    """Before anything loads: the Ulysses degree ``ulysses`` the refiner of ``model`` (checked by ``check_refiner``)
+    runs on splits its transformer (its family's ``layout_check``, on the transformer built on the meta device from
+    its config: the spec's, or ``DIR/refiner/transformer/config.json``); one line naming ``why`` it runs on that
+    degree otherwise."""
+    import types
+
+    import diffusers
+    import torch
+
+    from dit_sp.families import family_of
+    from dit_sp.zoo.files import json_object
+
+    if ulysses == 1:
+        return
+    path = checkpoint_dir(model)
+    if path is None:
+        part = model_spec(str(model))["refiner"]["components"]["transformer"]
+        name, config = part["class"], part.get("config", {})
+    else:
+        config = json_object(path / REFINER_DIR / "transformer" / "config.json", "the refiner transformer's config")
+        name = config.get("_class_name")
+    with torch.device("meta"):  # no weights: the layout check reads the modules' shapes
+        transformer = getattr(diffusers, name).from_config(config)
+    try:
+        family_of(transformer).layout_check(transformer, types.SimpleNamespace(ring=1, ulysses=ulysses))
+    except (NotImplementedError, ValueError) as e:
+        raise ConfigError(f"--refine: its refiner runs on Ulysses {ulysses} ({why}): {e}") from None
+
+
 def load_refiner(model: str | Path, vae: Any, dtype: torch.dtype, device: torch.device | str | None = None) -> Any:
     """The stage-2 refiner of ``model`` (checked by ``check_refiner``) in ``dtype`` on ``device``, decoding through
     ``vae`` (the first stage's): a built-in's built from its spec's ``refiner:`` table (each component seeded as

@@ -1,8 +1,10 @@
 """MiniMax-H3 (Modular Diffusers only: ``MiniMaxH3ModularPipeline``) through ``generate``: the built-in
 ``tiny-minimax-h3`` on Ulysses 2 and ring 2 gives the frames and latents of one process, with each rank's attention
 holding half of the one packed sequence (text, video and audio rows), and the video VAE's decoder calls (one a clip)
-shared out over the ranks; CFG parallelism and guidance are refused in one line (the model is guidance-distilled). One
-spawn runs both layouts."""
+shared out over the ranks; CFG parallelism and guidance are refused in one line (the model is guidance-distilled). Its
+first-and-last-frame workflow (``fl2va``: ``--last-image``, with ``--image`` the first frame) on Ulysses 2 gives the
+one-process video from a split sequence too; contradictory workflow flags are refused in one line before loading. One
+spawn runs the three jobs."""
 
 from __future__ import annotations
 
@@ -29,14 +31,30 @@ def _settings(tmp, name: str, **flags) -> GenerateConfig:
                                           **flags})  # fmt: skip
 
 
+def _keyframes(tmp) -> dict[str, str]:
+    """``fl2va``'s first and last frames (random pixels, 32 x 32): ``--image`` and ``--last-image``."""
+    from PIL import Image
+
+    rng = np.random.RandomState(0)
+    frames = {}
+    for key in ("image", "last_image"):
+        Image.fromarray((rng.rand(32, 32, 3) * 255).astype("uint8")).save(tmp / f"{key}.png")
+        frames[key] = str(tmp / f"{key}.png")
+    return frames
+
+
 @pytest.fixture(scope="module")
 def videos(tmp_path_factory):
-    """{layout: the sample leader's report}, "single" being one process."""
+    """{layout: the sample leader's report}, "single" being one process; "fl2va" and "fl2va-1x2" the keyframe
+    workflow's on one process and on Ulysses 2."""
     from variant_generate_checks import generate_recording, layout_reports
 
     tmp = tmp_path_factory.mktemp("minimax_h3")
-    reports = {"single": generate_recording([_settings(tmp, "single")])[0]}
-    return reports | layout_reports([(layout, _settings(tmp, layout, **flags)) for layout, flags in LAYOUTS.items()])
+    keyframes = _keyframes(tmp)
+    single, fl2va = generate_recording([_settings(tmp, "single"), _settings(tmp, "fl2va", **keyframes)])
+    jobs = [(layout, _settings(tmp, layout, **flags)) for layout, flags in LAYOUTS.items()]
+    jobs.append(("fl2va-1x2", _settings(tmp, "fl2va-1x2", ulysses=2, **keyframes)))
+    return {"single": single, "fl2va": fl2va} | layout_reports(jobs)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -59,6 +77,70 @@ def test_every_layout_gives_the_same_video_from_a_split_sequence(videos, layout)
     # t % 2 (the leader assembles the frames)
     one = reference["vae_calls"]
     assert one > 2 and report["vae_calls"] == [one - one // 2, one // 2], (report["vae_calls"], one)
+
+
+def test_the_keyframe_workflow_on_ulysses_2_gives_the_one_process_video(videos):
+    """``--last-image`` (with ``--image``: the first frame) runs ``fl2va`` on ``transformer``: its video and latents on
+    Ulysses 2 within 1e-4 of one process's, each rank's attention holding half of the one packed sequence, which holds
+    the keyframes' rows besides text to video's; the keyframes change the video."""
+    from variant_generate_checks import assert_same_video
+
+    one, split, text = videos["fl2va"], videos["fl2va-1x2"], videos["single"]
+    assert one["frames"].shape == (124, 32, 32, 3)
+    assert_same_video(split, one)
+    latents = torch.load(one["latents"])
+    assert latents.shape == (1, 4, VIDEO_ROWS, 2, 2)
+    assert (latents - torch.load(text["latents"])).abs().max() > 0.1  # not text to video's
+    lengths, text_lengths = split["lengths"], videos["1x2"]["lengths"]
+    assert len(lengths) == 2 and lengths[0] == lengths[1] and len(lengths[0]) == 1, lengths
+    # (measured: 318 rows a rank, text to video's 238: the keyframes' rows and their labels in the text)
+    assert lengths[0][0] > text_lengths[0][0], (lengths, text_lengths)
+
+
+def test_contradictory_workflow_flags_are_refused_in_one_line_before_loading(tmp_path):
+    """``--workflow`` against the inputs (the flags a workflow does not take, one it needs, a name it does not have,
+    a model without workflows), each one line before loading; the CLI says it with exit status 2."""
+    from cli_run import run_cli
+
+    from dit_sp.errors import ConfigError
+    from dit_sp.inference import check_before_loading
+
+    keyframes, model = _keyframes(tmp_path), f"{MODEL} (MiniMaxH3ModularPipeline)"
+    cases = [
+        ({"workflow": "t2va", "image": keyframes["image"]},
+         f"--image: {model} takes no input files in its t2va workflow (text only); drop --image or --workflow"),
+        ({"workflow": "ref2va", **keyframes},
+         f"--last-image: {model} takes no last image in its ref2va workflow, only --image; drop --last-image or "
+         "--workflow"),
+        ({"workflow": "fl2va"}, f"--workflow fl2va: {model} needs --image or --last-image in it; add one"),
+        ({"workflow": "ref2va"}, f"--workflow ref2va: {model} needs --image in it; add one"),
+        ({"workflow": "i2v"}, f"--workflow i2v: {model} has no such workflow (its workflows are t2va, fl2va, ref2va); "
+                              "name one of them"),
+        ({"model": "tiny-wan", "workflow": "fl2va"},
+         "--workflow fl2va: tiny-wan (WanPipeline) is not a Modular Diffusers pipeline with workflows (MiniMax-H3's); "
+         "drop --workflow"),
+    ]  # fmt: skip
+    for flags, message in cases:
+        with pytest.raises(ConfigError) as refused:
+            check_before_loading(GenerateConfig.load(overrides={"model": MODEL, "out": str(tmp_path / "v.mp4"),
+                                                                **flags}))  # fmt: skip
+        assert str(refused.value) == message
+    # each workflow by its inputs, or named: a first frame alone is fl2va only when --workflow says so
+    from dit_sp.families import FAMILIES
+
+    family = next(f for f in FAMILIES if f.name == "minimax_h3")
+    for flags, workflow in (({}, "t2va"), ({"image": "a"}, "ref2va"), ({"last_image": "b"}, "fl2va"),
+                            ({"image": "a", "last_image": "b"}, "fl2va"), ({"image": "a", "workflow": "fl2va"},
+                                                                          "fl2va")):  # fmt: skip
+        assert family.workflow_for(flags) == workflow, flags
+    check_before_loading(GenerateConfig.load(overrides={"model": MODEL, "out": str(tmp_path / "v.mp4"),
+                                                        "workflow": "fl2va", "image": keyframes["image"]}))  # fmt: skip
+    result = run_cli("pipelines.generate", ["--model", MODEL, "--workflow", "ref2va", "--image", keyframes["image"],
+                                            "--last-image", keyframes["last_image"], "--out",
+                                            str(tmp_path / "v.mp4")], cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == f"error: {cases[1][1]}"
+    assert not (tmp_path / "v.mp4").exists()
 
 
 def test_cfg_parallel_is_refused_in_one_line_before_loading(tmp_path):

@@ -232,8 +232,8 @@ def test_the_modular_modes_on_ulysses_2_give_the_one_process_video(modes, job):
 
 
 def test_a_modular_mode_is_refused_in_one_line_before_loading(repos, tmp_path):
-    """A reference image for a repository without ``transformer_ref`` (its ``ref2va`` components missing), and other
-    input files MiniMax-H3 does not take."""
+    """A reference image for a repository without ``transformer_ref`` (its ``ref2va`` components missing); a last frame
+    (the ``fl2va`` workflow, on ``transformer``) is not refused there."""
     from PIL import Image
 
     from dit_sp.inference import check_before_loading
@@ -245,9 +245,8 @@ def test_a_modular_mode_is_refused_in_one_line_before_loading(repos, tmp_path):
     with pytest.raises(MissingFileError, match=r"lists no transformer_ref, which MiniMaxH3ModularPipeline needs in "
                                                r"its ref2va workflow \(add its entry and its folder\)$"):  # fmt: skip
         check_before_loading(GenerateConfig.load(overrides=settings | {"image": str(tmp_path / "reference.png")}))
-    with pytest.raises(ConfigError, match=r"^--last-image: .* \(MiniMaxH3ModularPipeline\) takes no last image, only "
-                                          r"--image; drop --last-image$"):  # fmt: skip
-        check_before_loading(GenerateConfig.load(overrides=settings | {"last_image": str(tmp_path / "reference.png")}))
+    # the keyframe workflow (fl2va: --last-image) runs on transformer: it does not need transformer_ref either
+    check_before_loading(GenerateConfig.load(overrides=settings | {"last_image": str(tmp_path / "reference.png")}))
 
 
 def _broken(repos, tmp_path, change) -> Path:
