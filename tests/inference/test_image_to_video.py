@@ -110,7 +110,7 @@ def test_a_text_to_video_checkpoint_runs_as_its_image_to_video_class(videos):
 @pytest.mark.parametrize("model", list(MODELS))
 def test_the_image_conditions_the_video(videos, model):
     a, b = videos[(model, "single")]["frames"], videos[(model, "other")]["frames"]
-    assert np.abs(a - b).max() > 0.05
+    assert np.abs(a - b).max() > 0.02  # an ignored image gives 0; the tiny SANA-Video's smallest effect is 0.054
 
 
 def test_the_cli_takes_an_image_on_two_processes(videos, tmp_path):
