@@ -241,7 +241,7 @@ def _run(vae: torch.nn.Module, name: str, tiled: bool) -> dict[str, torch.Tensor
 
 
 def check_vae(name: str, parallel) -> dict:
-    """Every case on one process, then split over the world (the processes of one sample); the largest
+    """Every case on one process (rank 0's run), then split over the world (the processes of one sample); the largest
     differences, the rows this rank's decoder and encoder ran untiled (their first convolution's input
     height per call; MiniMax-H3's ViT decoder: its tokens), and how many part calls ran, tiled and untiled, on one
     process and on this rank."""
@@ -256,8 +256,14 @@ def check_vae(name: str, parallel) -> dict:
         calls.update(decoder=[], encoder=[])
         return _run(vae, name, tiled), {part: list(heights) for part, heights in calls.items()}
 
-    (untiled, untiled_calls), (tiled, tiled_calls) = run(False), run(True)
-    reference = untiled | tiled
+    # the one-process run on rank 0 alone, sent to the others (every rank built the same VAE from the same seed,
+    # and runs as many threads): the ranks share the machine's cores, so each running it would cost them all
+    one_process = [None]
+    if parallel.rank == 0:
+        (untiled, untiled_calls), (tiled, tiled_calls) = run(False), run(True)
+        one_process = [(untiled | tiled, untiled_calls, tiled_calls)]
+    torch.distributed.broadcast_object_list(one_process, src=0)
+    reference, untiled_calls, tiled_calls = one_process[0]
     handle = parallelize_vae(vae, parallel)
     (untiled, rows), (tiled, split_tiled_calls) = run(False), run(True)
     split = untiled | tiled
