@@ -94,6 +94,30 @@ def _image(path, seed: int) -> str:
     return str(path)
 
 
+def _first_frame_run_is_the_pipelines(pipe, policy, image_path: str, label: str, **call):
+    """The stock pipeline run with ``call`` (its audio isolated, plain guidance) and the policy's Euler ODE from the
+    pipeline's own noise: the image frame the pipeline prepares is the policy's clean first frame, the frames after
+    it are the stock latents within 1e-5 and the decode its video. Returns the start ``(B, C, F, H, W)`` (image frame
+    and noise) and the policy's conditioning."""
+    channels, frames, height, width = policy.shape
+    prepared, stock_prepare = [], pipe.prepare_latents
+    pipe.prepare_latents = lambda *a, **k: prepared.append(stock_prepare(*a, **k)) or (prepared[-1][0].clone(),
+                                                                                         *prepared[-1][1:])  # fmt: skip
+    _isolate(pipe)
+    stock, video = _stock(pipe, policy.shape[1:], prompt="a red circle", negative_prompt="",
+                          generator=torch.Generator().manual_seed(0), **SETTINGS, **PLAIN_CFG, **call)  # fmt: skip
+    start = pipe._unpack_latents(prepared[0][0], frames, height, width, 1, 1)  # the pipeline's image frame and noise
+    cond = policy.encode(["a red circle"], [image_path])
+    torch.testing.assert_close(cond[0][1], start[:, :, :1], atol=1e-6, rtol=0)  # the image frame is the pipeline's
+    assert cond[0][1].abs().max() > 0.1
+    ours = _euler(policy, start[:, :, 1:], pipe.scheduler.sigmas[:-1].tolist(), cond)
+    assert stock.abs().max() > 1
+    print(f"{label}: ODE vs stock (audio isolated) {(policy.clean(ours, cond) - stock).abs().max():.2e}")
+    torch.testing.assert_close(policy.clean(ours, cond), stock, atol=1e-5, rtol=0)
+    torch.testing.assert_close(policy.decode(ours, cond), video, atol=1e-5, rtol=0)
+    return start, cond
+
+
 @pytest.mark.slow  # runs the stock pipeline
 @torch.no_grad()
 def test_ltx2_image_to_video_policy_samples_only_the_noised_frames(tmp_path):
@@ -109,21 +133,7 @@ def test_ltx2_image_to_video_policy_samples_only_the_noised_frames(tmp_path):
     channels, frames, height, width = policy.shape
     assert policy.latent_shape() == (channels, frames - 1, height, width)  # the noised frames alone
     image, other = _image(tmp_path / "a.png", 0), _image(tmp_path / "b.png", 1)
-    prepared, stock_prepare = [], pipe.prepare_latents
-    pipe.prepare_latents = lambda *a, **k: prepared.append(stock_prepare(*a, **k)) or (prepared[-1][0].clone(),
-                                                                                         prepared[-1][1])  # fmt: skip
-    _isolate(pipe)
-    stock, video = _stock(pipe, policy.shape[1:], prompt="a red circle", negative_prompt="", image=Image.open(image),
-                          generator=torch.Generator().manual_seed(0), **SETTINGS, **PLAIN_CFG)  # fmt: skip
-    start = pipe._unpack_latents(prepared[0][0], frames, height, width, 1, 1)  # the pipeline's image frame and noise
-    cond = policy.encode(["a red circle"], [image])
-    torch.testing.assert_close(cond[0][1], start[:, :, :1], atol=1e-6, rtol=0)  # the image frame is the pipeline's
-    assert cond[0][1].abs().max() > 0.1
-    ours = _euler(policy, start[:, :, 1:], pipe.scheduler.sigmas[:-1].tolist(), cond)
-    assert stock.abs().max() > 1
-    print(f"LTX2Policy I2V: ODE vs stock (audio isolated) {(policy.clean(ours, cond) - stock).abs().max():.2e}")
-    torch.testing.assert_close(policy.clean(ours, cond), stock, atol=1e-5, rtol=0)
-    torch.testing.assert_close(policy.decode(ours, cond), video, atol=1e-5, rtol=0)
+    start, cond = _first_frame_run_is_the_pipelines(pipe, policy, image, "LTX2Policy I2V", image=Image.open(image))
     moved = policy.velocity(start[:, :, 1:], 1.0, policy.encode(["a red circle"], [other]))
     assert (moved - policy.velocity(start[:, :, 1:], 1.0, cond)).abs().max() > 1e-3  # the image conditions the rest
     policy.image_crf, policy._image_cache = 0, {}
@@ -154,22 +164,8 @@ def test_ltx2_condition_policy_is_its_image_to_video(tmp_path):
     channels, frames, height, width = policy.shape
     assert policy.latent_shape() == (channels, frames - 1, height, width)
     image = _image(tmp_path / "a.png", 0)
-    prepared, stock_prepare = [], pipe.prepare_latents
-    pipe.prepare_latents = lambda *a, **k: prepared.append(stock_prepare(*a, **k)) or (prepared[-1][0].clone(),
-                                                                                         *prepared[-1][1:])  # fmt: skip
-    _isolate(pipe)
     condition = LTX2VideoCondition(frames=Image.open(image), index=0, strength=1.0)
-    stock, video = _stock(pipe, policy.shape[1:], conditions=[condition], prompt="a red circle", negative_prompt="",
-                          generator=torch.Generator().manual_seed(0), **SETTINGS, **PLAIN_CFG)  # fmt: skip
-    start = pipe._unpack_latents(prepared[0][0], frames, height, width, 1, 1)  # the pipeline's image frame and noise
-    cond = policy.encode(["a red circle"], [image])
-    torch.testing.assert_close(cond[0][1], start[:, :, :1], atol=1e-6, rtol=0)  # the image frame is the pipeline's
-    assert cond[0][1].abs().max() > 0.1
-    ours = _euler(policy, start[:, :, 1:], pipe.scheduler.sigmas[:-1].tolist(), cond)
-    assert stock.abs().max() > 1
-    print(f"LTX2Policy condition: ODE vs stock (audio isolated) {(policy.clean(ours, cond) - stock).abs().max():.2e}")
-    torch.testing.assert_close(policy.clean(ours, cond), stock, atol=1e-5, rtol=0)
-    torch.testing.assert_close(policy.decode(ours, cond), video, atol=1e-5, rtol=0)
+    _first_frame_run_is_the_pipelines(pipe, policy, image, "LTX2Policy condition", conditions=[condition])
     prompts = image_prompt_file(tmp_path)  # the trainer's preflight refuses one latent frame before loading
     with pytest.raises(ValueError, match=r"^frames 1: LTX2ConditionPipeline keeps the first latent frame the image's"):
         check_before_loading(
