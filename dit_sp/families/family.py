@@ -262,6 +262,9 @@ class ModelFamily:
     """Whether a checkpoint of an ``image_to_video`` class is one, from its pipeline's config (``model_index.json``'s
     settings, a built pipeline's ``config``): Wan's ``WanPipeline`` only with per-token timesteps (Wan 2.2 TI2V's
     ``expand_timesteps``); Wan 2.1 T2V was not trained on images."""
+    last_image_refused: Callable[[dict[str, Any]], str] = lambda config: ""
+    """Why a checkpoint of the family, from its pipeline's settings, ignores the ``last_image`` its pipeline class
+    takes (a clause; empty where it uses it): Wan 2.2 TI2V (``expand_timesteps``) encodes the first frame only."""
     architectures: dict[str, dict[str, Any]] = field(default_factory=dict, hash=False)
     """The real checkpoints, for the memory planner (``dit_sp.memory.planner.ARCHITECTURES``): their
     transformer configs, text-encoder and VAE parameter counts, VAE compression and text length."""

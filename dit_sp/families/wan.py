@@ -216,6 +216,14 @@ WAN = ModelFamily(
     # Wan 2.2 TI2V-5B ships as WanPipeline (per-token timesteps): its image-to-video is WanImageToVideoPipeline's
     image_to_video={"WanPipeline": "WanImageToVideoPipeline"},
     image_to_video_if=lambda config: bool(config.get("expand_timesteps")),
+    last_image_refused=lambda config: (
+        (
+            "Wan 2.2 TI2V's WanImageToVideoPipeline, with expand_timesteps, encodes the image alone and ignores "
+            "last_image"
+        )
+        if config.get("expand_timesteps")
+        else ""
+    ),
     vae=WAN_VAE,
     teacache_probe=timestep_probe,
     shape_check=_shape_check,

@@ -51,17 +51,16 @@ def check_before_loading(config: GenerateConfig) -> None:
 
 
 def check_modular(config: GenerateConfig, name: str) -> bool:
-    """For a Modular Diffusers pipeline ``name`` (MiniMax-H3, Wan-Animate-2): ``--cfg-parallel`` refused with its
-    family's reason, ``--workflow`` one of its family's (``ModelFamily.workflows``), the input files the workflow takes
-    (``ModelFamily.inputs_for``: MiniMax-H3's ``fl2va`` its first and last frame, ``ref2va`` a reference image)
-    required where its blocks require them (a workflow other than the family's default: one of them at least) and
-    readable, the others refused, and so are ``--camera`` / ``--intrinsics``, ``--causal-block-size`` / ``--ar-step``
-    and ``--negative-prompt`` where the blocks' inputs do not take them; ``False`` for other pipelines."""
+    """For a Modular Diffusers pipeline ``name`` (MiniMax-H3, Wan-Animate-2; ``--cfg-parallel`` is refused before
+    this, as for every pipeline whose family refuses it): ``--workflow`` one of its family's (``ModelFamily
+    .workflows``), the input files the workflow takes (``ModelFamily.inputs_for``: MiniMax-H3's ``fl2va`` its
+    first and last frame, ``ref2va`` a reference image) required where its blocks require them (a workflow other
+    than the family's default: one of them at least) and readable, the others refused, and so are ``--camera`` /
+    ``--intrinsics``, ``--causal-block-size`` / ``--ar-step`` and ``--negative-prompt`` where the blocks' inputs do
+    not take them; ``False`` for other pipelines."""
     family = next((f for f in FAMILIES if name in f.modular_pipelines), None)
     if family is None:
         return False
-    if config.cfg_parallel and family.cfg_refused:
-        raise ConfigError(f"--cfg-parallel for {name}: {family.cfg_refused}")
     workflow = family.workflow_for(dataclasses.asdict(config))
     if config.workflow and workflow not in family.workflows:
         runs = f"its workflows are {', '.join(family.workflows)}" if family.workflows else "it has one workflow"
@@ -119,7 +118,7 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
 
     import diffusers
 
-    from dit_sp.zoo import pipeline_class_name
+    from dit_sp.zoo import pipeline_class_name, pipeline_index
 
     name = pipeline_class_name(config.model, image=bool(config.image))
     if name is None or not hasattr(diffusers, name):
@@ -134,6 +133,8 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
     transformer = info.transformer.config if info is not None else {}  # its config.json: NABLA refuses a ring
     if config.ring > 1 and family is not None and (ring_refused := family.ring_refusal(transformer or {})):
         raise ConfigError(f"--ring {config.ring} for {name}: {ring_refused}")
+    if config.cfg_parallel and family is not None and family.cfg_refused:  # no guidance pair (Kandinsky 6 SR, ...)
+        raise ConfigError(f"--cfg-parallel for {name}: {family.cfg_refused}")
     check_cache(config, name, family)
     if check_modular(config, name):
         return
@@ -170,8 +171,13 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
     if not config.image and takes["image"].default is inspect.Parameter.empty:
         raise ConfigError(f"{config.model} is an image-to-video model ({name}): give its first frame with --image PATH")
     if config.last_image:
-        if "last_image" not in takes or pipeline_class_name(config.model) != name:  # TI2V: first frame only
-            raise ConfigError(f"--last-image: {config.model} takes the first frame only; drop --last-image")
+        # the class it runs as (a text-to-video checkpoint's image-to-video class: SkyReels-V2 DF's) takes it, and
+        # the checkpoint uses it (its family's last_image_refused: Wan 2.2 TI2V's WanImageToVideoPipeline ignores it)
+        index = pipeline_index(config.model)
+        why = family.last_image_refused(index[1]) if family is not None and index is not None else ""
+        if "last_image" not in takes or why:
+            raise ConfigError(f"--last-image: {config.model} takes the first frame only{f' ({why})' if why else ''}; "
+                              "drop --last-image")  # fmt: skip
         if transformer.get("image_dim") is not None and transformer.get("pos_embed_seq_len") is None:
             raise ConfigError(f"--last-image: {config.model} encodes one image (Wan2.1-I2V); first-last-frame video "
                               "needs a Wan2.1-FLF2V or Wan 2.2 I2V checkpoint, or drop --last-image")  # fmt: skip

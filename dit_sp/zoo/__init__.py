@@ -206,22 +206,34 @@ def pipeline_class_name(model: str | Path, *, image: bool = False) -> str | None
     ``None`` where it cannot be read (the full load reports why). ``image``: the class that runs it with an
     image (``dit_sp.zoo.image``: its family's image-to-video class, where it has one; ``ConfigError`` where that
     class does not take the checkpoint's components)."""
+    index = pipeline_index(model)
+    if index is None:
+        return None
+    name, settings, components = index
+    return image_class(name, settings, components, model) if image else name
+
+
+def pipeline_index(model: str | Path) -> tuple[str | None, dict[str, Any], dict[str, bool]] | None:
+    """A built-in model's or checkpoint directory's pipeline class, settings (``model_index.json``'s entries, a
+    spec's ``pipeline_config``) and components (by name: whether it has one), from its files alone; ``None`` where
+    they cannot be read."""
     try:
         path = checkpoint_dir(model)
         if path is None:
             spec = model_spec(str(model))
-            name, settings = spec.get("pipeline"), spec.get("pipeline_config", {})
-            components = dict.fromkeys(spec.get("components", {}), True)
-        elif is_modular(path):  # a Modular Diffusers repository: the pipeline its blocks run as
-            name, settings, components = pipeline_of(path), {}, {}
-        else:
-            settings = json.loads((path / "model_index.json").read_text())
-            name = settings.get("_class_name")
-            components = {key: value[0] is not None for key, value in settings.items()
-                          if not key.startswith("_") and isinstance(value, list) and len(value) == 2}  # fmt: skip
+            return (
+                spec.get("pipeline"),
+                spec.get("pipeline_config", {}),
+                dict.fromkeys(spec.get("components", {}), True),
+            )
+        if is_modular(path):  # a Modular Diffusers repository: the pipeline its blocks run as
+            return pipeline_of(path), {}, {}
+        settings = json.loads((path / "model_index.json").read_text())
+        components = {key: value[0] is not None for key, value in settings.items()
+                      if not key.startswith("_") and isinstance(value, list) and len(value) == 2}  # fmt: skip
+        return settings.get("_class_name"), settings, components
     except (OSError, ValueError, AttributeError, ConfigError, MissingFileError):
         return None
-    return image_class(name, settings, components, model) if image else name
 
 
 def model_defaults(model: str) -> dict[str, Any]:

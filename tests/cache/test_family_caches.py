@@ -172,9 +172,9 @@ def test_a_cached_run_on_a_layout_its_family_refuses_is_refused_in_one_line_befo
 
 @pytest.mark.slow  # spawns worker processes
 def test_kandinsky6_sr_refuses_cfg_parallelism_and_a_ring_with_a_cache_at_parallelize(videos):
-    """``parallelize(pipe, layout, cache="teacache")``: CFG parallelism, which ``generate`` lets through to it (the
-    pipeline has no guidance scale to check before loading), and a ring, refused in one line; the pipeline is left
-    as it was."""
+    """``parallelize(pipe, layout, cache="teacache")``: CFG parallelism (which ``generate`` refuses before loading,
+    from the family's ``cfg_refused``; a caller of ``parallelize`` meets it here) and a ring, refused in one line;
+    the pipeline is left as it was."""
     for rank in videos["then"]:
         refused = rank["refused"]
         assert refused["cfg2"].startswith("ConfigError: cfg parallelism (cfg=2) for Kandinsky6SRPipeline: "
