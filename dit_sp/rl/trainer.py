@@ -163,7 +163,8 @@ class GRPOTrainer:
             {"height": config.sample.height, "width": config.sample.width},
         )  # fmt: skip
         missing = self._agreed(self.embeddings.missing(self.prompts))
-        policy = policy_named(type(pipeline).__name__ if pipeline is not None else pipeline_class_name(config.model))
+        class_name = type(pipeline).__name__ if pipeline is not None else pipeline_class_name(config.model)
+        policy = policy_named(class_name)
         needs_images = self.images is not None and policy is not None and policy.images_need_text_encoders
         self._missing_images = self._agreed(self.embeddings.missing_images(self.images)) if needs_images else []
         """The images whose text-encoder parts (Motif-Video I2V's SigLIP tokens) are not on disk yet."""
@@ -174,7 +175,7 @@ class GRPOTrainer:
             # in the compute dtype; the VAE only where it runs (``loads_vae``), and the transformer empty (filled
             # after sharding)
             vae = loads_vae(self.parallel.sp_rank, self._split_decode, self.images is not None,
-                            pipeline_class_name(config.model))  # fmt: skip
+                            class_name)  # fmt: skip
             without = (() if encode else TEXT_ENCODERS) + (() if vae else ("vae",))
             encoders = (dist.group.WORLD, getattr(torch, config.mixed_precision or "float32")) if encode else None
             pipeline = load_pipeline(config.model, torch.float32, self.parallel.device, empty_transformers=True,
