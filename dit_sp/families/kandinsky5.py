@@ -69,7 +69,12 @@ class Kandinsky5Policy(FirstFrameImagePolicy):
     with a ``visual_cond`` model's zero latents and a mask of ones on that frame in channels. The policy's latents are
     the frames after it; ``clean`` puts the image frame back and applies the pipeline's ``normalize_first_frame`` (the
     first 4 latent frames moved to the statistics of the next ones), as the pipeline does before decoding.
-    Conditioning is then ``((text, lengths, pooled), image_frame)``, the frame ``(B, C, 1, H, W)``."""
+    Conditioning is then ``((text, lengths, pooled), image_frame)``, the frame ``(B, C, 1, H, W)``.
+
+    Text-to-image (``Kandinsky5T2IPipeline``, ``image``): the same with one latent frame of an image VAE
+    (``AutoencoderKL``, x8 in space), rotary scale 1 and no sparse attention (as that pipeline calls its transformer);
+    the decode is ``(B, 1, C, H, W)``, one frame. The pipeline moves a size off its ``resolutions`` to the nearest of
+    them, so other sizes are refused in one line."""
 
     NORMALIZED_FRAMES = 4
     """The latent frames ``Kandinsky5I2VPipeline.normalize_first_frame`` normalizes to the statistics of those after
@@ -78,6 +83,15 @@ class Kandinsky5Policy(FirstFrameImagePolicy):
     def __init__(self, pipe: Any, transformer: torch.nn.Module, **kwargs: Any):
         super().__init__(pipe, transformer, **kwargs)
         self.height, self.width = kwargs["height"], kwargs["width"]
+        self.image = type(pipe).__name__ in IMAGE_PIPELINES
+        sizes = [tuple(size) for size in getattr(pipe, "resolutions", [])]
+        if self.image and (self.width, self.height) not in sizes:
+            raise ConfigError(f"{type(pipe).__name__} samples at its resolutions alone (width x height: "
+                              f"{', '.join(f'{w}x{h}' for w, h in sizes)}) and moves {self.width}x{self.height} to the "
+                              "nearest; set sample.width and sample.height to one of them")  # fmt: skip
+
+    def _compression(self, pipe: Any) -> tuple[int, int]:
+        return getattr(pipe, "vae_scale_factor_temporal", 1), pipe.vae_scale_factor_spatial  # image pipelines: 1
 
     def _channels(self, transformer: torch.nn.Module) -> int:
         return transformer.config.out_visual_dim
@@ -148,8 +162,8 @@ class Kandinsky5Policy(FirstFrameImagePolicy):
         frames, spatial = x.shape[1], self.pipe.vae_scale_factor_spatial
         rope = [torch.arange(frames, device=x.device), torch.arange(self.height // spatial // 2, device=x.device),
                 torch.arange(self.width // spatial // 2, device=x.device)]  # fmt: skip
-        scale = self.pipe._get_scale_factor(self.height, self.width)
-        sparse = self.pipe.get_sparse_params(x, x.device)  # NABLA's, as the pipeline passes them; dense: None
+        scale = (1.0, 1.0, 1.0) if self.image else self.pipe._get_scale_factor(self.height, self.width)
+        sparse = None if self.image else self.pipe.get_sparse_params(x, x.device)  # NABLA's; dense: None
         parts, order = [], []
         for length in lengths.unique().tolist():
             index = (lengths == length).nonzero().flatten()
@@ -164,6 +178,16 @@ class Kandinsky5Policy(FirstFrameImagePolicy):
 
     def _unscale(self, latents: Tensor) -> Tensor:
         return latents / self.pipe.vae.config.scaling_factor
+
+    @no_grad
+    def decode(self, latents: Tensor, cond: tuple[Any, Any | None] | None = None) -> Tensor:
+        """``(B, F, C, H, W)`` in [0, 1]; text-to-image: the image VAE's decode of the one latent frame ``(B, C, 1,
+        H, W)`` as ``(B, 1, C, H, W)``."""
+        if not self.image:
+            return super().decode(latents, cond)
+        vae = self.pipe.vae
+        image = vae.decode(self._unscale(latents[:, :, 0]).to(vae.dtype), return_dict=False)[0]  # (B, C, H, W)
+        return ((image.float() + 1) / 2).clamp(0, 1)[:, None]
 
 
 def _plan(model: torch.nn.Module) -> dict:
@@ -376,13 +400,13 @@ KANDINSKY5 = ModelFamily(
     vae_factors=dict.fromkeys(PIPELINES, hunyuan_video_vae_factors)
     | dict.fromkeys(IMAGE_PIPELINES, _image_vae_factors),
     architectures=_ARCHITECTURES,
-    pipelines=("Kandinsky5T2VPipeline", "Kandinsky5I2VPipeline"),
+    pipelines=("Kandinsky5T2VPipeline", "Kandinsky5I2VPipeline", "Kandinsky5T2IPipeline"),
     policy=Kandinsky5Policy,
     policy_refused={
-        "Kandinsky5T2IPipeline": (
-            "it generates one image, not a video; no image policy is written (Kandinsky5T2VPipeline is the "
-            "family's trained pipeline)"
+        "Kandinsky5I2IPipeline": (
+            "its Qwen2.5-VL prompt encoder reads the source image with the prompt (the image's tokens inside the "
+            "template, the negative prompt's too), so a prompt's embeddings are not the prompt's alone, and GRPO "
+            "encodes each prompt once, keeps the embeddings by prompt and drops the text encoders"
         ),
-        "Kandinsky5I2IPipeline": ("it edits a given image into one image, not a video; no policy is written for it"),
     },
 )

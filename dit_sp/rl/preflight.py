@@ -35,7 +35,7 @@ def check_before_loading(config: TrainConfig, world_size: int) -> None:
         if getattr(config.lora, key):
             lora_file(getattr(config.lora, key), f"lora.{key}")  # a MissingFileError before any worker starts
     check_checkpoint(config.model)
-    check_reward(config.reward)
+    check_reward(config.reward, config.sample.frames)
     info = check_shape_from_files(config.model, asdict(config.sample), flags=False)
     check_ring(config, info)
     check_policy(config, info, images)

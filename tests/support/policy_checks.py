@@ -164,6 +164,14 @@ def family_configs(hunyuanvideo15: str, images: str, **layout) -> list:
         # Motif-Video I2V: the image's latents and mask in channels, its SigLIP tokens (computed with the prompts'
         # embeddings, read from their files) in front of the text; Wan's VAE decodes split by rows
         tiny_config(model="tiny-motif-video-i2v", **{"sample.max_sequence_length": 32}, **with_images),
+        # Kandinsky 5 text-to-image: one frame at the tiny pipeline's one resolution; its image VAE decodes split
+        tiny_config(
+            model="tiny-kandinsky5-t2i",
+            height=64,
+            width=64,
+            **{"sample.max_sequence_length": 64},
+            **common | {"frames": 1},
+        ),  # fmt: skip
     ]
 
 

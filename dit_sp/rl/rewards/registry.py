@@ -94,10 +94,19 @@ def _entries(spec: str | Mapping[str, Any] | list) -> list[tuple[str, float, dic
     return entries
 
 
-def check_reward(spec: str | Mapping[str, Any] | list) -> None:
-    """The config value names known rewards with numeric weights; nothing is built (no model loads)."""
+BETWEEN_FRAMES = ("temporal_smoothness",)
+"""The built-in rewards that score the change between consecutive frames: 0 for a one-frame video (an image)."""
+
+
+def check_reward(spec: str | Mapping[str, Any] | list, frames: int | None = None) -> None:
+    """The config value names known rewards with numeric weights; nothing is built (no model loads). With ``frames``
+    1 (an image: Kandinsky 5 text-to-image), a reward between frames is refused (it would give every sample 0);
+    the others score the one frame."""
     for name, _, _ in _entries(spec):
         _lookup(name)
+        if frames == 1 and name in BETWEEN_FRAMES:
+            raise ConfigError(f"reward {name!r} scores the change between consecutive frames, and sample.frames 1 "
+                              "makes one frame (an image): every sample would score 0; drop it")  # fmt: skip
 
 
 class WeightedReward:
