@@ -339,13 +339,13 @@ class FirstFrameImagePolicy(DiffusersPolicy):
 
     def latent_shape(self) -> tuple[int, ...]:
         channels, frames, height, width = self.shape
-        return (channels, frames - 1, height, width) if self.takes_images else self.shape
+        return (channels, frames - 1, height, width) if self.image_first_frame(type(self.pipe)) else self.shape
 
     def clean(self, latents: Tensor, cond: tuple[Any, Any | None] | None = None) -> Tensor:
         """The noised frames with the image frame in front (image-to-video), as the pipeline's latents."""
         import torch
 
-        if cond is None or not self.takes_images:
+        if cond is None or not self.image_first_frame(type(self.pipe)):
             return latents
         return torch.cat([cond[0][1].to(latents), latents], dim=2)
 

@@ -19,13 +19,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dit_sp._compat import block_argument, context_parallel_types
+from dit_sp.errors import ConfigError
 from dit_sp.families.family import ModelFamily, generation_defaults
+from dit_sp.families.policy import FirstFrameImagePolicy
 from dit_sp.families.wan import CLIP_VIT_H, I2V_14B, WanPolicy, wan_architecture, wan_vae_factors
 
 if TYPE_CHECKING:
     import torch
 
     from dit_sp.parallel.state import ParallelState
+
+    Tensor = torch.Tensor
 
 PIPELINES = (
     "SkyReelsV2Pipeline",
@@ -41,12 +45,99 @@ CAUSAL_REFUSAL = (
 )
 
 
-class SkyReelsV2Policy(WanPolicy):
+FORCING = ("SkyReelsV2DiffusionForcingPipeline", "SkyReelsV2DiffusionForcingImageToVideoPipeline")
+"""The diffusion-forcing pipelines GRPO trains in their synchronous one-chunk mode."""
+
+
+class SkyReelsV2Policy(WanPolicy, FirstFrameImagePolicy):
     """SkyReels-V2 text-to-video (``SkyReelsV2Pipeline``) and image-to-video (``SkyReelsV2ImageToVideoPipeline``): a
     Wan 2.1 transformer with Wan's UMT5 text and VAE, so GRPO samples and trains it as ``WanPolicy`` does Wan 2.1 T2V
     and I2V (flow matching, velocity prediction, guidance on the velocity; image-to-video: the image's latents and
     mask in channels, CLIP image tokens in cross-attention, from the pipeline's own ``prepare_latents`` and
-    ``encode_image``). The diffusion-forcing pipelines are not trained."""
+    ``encode_image``).
+
+    Diffusion forcing (``SkyReelsV2DiffusionForcingPipeline``, ``forcing``) in its synchronous one-chunk mode (the
+    pipeline's defaults ``ar_step=0`` and no ``overlap_history``): its timestep matrix then gives every latent frame
+    the scheduler's same timestep at every step (whatever ``causal_block_size``), so its sampler is one trajectory
+    from pure noise. The transformer is called as the pipeline calls it: per-frame timesteps ``(B, F)``, all the same,
+    truncated to integers as its matrix holds them (``_timestep``), ``enable_diffusion_forcing`` and the fps embedding
+    of the pipeline's default fps. Longer videos (``base_num_frames``, chunks on history) are refused.
+
+    Its image-to-video (``SkyReelsV2DiffusionForcingImageToVideoPipeline``, a ``FirstFrameImagePolicy``): the image's
+    latents (the VAE's mode, normalised, from the pipeline's ``prepare_latents``) are the first latent frame, which
+    its matrix counts as ready (timestep 0, never stepped: with ``num_frame_per_block`` 1; a larger block would step
+    the image's frame as noise, refused); the policy's latents are the frames after it. No CLIP tokens."""
+
+    @classmethod
+    def image_first_frame(cls, pipeline: type) -> bool:
+        return pipeline.__name__ == FORCING[1]  # the Wan 2.1 I2V-style pipeline takes its image in channels
+
+    def __init__(self, pipe: Any, transformer: torch.nn.Module, **kwargs: Any):
+        super().__init__(pipe, transformer, **kwargs)
+        self.forcing = type(pipe).__name__ in FORCING
+        if self.forcing:
+            import inspect
+
+            block, frames = transformer.config.num_frame_per_block, self.shape[1]
+            if frames % block:
+                raise ConfigError(f"frames {kwargs['frames']}: {frames} latent frames, and {type(pipe).__name__} "
+                                  f"denoises whole causal blocks of {block} (num_frame_per_block): the last "
+                                  f"{frames % block} would stay noise; use a multiple of {block} latent "
+                                  "frames")  # fmt: skip
+            if block > 1 and self.takes_images:
+                raise ConfigError(f"{type(pipe).__name__} with num_frame_per_block {block} steps the image's latent "
+                                  "frame with the rest of its causal block, as noise: GRPO trains it with blocks "
+                                  "of 1 frame")  # fmt: skip
+            self.fps = 0 if inspect.signature(type(pipe).__call__).parameters["fps"].default == 16 else 1
+
+    @classmethod
+    def check_settings(cls, pipeline: type, frames: int, temporal: int) -> None:
+        import inspect
+
+        super().check_settings(pipeline, frames, temporal)
+        if pipeline.__name__ in FORCING:
+            base = inspect.signature(pipeline.__call__).parameters["base_num_frames"].default
+            if frames > base:
+                raise ConfigError(f"frames {frames}: {pipeline.__name__} generates more than base_num_frames "
+                                  f"({base}) chunk by chunk, each on the previous chunk's frames, and GRPO trains "
+                                  f"its one-chunk sampling; set sample.frames to {base} or fewer")  # fmt: skip
+
+    def _timestep(self, s: float) -> float:
+        """``1000 s``; diffusion forcing: truncated to an integer, as the pipeline's timestep matrix holds it."""
+        return float(int(s * 1000.0)) if self.forcing else s * 1000.0
+
+    def _image_parts(self, image: Any) -> tuple[Tensor, ...]:
+        """Diffusion forcing: ``(image_frame,)`` ``(1, C, 1, H, W)``, the ``condition`` of the pipeline's
+        ``prepare_latents``; else Wan 2.1 I2V's."""
+        import torch
+
+        if not self.forcing:
+            return super()._image_parts(image)
+        (channels, _, height, width), spatial = self.shape, self.pipe.vae_scale_factor_spatial
+        unused_noise = torch.Generator(self.device).manual_seed(0)
+        outputs = self.pipe.prepare_latents(self._pixels(image), 1, channels, height * spatial, width * spatial,
+                                            self.pixel_frames, torch.float32, self.device, unused_noise)  # fmt: skip
+        return (outputs[2],)
+
+    def clean(self, latents: Tensor, cond: tuple[Any, Any | None] | None = None) -> Tensor:
+        return FirstFrameImagePolicy.clean(self, latents, cond) if self.forcing else super().clean(latents, cond)
+
+    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: Tensor | tuple[Tensor, ...]) -> Tensor:
+        import torch
+
+        if not self.forcing:
+            return super()._forward(model, hidden, timestep, cond)
+        per_frame = timestep[:, None].expand(-1, hidden.shape[2])  # (B, F): every frame at the step's timestep
+        image = None if isinstance(cond, torch.Tensor) else cond[1]
+        if image is not None:  # the image's clean frame in front, at timestep 0
+            cond, hidden = cond[0], torch.cat([image.to(hidden.dtype), hidden], dim=2)
+            per_frame = torch.cat([torch.zeros_like(per_frame[:, :1]), per_frame], dim=1)
+        # one fps for the batch: the model tiles a per-sample fps embedding by frames on the batch axis, (B F, 6, D),
+        # which matches its (B, F, 6, D) modulation for B = 1 alone (the pipeline calls one prompt per branch); one
+        # entry, (F, 6, D), broadcasts over the batch to the same values
+        out = model(hidden_states=hidden, timestep=per_frame, encoder_hidden_states=cond.to(hidden.dtype),
+                    enable_diffusion_forcing=True, fps=[self.fps], return_dict=False)[0]  # fmt: skip
+        return out if image is None else out[:, :, 1:]
 
 
 def _teacache_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict) -> tuple[torch.Tensor, bool]:
@@ -110,21 +201,11 @@ SKYREELS_V2 = ModelFamily(
     },
     vae_factors=dict.fromkeys(PIPELINES, wan_vae_factors),
     architectures=_ARCHITECTURES,
-    pipelines=("SkyReelsV2Pipeline", "SkyReelsV2ImageToVideoPipeline"),
+    pipelines=("SkyReelsV2Pipeline", "SkyReelsV2ImageToVideoPipeline", *FORCING),
     policy=SkyReelsV2Policy,
     # the diffusion-forcing checkpoints (Skywork/SkyReels-V2-DF-*-Diffusers) run text- and image-to-video alike
     image_to_video={"SkyReelsV2DiffusionForcingPipeline": "SkyReelsV2DiffusionForcingImageToVideoPipeline"},
     policy_refused={
-        "SkyReelsV2DiffusionForcingPipeline": (
-            "diffusion forcing: its model takes a timestep per latent frame (frames at different noise levels"
-            " with ar_step > 0) and a video longer than base_num_frames is generated chunk by chunk on the "
-            "previous chunk's frames; no policy is written for it"
-        ),
-        "SkyReelsV2DiffusionForcingImageToVideoPipeline": (
-            "diffusion forcing: its model takes a timestep per latent frame, the image's latents a clean "
-            "first frame, and a video longer than base_num_frames is generated chunk by chunk on the previous"
-            " chunk's frames; no policy is written for it"
-        ),
         "SkyReelsV2DiffusionForcingVideoToVideoPipeline": (
             "it extends a given video chunk by chunk, each chunk conditioned on the previous frames: every "
             "sample needs that video, which a GRPO prompt file (a prompt and at most one image) cannot supply"

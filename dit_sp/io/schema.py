@@ -169,6 +169,8 @@ def from_mapping(cls: type[T], values: Mapping[str, Any], *, where: str = "confi
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     names = list(fields)
     for key in values:
+        if key in getattr(cls, "UNTRAINED", {}):  # a setting refused with its reason (``SampleConfig.UNTRAINED``)
+            raise ConfigError(f"{where}.{key}: {cls.UNTRAINED[key]}")
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""

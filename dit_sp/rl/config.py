@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from dit_sp.io.schema import SEED_RANGE, allow_inf, check_ranges, from_mapping, load_yaml, merge, setting
 from dit_sp.rl.grpo_config import GRPOConfig
@@ -38,6 +38,14 @@ class SampleConfig:
     negative_prompt: str = ""
     max_sequence_length: int = 16
     """Text tokens of a prompt."""
+
+    UNTRAINED: ClassVar[dict[str, str]] = dict.fromkeys(
+        ("ar_step", "overlap_history", "base_num_frames"),
+        "GRPO trains SkyReels-V2 diffusion forcing synchronously in one chunk (ar_step 0, no overlap_history: every "
+        "latent frame at the same noise level, one trajectory from pure noise); ar_step > 0 puts the frames at "
+        "different noise levels and a longer video is generated chunk by chunk on the previous chunk's frames; drop it",
+    )
+    """Pipeline settings a GRPO config may not give, each with why (``from_mapping`` refuses them by name)."""
 
     def __post_init__(self) -> None:
         check_ranges(self, frames=">= 1", height=">= 1", width=">= 1", max_sequence_length=">= 1",

@@ -1,9 +1,10 @@
 """GRPO policies of pipelines whose sampler is one trajectory from pure noise in one mode: Kandinsky 5 text-to-image
-(one frame). Its GRPO step on 1x2 and 2x1 is in test_family_policies.py's layout test
-(``policy_checks.family_configs``)."""
+(one frame) and SkyReels-V2 diffusion forcing, synchronous and in one chunk. Their GRPO step on 1x2 and 2x1 is in
+test_family_policies.py's layout test (``policy_checks.family_configs``)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from grpo_checks import tiny_config
@@ -55,3 +56,102 @@ def test_kandinsky5_text_to_image_policy_ode_and_decode_are_the_pipelines(tmp_pa
                                          "and sample.frames 1 makes one frame"):  # fmt: skip
         check_before_loading(tiny_config(**image_run, reward={"brightness": 1.0, "temporal_smoothness": 1.0}), 1)
     check_before_loading(tiny_config(**image_run, reward="brightness"), 1)
+
+
+def _first_order(pipe) -> None:
+    """The pipeline's UniPC scheduler at first order without its corrector: a flow velocity's Euler step at the
+    scheduler's own noise levels and (integer) timesteps."""
+    from diffusers import UniPCMultistepScheduler
+
+    pipe.scheduler = UniPCMultistepScheduler.from_config(pipe.scheduler.config, solver_order=1,
+                                                         disable_corrector=list(range(10)))  # fmt: skip
+
+
+def _record_prepare_latents(pipe) -> list:
+    """Keeps a copy of the noise and the image's frame (``condition``; None for text-to-video) that each
+    ``prepare_latents`` call returns (the pipeline steps its latents in place)."""
+    import functools
+
+    prepared, stock = [], pipe.prepare_latents
+
+    @functools.wraps(stock)  # the policy reads its signature
+    def record(*args, **kwargs):
+        out = stock(*args, **kwargs)
+        prepared.append((out[0].clone(), None if out[2] is None else out[2].clone()))
+        return out
+
+    pipe.prepare_latents = record
+    return prepared
+
+
+def _df_run(pipe, **call) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+    """The stock pipeline's latents and video of one seeded call, and what its ``prepare_latents`` returned."""
+    call = {"prompt": "a red circle", "negative_prompt": "", "num_frames": 9, "height": 48, "width": 32,
+            "num_inference_steps": 3, "guidance_scale": 6.0, "max_sequence_length": 16} | call  # fmt: skip
+    prepared = _record_prepare_latents(pipe)
+    latents = pipe(generator=torch.Generator().manual_seed(1), output_type="latent", **call).frames
+    video = pipe(generator=torch.Generator().manual_seed(1), output_type="pt", **call).frames
+    pipe.prepare_latents = type(pipe).prepare_latents.__get__(pipe)
+    return latents, video, prepared[0]
+
+
+@pytest.mark.slow  # runs the stock pipeline
+@torch.no_grad()
+def test_skyreels_v2_diffusion_forcing_policy_ode_and_decode_are_the_pipelines_synchronous_one_chunk(tmp_path):
+    """SkyReels-V2 diffusion forcing at ar_step 0 in one chunk: the policy's Euler ODE (per-frame timesteps, all the
+    step's, truncated as the pipeline's matrix holds them; the fps embedding) is the stock pipeline's sampling with
+    its UniPC scheduler at first order, and its decode the pipeline's video; a batch of two prompts is each alone (one
+    fps entry for the batch). Image-to-video: the image's latents are the clean first frame at timestep 0. Refused:
+    more frames than base_num_frames and ar_step / overlap_history (before loading), an image with causal blocks of 2
+    frames, latent frames that are not whole blocks."""
+    from PIL import Image
+
+    from dit_sp import TrainConfig
+    from dit_sp.families.skyreels_v2 import SkyReelsV2Policy
+
+    size = {"frames": 9, "height": 48, "width": 32, "guidance": 6.0, "max_sequence_length": 16}
+    pipe = build_tiny("tiny-skyreels-v2-df")
+    _first_order(pipe)
+    policy = SkyReelsV2Policy(pipe, pipe.transformer, **size)
+    stock, video, (noise, _) = _df_run(pipe)
+    levels = pipe.scheduler.sigmas[:-1].tolist()
+    ours = _euler(policy, noise, levels, policy.encode(["a red circle"]))
+    assert stock.abs().max() > 1
+    torch.testing.assert_close(ours, stock, atol=1e-5, rtol=0)
+    torch.testing.assert_close(policy.decode(ours), video, atol=1e-5, rtol=0)
+    prompts = ["a red circle", "a blue square moving left"]
+    both = policy.velocity(noise.repeat(2, 1, 1, 1, 1), 0.7, policy.encode(prompts))
+    alone = torch.cat([policy.velocity(noise, 0.7, policy.encode([prompt])) for prompt in prompts])
+    torch.testing.assert_close(both, alone, atol=1e-5, rtol=0)
+    assert (both[0] - both[1]).abs().max() > 1e-3
+
+    image = tmp_path / "image.png"
+    Image.fromarray((np.random.RandomState(0).rand(40, 30, 3) * 255).astype("uint8")).save(image)
+    pipe = build_tiny("tiny-skyreels-v2-df-i2v")
+    _first_order(pipe)
+    policy = SkyReelsV2Policy(pipe, pipe.transformer, **size)
+    stock, video, (noise, frame) = _df_run(pipe, image=Image.open(image).convert("RGB"))
+    cond = policy.encode(["a red circle"], [str(image)])
+    torch.testing.assert_close(cond[0][1], frame, atol=0, rtol=0)
+    assert policy.latent_shape() == (4, 2, 6, 4)
+    ours = _euler(policy, noise[:, :, 1:], levels, cond)
+    torch.testing.assert_close(policy.clean(ours, cond), stock, atol=1e-5, rtol=0)
+    torch.testing.assert_close(policy.decode(ours, cond), video, atol=1e-5, rtol=0)
+
+    pipe.transformer._set_ar_attention(2)  # causal blocks of 2 latent frames
+    with pytest.raises(ValueError, match=r"^frames 9: 3 latent frames, and SkyReelsV2DiffusionForcingImageToVideo"):
+        SkyReelsV2Policy(pipe, pipe.transformer, **size)
+    with pytest.raises(ValueError, match=r"^SkyReelsV2DiffusionForcingImageToVideoPipeline with num_frame_per_block "
+                                         "2 steps the image's latent frame"):  # fmt: skip
+        SkyReelsV2Policy(pipe, pipe.transformer, **size | {"frames": 13})
+    texts = tmp_path / "prompts.txt"
+    texts.write_text("a red circle\n")
+    run = {"model": "tiny-skyreels-v2-df", "prompts": str(texts), "height": 48, "width": 32}
+    with pytest.raises(ValueError, match=r"^frames 101: SkyReelsV2DiffusionForcingPipeline generates more than "
+                                         r"base_num_frames \(97\) chunk by chunk"):  # fmt: skip
+        check_before_loading(tiny_config(**run, frames=101), 1)
+    check_before_loading(tiny_config(**run, frames=97), 1)
+    for key in ("ar_step", "overlap_history", "base_num_frames"):
+        with pytest.raises(ValueError, match=rf"^config.sample.{key}: GRPO trains SkyReels-V2 diffusion forcing "
+                                             r"synchronously in one chunk \(ar_step 0"):  # fmt: skip
+            TrainConfig.from_dict({"model": "tiny-skyreels-v2-df", "prompts": str(texts), "sample": {key: 5}})

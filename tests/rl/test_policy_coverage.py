@@ -48,6 +48,8 @@ def test_every_pipeline_is_trained_or_refused_with_a_reason():
         "EasyAnimateInpaintPipeline",
         "MotifVideoImage2VideoPipeline",
         "Kandinsky5T2IPipeline",
+        "SkyReelsV2DiffusionForcingPipeline",
+        "SkyReelsV2DiffusionForcingImageToVideoPipeline",
     } <= set(trained)
     assert {"AnyFlowPipeline", "SanaWMPipeline", "HunyuanVideoImageToVideoPipeline", "Kandinsky5I2IPipeline"} <= set(
         refused

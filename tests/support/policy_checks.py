@@ -172,6 +172,10 @@ def family_configs(hunyuanvideo15: str, images: str, **layout) -> list:
             **{"sample.max_sequence_length": 64},
             **common | {"frames": 1},
         ),  # fmt: skip
+        # SkyReels-V2 diffusion forcing, synchronous in one chunk: per-frame timesteps (per-token modulation, split
+        # with the tokens); image-to-video: the image's latents the clean first frame at timestep 0
+        tiny_config(model="tiny-skyreels-v2-df", height=48, width=32, **{"sample.max_sequence_length": 16}, **common),
+        tiny_config(model="tiny-skyreels-v2-df-i2v", **{"sample.max_sequence_length": 16}, **with_images),
     ]
 
 
