@@ -373,7 +373,7 @@ def test_policy_steps_equal_single_process_on_1x2_and_2x1(hunyuanvideo15, prompt
                 "HunyuanVideo15Policy", "LTXPolicy", "SanaVideoPolicy", "SkyReelsV2Policy",
                 "Kandinsky5Policy", "HunyuanVideoPolicy", "WanVACEPolicy",
                 "LTX2Policy", "EasyAnimatePolicy", "MotifVideoPolicy", "Kandinsky5Policy", "SkyReelsV2Policy",
-                "SkyReelsV2Policy"]  # fmt: skip
+                "SkyReelsV2Policy", "LTX2Policy"]  # fmt: skip
     assert [r["policy"] for r in single] == policies
     for one in single:
         assert one["ratio"] == (1.0, 1.0) and (one["log_probs"] != 0).all(), one["policy"]

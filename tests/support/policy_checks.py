@@ -176,6 +176,8 @@ def family_configs(hunyuanvideo15: str, images: str, **layout) -> list:
         # with the tokens); image-to-video: the image's latents the clean first frame at timestep 0
         tiny_config(model="tiny-skyreels-v2-df", height=48, width=32, **{"sample.max_sequence_length": 16}, **common),
         tiny_config(model="tiny-skyreels-v2-df-i2v", **{"sample.max_sequence_length": 16}, **with_images),
+        # LTX-2 condition: LTX-2 I2V with the image as one condition at the first frame (the pipeline's own encoding)
+        tiny_config(model="tiny-ltx2-condition", **{"sample.max_sequence_length": 32}, **with_images),
     ]
 
 
