@@ -32,9 +32,13 @@ def euler(policy: Cosmos3Policy, x: torch.Tensor, levels: list[float], cond) -> 
     return x
 
 
-def stock(pipe, latents: torch.Tensor, output_type: str, **kwargs) -> torch.Tensor:
-    return pipe(prompt="a red circle", negative_prompt="", latents=latents.clone(), output_type=output_type,
-                **SETTINGS, **kwargs).video  # fmt: skip
+def stock(pipe, latents: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stock pipeline's final latents (read by its step callback) and its video ``(F, C, H, W)``."""
+    final = []
+    keep = lambda pipe, i, t, tensors: final.append(tensors["latents"]) or {}  # noqa: E731
+    video = pipe(prompt="a red circle", negative_prompt="", latents=latents.clone(), output_type="pt", **SETTINGS,
+                 callback_on_step_end=keep, **kwargs).video  # fmt: skip
+    return final[-1], video
 
 
 @torch.no_grad()
@@ -50,11 +54,11 @@ def test_cosmos3_policy_ode_and_decode_are_the_pipelines(pipe, tmp_path):
     assert positive[0].shape == (1, 256) and positive[1].item() != negative[1].item()  # two packed lengths
     assert not policy.takes_images and policy.latent_shape() == (4, 3, 4, 6)
     noise = torch.randn(1, *policy.latent_shape(), generator=torch.Generator().manual_seed(1))
-    expected = stock(pipe, noise, "latent")  # sets the scheduler's 3 noise levels, which the ODE steps through
+    expected, video = stock(pipe, noise)  # sets the scheduler's 3 noise levels, which the ODE steps through
     ours = euler(policy, noise, pipe.scheduler.sigmas[:-1].tolist(), (positive, negative))
     assert expected.abs().max() > 1
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=0)
-    torch.testing.assert_close(policy.decode(ours)[0], stock(pipe, noise, "pt"), atol=1e-5, rtol=0)
+    torch.testing.assert_close(policy.decode(ours)[0], video, atol=1e-5, rtol=0)
 
     paths = []
     for seed in (0, 1):
@@ -75,9 +79,9 @@ def test_cosmos3_policy_ode_and_decode_are_the_pipelines(pipe, tmp_path):
     cond = policy.encode(["a red circle"], [paths[0]])
     torch.testing.assert_close(cond[0][1], start[:, :, :1], atol=1e-6, rtol=0)
     ours = euler(policy, start[:, :, 1:], pipe.scheduler.sigmas[:-1].tolist(), cond)
-    expected = stock(pipe, start, "latent", image=image)
+    expected, video = stock(pipe, start, image=image)
     torch.testing.assert_close(policy.clean(ours, cond), expected, atol=1e-5, rtol=0)
-    torch.testing.assert_close(policy.decode(ours, cond)[0], stock(pipe, start, "pt", image=image), atol=1e-5, rtol=0)
+    torch.testing.assert_close(policy.decode(ours, cond)[0], video, atol=1e-5, rtol=0)
     other = euler(
         policy, start[:, :, 1:], pipe.scheduler.sigmas[:-1].tolist(), policy.encode(["a red circle"], paths[1:])
     )
@@ -102,3 +106,25 @@ def test_cosmos3_policy_refusals(pipe):
     with pytest.raises(ConfigError, match=r"^frames 1: Cosmos3OmniPipeline keeps the first latent frame the image's .*"
                                           r"set sample.frames to 5 or more$"):  # fmt: skip
         one_frame.use_images(True)
+
+
+def test_cosmos3_policy_with_sound_and_action_heads_samples_the_video_alone():
+    """A transformer with sound and action heads (``sound_gen``, ``action_gen``): the policy's Euler ODE is the stock
+    pipeline's ``enable_sound=False`` sampling without an action (no sound or action tokens packed), and a step's
+    gradient reaches none of those heads."""
+    import diffusers
+    from cosmos3_checks import build_omni
+
+    pipe = build_tiny("tiny-cosmos3")
+    pipe.register_modules(transformer=build_omni(), scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=5.0))
+    policy = Cosmos3Policy(pipe, pipe.transformer, **SIZE)
+    noise = torch.randn(1, *policy.latent_shape(), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected, _ = stock(pipe, noise, enable_sound=False)
+        ours = euler(policy, noise, pipe.scheduler.sigmas[:-1].tolist(), policy.encode(["a red circle"]))
+    torch.testing.assert_close(ours, expected, atol=1e-5, rtol=0)
+    policy.velocity(noise, 0.7, policy.encode(["a red circle"])).square().sum().backward()
+    heads = [name for name, _ in pipe.transformer.named_parameters() if name.startswith(("audio_", "action_"))]
+    grads = {name: p.grad for name, p in pipe.transformer.named_parameters()}
+    assert len(heads) == 10 and all(grads[name] is None for name in heads), heads
+    assert grads["proj_out.weight"].abs().max() > 0
