@@ -26,6 +26,9 @@ another stream, the last shard's padding is left out) and its sums reduced over 
 pipeline calls each guidance branch in its own cache context (``cond``, ``uncond``: a state each, whatever their
 packed lengths); ``BranchCalls`` names a call outside one by its ``input_ids`` tensor, and tells a new schedule by
 ``vision_timesteps``. TeaCache compares the first layer's normalized gen input (``_teacache_probe``).
+
+GRPO (``Cosmos3Policy``) trains text- and image-to-video with sound and action generation off: one transformer call
+per sample and guidance branch, packed by the pipeline's own segment helpers; the guardrail is not run on rollouts.
 """
 
 from __future__ import annotations
