@@ -187,6 +187,9 @@ class Cosmos3Policy(FirstFrameImagePolicy):
     get no timestep embedding and no prediction (the pipeline's ``condition_frame_indexes``); the policy's latents are
     the frames after it. Conditioning is then ``((ids, lengths), image_frame)``, the frame ``(B, C, 1, H, W)``."""
 
+    PACKINGS = 16
+    """How many calls' static packed inputs ``_packing`` keeps (least recently used dropped)."""
+
     def __init__(self, pipe: Any, transformer: torch.nn.Module, **kwargs: Any):
         import inspect
 
@@ -194,7 +197,7 @@ class Cosmos3Policy(FirstFrameImagePolicy):
         self.fps = float(inspect.signature(type(pipe).__call__).parameters["fps"].default)
         """The frame rate of the duration template and the mRoPE positions: the pipeline's default (24)."""
         self._image_to_video = False
-        self._segments: dict[tuple[tuple[int, ...], bool], dict[str, Any]] = {}
+        self._segments: dict[tuple[Any, ...], dict[str, Any]] = {}
         super().__init__(pipe, transformer, **kwargs)
 
     @classmethod
@@ -262,11 +265,17 @@ class Cosmos3Policy(FirstFrameImagePolicy):
 
     def _packing(self, ids: tuple[int, ...], latents: Tensor, image: bool) -> dict[str, Any]:
         """The static part of one call's packed inputs (the pipeline's ``cond_packed_static``), for the prompt ``ids``
-        and latents of ``latents``'s shape (one sample, ``(1, C, F, H, W)``), built once per prompt and shape."""
+        and latents of ``latents``'s shape (one sample, ``(1, C, F, H, W)``). The last ``PACKINGS`` are kept (a GRPO
+        group's prompt and the negative prompt recur in every step; a run's thousands of prompts would hold each one's
+        position tables on the device)."""
         import torch
 
         key = (ids, image, tuple(latents.shape))
-        if key not in self._segments:
+        if key in self._segments:
+            self._segments[key] = self._segments.pop(key)  # the most recently used last
+        else:
+            while len(self._segments) >= self.PACKINGS:
+                self._segments.pop(next(iter(self._segments)))
             pipe, device = self.pipe, latents.device
             text = pipe._prepare_text_segment(list(ids), device=device)
             vision = pipe._prepare_vision_segment(latents, has_image_condition=image,

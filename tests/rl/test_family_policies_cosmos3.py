@@ -128,3 +128,20 @@ def test_cosmos3_policy_with_sound_and_action_heads_samples_the_video_alone():
     grads = {name: p.grad for name, p in pipe.transformer.named_parameters()}
     assert len(heads) == 10 and all(grads[name] is None for name in heads), heads
     assert grads["proj_out.weight"].abs().max() > 0
+
+
+@torch.no_grad()
+def test_cosmos3_policy_batch_is_each_samples_own_call(pipe):
+    """A batch of prompts of different lengths: each sample's guided velocity is its own prompt's alone (one packed call
+    per sample and branch), with the kept packings bounded (``PACKINGS`` 2 here: the 6 calls evict)."""
+    policy = Cosmos3Policy(pipe, pipe.transformer, **SIZE)
+    policy.PACKINGS = 2
+    prompts = ["a red circle", "a blue square moving left", "fog"]
+    cond = policy.encode(prompts)
+    assert len(set(cond[0][1].tolist())) == 3
+    x = torch.randn(3, *policy.latent_shape(), generator=torch.Generator().manual_seed(4))
+    both = policy.velocity(x, 0.7, cond)
+    assert len(policy._segments) == 2
+    alone = torch.cat([policy.velocity(x[i : i + 1], 0.7, policy.encode([p])) for i, p in enumerate(prompts)])
+    torch.testing.assert_close(both, alone, atol=1e-6, rtol=0)
+    assert (policy.velocity(x[:1], 0.7, policy.encode(prompts[1:2])) - alone[:1]).abs().max() > 1e-3
