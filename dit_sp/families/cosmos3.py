@@ -26,6 +26,9 @@ another stream, the last shard's padding is left out) and its sums reduced over 
 pipeline calls each guidance branch in its own cache context (``cond``, ``uncond``: a state each, whatever their
 packed lengths); ``BranchCalls`` names a call outside one by its ``input_ids`` tensor, and tells a new schedule by
 ``vision_timesteps``. TeaCache compares the first layer's normalized gen input (``_teacache_probe``).
+
+GRPO (``Cosmos3Policy``) trains text- and image-to-video with sound and action generation off: one transformer call
+per sample and guidance branch, packed by the pipeline's own segment helpers; the guardrail is not run on rollouts.
 """
 
 from __future__ import annotations
@@ -34,10 +37,14 @@ import copy
 import functools
 from typing import TYPE_CHECKING, Any
 
-from dit_sp.families.family import BranchCalls, ModelFamily, Undo, generation_defaults
+from dit_sp.errors import ConfigError
+from dit_sp.families.family import BranchCalls, ModelFamily, Undo, generation_defaults, no_grad
+from dit_sp.families.policy import FirstFrameImagePolicy
 
 if TYPE_CHECKING:
     import torch
+
+    Tensor = torch.Tensor
 
 
 def _gen_attention(ctx: Any, und_query: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -160,6 +167,155 @@ def _teacache_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict
     return block.input_layernorm_moe_gen(block_argument(meta, "hidden_states", args, kwargs)), True
 
 
+class Cosmos3Policy(FirstFrameImagePolicy):
+    """Cosmos 3 text-to-video (``Cosmos3OmniPipeline``, sound and action generation off: ``enable_sound=False``, no
+    ``action``; flow matching, velocity prediction at timestep ``1000 s``, which the transformer scales by its
+    ``timestep_scale``). The transformer takes one sample's packed sequence per call, ``[prompt tokens (und) ; video
+    patches (gen)]`` without a batch dimension, so ``_forward`` calls it once per sample and guidance branch, each
+    call packed by the pipeline's own ``_prepare_text_segment`` / ``_prepare_vision_segment`` (its mRoPE positions,
+    at the pipeline's default ``fps``), as the pipeline packs its conditional and unconditional calls.
+
+    Conditioning (per branch): ``(ids, lengths)``, the token ids ``(B, max_sequence_length)`` of
+    ``tokenize_prompt`` (the pipeline's system prompt, chat template, duration and resolution templates of this video
+    and its special tokens; the inverse templates for the negative prompt), zero-padded, and their counts ``(B,)``.
+    There is no text encoder: the transformer embeds the ids itself. Guidance is the pipeline's, ``uncond + w (cond -
+    uncond)``. Latents are normalised by the Wan VAE's ``latents_mean`` / ``latents_std``. Decoding skips the
+    pipeline's guardrail (its safety checker's prompt and video checks), as Cosmos-Predict2.5's policy does.
+
+    Image-to-video (the same class, with an image per prompt; ``use_images``): the image's latents (the pipeline's
+    resize-and-crop and ``_encode_video``: the VAE's mode, normalised) are the clean first latent frame, whose tokens
+    get no timestep embedding and no prediction (the pipeline's ``condition_frame_indexes``); the policy's latents are
+    the frames after it. Conditioning is then ``((ids, lengths), image_frame)``, the frame ``(B, C, 1, H, W)``."""
+
+    PACKINGS = 16
+    """How many calls' static packed inputs ``_packing`` keeps (least recently used dropped)."""
+
+    def __init__(self, pipe: Any, transformer: torch.nn.Module, **kwargs: Any):
+        import inspect
+
+        self.frames, self.height, self.width = kwargs["frames"], kwargs["height"], kwargs["width"]
+        self.fps = float(inspect.signature(type(pipe).__call__).parameters["fps"].default)
+        """The frame rate of the duration template and the mRoPE positions: the pipeline's default (24)."""
+        self._image_to_video = False
+        self._segments: dict[tuple[Any, ...], dict[str, Any]] = {}
+        super().__init__(pipe, transformer, **kwargs)
+
+    @classmethod
+    def check_settings(cls, pipeline: type, frames: int, temporal: int) -> None:
+        """Nothing before loading: the same class runs text-to-video (any frames) and image-to-video, whose single
+        latent frame is refused when the run's images are known (``use_images``)."""
+
+    def use_images(self, images: bool) -> None:
+        if images and self.shape[1] < 2:
+            least = self._compression(self.pipe)[0] + 1
+            raise ConfigError(f"frames {self.frames}: Cosmos3OmniPipeline keeps the first latent frame the image's and "
+                              "samples the frames after it, and these frames are that one alone (nothing to sample or "
+                              f"train); set sample.frames to {least} or more")  # fmt: skip
+        self._image_to_video = images
+
+    @property
+    def takes_images(self) -> bool:
+        return self._image_to_video
+
+    def _channels(self, transformer: torch.nn.Module) -> int:
+        return transformer.config.latent_channel
+
+    def encode(self, prompts: list[str], images: list[str] | None = None) -> tuple[Any, Any | None]:
+        """The token ids, always from the tokenizer (no stored embeddings: there is no encoder to drop, and the ids
+        depend on the video's frames, size and frame rate, which the stored embeddings' keys do not hold)."""
+        embeddings, self.embeddings = self.embeddings, None
+        try:
+            return super().encode(prompts, images)
+        finally:
+            self.embeddings = embeddings
+
+    @no_grad
+    def _encode(self, prompts: list[str]) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor] | None]:
+        import torch
+
+        pairs = [self.pipe.tokenize_prompt(prompt, self.negative_prompt, num_frames=self.frames, height=self.height,
+                                           width=self.width, fps=self.fps) for prompt in prompts]  # fmt: skip
+
+        def padded(ids: list[list[int]]) -> tuple[Tensor, Tensor]:
+            longest = max(len(one) for one in ids)
+            if longest > self.max_sequence_length:
+                raise ConfigError(f"max_sequence_length {self.max_sequence_length}: Cosmos 3 conditions on the whole "
+                                  f"templated prompt ({longest} tokens here: its chat template, duration and "
+                                  "resolution templates included; the pipeline cuts none), so set "
+                                  f"sample.max_sequence_length to {longest} or more")  # fmt: skip
+            out = torch.zeros(len(ids), self.max_sequence_length, dtype=torch.long)
+            for row, one in zip(out, ids):
+                row[: len(one)] = torch.tensor(one)
+            return out.to(self.device), torch.tensor([len(one) for one in ids], device=self.device)
+
+        positive = padded([cond for cond, _ in pairs])
+        return positive, padded([uncond for _, uncond in pairs]) if self.guided else None
+
+    def _image_parts(self, image: Any) -> tuple[Tensor, ...]:
+        """``(image_frame,)`` ``(1, C, 1, H, W)``: the pipeline's preprocessing of the image (resized to cover the
+        frame, centre-cropped) encoded alone by its ``_encode_video``. Wan's causal VAE encodes the first frame of a
+        video alone, so this is the first latent frame of the pipeline's encoding of the image repeated over every
+        frame."""
+        import torch
+        from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _preprocess_conditioning_image
+
+        pixels = _preprocess_conditioning_image(image, height=self.height, width=self.width)
+        with torch.no_grad():
+            return (self.pipe._encode_video(pixels.to(self.device).unsqueeze(2)).float(),)
+
+    def _packing(self, ids: tuple[int, ...], latents: Tensor, image: bool) -> dict[str, Any]:
+        """The static part of one call's packed inputs (the pipeline's ``cond_packed_static``), for the prompt ``ids``
+        and latents of ``latents``'s shape (one sample, ``(1, C, F, H, W)``). The last ``PACKINGS`` are kept (a GRPO
+        group's prompt and the negative prompt recur in every step; a run's thousands of prompts would hold each one's
+        position tables on the device)."""
+        import torch
+
+        key = (ids, image, tuple(latents.shape))
+        if key in self._segments:
+            self._segments[key] = self._segments.pop(key)  # the most recently used last
+        else:
+            while len(self._segments) >= self.PACKINGS:
+                self._segments.pop(next(iter(self._segments)))
+            pipe, device = self.pipe, latents.device
+            text = pipe._prepare_text_segment(list(ids), device=device)
+            vision = pipe._prepare_vision_segment(latents, has_image_condition=image,
+                                                  mrope_offset=text["vision_start_temporal_offset"],
+                                                  vision_fps=self.fps, curr=text["und_len"], device=device,
+                                                  condition_frame_indexes=[0] if image else [])  # fmt: skip
+            self._segments[key] = {
+                **text, **vision, "position_ids": torch.cat([text["text_mrope_ids"], vision["vision_mrope_ids"]], 1),
+                "sequence_length": text["und_len"] + vision["num_vision_tokens"],
+            }  # fmt: skip
+        return self._segments[key]
+
+    def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: tuple[Any, ...]) -> Tensor:
+        import torch
+
+        image = cond[1].to(hidden.dtype) if isinstance(cond[0], tuple) else None
+        ids, lengths = cond[0] if image is not None else cond
+        if image is not None:  # the clean image frame in front
+            hidden = torch.cat([image, hidden], dim=2)
+        names = ("input_ids", "text_indexes", "position_ids", "und_len", "sequence_length", "vision_token_shapes",
+                 "vision_sequence_indexes", "vision_mse_loss_indexes", "vision_noisy_frame_indexes")  # fmt: skip
+        outs = []
+        for i, length in enumerate(lengths.tolist()):  # one sample (and branch) a call
+            latents = hidden[i : i + 1]
+            packed = self._packing(tuple(ids[i, :length].tolist()), latents, image is not None)
+            steps = torch.full((packed["num_noisy_vision_tokens"],), timestep[i].item(), device=hidden.device)
+            (velocity,), _, _ = model(**{name: packed[name] for name in names}, vision_tokens=[latents],
+                                      vision_timesteps=steps, return_dict=False)  # fmt: skip
+            outs.append(velocity)
+        out = torch.cat(outs)
+        return out if image is None else out[:, :, 1:]
+
+    def _unscale(self, latents: Tensor) -> Tensor:
+        pipe = self.pipe
+        inv_std, mean = (
+            x.to(latents).view(1, -1, 1, 1, 1) for x in (pipe._vae_latents_inv_std, pipe._vae_latents_mean)
+        )
+        return latents / inv_std + mean  # the pipeline keeps 1 / std
+
+
 def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:
     return vae.get("scale_factor_temporal", 4), vae.get("scale_factor_spatial", 8)
 
@@ -206,12 +362,6 @@ COSMOS3 = ModelFamily(
     checkpoint_defaults={"Cosmos3OmniPipeline": generation_defaults(189, 720, 1280, 35, 6.0, 512) | {"fps": 24}},
     vae_factors={"Cosmos3OmniPipeline": _vae_factors},
     architectures=_ARCHITECTURES,
-    policy_refused={
-        "Cosmos3OmniPipeline": (
-            "no policy is written for it yet: its omni transformer takes one sample's packed sequence per "
-            "call (the prompt's tokens as a causal prefix, then video, sound and action tokens; no batch "
-            "dimension), the conditional and unconditional branches packed to different lengths and its "
-            "predictions masked per branch, and its guardrail would not be run on rollouts"
-        ),
-    },
+    pipelines=("Cosmos3OmniPipeline",),
+    policy=Cosmos3Policy,
 )

@@ -117,6 +117,11 @@ class DiffusersPolicy:
         """Whether the pipeline is image-to-video: each prompt then comes with its conditioning image."""
         return False
 
+    def use_images(self, images: bool) -> None:
+        """Told whether the run's prompts come with images, before the trainer checks ``takes_images`` against that: a
+        pipeline class that samples with or without an image (Cosmos 3) takes the run's mode; the others have one
+        mode (``takes_images``) and ignore it."""
+
     def encode(self, prompts: list[str], images: list[str] | None = None) -> tuple[Any, Any | None]:
         """``(positive, negative)`` conditioning, each as ``_forward`` takes it; negative is None unguided.
         The text part is read from ``self.embeddings`` (``dit_sp.rl.embeddings.PromptEmbeddings``) when it

@@ -208,6 +208,7 @@ class GRPOTrainer:
             transformer_2=self.experts.get("transformer_2"), guidance_2=sample.guidance_2, device=self.parallel.device,
         )  # fmt: skip
         self.policy.trained_experts = tuple(self.trained)
+        self.policy.use_images(self.images is not None)
         if self.policy.takes_images != (self.images is not None):
             raise ConfigError(
                 f"{config.model} is an image-to-video model: give a JSONL prompt file with an 'image' per prompt"

@@ -373,7 +373,8 @@ def test_policy_steps_equal_single_process_on_1x2_and_2x1(hunyuanvideo15, prompt
                 "HunyuanVideo15Policy", "LTXPolicy", "SanaVideoPolicy", "SkyReelsV2Policy",
                 "Kandinsky5Policy", "HunyuanVideoPolicy", "WanVACEPolicy",
                 "LTX2Policy", "EasyAnimatePolicy", "MotifVideoPolicy", "Kandinsky5Policy", "SkyReelsV2Policy",
-                "SkyReelsV2Policy", "LTX2Policy"]  # fmt: skip
+                "SkyReelsV2Policy", "LTX2Policy",
+                "Cosmos3Policy", "Cosmos3Policy"]  # fmt: skip
     assert [r["policy"] for r in single] == policies
     for one in single:
         assert one["ratio"] == (1.0, 1.0) and (one["log_probs"] != 0).all(), one["policy"]
@@ -409,7 +410,7 @@ def test_policy_steps_equal_single_process_on_1x2_and_2x1(hunyuanvideo15, prompt
         # rows (a decoding rank ran fewer rows)
         split = ("CogVideoXPolicy", "HunyuanVideo15Policy", "Cosmos25Policy", "Kandinsky5Policy", "MochiPolicy",
                  "EasyAnimatePolicy", "MotifVideoPolicy", "Kandinsky6Policy", "SanaVideoPolicy",
-                 "ChronoEditPolicy", "WanVACEPolicy")  # fmt: skip
+                 "ChronoEditPolicy", "WanVACEPolicy", "Cosmos3Policy")  # fmt: skip
         for result, one in zip(rank, single * 2):
             if one["policy"] in split:
                 assert 0 < result["decoder_rows"] < one["decoder_rows"], (one["policy"], result["decoder_rows"])

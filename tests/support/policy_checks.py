@@ -178,6 +178,12 @@ def family_configs(hunyuanvideo15: str, images: str, **layout) -> list:
         tiny_config(model="tiny-skyreels-v2-df-i2v", **{"sample.max_sequence_length": 16}, **with_images),
         # LTX-2 condition: LTX-2 I2V with the image as one condition at the first frame (the pipeline's own encoding)
         tiny_config(model="tiny-ltx2-condition", **{"sample.max_sequence_length": 32}, **with_images),
+        # Cosmos 3 (sound and action off): one packed sequence per sample and branch, the templated prompt's ~200 ids
+        # of the byte-level tokenizer; 32 x 48 (at 32 x 32 the group's two rewards are within 1e-5 of each other, so
+        # their normalised advantages amplify a ring's 1e-7 rounding past the tolerance); Wan's VAE decodes split
+        tiny_config(model="tiny-cosmos3", height=32, width=48, **{"sample.max_sequence_length": 256}, **common),
+        # image-to-video: the image's latents (the VAE's mode) are the clean first frame (no timestep, no prediction)
+        tiny_config(model="tiny-cosmos3", **{"sample.max_sequence_length": 256}, **with_images),
     ]
 
 
