@@ -214,7 +214,7 @@ class Cosmos3Policy(FirstFrameImagePolicy):
         self._image_to_video = images
 
     @property
-    def takes_images(self) -> bool:
+    def image_in_front(self) -> bool:
         return self._image_to_video
 
     def _channels(self, transformer: torch.nn.Module) -> int:

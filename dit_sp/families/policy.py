@@ -339,18 +339,24 @@ class FirstFrameImagePolicy(DiffusersPolicy):
                               f"train); set sample.frames to {temporal + 1} or more")  # fmt: skip
 
     @property
-    def takes_images(self) -> bool:
+    def image_in_front(self) -> bool:
+        """Whether this run keeps an image as the clean first latent frame: the class's ``image_first_frame`` (a
+        policy whose one class samples both modes answers per run)."""
         return self.image_first_frame(type(self.pipe))
+
+    @property
+    def takes_images(self) -> bool:
+        return self.image_in_front
 
     def latent_shape(self) -> tuple[int, ...]:
         channels, frames, height, width = self.shape
-        return (channels, frames - 1, height, width) if self.image_first_frame(type(self.pipe)) else self.shape
+        return (channels, frames - 1, height, width) if self.image_in_front else self.shape
 
     def clean(self, latents: Tensor, cond: tuple[Any, Any | None] | None = None) -> Tensor:
         """The noised frames with the image frame in front (image-to-video), as the pipeline's latents."""
         import torch
 
-        if cond is None or not self.image_first_frame(type(self.pipe)):
+        if cond is None or not self.image_in_front:
             return latents
         return torch.cat([cond[0][1].to(latents), latents], dim=2)
 
