@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
         from dit_sp.server.cluster import run_rank
 
         lora_dir = str(Path(args.lora_dir).resolve()) if args.lora_dir else None
-        status = run_rank(config, False, lora_dir)
+        status = run_rank(config, lora_dir)
         sys.stdout.flush()
         os._exit(status)  # as below: skip the native teardown of torch's distributed objects
     with run_lock(args.job_dir):
@@ -164,17 +164,14 @@ async def _serve(config: GenerateConfig, limits: ServerLimits, schedule: Schedul
     from dit_sp.server.videos import VideoServer
 
     served = os.path.basename(os.path.normpath(config.model))
-    # a text-to-video checkpoint that is image-to-video too (SANA-Video, Wan 2.2 TI2V: ModelFamily.image_to_video) is
-    # served as text-to-video (its image pipeline is another class; images are refused)
-    images = False
     store = JobStore(args.job_dir, args.max_queued)
     lora_dir = str(Path(args.lora_dir).resolve()) if args.lora_dir else None
     if "RANK" in os.environ:
         from dit_sp.server.cluster import ClusterPool
 
-        scheduler = Scheduler(store, config, images, schedule, pool_factory=ClusterPool, lora_dir=lora_dir)
+        scheduler = Scheduler(store, config, schedule, pool_factory=ClusterPool, lora_dir=lora_dir)
     else:
-        scheduler = Scheduler(store, config, images, schedule, lora_dir=lora_dir)
+        scheduler = Scheduler(store, config, schedule, lora_dir=lora_dir)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from dit_sp.cache import StepCache, enable_cache
+from dit_sp.errors import ConfigError
 from dit_sp.families import check_shape
 from dit_sp.inference.checks import (
     MOTION_VIDEOS,
@@ -53,6 +54,26 @@ def setup(config: GenerateConfig, images: bool) -> tuple[ParallelState, Any, dic
     """This rank's layout on the running world, the loaded (and, on several ranks, parallelized)
     pipeline with its guidance arguments (with ``images``, the pipeline that takes them), and its step
     cache, if any."""
+    parallel, pipe, _, guidance, cache = _setup(config, images, image_view=False)
+    return parallel, pipe, guidance, cache
+
+
+def setup_with_image_view(config: GenerateConfig) -> tuple[ParallelState, Any, Any | None]:
+    """``setup``'s layout and text-to-video pipeline, and its image-to-video view: for a checkpoint that is an
+    image-to-video model too (``ModelFamily.image_to_video``: SANA-Video, Wan 2.2 TI2V, ...), that class built from the
+    same components (``dit_sp.zoo.as_image_to_video``: the same modules, so the same parallelized transformer and VAE,
+    adapters, step cache and compiled blocks; no second copy of any weight), else None. Without CFG parallelism: its
+    guidance pair is bound to the text pipeline's class: None with it (the server refuses images on that layout)."""
+    parallel, pipe, view, _, _ = _setup(config, images=False, image_view=not config.cfg_parallel)
+    return parallel, pipe, view
+
+
+Setup = tuple[ParallelState, Any, Any, dict[str, float], StepCache | None]
+"""``_setup``'s layout, pipeline, image-to-video view (or None), guidance arguments and step cache."""
+
+
+def _setup(config: GenerateConfig, images: bool, image_view: bool) -> Setup:
+    from dit_sp.families import prepare_pipeline
     from dit_sp.zoo import as_image_to_video, load_pipeline, pipeline_class_name
     from dit_sp.zoo.modular import workflow_of
 
@@ -72,6 +93,14 @@ def setup(config: GenerateConfig, images: bool) -> tuple[ParallelState, Any, dic
                          sharded_text_encoders=encoders, workflow=workflow)  # fmt: skip
     if images:
         pipe = as_image_to_video(pipe)
+    view = None
+    if image_view:  # before parallelize: of the stock class
+        with contextlib.suppress(ConfigError):  # its image class does not take its components: images are refused
+            view = as_image_to_video(pipe)
+        view = None if view is pipe else view
+    if view is not None:
+        prepare_pipeline(view)  # as parallelize prepares the pipeline it gets
+        progress_bars(view, disable=not parallel.is_sample_leader or parallel.dp_rank != 0)
     if config.lora:  # before parallelize: the adapters are part of the model it splits, compiles and caches
         from dit_sp.train.lora_io import load_adapters
 
@@ -93,14 +122,14 @@ def setup(config: GenerateConfig, images: bool) -> tuple[ParallelState, Any, dic
             compile=config.compile,
             cache=config.cache_spec,
         )
-        return parallel, pipe, guidance, handle.cache
+        return parallel, pipe, view, guidance, handle.cache
     if config.compile:
         from dit_sp.sp.compile import compile_blocks
 
         for transformer in filter(None, (getattr(pipe, name, None) for name in TRANSFORMERS)):
             compile_blocks(transformer)
     cache = enable_cache(pipe, config.cache_spec) if config.cache is not None else None
-    return parallel, pipe, guidance, cache
+    return parallel, pipe, view, guidance, cache
 
 
 def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: int, device: torch.device,

@@ -122,7 +122,7 @@ def _heartbeat(rank: int, stop: threading.Event) -> None:
             store.add(f"beat/{rank}", 1)
 
 
-def run_rank(config: GenerateConfig, images: bool, lora_dir: str | None) -> int:
+def run_rank(config: GenerateConfig, lora_dir: str | None) -> int:
     """A worker of rank ``RANK`` (not 0) until rank 0 ends it: its exit status. Posts ``("exit", rank, error)``
     at the end (``error``: None, or why it failed)."""
     rank = int(os.environ["RANK"])
@@ -131,7 +131,7 @@ def run_rank(config: GenerateConfig, images: bool, lora_dir: str | None) -> int:
     events = StoreQueue("events")
     store = connect()
     try:
-        serve_worker(config, images, _PerRank(lambda r: StoreQueue(f"jobs/{r}", store)), events,
+        serve_worker(config, _PerRank(lambda r: StoreQueue(f"jobs/{r}", store)), events,
                      _PerRank(lambda g: _Cancel(lambda: store, g)), lora_dir)  # fmt: skip
         error = None
     except BaseException as e:  # noqa: BLE001 - reported to rank 0, then this rank exits non-zero
@@ -149,10 +149,10 @@ class ClusterPool:
     restartable = False
     """Workers on other nodes cannot be restarted from rank 0: a failure ends the server (non-zero)."""
 
-    def __init__(self, config: GenerateConfig, images: bool, on_event: Callable[[tuple], None],
+    def __init__(self, config: GenerateConfig, on_event: Callable[[tuple], None],
                  on_exit: Callable[[BaseException | None], None], threads: int | None = None,
                  lora_dir: str | None = None):  # fmt: skip
-        self.config, self.images, self.on_event, self.on_exit = config, images, on_event, on_exit
+        self.config, self.on_event, self.on_exit = config, on_event, on_exit
         self.lora_dir = lora_dir
         self.world_size = config.world_size
         self.groups = config.dp or 1
@@ -178,7 +178,7 @@ class ClusterPool:
             _PerRank(lambda g: _Cancel(lambda: store, g)),
         )
         try:
-            serve_worker(self.config, self.images, jobs, StoreQueue("events"), cancels, self.lora_dir)
+            serve_worker(self.config, jobs, StoreQueue("events"), cancels, self.lora_dir)
             self._exit(0, None)
         except BaseException as e:  # noqa: BLE001 - reported to the scheduler, which ends the server
             self._exit(0, f"rank 0 failed ({type(e).__name__}: {' '.join(str(e).split())[:500]})")

@@ -52,9 +52,9 @@ class _Running:
 class Scheduler:
     """Jobs of ``store`` run on a ``WorkerPool`` of ``config``'s layout, within ``limits``."""
 
-    def __init__(self, store: JobStore, config: GenerateConfig, images: bool, limits: ScheduleLimits,
+    def __init__(self, store: JobStore, config: GenerateConfig, limits: ScheduleLimits,
                  pool_factory: Callable[..., WorkerPool] = WorkerPool, lora_dir: str | None = None):  # fmt: skip
-        self.store, self.config, self.images, self.limits = store, config, images, limits
+        self.store, self.config, self.limits = store, config, limits
         self.lora_dir = lora_dir
         self.pool_factory = pool_factory
         self.groups = config.dp or 1
@@ -80,7 +80,6 @@ class Scheduler:
         loop = self._loop
         pool = self.pool_factory(
             self.config,
-            self.images,
             on_event=lambda event: loop.call_soon_threadsafe(self._on_event, pool, event),
             on_exit=lambda error: loop.call_soon_threadsafe(self._on_exit, pool, error),
             lora_dir=self.lora_dir,

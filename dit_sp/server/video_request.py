@@ -3,11 +3,11 @@ before anything runs (``BadRequest``: a 400 with OpenAI's error shape, naming th
 
 OpenAI's fields: ``prompt`` (required), ``model`` (the served one's name, or absent), ``size`` (``"WxH"``),
 ``seconds`` (mapped to frames at the model's fps when ``num_frames`` is absent) and ``input_reference`` (an
-uploaded first frame, for an image-to-video model). Beyond them, the names diffusers pipelines use:
-``seed``, ``num_frames``, ``num_inference_steps``, ``guidance_scale``, ``guidance_scale_2`` and
-``negative_prompt``; ``lora``, an adapter of the server's ``--lora-dir`` by name; and ``refine`` (true or false: the
-stage-2 refiner of a server started with ``--set refine=true``, on by default there). A multipart form's
-values are text and a JSON body's are typed; both are read alike.
+uploaded first frame, for an image-to-video model or a text-to-video checkpoint that is one too). Beyond them, the
+names diffusers pipelines use: ``seed``, ``num_frames``, ``num_inference_steps``, ``guidance_scale``,
+``guidance_scale_2`` and ``negative_prompt``; ``lora``, an adapter of the server's ``--lora-dir`` by name; and
+``refine`` (true or false: the stage-2 refiner of a server started with ``--set refine=true``, on by default there).
+A multipart form's values are text and a JSON body's are typed; both are read alike.
 """
 
 from __future__ import annotations
@@ -158,12 +158,12 @@ def read_request(fields: dict[str, Any], image_path: str | None, base: GenerateC
             image_class = pipeline_class_name(base.model, image=True)
         except ConfigError as e:
             raise BadRequest(_as_request(str(e)), "input_reference") from e
-        if image_class != pipeline_class_name(
-            base.model
-        ):  # a T2V checkpoint that is I2V too (ModelFamily.image_to_video)
-            raise BadRequest(f"{served} is served as text-to-video ({pipeline_class_name(base.model)}): its "
-                             f"image-to-video pipeline ({image_class}) is not loaded; drop input_reference, or run "
-                             "generate --image", "input_reference")  # fmt: skip
+        # a T2V checkpoint that is I2V too (ModelFamily.image_to_video) runs a job with an image on its image-to-video
+        # view (the same modules: setup_with_image_view), which CFG parallelism's guidance pair does not reach
+        if image_class != pipeline_class_name(base.model) and base.cfg_parallel:
+            raise BadRequest(f"input_reference: {served} runs an image as {image_class}, a view of its "
+                             f"{pipeline_class_name(base.model)} that --cfg-parallel does not split; start the server "
+                             "without --cfg-parallel to take images", "input_reference")  # fmt: skip
         settings["image"] = image_path
     try:
         config = dataclasses.replace(base, **settings)

@@ -71,7 +71,7 @@ def switch_lora(pipe: Any, current: str | None, wanted: str | None, lora_dir: st
     return wanted
 
 
-def serve_worker(config: GenerateConfig, images: bool, jobs: list, events: Any, cancels: list,
+def serve_worker(config: GenerateConfig, jobs: list, events: Any, cancels: list,
                  lora_dir: str | None = None) -> dict:  # fmt: skip
     """One rank of the server: load once (``setup``; with ``config.refine`` the stage-2 refiner too), then run the
     jobs its queue brings until ``None`` (a job with ``refine`` refined as ``generate --refine`` refines).
@@ -85,15 +85,16 @@ def serve_worker(config: GenerateConfig, images: bool, jobs: list, events: Any, 
     import torch
     import torch.distributed as dist
 
-    from dit_sp.inference.checks import guidance_arguments
     from dit_sp.inference.encoders import TextEncoders
     from dit_sp.inference.refine import Refiner
-    from dit_sp.inference.session import sample, setup
+    from dit_sp.inference.session import setup_with_image_view
     from dit_sp.io.video import save_video
 
     rank = int(os.environ.get("RANK", "0"))
     events.put(("started", rank, os.getpid()))
-    parallel, pipe, _, _ = setup(config, images=images)
+    # a text-to-video checkpoint that is image-to-video too: its image-to-video view on the same modules, for jobs with
+    # an image
+    parallel, pipe, view = setup_with_image_view(config)
     # served with refine: the stage-2 refiner loaded once, on every rank (its layout's groups span the world)
     refiner = Refiner.load(pipe, config, parallel) if config.refine else None
     TextEncoders(pipe, int(config.embedding_cache_mb * 2**20))  # kept (prompts keep coming); repeated ones reused
@@ -126,11 +127,7 @@ def serve_worker(config: GenerateConfig, images: bool, jobs: list, events: Any, 
                 lora = None  # what was loaded is unloaded
                 raise
             video_config = dataclasses.replace(config, **settings)
-            refine = video_config.refine and refiner is not None  # a request may turn it off
-            video = sample(pipe, video_config, guidance_arguments(pipe, video_config), video_config.seed,
-                           parallel.device, on_step=on_step, output_type="latent" if refine else "np")  # fmt: skip
-            if refine:  # stage 2 on stage 1's latents (no cancel point inside: it runs to its end)
-                video = refiner(video["frames"], video_config.prompt, video_config.seed, video_config.fps)
+            video = run_job(pipe, view, refiner, video_config, parallel.device, on_step)
             if leader and job["dir"] is not None:
                 directory = Path(job["dir"])
                 save_video(video["frames"], directory / "video.mp4", fps=video_config.fps)
@@ -151,16 +148,34 @@ def serve_worker(config: GenerateConfig, images: bool, jobs: list, events: Any, 
                 events.put(("failed", seq, f"{type(e).__name__}: {e}"[:2000]))
 
 
+def run_job(pipe: Any, view: Any | None, refiner: Any | None, config: GenerateConfig, device: Any,
+            on_step: Callable[[int, int], None] | None = None) -> dict:  # fmt: skip
+    """One job's video, as ``generate`` makes it: ``config`` (the served defaults with the job's settings) sampled on
+    ``view`` (the image-to-video view of ``setup_with_image_view``) when the job has an image and the server built
+    one, else on ``pipe``; refined with ``refiner`` when ``config.refine`` (a request may turn it off). Returns
+    ``sample``'s dict: ``frames`` ``(F, H, W, 3)`` in [0, 1]."""
+    from dit_sp.inference.checks import guidance_arguments
+    from dit_sp.inference.session import sample
+
+    runs = view if config.image and view is not None else pipe
+    refine = config.refine and refiner is not None
+    video = sample(runs, config, guidance_arguments(runs, config), config.seed, device, on_step=on_step,
+                   output_type="latent" if refine else "np")  # fmt: skip
+    if refine:  # stage 2 on stage 1's latents (no cancel point inside: it runs to its end)
+        video = refiner(video["frames"], config.prompt, config.seed, config.fps)
+    return video
+
+
 class WorkerPool:
     """``world_size`` workers running ``serve_worker`` under ``dit_sp.spawn`` in a background thread.
 
     ``on_event(event)`` is called from a reader thread for each worker event; ``on_exit(error)`` once when the
     workers end (``error``: the ``WorkerError`` naming the rank that failed, or None after ``stop``)."""
 
-    def __init__(self, config: GenerateConfig, images: bool, on_event: Callable[[tuple], None],
+    def __init__(self, config: GenerateConfig, on_event: Callable[[tuple], None],
                  on_exit: Callable[[BaseException | None], None], threads: int | None = None,
                  lora_dir: str | None = None):  # fmt: skip
-        self.config, self.images, self.on_event, self.on_exit = config, images, on_event, on_exit
+        self.config, self.on_event, self.on_exit = config, on_event, on_exit
         self.lora_dir = lora_dir
         self.world_size = config.world_size
         self.groups = config.dp or 1
@@ -182,7 +197,7 @@ class WorkerPool:
     def _run(self) -> None:
         error: BaseException | None = None
         try:
-            args = (self.config, self.images, self.jobs, self.events, self.cancels, self.lora_dir)
+            args = (self.config, self.jobs, self.events, self.cancels, self.lora_dir)
             spawn(serve_worker, self.world_size, args=args, timeout=None, threads=self.threads)
         except BaseException as e:  # noqa: BLE001 - reported to the server, which decides
             error = e

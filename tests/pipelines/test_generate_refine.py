@@ -1,12 +1,13 @@
 """``generate --refine``: Sana-WM's stage-2 refiner (``SanaWMLTX2Refiner``, the built-in ``tiny-sana-wm``'s from its
 spec) run on stage 1's latents. One video is refined as a batch's line with its prompt and seed; the CLI with a batch
-of prompts (``--prompts``, each video refined with its own prompt and seed) on CFG parallelism (stage 1's guidance
-branches on two processes, the unguided refiner on both as one Ulysses group) writes each video's refined latents of
-one process; the server started with ``--set refine=true`` writes the refined video of one process, or stage 1's for
-a request that turns ``refine`` off. The one-process results are what diffusers' own refiner makes of stage 1's saved
-latents in Python. A checkpoint directory's refiner is its ``refiner/`` folder (loaded back exactly). Refused in one
-line before loading: a model without a refiner, a checkpoint without ``refiner/``, a Ulysses degree that leaves a
-refiner rank no head; a request asking a server without the refiner for it."""
+of prompts (``--prompts``, each video refined with its own prompt and seed) on CFG parallelism and two data-parallel
+groups (four processes: in each group stage 1's guidance branches on two, the unguided refiner on both as one Ulysses
+group; one video a group) writes each video's refined latents of one process; the server started with ``--set
+refine=true`` writes the refined video of one process, or stage 1's for a request that turns ``refine`` off. The
+one-process results are what diffusers' own refiner makes of stage 1's saved latents in Python. A checkpoint
+directory's refiner is its ``refiner/`` folder (loaded back exactly). Refused in one line before loading: a model
+without a refiner, a checkpoint without ``refiner/``, a Ulysses degree that leaves a refiner rank no head; a request
+asking a server without the refiner for it."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ BASE = {"model": "tiny-sana-wm", "image": "first_frame.png", "steps": 2}
 TOL = 1e-4
 PROMPTS = [{"prompt": "a red circle moving left", "seed": 0}, {"prompt": "a walk along a stone wall", "seed": 5}]
 """The batch: the first line is the one video of the default prompt and seed (the Ulysses 2 run's)."""
+WORKER_THREADS = max(1, (os.cpu_count() or 1) // 4)
+"""The threads of each of the CLI's four workers (``dit_sp.spawn``'s share of the cores); the one-process runs' too."""
 
 
 def _mp4_frames(data: bytes) -> np.ndarray:
@@ -46,8 +49,8 @@ def _same_mp4(video: np.ndarray, expected: np.ndarray) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """One process in this process (the batch's stage 1 alone, then its first video alone and the batch with the
-    refiner; with the threads each of two CLI workers gets: the model's bf16 softmax branches move with the thread
-    count), then the CLI with the batch on CFG parallelism with --refine."""
+    refiner; with the threads each of the four CLI workers gets: the model's bf16 softmax branches move with the thread
+    count), then the CLI with the batch on CFG parallelism and two data-parallel groups with --refine."""
     from cli_run import run_cli
 
     from dit_sp import generate
@@ -56,7 +59,7 @@ def runs(tmp_path_factory):
     (tmp / "prompts.jsonl").write_text("".join(json.dumps(line) + "\n" for line in PROMPTS))
     batch = BASE | {"prompts": str(tmp / "prompts.jsonl")}
     threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // 2))
+    torch.set_num_threads(WORKER_THREADS)
     try:
         generate(
             GenerateConfig.load(overrides=batch | {"out": str(tmp / "s1/v.mp4"), "save_latents": str(tmp / "s1.pt")})
@@ -76,6 +79,8 @@ def runs(tmp_path_factory):
         "2",
         "--refine",
         "--cfg-parallel",
+        "--dp",
+        "2",
         "--prompts",
         "prompts.jsonl",
         "--out",
@@ -107,10 +112,12 @@ def test_one_video_is_refined_as_the_batchs_first(runs):
 
 @pytest.mark.slow  # reads the runs above
 def test_a_batch_on_cfg_parallelism_refines_each_video_as_one_process(runs):
-    """``--prompts`` with ``--cfg-parallel``: each video's refined latents within 1e-4 of one process's (each refined:
-    they differ from its stage 1's past the sink frame), and its mp4 that of one process (``_same_mp4``)."""
-    assert "cfg=2" in runs["cfg"].stdout and "wrote 2 videos" in runs["cfg"].stdout
-    # the refiner split over both guidance groups' processes (stage 1's cfg=2 layout: one Ulysses group of 2)
+    """``--prompts`` with ``--cfg-parallel --dp 2`` (four processes, one video a data-parallel group): each video's
+    refined latents within 1e-4 of one process's (each refined: they differ from its stage 1's past the sink frame),
+    and its mp4 that of one process (``_same_mp4``)."""
+    assert "cfg=2" in runs["cfg"].stdout and "dp=2" in runs["cfg"].stdout and "wrote 2 videos" in runs["cfg"].stdout
+    # the refiner split over both guidance groups' processes of each data-parallel group (stage 1's cfg=2 layout:
+    # one Ulysses group of 2 a data-parallel group)
     assert "refiner on ulysses=2" in runs["cfg"].stdout
     for index, (latents, one, stage1) in enumerate(zip(runs["cfg_latents"], runs["one_latents"], runs["stage1"])):
         assert latents.shape == (1, 4, 5, 8, 12)
@@ -133,7 +140,7 @@ def test_the_refined_video_is_diffusers_refiner_on_stage_1s_latents(runs):
     refiner = load_refiner("tiny-sana-wm", load_pipeline("tiny-sana-wm", torch.float32).vae, torch.float32)
     assert type(refiner).__name__ == "SanaWMLTX2Refiner"
     threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // 2))
+    torch.set_num_threads(WORKER_THREADS)
     try:
         for index, line in enumerate(PROMPTS):
             call = {"prompt": line["prompt"], "fps": config.fps}

@@ -3,6 +3,7 @@ refuses before anything runs: the checks that need no server (an image-to-video 
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 import pytest
@@ -27,12 +28,21 @@ def test_image_to_video_needs_its_first_frame(tmp_path):
     assert settings == {"prompt": "a red circle", "seed": 3, "width": 32, "height": 48} and size == "32x48"
     assert float(seconds) == pytest.approx(config.frames / config.fps)
     for model, classes in [
-        ("tiny-wan2.2-ti2v", r"\(WanPipeline\): its image-to-video pipeline \(WanImageToVideo"),
-        ("tiny-sana-video", r"\(SanaVideoPipeline\): its image-to-video pipeline \(SanaImageTo"),
+        ("tiny-wan2.2-ti2v", "WanImageToVideoPipeline, a view of its WanPipeline"),
+        ("tiny-sana-video", "SanaImageToVideoPipeline, a view of its SanaVideoPipeline"),
     ]:
-        t2v = GenerateConfig.load(overrides={"model": model})  # served as text-to-video: no image
-        with pytest.raises(BadRequest, match=rf"{model} is served as text-to-video {classes}.*is not loaded"):
-            read_request({"prompt": "a red circle"}, str(path), t2v, model)
+        t2v = GenerateConfig.load(overrides={"model": model})  # text-to-video, image-to-video too: both are served
+        config, settings, _, _ = read_request({"prompt": "a red circle"}, str(path), t2v, model)
+        assert config.image == str(path) and "image" not in settings  # the job keeps its own copy's path
+        assert read_request({"prompt": "a red circle"}, None, t2v, model)[0].image is None
+        cfg = dataclasses.replace(t2v, cfg_parallel=True)  # its guidance pair splits the text pipeline's calls
+        with pytest.raises(
+            BadRequest,
+            match=rf"^input_reference: {model} runs an image as {classes} that "
+            "--cfg-parallel does not split; start the server without",
+        ) as refused:
+            read_request({"prompt": "a red circle"}, str(path), cfg, model)
+        assert refused.value.param == "input_reference"
 
 
 def test_fields_are_typed_and_named():

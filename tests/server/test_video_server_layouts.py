@@ -2,8 +2,9 @@
 ``openai`` client, each job's video against ``generate``'s on one process with the same settings and seed; one
 server per layout, several checks on each:
 
-- ring 2x1, serving the image-to-video tiny Wan: an uploaded first frame (``input_reference``) equals ``generate
-  --image`` with the same image; a request without one is a 400.
+- ring 2x1, serving a saved tiny SANA-Video (text-to-video and image-to-video): an uploaded first frame
+  (``input_reference``) runs on its image-to-video view and equals ``generate --image`` with the same image; a request
+  without one equals ``generate``'s text-to-video video.
 - CFG parallel (``--cfg-parallel``) with ``--lora-dir``: the video equals ``generate``'s; adapters that do not fit
   the model (a module it lacks, wrong shapes, ``proj_out``) are 400s naming the adapter and its keys before
   anything is queued, and one that fits runs; an image for this text-to-video model is a 400.
@@ -67,23 +68,33 @@ def _png(width: int, height: int) -> bytes:
 
 
 def test_ring_image_to_video(tmp_path):
+    """A saved tiny SANA-Video checkpoint (``SanaVideoPipeline``, an image-to-video model too) served on ring 2: a job
+    with an uploaded first frame runs on its image-to-video view (``SanaImageToVideoPipeline`` on the same modules) and
+    equals ``generate --image`` with that file; a job without one, in the same server, equals ``generate``'s
+    text-to-video video."""
+    from dit_sp.zoo import build_tiny
+
+    build_tiny("tiny-sana-video").save_pretrained(tmp_path / "sana")
     image = tmp_path / "first.png"
-    image.write_bytes(_png(32, 48))
-    server = Server(["--model", "tiny-wan-i2v", "--ring", "2", *SETTINGS, "--job-dir", str(tmp_path / "jobs")],
-                    cwd=tmp_path)  # fmt: skip
+    image.write_bytes(_png(64, 32))
+    server = Server(["--model", str(tmp_path / "sana"), "--ring", "2", *SETTINGS, "--set", "width=64", "--set",
+                     "height=32", "--job-dir", str(tmp_path / "jobs")], cwd=tmp_path)  # fmt: skip
     try:
         client = _client(server)
-        with pytest.raises(openai.BadRequestError, match="give its first frame with input_reference"):
-            client.videos.create(prompt="a red circle", extra_body=SMALL)
-        served = _served(client, prompt="a red circle rolls", size="32x48", extra_body={**SMALL, "seed": 4},
+        served = _served(client, prompt="a red circle rolls", size="64x32", extra_body={**SMALL, "seed": 4},
                          input_reference=("first.png", image.read_bytes(), "image/png"))  # fmt: skip
+        text = _served(client, prompt="a blue square", size="64x32", extra_body={**SMALL, "seed": 5})
         assert server.terminate(60) == 0, server.output
     finally:
         server.kill()
-    reference = _generated(tmp_path, "i2v", model="tiny-wan-i2v", prompt="a red circle rolls", seed=4, width=32,
-                           height=48, image=str(image))  # fmt: skip
-    assert served.shape == (5, 48, 32, 3)
+    reference = _generated(tmp_path, "i2v", model=str(tmp_path / "sana"), prompt="a red circle rolls", seed=4,
+                           width=64, height=32, image=str(image))  # fmt: skip
+    assert served.shape == (5, 32, 64, 3)
     np.testing.assert_allclose(served, reference, atol=1)
+    reference = _generated(tmp_path, "t2v", model=str(tmp_path / "sana"), prompt="a blue square", seed=5, width=64,
+                           height=32)  # fmt: skip
+    np.testing.assert_allclose(text, reference, atol=1)
+    assert np.abs(text.astype(int) - served).mean() > 4  # two videos, not one twice (measured: 7.9 levels apart)
 
 
 def _adapter(directory, tensors: dict) -> None:
