@@ -59,6 +59,11 @@ CASES = [
      r"{tmp}/consisid \(ConsisIDPipeline\): generate does not run it: every sample needs face-identity inputs, "
      r"id_cond and id_vit_hidden, made from a face image by .* consisid_utils .*; make them so and call the pipeline "
      r"from Python with them, under parallelize"),
+    ("gen-anyflow-long-video", "generate", ["--model", "tiny-anyflow", "--frames", "9", "--video", "{tmp}/clip"],
+     {"clip": lambda path: _write_clip(path, 13)},
+     r"--video .*clip: 13 frames encode to 4 latent frames, more than the 3 of the --frames 9 to make "
+     r"\(AnyFlowPipeline keeps the video's latent frames as the first of its output\); give --frames 13 or more, or "
+     r"a video of at most 12 frames"),
     ("gen-image-missing", "generate", ["--model", "tiny-cogvideox-i2v", "--image", "{tmp}/none.png"], {},
      r"--image .*none.png: no such file"),
     ("gen-image-unreadable", "generate", ["--model", "tiny-wan-i2v", "--image", "{tmp}/a.png"], {"a.png": "text\n"},
@@ -147,6 +152,15 @@ def _save_consisid(path: Path) -> None:
     from consisid_checks import consisid_pipeline
 
     consisid_pipeline().save_pretrained(path)
+
+
+def _write_clip(path: Path, frames: int) -> None:
+    """A video of ``frames`` 16 x 16 PNG frames at ``path``."""
+    from PIL import Image
+
+    path.mkdir()
+    for i in range(frames):
+        Image.new("RGB", (16, 16), (i * 10, 0, 0)).save(path / f"{i:02d}.png")
 
 
 def _run_case(case: tuple, tmp: Path) -> tuple[subprocess.CompletedProcess, float, Path]:
