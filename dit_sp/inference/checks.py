@@ -135,6 +135,15 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
         raise ConfigError(f"--ring {config.ring} for {name}: {ring_refused}")
     if config.cfg_parallel and family is not None and family.cfg_refused:  # no guidance pair (Kandinsky 6 SR, ...)
         raise ConfigError(f"--cfg-parallel for {name}: {family.cfg_refused}")
+    if (
+        config.cfg_parallel
+        and family is not None
+        and name in family.modular_pipelines
+        and family.cfg_mode != "sequential"
+    ):
+        from dit_sp.sp.pipeline import MODULAR_BATCHED_REFUSED  # (LTX-2's modular blocks: parallelize refuses it too)
+
+        raise ConfigError(f"--cfg-parallel for {name}: {MODULAR_BATCHED_REFUSED}")
     check_cache(config, name, family)
     if check_modular(config, name):
         return
