@@ -47,6 +47,7 @@ ANYFLOW = ModelFamily(
     cfg_mode="batched",  # one call on [unconditional, conditional]
     cfg_batched_args=("hidden_states", "timestep", "r_timestep", "encoder_hidden_states"),
     tiny_models=("tiny-anyflow",),
+    video_prefix=("AnyFlowPipeline",),  # --video: the first latent frames, kept (no more than --frames makes)
     checkpoint_defaults={"AnyFlowPipeline": generation_defaults(33, 480, 832, 4, 1.0, 512) | {"fps": 16}},
     vae_factors={"AnyFlowPipeline": wan_vae_factors},
     architectures=_ARCHITECTURES,

@@ -9,13 +9,23 @@ tokens of the ``LocalFacialExtractor`` (``(B_id, num_queries, C)``, computed who
 local on each rank's shard. The pipeline runs guidance as one call on ``[unconditional, conditional]``; the identity
 inputs have one entry that both branches broadcast, so a CFG rank keeps them whole. The VAE is CogVideoX's.
 ``ConsisIDPipeline`` needs the face models of ``consisid_utils`` (insightface, facexlib, EVA-CLIP) to make its identity
-inputs: no built-in model runs it whole (``tiny-consisid`` is the transformer only).
+inputs: no built-in model runs it whole (``tiny-consisid`` is the transformer only), and ``generate`` does not run it
+(``ModelFamily.python_only``): it has no flags for those inputs.
 """
 
 from __future__ import annotations
 
 from dit_sp.families.cogvideox import COGVIDEOX_VAE, _plan, _shape_check, _teacache_probe
 from dit_sp.families.family import ModelFamily
+
+PYTHON_ONLY = (
+    "every sample needs face-identity inputs, id_cond and id_vit_hidden, made from a face image by the insightface, "
+    "facexlib and EVA-CLIP models of diffusers' consisid_utils (prepare_face_models, then "
+    "process_face_embeddings_infer), which generate does not make; make them so and call the pipeline from Python "
+    "with them, under parallelize"
+)
+"""Why ``generate`` refuses ``ConsisIDPipeline`` before loading (one line); called with the identity inputs,
+``parallelize`` splits it exactly."""
 
 CONSISID = ModelFamily(
     name="consisid",
@@ -29,6 +39,7 @@ CONSISID = ModelFamily(
     vae=COGVIDEOX_VAE,
     shape_check=_shape_check,
     tiny_models=("tiny-consisid",),
+    python_only={"ConsisIDPipeline": PYTHON_ONLY},
     block_outputs={"ConsisIDBlock": (0, 1)},  # CogVideoX's: (video, text); diffusers has no metadata for it
     # the perceiver cross-attention adds to the video tokens after every cross_attn_interval-th block: a skipped
     # step's cached residual holds it (dit_sp.cache.between)

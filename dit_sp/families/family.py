@@ -216,6 +216,10 @@ class ModelFamily:
     """Pipeline classes of the family whose own code computes with the decoded frames (LTX's long multi-prompt
     pipeline blends its decoded tiles): ``parallelize`` assembles their split VAE's frames on every rank, even
     with ``frames_on="leader"``."""
+    video_prefix: tuple[str, ...] = ()
+    """Pipeline classes of the family that keep ``--video``'s latent frames as the first of the video they make
+    (``AnyFlowPipeline``'s ``video``): ``generate`` refuses, before loading, a video of more latent frames than
+    ``--frames`` makes (the pipeline would fail on a tensor size)."""
     step_cache_refused: str = ""
     """Why the step caches cannot run exactly on the family's blocks (empty: they can: diffusers has block metadata for
     them, or ``block_outputs`` gives it, and what runs between blocks is nothing the hooks would skip wrongly, or

@@ -13,7 +13,8 @@ video token, so each rank keeps the whole audio sequence and runs the audio path
   (``ModelFamily.gathered_key_modules``), so its result is the one-process result on every rank.
 
 The video output is gathered at ``proj_out``; the audio output is whole on every rank. The pipelines' guidance
-batch ``[unconditional, conditional]`` is one call (CFG parallel exchanges both outputs). Refused: a video
+batch ``[unconditional, conditional]`` is one call (CFG parallel exchanges both outputs); their spatio-temporal and
+modality-isolation guidance passes (the conditional half, batch 1) run whole on both cfg ranks. Refused: a video
 self-attention mask (``video_self_attention_mask``: ``LTX2InContextPipeline``'s IC-LoRA mode with
 ``conditioning_attention_strength`` < 1 or a ``conditioning_attention_mask``) weights pairs of tokens, not a padding
 of keys, so USP cannot split it: the transformer refuses such a call in one line (``SELF_ATTENTION_MASK_REFUSED``).

@@ -135,6 +135,15 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
         raise ConfigError(f"--ring {config.ring} for {name}: {ring_refused}")
     if config.cfg_parallel and family is not None and family.cfg_refused:  # no guidance pair (Kandinsky 6 SR, ...)
         raise ConfigError(f"--cfg-parallel for {name}: {family.cfg_refused}")
+    if (
+        config.cfg_parallel
+        and family is not None
+        and name in family.modular_pipelines
+        and family.cfg_mode != "sequential"
+    ):
+        from dit_sp.sp.pipeline import MODULAR_BATCHED_REFUSED  # (LTX-2's modular blocks: parallelize refuses it too)
+
+        raise ConfigError(f"--cfg-parallel for {name}: {MODULAR_BATCHED_REFUSED}")
     check_cache(config, name, family)
     if check_modular(config, name):
         return
@@ -156,7 +165,7 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
     if takes_conditions(takes):
         check_condition_inputs(config, name)
         return
-    check_video_input(config, name, takes)
+    check_video_input(config, name, takes, info if family is not None and name in family.video_prefix else None)
     check_motion_videos(config, name, takes)
     check_camera(config, name, takes)
     if "image" not in takes:
@@ -301,8 +310,10 @@ def check_diffusion_forcing(config: GenerateConfig, name: str, takes: Any) -> No
                           "--ring")  # fmt: skip
 
 
-def check_video_input(config: GenerateConfig, name: str, takes: Any) -> None:
-    """``--video`` against the pipeline's ``__call__`` parameters ``takes`` (``name``: its class), and the file."""
+def check_video_input(config: GenerateConfig, name: str, takes: Any, prefix: Any | None = None) -> None:
+    """``--video`` against the pipeline's ``__call__`` parameters ``takes`` (``name``: its class), and the file; with
+    ``prefix`` (``shape_info``: its VAE's factors), for a pipeline that keeps the video's latent frames as the first of
+    the video it makes (``ModelFamily.video_prefix``: AnyFlow's), no more of them than ``--frames`` makes."""
     if "video" not in takes:
         if config.video:
             raise ConfigError(f"--video: {config.model} ({name}) takes no input video; use a video-to-video model "
@@ -312,8 +323,17 @@ def check_video_input(config: GenerateConfig, name: str, takes: Any) -> None:
     if not config.video and (takes["video"].default is inspect.Parameter.empty or "num_frames" not in takes):
         raise ConfigError(f"{config.model} is a video-to-video model ({name}): give the input video with "
                           "--video PATH")  # fmt: skip
-    if config.video:
-        read_video(config.video)
+    if not config.video:
+        return
+    frames = len(read_video(config.video))
+    if prefix is not None:  # AnyFlow: the video's latent frames are the output's first ones
+        temporal = prefix.vae_scale_factor_temporal  # a causal VAE: the first frame, then one latent per `temporal`
+        given, made = (frames - 1) // temporal + 1, (config.frames - 1) // temporal + 1
+        if given > made:
+            raise ConfigError(f"--video {config.video}: {frames} frames encode to {given} latent frames, more than the "
+                              f"{made} of the --frames {config.frames} to make ({name} keeps the video's latent frames "
+                              f"as the first of its output); give --frames {(given - 1) * temporal + 1} or more, or a "
+                              f"video of at most {made * temporal} frames")  # fmt: skip
 
 
 MOTION_VIDEOS = ("pose_video", "face_video", "background_video", "mask_video")

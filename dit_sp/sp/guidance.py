@@ -24,7 +24,9 @@ class GuidancePair:
     runs the branch of this rank (cfg rank 0: the recorded conditional call, cfg rank 1: the
     unconditional one), the two results are exchanged, and the placeholder is filled in place.
     ``batched`` pipelines call once on ``[unconditional, conditional]``: each rank runs its half (of every
-    output: LTX-2 gives video and audio).
+    output: LTX-2 gives video and audio). A call of an odd batch is no such pair: a pipeline's extra guidance pass
+    (LTX-2's spatio-temporal and modality-isolation passes, the conditional half alone, batch 1) runs whole on both
+    cfg ranks, as on one process (the same inputs on both give the same output; no exchange).
     A family whose calls return several outputs (Kandinsky 6: video and audio) names the shapes of the later ones
     (``ModelFamily.cfg_extra_outputs``): each gets its placeholder, and every output is exchanged.
     The recorded call runs in the step-cache context it was made in (``cond``), so each branch's cache
@@ -99,6 +101,8 @@ class GuidancePair:
         bound = inspect.signature(forward).bind(*args, **kwargs)
         hidden = bound.arguments.get("hidden_states")
         batch = hidden.shape[0] if isinstance(hidden, torch.Tensor) else 0
+        if batch % 2:  # not a guidance pair (LTX-2's STG and modality passes: batch 1): whole on both cfg ranks
+            return forward(*args, **kwargs)
         for name in self.family.cfg_batched_args:
             value = bound.arguments.get(name)
             if isinstance(value, torch.Tensor) and value.dim() > 0:

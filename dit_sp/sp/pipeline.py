@@ -10,6 +10,7 @@ block, or ``unparallelize``) restores the exact original processors, hooks and m
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Any
 
 import torch
@@ -32,7 +33,11 @@ def _swap_pipeline_class(pipe: Any, family: ModelFamily, parallel: ParallelState
 
     class SequenceParallelPipeline(stock):
         def __call__(self, *args, **kwargs):
-            if parallel.cfg == 2:
+            if parallel.cfg == 2 and _is_modular(self):  # it takes keywords and guides through its guider component
+                if why := _modular_guider_refusal(self):
+                    raise ConfigError(f"cfg parallelism (cfg=2) for {stock.__name__}: {why}")
+                guidance.reset()
+            elif parallel.cfg == 2:
                 bound = signature.bind(self, *args, **kwargs)
                 bound.apply_defaults()
                 scale = bound.arguments.get(family.guidance_arg)
@@ -61,6 +66,43 @@ def _swap_pipeline_class(pipe: Any, family: ModelFamily, parallel: ParallelState
     SequenceParallelPipeline.__name__ = SequenceParallelPipeline.__qualname__ = f"SequenceParallel{stock.__name__}"
     pipe.__class__ = SequenceParallelPipeline
     handle.add_undo(lambda: setattr(pipe, "__class__", stock))
+
+
+def _is_modular(pipe: Any) -> bool:
+    """A Modular Diffusers pipeline (its ``blocks`` run; call arguments are the blocks' inputs, by keyword)."""
+    return getattr(pipe, "blocks", None) is not None
+
+
+def _modular_guider_refusal(pipe: Any) -> str:
+    """Why the guider of a modular pipeline does not make the guidance pair cfg parallelism runs (empty: it does): a
+    ``ClassifierFreeGuidance`` guider (its blocks call the transformer once per guider batch, conditional first, and
+    combine after both) that guides at every step; one line."""
+    guider = getattr(pipe, "guider", None)
+    name = type(guider).__name__
+    if name != GUIDER:
+        return (f"its guider is {name}, not {GUIDER}, so its transformer calls are not the conditional and "
+                f"unconditional pair cfg parallelism runs on two groups; use a {GUIDER} guider or cfg=1")  # fmt: skip
+    config = guider.config
+    if not config.get("enabled", True) or config.get("start", 0.0) > 0 or config.get("stop", 1.0) < 1:
+        return (f"its {GUIDER} guider (enabled={config.get('enabled', True)}, start={config.get('start', 0.0)}, "
+                f"stop={config.get('stop', 1.0)}) skips the unconditional call at some steps, so they are not all "
+                "pairs; guide at every step (enabled, start 0, stop 1) or use cfg=1")  # fmt: skip
+    off = 0.0 if config.get("use_original_formulation") else 1.0
+    if math.isclose(guider.guidance_scale, off):
+        return (f"its guider's guidance_scale={guider.guidance_scale} turns guidance off (one call a step); set it "
+                "above 1 (guider.new(guidance_scale=...)) or use cfg=1")  # fmt: skip
+    return ""
+
+
+GUIDER = "ClassifierFreeGuidance"
+"""The Modular Diffusers guider whose two calls a step (conditional, then unconditional) cfg parallelism splits."""
+
+MODULAR_BATCHED_REFUSED = (
+    "its blocks run each guidance pass as its own transformer call of batch 1 (the guider's), while cfg parallelism "
+    "for this family splits the one batched [unconditional, conditional] call of its classic pipelines (LTX-2's "
+    "blocks also read each pass's output before the next call); use cfg=1, or the classic pipeline on cfg=2"
+)
+"""Why ``parallelize`` refuses cfg=2 for a modular pipeline of a ``batched`` family (LTX, LTX-2)."""
 
 
 def parallelize(
@@ -136,6 +178,8 @@ def parallelize(
                 raise ConfigError(f"{type(obj).__name__}: {family.refused_pipelines[type(obj).__name__]}")
             if parallel.cfg == 2 and family.cfg_refused:
                 raise ConfigError(f"cfg parallelism (cfg=2) for {type(obj).__name__}: {family.cfg_refused}")
+            if parallel.cfg == 2 and _is_modular(obj) and family.cfg_mode != "sequential":
+                raise ConfigError(f"cfg parallelism (cfg=2) for {type(obj).__name__}: {MODULAR_BATCHED_REFUSED}")
             family.prepare_pipeline(obj)  # a pipeline built outside dit_sp.zoo (Cosmos: a resize without torchvision)
             guidance = GuidancePair(parallel, family) if parallel.cfg == 2 else None
             for transformer in transformers:

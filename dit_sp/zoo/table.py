@@ -16,17 +16,20 @@ from functools import cache
 from dit_sp.families import FAMILIES, supported_vaes
 from dit_sp.families.family import TRANSFORMERS, ModelFamily
 from dit_sp.io.bundled import asset_path
-from dit_sp.vae.leader import LEADER_DECODE_REASONS
+from dit_sp.vae.leader import AUDIO_DECODE_REASONS, LEADER_DECODE_REASONS
 from dit_sp.zoo import model_spec
 
 START, END = "<!-- families:start -->", "<!-- families:end -->"
 COLUMNS = ("family", "transformer", "diffusers pipelines", "SP", "CFG parallel", "parallel VAE", "step cache",
            "compile", "GRPO")  # fmt: skip
+AUDIO_COMPONENTS = ("audio_vae", "vocoder")
+"""The pipeline components that decode a generated audio stream (LTX-2's, Kandinsky 6's, MiniMax-H3's)."""
 
 
 @cache
 def _components() -> dict[str, dict[str, tuple[str, ...]]]:
-    """Every diffusers pipeline class with the classes its ``__init__`` annotates for its transformers and VAE."""
+    """Every diffusers pipeline class with the classes its ``__init__`` annotates for its transformers, VAE and audio
+    decoders."""
     import diffusers
 
     found: dict[str, dict[str, tuple[str, ...]]] = {}
@@ -37,7 +40,7 @@ def _components() -> dict[str, dict[str, tuple[str, ...]]]:
             parameters = inspect.signature(getattr(diffusers, name).__init__).parameters
         except (ImportError, AttributeError, TypeError, ValueError):  # an optional backend is missing
             continue
-        for component in (*TRANSFORMERS, "vae"):
+        for component in (*TRANSFORMERS, "vae", *AUDIO_COMPONENTS):
             if component in parameters:
                 annotation = parameters[component].annotation
                 classes = getattr(annotation, "__args__", (annotation,))  # ``X | None`` as well as ``X``
@@ -68,28 +71,61 @@ def family_of_pipeline(name: str) -> ModelFamily | None:
 def family_vaes(family: ModelFamily) -> list[str]:
     """The VAE classes of the family's diffusers pipelines (as their ``__init__`` annotates them, or a modular
     pipeline's blocks expect them), sorted."""
+    return _family_components(family, ("vae",))
+
+
+def family_audio_decoders(family: ModelFamily) -> list[str]:
+    """The audio decoder classes (``AUDIO_COMPONENTS``: audio VAE, vocoder) of the family's diffusers pipelines (as
+    their ``__init__`` annotates them, or a modular pipeline's blocks expect them), sorted."""
+    return _family_components(family, AUDIO_COMPONENTS)
+
+
+def _family_components(family: ModelFamily, names: tuple[str, ...]) -> list[str]:
     pipelines = {p for cls in family.class_names for p in diffusers_pipelines().get(cls, ())}
-    vaes = {v for p in pipelines for v in _components()[p].get("vae", ()) if v != "NoneType"}
-    return sorted(vaes | {v for p in family.modular_pipelines for v in _modular_vaes(p)})
+    found = {c for p in pipelines for name in names for c in _components()[p].get(name, ()) if c != "NoneType"}
+    return sorted(found | {c for p in family.modular_pipelines for c in _modular_components(p, names)})
 
 
 @cache
-def _modular_vaes(pipeline: str) -> tuple[str, ...]:
-    """The ``vae`` class that a Modular Diffusers pipeline's default blocks expect (MiniMax-H3's)."""
+def _modular_components(pipeline: str, names: tuple[str, ...]) -> tuple[str, ...]:
+    """The classes of the components ``names`` that a Modular Diffusers pipeline's default blocks expect (MiniMax-H3's
+    ``vae`` and ``audio_vae``)."""
     import diffusers
 
     blocks = getattr(diffusers, getattr(diffusers, pipeline).default_blocks_name)()
-    return tuple(spec.type_hint.__name__ for spec in blocks.expected_components if spec.name == "vae")
+    return tuple(spec.type_hint.__name__ for spec in blocks.expected_components if spec.name in names)
+
+
+TILES_SHARED = "tiles shared (a video decoded in one call: one process)"
+"""A VAE whose plan splits no part by rows: its whole decoder calls (tiles; MiniMax-H3's clips too) go to the
+processes of a sample, so a video that is one call (one tile, and one clip) decodes on one process."""
 
 
 def _vaes(family: ModelFamily) -> str:
     """The VAEs of the family's pipelines: split over a sample's processes where a family has a plan for the
-    class (``dit_sp.families.vae_plan_of``), else decoded by one process of the sample; "tiles shared" for a
-    VAE whose plan splits no part by rows (it decodes only tiled: whole tiles go to the processes)."""
+    class (``dit_sp.families.vae_plan_of``), else decoded by one process of the sample; ``TILES_SHARED`` for a
+    VAE whose plan splits no part by rows; then its audio decoders, whole on every rank (``AUDIO_DECODE_REASONS``)."""
     plans = {name: f.vae for f in FAMILIES if f.vae is not None for name in f.vae.class_names}
-    kind = {name: "split" if plan.parts else "tiles shared" for name, plan in plans.items()}
+    kind = {name: "split" if plan.parts else TILES_SHARED for name, plan in plans.items()}
     shown = [f"`{v}` {kind[v]}" if v in kind else f"`{v}` leader decode" for v in family_vaes(family)]
+    audio = family_audio_decoders(family)
+    if audio:
+        shown.append(f"audio: {', '.join(f'`{a}`' for a in audio)} whole on every rank")
     return ", ".join(shown) or "none"
+
+
+def audio_decoders() -> list[str]:
+    """The audio decoder classes the table shows (of a family that runs split), sorted."""
+    runs = [f for f in FAMILIES if not f.refused.keys() >= set(f.class_names)]
+    return sorted({a for family in runs for a in family_audio_decoders(family)})
+
+
+def _audio_reasons() -> list[str]:
+    """Under the table: why each audio decoder runs whole on every rank (``dit_sp.vae.leader``)."""
+    shown = audio_decoders()
+    lines = ["", "Audio decoders, whole on every rank of a sample, and why:", ""] if shown else []
+    missing = "(no reason recorded: add one to dit_sp/vae/leader.py)"
+    return lines + [f"- `{a}`: {AUDIO_DECODE_REASONS.get(a, missing)}." for a in shown]
 
 
 def leader_decode_vaes() -> list[str]:
@@ -175,7 +211,7 @@ def family_table() -> str:
     """The Markdown table of every registered family (one row each, in registry order), between the markers."""
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(_row(family)) + " |" for family in FAMILIES]
-    return "\n".join([START, *lines, *_leader_reasons(), *_refused_reasons(), END])
+    return "\n".join([START, *lines, *_leader_reasons(), *_audio_reasons(), *_refused_reasons(), END])
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 call that fills the key/value cache and a cached call over it (through the flex block mask), forward and backward,
 with the sequence split (9 generation tokens: uneven over 2 ranks) and a head group per rank in the cache; the whole
 tiny modular pipeline (``tiny-wan-animate-2``, guided) on Ulysses 2 from Python; a ring refused in one line
-(``generate``: tests/pipelines/test_generate_wan_animate_2.py)."""
+(``generate``: tests/pipelines/test_generate_wan_animate_2.py). In the same spawn, another modular pipeline on CFG
+parallel: ``WanModularPipeline``, its guider's pair a rank each."""
 
 from __future__ import annotations
 
@@ -119,3 +120,35 @@ def test_another_self_attention_processor_is_refused_in_one_line():
     assert "\n" not in str(e.value)
     assert not any(type(m).__name__.startswith("WanAnimate2SequenceParallel") for m in model.modules())
     assert not any(block._forward_pre_hooks for block in model.blocks)  # the plan's split hook removed again
+
+
+@pytest.mark.slow
+def test_a_wan_modular_pipeline_runs_its_guiders_pair_on_cfg_parallel(results):
+    """``WanModularPipeline`` (``WanBlocks`` over tiny-wan) on cfg=2: its ``ClassifierFreeGuidance`` guider's two calls
+    a step, one per rank (2 forward passes over 2 steps, one process 4), give the one-process video (max error within
+    1e-4; measured 0.0); a guider at scale 1, or one that skips the unconditional call at some steps, is refused in one
+    line naming why."""
+    for rank in (0, 1):
+        checked = results[rank]["modular_cfg"]
+        assert checked["scale"] > 0.1 and checked["error"] <= PIPELINE_TOL, checked
+        assert checked["calls"] == (4, 2), checked["calls"]
+        off, stop = checked["refusals"]["off"], checked["refusals"]["stop"]
+        assert off.startswith("cfg parallelism (cfg=2) for WanModularPipeline: its guider's guidance_scale=1.0 turns")
+        assert "(enabled=True, start=0.0, stop=0.5) skips the unconditional call at some steps" in stop
+        assert "\n" not in off + stop and off.endswith("or use cfg=1") and stop.endswith("or use cfg=1")
+
+
+def test_cfg_parallel_on_a_modular_pipeline_of_a_batched_family_is_refused_with_the_reason():
+    """A modular pipeline (it has ``blocks``) of a family whose classic pipelines batch their guidance pair (LTX-2):
+    its guider's separate calls of batch 1 are not what cfg parallelism splits, so parallelize refuses cfg=2 in one
+    line (before anything is changed)."""
+    from types import SimpleNamespace
+
+    from dit_sp import parallelize
+    from dit_sp.errors import ConfigError
+    from dit_sp.zoo import build_tiny
+
+    pipe = SimpleNamespace(blocks=object(), transformer=build_tiny("tiny-ltx2", "transformer"))
+    with pytest.raises(ConfigError, match=r"^cfg parallelism \(cfg=2\) for SimpleNamespace: its blocks run each ") as e:
+        parallelize(pipe, SimpleNamespace(cfg=2))
+    assert "\n" not in str(e.value) and str(e.value).endswith("or the classic pipeline on cfg=2")

@@ -3,7 +3,8 @@ takes ``--image`` or ``--video`` (the first frame) and ``--last-image``, not bot
 image-to-video pipeline needs 5 latent frames; a control model needs ``--control-video`` and only it takes one.
 LTX-2's HDR and IC-LoRA pipelines need their reference video (``--video``), and only IC-LoRA also takes frame
 conditions; LTX-Video's long pipeline takes ``--image`` (its ``cond_image``) and no last image; LTX-2's DFR pass, a
-distilled pipeline without guidance, runs its 8 steps at ``--guidance 1`` and refuses other steps or another scale."""
+distilled pipeline without guidance, runs its 8 steps at ``--guidance 1`` and refuses other steps or another scale;
+AnyFlow takes a ``--video`` of no more latent frames than ``--frames`` makes."""
 
 from __future__ import annotations
 
@@ -123,3 +124,18 @@ def test_diffusion_forcing_flags_go_to_skyreels_df_and_block_causal_attention_to
             check_before_loading(_config(tmp_path, model="tiny-wan", **{flag: value}))
     with pytest.raises(ConfigError, match=r"causal_block_size"):
         _config(tmp_path, **df | {"causal_block_size": 0})
+
+
+def test_anyflow_takes_a_video_of_no_more_latent_frames_than_it_makes(tmp_path):
+    """AnyFlow keeps the video's latent frames (Wan's causal VAE: 1 + (n - 1) // 4) as the first of its output: at
+    --frames 9 (3 latent frames) a 12-frame video is taken, a 13-frame one (4) refused (the bad-input table's row);
+    the length of the same 13 frames is fine at --frames 13."""
+    clip = tmp_path / "clip"
+    clip.mkdir()
+    for i in range(13):
+        Image.new("RGB", (16, 16)).save(clip / f"{i:02d}.png")
+    with pytest.raises(ConfigError, match=r"^--video .*: 13 frames encode to 4 latent frames, more than the 3 of"):
+        check_before_loading(_config(tmp_path, model="tiny-anyflow", frames=9, video=str(clip)))
+    check_before_loading(_config(tmp_path, model="tiny-anyflow", frames=13, video=str(clip)))
+    (clip / "12.png").unlink()
+    check_before_loading(_config(tmp_path, model="tiny-anyflow", frames=9, video=str(clip)))

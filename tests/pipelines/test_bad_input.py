@@ -54,6 +54,16 @@ CASES = [
     ("gen-refine-python", "generate", ["--model", "tiny-ltx2-dfr-refine"], {},
      r"tiny-ltx2-dfr-refine \(LTX2DFRTemporalRefinePipeline\): generate does not run it: it refines the latent output "
      r"of a previous LTX2DFRPipeline pass .*; call the two passes from Python, each under parallelize"),
+    ("gen-consisid-no-face", "generate", ["--model", "{tmp}/consisid"],
+     {"consisid": lambda path: _save_consisid(path)},
+     r"{tmp}/consisid \(ConsisIDPipeline\): generate does not run it: every sample needs face-identity inputs, "
+     r"id_cond and id_vit_hidden, made from a face image by .* consisid_utils .*; make them so and call the pipeline "
+     r"from Python with them, under parallelize"),
+    ("gen-anyflow-long-video", "generate", ["--model", "tiny-anyflow", "--frames", "9", "--video", "{tmp}/clip"],
+     {"clip": lambda path: _write_clip(path, 13)},
+     r"--video .*clip: 13 frames encode to 4 latent frames, more than the 3 of the --frames 9 to make "
+     r"\(AnyFlowPipeline keeps the video's latent frames as the first of its output\); give --frames 13 or more, or "
+     r"a video of at most 12 frames"),
     ("gen-image-missing", "generate", ["--model", "tiny-cogvideox-i2v", "--image", "{tmp}/none.png"], {},
      r"--image .*none.png: no such file"),
     ("gen-image-unreadable", "generate", ["--model", "tiny-wan-i2v", "--image", "{tmp}/a.png"], {"a.png": "text\n"},
@@ -137,11 +147,28 @@ CASES = [
 ]  # fmt: skip
 
 
+def _save_consisid(path: Path) -> None:
+    """A tiny ``ConsisIDPipeline`` directory at ``path`` (``consisid_checks.consisid_pipeline``)."""
+    from consisid_checks import consisid_pipeline
+
+    consisid_pipeline().save_pretrained(path)
+
+
+def _write_clip(path: Path, frames: int) -> None:
+    """A video of ``frames`` 16 x 16 PNG frames at ``path``."""
+    from PIL import Image
+
+    path.mkdir()
+    for i in range(frames):
+        Image.new("RGB", (16, 16), (i * 10, 0, 0)).save(path / f"{i:02d}.png")
+
+
 def _run_case(case: tuple, tmp: Path) -> tuple[subprocess.CompletedProcess, float, Path]:
+    """A case's CLI run in ``tmp``, its files written first (a text, or a function that writes at the path given)."""
     _, cli, argv, files, _ = case
     for name, text in files.items():
         (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp / name).write_text(text)
+        text(tmp / name) if callable(text) else (tmp / name).write_text(text)
     argv = [arg.replace("{tmp}", str(tmp)) for arg in argv]
     began = time.monotonic()
     result = run_cli(f"pipelines.{cli}", argv, cwd=tmp)
@@ -161,7 +188,7 @@ def test_bad_input_is_one_clear_line(outcomes, case):
     result, elapsed, tmp = outcomes[case[0]]
     assert result.returncode != 0, result.stdout[-1000:]
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert re.search(case[4], result.stderr), result.stderr[-2000:]
+    assert re.search(case[4].replace("{tmp}", re.escape(str(tmp))), result.stderr), result.stderr[-2000:]
     assert elapsed < 60, f"took {elapsed:.0f} s: the error should come before anything heavy"
     assert not (tmp / "outputs").exists(), "a refused run must not write outputs"
 

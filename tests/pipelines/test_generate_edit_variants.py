@@ -4,8 +4,8 @@ latents join the noise in channels), SkyReels-V1's HunyuanVideo, Kandinsky 5's, 
 image-to-video (``--image``), LTX-2's condition pipeline (``--image``, ``--last-image``), CogVideoX-Fun control
 (``--control-video``), Cosmos-Predict2 text-to-image (one frame) and Helios' pyramid (3 stages) give the same
 frames and latents on Ulysses 2, ring 2 and CFG parallel (a guidance branch per process; where the family allows
-it) as on one process, with the attention of each rank holding half of the video tokens. One spawn runs them
-all."""
+it; LTX-2's extra guidance passes of batch 1 run whole on both) as on one process, with the attention of each rank
+holding half of the video tokens. One spawn runs them all."""
 
 from __future__ import annotations
 
@@ -44,13 +44,9 @@ MODELS = {
     "tiny-helios-pyramid": ((49, 76, 184), {"frames": 33, "height": 64, "width": 64, "steps": 1}),
 }
 LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}  # cfg2: a branch per rank
-# LTX-2's pipelines add unbatched spatio-temporal and modality guidance passes, which CFG parallelism refuses
-CFG_REFUSED = {
-    "tiny-ltx2-i2v",
-    "tiny-ltx2-condition",
-    "tiny-cosmos1-v2w",
-    "tiny-cosmos2-t2i",
-}  # and the Cosmos family refuses it
+# the Cosmos family refuses CFG parallelism. (LTX-2's pipelines add spatio-temporal and modality guidance passes of
+# batch 1 beside the batched pair: both cfg ranks run those whole)
+CFG_REFUSED = {"tiny-cosmos1-v2w", "tiny-cosmos2-t2i"}
 # Pipelines whose guidance is their family's stock batched guidance over the same transformer call, CFG parallel
 # already tested on tiny-wan and tiny-cogvideox (test_generate_families.py): their CFG run adds no new path (CI time)
 CFG_SAME_AS_FAMILY = {"tiny-wan-v2v", "tiny-cogvideox-v2v", "tiny-lucy-edit", "tiny-cogvideox-fun-control"}

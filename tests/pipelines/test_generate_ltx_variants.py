@@ -2,7 +2,8 @@
 reference video, whose latent tokens are appended to the noisy ones, clean; linear HDR frames) and its IC-LoRA
 in-context pipeline (``--video`` the reference, ``--image`` / ``--last-image`` frame conditions) and its DFR pass
 (generated keyframe slots appended, ``--image`` / ``--last-image`` frame conditions; no guidance) give the same frames
-and latents on Ulysses 2, ring 2 and (HDR: guidance is its one batched call) CFG parallel as on one process, with the
+and latents on Ulysses 2, ring 2 and (HDR, IC-LoRA: guidance is one batched call, IC-LoRA's spatio-temporal and
+modality passes of batch 1 run whole on both cfg ranks) CFG parallel as on one process, with the
 attention of each rank holding half of the video tokens; so does LTX-Video's long multi-prompt image-to-video
 pipeline (``--image``: its first frame; a temporal window per transformer call, conditioning frames appended), CFG
 parallel included. IC-LoRA's attention-strength mode (a video self-attention mask) is refused in one line. One spawn
@@ -34,9 +35,9 @@ MODELS = {
     "tiny-ltx-long": (256, {"image": "image.png", "prompt": "a red cat | a blue dog", "steps": 3}),
 }
 LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}  # cfg2: a branch per rank
-# LTX-2's IC-LoRA pipeline adds unbatched spatio-temporal and modality guidance passes, which CFG parallelism refuses
-# (DFR runs no guidance at all)
-CFG_REFUSED = {"tiny-ltx2-in-context", "tiny-ltx2-dfr"}
+# DFR runs no guidance at all. (LTX-2's IC-LoRA pipeline adds spatio-temporal and modality guidance passes of batch 1
+# beside the batched pair: both cfg ranks run those whole)
+CFG_REFUSED = {"tiny-ltx2-dfr"}
 # LTX-2: the video-to-audio attention (queries: the whole audio) is routed too
 AUDIO = {"tiny-ltx2-hdr", "tiny-ltx2-in-context", "tiny-ltx2-dfr"}
 HDR = {"tiny-ltx2-hdr"}

@@ -228,5 +228,9 @@ def check_animate2(layouts: list[tuple[int, int, int]]) -> dict[str, dict | str]
 
 
 def check_all(layouts: list[tuple[int, int, int]], pipeline_layouts: list[tuple[int, int, int]]) -> dict[str, dict]:
-    """``check_animate2`` on ``layouts`` and ``check_pipeline`` on ``pipeline_layouts``, in one worker."""
-    return {"transformer": check_animate2(layouts), "pipeline": check_pipeline(pipeline_layouts)}
+    """``check_animate2`` on ``layouts``, ``check_pipeline`` on ``pipeline_layouts`` and, as another modular pipeline,
+    ``WanModularPipeline`` on cfg=2 (``modular_cfg_checks``), in one worker."""
+    from modular_cfg_checks import check_modular_cfg
+
+    return {"transformer": check_animate2(layouts), "pipeline": check_pipeline(pipeline_layouts),
+            "modular_cfg": check_modular_cfg()}  # fmt: skip
