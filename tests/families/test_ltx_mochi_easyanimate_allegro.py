@@ -38,9 +38,9 @@ PIPELINES = {  # built-in model: (its settings, video tokens of one sample)
     "tiny-ltx2": ({}, 3 * 8 * 8),  # and about 10 audio tokens, whole on every rank
 }
 LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}
-RING_LAYOUT_MODELS = ("tiny-ltx", "tiny-mochi")
-"""The pipelines also run on 2x1 (the others' conditioning and audio are checked on ring by their transformers)."""
-CFG_LAYOUT_MODELS = ("tiny-ltx", "tiny-mochi")
+RING_LAYOUT_MODELS = ("tiny-ltx", "tiny-ltx-i2v", "tiny-ltx-condition", "tiny-mochi", "tiny-ltx2")
+"""The pipelines also run on 2x1 (ring): every one, the image conditioning and LTX-2's audio included."""
+CFG_LAYOUT_MODELS = ("tiny-ltx", "tiny-ltx-i2v", "tiny-ltx-condition", "tiny-mochi")
 """The pipelines also run with their two guidance branches on the two ranks. (LTX2Pipeline adds unbatched
 spatio-temporal and modality guidance passes by default, which cfg=2 refuses; its guidance exchange is checked
 on the transformer, ``check_cfg_every_output``.)"""
