@@ -180,6 +180,14 @@ def chains() -> list[list[str]]:
     return [chain for chain in groups.values() if any(runs.get(command) for command in chain)]
 
 
+def test_every_test_file_the_docs_name_exists():
+    """Each ``tests/...py`` path named in README.md or docs/ (a renamed test file leaves a stale name behind)."""
+    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    named = {(page.name, path) for page in pages for path in re.findall(r"tests/[\w/.\-]*?\.py", page.read_text())}
+    assert len(named) > 20  # the pattern finds the docs' test paths
+    assert [(page, path) for page, path in sorted(named) if not (REPO / path).is_file()] == []
+
+
 def test_every_shell_command_of_the_readme_has_a_test(tmp_path):
     cases = shell_cases(Path("/ckpt"), tmp_path)
     assert sorted(readme_commands()) == sorted(cases), "a README command has no test (or a test lost its command)"

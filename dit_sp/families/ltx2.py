@@ -250,10 +250,11 @@ _ARCHITECTURES = {
         "audio_num_attention_heads": 32, "audio_attention_head_dim": 64, "audio_cross_attention_dim": 2048,
         "num_layers": 48, "caption_channels": 3840})},
                   "text_encoders": 12.2e9, "vae": 1.28e9, "compression": (8, 32), "text_tokens": 1024,
-                  "joint": False},
+                  "joint": False, "names": ("ltx-2", "ltx-2-distilled")},
 }  # fmt: skip
 """The real checkpoints, for the memory planner (``ModelFamily.architectures``). The audio stream adds about
-25 tokens a second, whole on every rank: negligible beside the video."""
+25 tokens a second, whole on every rank: negligible beside the video. ``names``: whole checkpoint names that are this
+architecture (``Lightricks/LTX-2``, which holds the 19B model; its distilled checkpoint)."""
 
 
 def _vae_factors(vae: dict[str, Any]) -> tuple[int, int]:

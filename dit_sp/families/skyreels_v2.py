@@ -172,6 +172,8 @@ _ARCHITECTURES = {
     "skyreels-v2-df-1.3b-540p": wan_architecture({"transformer": _DF_1_3B}, "SkyReelsV2Transformer3DModel"),
     "skyreels-v2-t2v-14b-720p": wan_architecture({"transformer": _14B}, "SkyReelsV2Transformer3DModel"),
     "skyreels-v2-t2v-14b-540p": wan_architecture({"transformer": _14B}, "SkyReelsV2Transformer3DModel"),
+    # diffusion forcing 14B: the T2V 14B config (inject_sample_info off: diffusers convert_skyreelsv2_to_diffusers.py)
+    "skyreels-v2-df-14b-720p": wan_architecture({"transformer": _14B}, "SkyReelsV2Transformer3DModel"),
     # image-to-video: Wan 2.1 I2V 14B's transformer and its CLIP ViT-H image encoder (whole, kept all run)
     "skyreels-v2-i2v-14b-720p": wan_architecture({"transformer": I2V_14B}, "SkyReelsV2Transformer3DModel")
     | {"image_encoder": CLIP_VIT_H},

@@ -193,8 +193,14 @@ _ARCHITECTURES = {
                                                       "num_layers": 30}}),
     "wan2.1-t2v-14b": wan_architecture({"transformer": _14B}),
     "wan2.2-t2v-a14b": wan_architecture(dict.fromkeys(TRANSFORMERS, _14B)),
+    # Wan-AI/Wan2.2-I2V-A14B-Diffusers: two experts of the image's latents and mask in channels, no image encoder
+    # (diffusers' scripts/convert_wan_to_diffusers.py, "Wan2.2-I2V-14B-720p")
+    "wan2.2-i2v-a14b": wan_architecture(dict.fromkeys(TRANSFORMERS, _14B | {"in_channels": 36})),
     # Wan-AI/Wan2.1-I2V-14B-480P-Diffusers and -720P (one transformer config), with its CLIP image encoder
     "wan2.1-i2v-14b": wan_architecture({"transformer": I2V_14B}) | {"image_encoder": CLIP_VIT_H},
+    # Wan-AI/Wan2.1-FLF2V-14B-720P-diffusers: I2V 14B with a position embedding of both images' 2 x 257 CLIP tokens
+    "wan2.1-flf2v-14b": wan_architecture({"transformer": I2V_14B | {"pos_embed_seq_len": 2 * 257}})
+    | {"image_encoder": CLIP_VIT_H},
     "wan2.2-ti2v-5b": wan_architecture({"transformer": {"num_attention_heads": 24, "ffn_dim": 14336, "num_layers": 30,
                                                      "in_channels": 48, "out_channels": 48}},
                                     vae=705e6, spatial=16),

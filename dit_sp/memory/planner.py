@@ -314,11 +314,11 @@ def architecture(model: str, name: str | None = None) -> dict[str, Any]:
 
 
 def architecture_name(model: str) -> str | None:
-    """The ``ARCHITECTURES`` key found in the name of ``model`` (a path or name, e.g. ``Wan2.1-T2V-14B-Diffusers``),
-    or None; the longest key found wins (``hunyuanvideo-1.5-480p-t2v`` holds ``hunyuanvideo`` too)."""
+    """The ``ARCHITECTURES`` key in the name of ``model`` (a path or name: ``Wan2.1-T2V-14B-Diffusers``), the longest
+    found (HunyuanVideo-1.5's ``480p_i2v`` over ``hunyuanvideo``), or whose ``names`` are the whole name (``LTX-2``)."""
     lowered = Path(model).name.lower().replace("-diffusers", "")
-    found = [key for key in ARCHITECTURES if key in lowered or key.replace("-t2v", "") in lowered]
-    # the longest match: HunyuanVideo-1.5 over HunyuanVideo, its ``480p_i2v`` over the ``480p`` of ``480p-t2v``
+    found = [key for key, arch in ARCHITECTURES.items() if key in lowered or key.replace("-t2v", "") in lowered
+             or lowered in arch.get("names", ())]  # fmt: skip
     return max(found, key=lambda key: len(key if key in lowered else key.replace("-t2v", "")), default=None)
 
 

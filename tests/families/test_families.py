@@ -15,6 +15,7 @@ FAMILIES = ["tiny-wan", "tiny-hunyuanvideo", "tiny-cogvideox"]
 WORLD2 = [(1, 1, 2), (1, 2, 1)]
 WORLD4 = [(1, 2, 2), (1, 1, 4), (1, 4, 1), (2, 1, 2)]
 TOL = 1e-5
+VIDEO_TOKENS = 18  # model_inputs: 3 latent frames x 3 x 2 patches, uneven over 4 ranks
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -29,7 +30,10 @@ def family_results(request):
 @pytest.mark.parametrize("layout", WORLD2 + WORLD4, ids=lambda layout: "dp{}-r{}-u{}".format(*layout))
 def test_transformer_matches_single_process(family_results, layout):
     family, results = family_results
-    assert_matches_one_process(results["dp{}-r{}-u{}".format(*layout)], TOL, f"{family} {layout}")
+    errors = results["dp{}-r{}-u{}".format(*layout)]
+    assert_matches_one_process(errors, TOL, f"{family} {layout}")
+    local = -(-VIDEO_TOKENS // (layout[1] * layout[2]))  # the sequence really split: ceil(S / sp) queries a rank
+    assert errors["local_tokens"] == [local], f"{family} {layout}: the attention saw {errors['local_tokens']} tokens"
 
 
 def test_unparallelize_restores_processors_and_hooks():

@@ -38,13 +38,13 @@ PIPELINES = {  # built-in model: (its settings, video tokens of one sample)
     "tiny-ltx2": ({}, 3 * 8 * 8),  # and about 10 audio tokens, whole on every rank
 }
 LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}
-RING_LAYOUT_MODELS = ("tiny-ltx", "tiny-mochi")
-"""The pipelines also run on 2x1 (the others' conditioning and audio are checked on ring by their transformers)."""
+RING_LAYOUT_MODELS = ("tiny-ltx", "tiny-ltx-i2v", "tiny-ltx-condition", "tiny-mochi", "tiny-ltx2")
+"""The pipelines also run on 2x1 (ring): every one, the image conditioning and LTX-2's audio included."""
 CFG_LAYOUT_MODELS = ("tiny-ltx", "tiny-mochi")
-"""The pipelines also run with their two guidance branches on the two ranks. (LTX2Pipeline on cfg=2, with its
-spatio-temporal and modality passes of batch 1 run whole on both ranks: ``generate --cfg-parallel`` in
-``tests/pipelines/test_generate.py``; its guidance exchange of both outputs is checked on the transformer,
-``check_cfg_every_output``.)"""
+"""The pipelines also run with their two guidance branches on the two ranks. (LTX I2V and condition on cfg=2:
+``tests/pipelines/test_generate_edit_variants.py``; LTX2Pipeline on cfg=2, with its spatio-temporal and modality
+passes of batch 1 run whole on both ranks: ``generate --cfg-parallel`` in ``tests/pipelines/test_generate.py``; its
+guidance exchange of both outputs is checked on the transformer, ``check_cfg_every_output``.)"""
 CACHED = {"tiny-ltx": "teacache:0.5", "tiny-mochi": "first_block:0.5"}
 """Pipelines also run with a step cache on 1x2 (3 steps), against one process with the same cache."""
 TOL = 1e-5

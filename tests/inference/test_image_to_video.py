@@ -18,7 +18,7 @@ import torch
 from cli_run import run_python
 from PIL import Image
 
-from dit_sp import GenerateConfig, generate, spawn
+from dit_sp import GenerateConfig, generate
 from dit_sp.zoo import build_tiny, load_pipeline
 
 pytestmark = pytest.mark.slow  # spawns worker processes or runs the CLI
@@ -32,7 +32,16 @@ MODELS = {  # built-in name: (settings, with a last frame)
     # saved as SanaVideoPipeline (as SANA-Video 2B ships), run with the image as SanaImageToVideoPipeline
     "tiny-sana-video": ({}, False),
 }
-LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}}
+LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}  # cfg2: a branch per rank
+CFG_MODELS = ("tiny-wan-i2v", "tiny-wan-flf2v", "tiny-wan2.2-ti2v", "tiny-cogvideox-i2v", "tiny-hunyuanvideo-i2v")
+"""The guided image-to-video pipelines also run with their two guidance branches on the two ranks."""
+SP = {"1x2": 2, "2x1": 2, "cfg2": 1}  # processes per guidance branch
+
+
+def _local_tokens(model: str, sp: int) -> int:
+    """The video tokens each rank's split attention takes: 3 latent frames of 3 x 2 patches, ceil(18 / sp); SANA-Video
+    splits whole latent frames (3 of 2 x 4 patches, ceil(3 / sp) frames a rank, the last one padded)."""
+    return -(-3 // sp) * 8 if model == "tiny-sana-video" else -(-18 // sp)
 
 
 def _image(path, seed: int) -> str:
@@ -54,13 +63,12 @@ def _settings(tmp, model: str, name: str, image: str, **flags) -> GenerateConfig
     return dataclasses.replace(settings, model=str(directory))  # the built-in model's sizes, from its directory
 
 
-def run_jobs(jobs: list[GenerateConfig]) -> list[dict]:
-    return [generate(settings, True) for settings in jobs]
-
-
 @pytest.fixture(scope="module")
 def videos(tmp_path_factory):
-    """{(model, layout): the sample leader's report}; "single" is one process, "other" another image."""
+    """{(model, layout): the sample leader's report, every rank's attention lengths under "lengths"}; "single" is
+    one process, "other" another image."""
+    from variant_generate_checks import layout_reports
+
     tmp = tmp_path_factory.mktemp("i2v")
     first, other = _image(tmp / "first.png", 0), _image(tmp / "other.png", 2)
     _image(tmp / "last.png", 1)
@@ -78,20 +86,19 @@ def videos(tmp_path_factory):
     reports[("sana-i2v-class", "single")] = generate(
         dataclasses.replace(by_hand, model=str(tmp / "models" / "sana-i2v-class")), True
     )
-    for layout, flags in LAYOUTS.items():
-        jobs = [_settings(tmp, model, layout, first, **flags) for model in MODELS]
-        by_rank = spawn(run_jobs, 2, args=(jobs,), timeout=300)
-        for i, model in enumerate(MODELS):
-            leaders = [rank_reports[i] for rank_reports in by_rank if "out" in rank_reports[i]]
-            assert len(leaders) == 1
-            reports[(model, layout)] = leaders[0]
-    return reports
+    jobs = [((model, layout), _settings(tmp, model, layout, first, **flags)) for layout, flags in LAYOUTS.items()
+            for model in MODELS if layout != "cfg2" or model in CFG_MODELS]  # fmt: skip
+    return reports | layout_reports(jobs)  # one spawn for every layout
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize("model", list(MODELS))
+LAYOUT_RUNS = [(m, layout) for layout in LAYOUTS for m in MODELS if layout != "cfg2" or m in CFG_MODELS]
+
+
+@pytest.mark.parametrize(("model", "layout"), LAYOUT_RUNS)
 def test_every_layout_gives_the_one_process_video(videos, model, layout):
     reference, report = videos[(model, "single")], videos[(model, layout)]
+    local = _local_tokens(model, SP[layout])  # the sequence really split (cfg2: whole on each branch's one rank)
+    assert report["lengths"] == [[local], [local]], f"each rank's attention saw {report['lengths']}, not {local}"
     latents, expected = torch.load(report["latents"]), torch.load(reference["latents"])
     assert latents.shape == expected.shape and (latents - expected).abs().max() <= 1e-4
     assert np.abs(report["frames"] - reference["frames"]).max() <= 1e-4

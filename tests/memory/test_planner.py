@@ -29,6 +29,53 @@ def test_real_architectures_have_their_published_sizes(name, low, high, blocks):
     assert shape.layers == blocks and shape.block_params < shape.params / 10
 
 
+# architecture: (low, high, blocks) of every transformer it holds (both experts of a Wan 2.2 A14B), and where the
+# number comes from: the model card's size as known offline, the configs of diffusers' conversion scripts, a meta count
+PUBLISHED = {
+    "cogvideox-5b-i2v": (5e9, 6e9, 42),  # CogVideoX-5B-I2V: "5B"; CogVideoX-5B's transformer, 32 input channels
+    "skyreels-v2-t2v-14b-540p": (13e9, 15e9, 40),  # "14B": Wan 2.1 T2V 14B's config (14.29e9 counted)
+    "skyreels-v2-df-14b-720p": (13e9, 15e9, 40),  # "14B"; convert_skyreelsv2_to_diffusers.py: inject_sample_info off
+    # "14B" and VACE: T2V 14B (14.29e9) and 8 VACE blocks (convert_wan_to_diffusers.py vace_layers 0, 5, ..., 35),
+    # 17.34e9 counted on meta
+    "wan2.1-vace-14b": (17.2e9, 17.5e9, 40),
+    # Wan 2.1 I2V 14B (ChronoEdit-14B is fine-tuned from its 720P model; FLF2V 14B adds 2 x 257 CLIP positions): the
+    # "14B" of T2V plus the CLIP image tokens' key/value projections in every block, 16.39e9 counted on meta
+    "wan2.1-i2v-14b": (16.3e9, 16.5e9, 40), "chronoedit-14b": (16.3e9, 16.5e9, 40),
+    "wan2.1-flf2v-14b": (16.3e9, 16.5e9, 40),
+    "hunyuanvideo-framepack-i2v": (12.5e9, 13.5e9, 60),  # FramePack: HunyuanVideo's 13B, its history embedders
+    "motif-video-2b-i2v": (1.9e9, 2.1e9, 36),  # Motif-Video 2B: "2B" (2.04e9 counted)
+    "hunyuanvideo-1.5-480p_i2v": (8.2e9, 8.4e9, 54),  # HunyuanVideo-1.5: "8.3B parameters"
+    # Wan 2.2 A14B: "27B total, 14B active per step": two experts of 14.29e9 each (28.6e9 counted)
+    "wan2.2-t2v-a14b": (13e9, 15e9, 40), "wan2.2-i2v-a14b": (13e9, 15e9, 40),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED))
+def test_more_architectures_have_their_published_sizes(name):
+    low, high, blocks = PUBLISHED[name]
+    transformers = ARCHITECTURES[name]["transformers"]
+    assert len(transformers) == (2 if "a14b" in name else 1)
+    for class_name, config in transformers.values():
+        shape = TransformerShape.of(class_name, config)
+        assert low <= shape.params <= high, (name, shape.params)
+        assert shape.layers == blocks and shape.block_params < shape.params / 10
+
+
+@pytest.mark.parametrize(("model", "arch"), [
+    ("Lightricks/LTX-2", "ltx-2-19b"), ("ltx-2-distilled", "ltx-2-19b"), ("LTX-2-19b-dev", "ltx-2-19b"),
+    ("Wan-AI/Wan2.2-I2V-A14B-Diffusers", "wan2.2-i2v-a14b"), ("Wan2.2-T2V-A14B-Diffusers", "wan2.2-t2v-a14b"),
+    ("Wan-AI/Wan2.1-FLF2V-14B-720P-diffusers", "wan2.1-flf2v-14b"), ("Wan2.1-FLF2V-14B-720P", "wan2.1-flf2v-14b"),
+    ("/models/Wan2.1-I2V-14B-720P-Diffusers", "wan2.1-i2v-14b"),
+    ("Skywork/SkyReels-V2-DF-14B-720P", "skyreels-v2-df-14b-720p"),
+    ("SkyReels-V2-DF-1.3B-540P-Diffusers", "skyreels-v2-df-1.3b-540p")])  # fmt: skip
+def test_published_repository_names_resolve_to_their_architectures(model, arch):
+    """Offline, from the name alone (the longest key in it, or an architecture's whole ``names``: ``LTX-2``)."""
+    from dit_sp.memory.planner import architecture_name
+
+    assert architecture_name(model) == arch
+    assert architecture_name("LTX-2.3") is None  # a whole name only, not a prefix of another model's
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("spec", "frames", "size", "batch", "checkpointing"), [
     (WIDE, 3, 48, 2, False), (WIDE | {"num_attention_heads": 6, "ffn_dim": 3072}, 3, 32, 2, False),

@@ -27,6 +27,7 @@ LAYOUTS = {  # name: (world, flags)
     "cfg2x(1x2)": (4, {"ulysses": 2, "cfg_parallel": True}),
     "1x2, one process decodes": (2, {"ulysses": 2, "parallel_vae": False}),
 }
+VIDEO_TOKENS = 18  # 9 frames at 48 x 32: 3 latent frames of 6 x 4, in 3 x 2 patches
 
 
 def _settings(tmp_path, name: str, model: str | None = None, **overrides) -> GenerateConfig:
@@ -45,8 +46,13 @@ def reference(tmp_path_factory):
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_every_layout_gives_the_same_video(reference, tmp_path, layout):
+    from variant_generate_checks import generate_recording
+
     world, flags = LAYOUTS[layout]
-    reports = spawn(generate, world, args=(_settings(tmp_path, "parallel", **flags), True), timeout=300)
+    by_rank = spawn(generate_recording, world, args=([_settings(tmp_path, "parallel", **flags)],), timeout=300)
+    reports = [rank_reports[0] for rank_reports in by_rank]
+    local = -(-VIDEO_TOKENS // (flags.get("ring", 1) * flags.get("ulysses", 1)))  # the sequence really split
+    assert [r["attention_lengths"] for r in reports] == [[local]] * world, f"not {local} tokens a rank"
     leaders = [r for r in reports if "out" in r]
     assert len(leaders) == 1, "exactly one rank writes the output"
     frames = leaders[0]["frames"]

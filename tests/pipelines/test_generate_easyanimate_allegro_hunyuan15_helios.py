@@ -2,10 +2,10 @@
 code), Allegro (cross-attention to T5 text; a VAE that decodes only in tiles), HunyuanVideo-1.5 (joint attention,
 conditioning behind the video; Qwen2.5-VL and ByT5 encoders; guidance through its guider, no step callback; text- and
 image-to-video, the latter with a SigLIP image encoder) and Helios (a chunk of current frames behind history latents at
-three scales; each rank told its own count of current tokens) through ``generate``: the same frames and latents on
-Ulysses 2, ring 2 and CFG parallel (the guidance pair split over two processes: EasyAnimate's and Allegro's batched
-call, HunyuanVideo-1.5's two guider calls, Helios' two calls) as on one process, with the attention of each rank
-holding half of the video tokens. One spawn runs them all."""
+three scales; each rank told its own count of current tokens; text-, image- and video-to-video) through ``generate``:
+the same frames and latents on Ulysses 2, ring 2 and CFG parallel (the guidance pair split over two processes:
+EasyAnimate's and Allegro's batched call, HunyuanVideo-1.5's two guider calls, Helios' two calls) as on one process,
+with the attention of each rank holding half of the video tokens. One spawn runs them all."""
 
 from __future__ import annotations
 
@@ -25,20 +25,26 @@ pytestmark = pytest.mark.slow  # spawns worker processes
 # 128 x 128 (one VAE tile) -> 6 x 16 x 16 latents, patch 2. HunyuanVideo-1.5: 5 frames of 24 x 16 -> 3 x 6 x 4, patch 1;
 # image-to-video: the size follows the 40 x 30 image (36 x 28 at its target size) -> 3 x 9 x 7, an odd count. Helios:
 # 33 frames of 32 x 32 -> one chunk of 9 x 4 x 4 latents, patch 2: 36 current tokens behind 13 history tokens.
+# Helios image-to-video and video-to-video (the image or a 33-frame clip as history): the same tokens.
 MODELS = {"tiny-easyanimate": 18, "tiny-allegro": 384, "tiny-hunyuanvideo15": 72, "tiny-hunyuanvideo15-i2v": 189,
-          "tiny-helios": 49}  # fmt: skip
-IMAGE_MODELS = ("tiny-hunyuanvideo15-i2v",)
+          "tiny-helios": 49, "tiny-helios+image": 49, "tiny-helios+video": 49}  # fmt: skip
+IMAGE_MODELS = ("tiny-hunyuanvideo15-i2v", "tiny-helios+image")
+VIDEO_MODELS = ("tiny-helios+video",)
 LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}  # cfg2: a branch per rank
 SP = {"1x2": 2, "2x1": 2, "cfg2": 1}  # processes per guidance branch
 SPLIT_VAE = ("tiny-hunyuanvideo15", "tiny-hunyuanvideo15-i2v")
 """Models whose VAE is checked to run split by rows over the sample's 2 processes (both CFG halves too)."""
 
 
-def _settings(tmp, model: str, name: str, **flags) -> GenerateConfig:
-    if model in IMAGE_MODELS:
+def _settings(tmp, case: str, name: str, **flags) -> GenerateConfig:
+    """``case``: a built-in model, or ``MODEL+image`` / ``MODEL+video`` (that model given the image or the clip)."""
+    if case in IMAGE_MODELS:
         flags["image"] = str(tmp / "image.png")
-    return GenerateConfig.load(overrides={"model": model, "steps": 2, "out": str(tmp / f"{model}-{name}.mp4"),
-                                          "save_latents": str(tmp / f"{model}-{name}.pt"), "verify_inputs": True,
+    if case in VIDEO_MODELS:
+        flags["video"] = str(tmp / "clip")
+    model = case.split("+")[0]
+    return GenerateConfig.load(overrides={"model": model, "steps": 2, "out": str(tmp / f"{case}-{name}.mp4"),
+                                          "save_latents": str(tmp / f"{case}-{name}.pt"), "verify_inputs": True,
                                           **flags})  # fmt: skip
 
 
@@ -50,6 +56,10 @@ def videos(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("easyanimate_allegro_hv15")
     pixels = np.random.RandomState(0).rand(40, 30, 3)
     Image.fromarray((pixels * 255).astype("uint8")).save(tmp / "image.png")
+    (tmp / "clip").mkdir()
+    for i in range(33):  # a clip of PNG frames, another size than the video's (resized)
+        pixels = np.random.RandomState(i + 1).rand(40, 30, 3)
+        Image.fromarray((pixels * 255).astype("uint8")).save(tmp / "clip" / f"{i:03d}.png")
     reports = {(model, "single"): generate(_settings(tmp, model, "single"), True) for model in MODELS}
     jobs = [((model, layout), _settings(tmp, model, layout, **flags)) for layout, flags in LAYOUTS.items()
             for model in MODELS]  # fmt: skip
@@ -66,6 +76,13 @@ def test_every_layout_gives_the_same_video_from_a_split_sequence(videos, model, 
     if model in SPLIT_VAE:  # the leader decoded (and encoded) its half of the rows, plus a halo
         height = reference["frames"].shape[1]  # (F, H, W, 3)
         assert 0 < report["vae_rows"] <= height // 2 + 2, (report["vae_rows"], height)
+
+
+@pytest.mark.parametrize("case", IMAGE_MODELS[1:] + VIDEO_MODELS)
+def test_the_helios_image_or_clip_conditions_the_video(videos, case):
+    """Helios' image or clip (its history latents) changes the video: an ignored input gives 0."""
+    frames, text_only = videos[(case, "single")]["frames"], videos[("tiny-helios", "single")]["frames"]
+    assert frames.shape == text_only.shape and np.abs(frames - text_only).max() > 0.05
 
 
 def test_the_easyanimate_prompt_goes_through_the_chat_template():

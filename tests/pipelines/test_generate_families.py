@@ -36,6 +36,7 @@ LAYOUTS = {  # name: (world, flags)
 # cross its boundary), the low-noise one with its own guidance.
 SETTINGS = {"tiny-cogvideox": {"height": 48, "width": 32}, "tiny-hunyuanvideo": {},
             "tiny-wan2.2-a14b": {"guidance_2": 2.5}}  # fmt: skip
+VIDEO_TOKENS = 18  # each model: 3 latent frames of 3 x 2 patches
 
 
 def _settings(tmp_path, model: str, name: str, path: str | None = None, **overrides) -> GenerateConfig:
@@ -46,14 +47,12 @@ def _settings(tmp_path, model: str, name: str, path: str | None = None, **overri
     return dataclasses.replace(settings, model=path) if path else settings
 
 
-def run_jobs(jobs: list[GenerateConfig]) -> list[dict]:
-    """In each spawned worker: ``generate`` for each job, in order, on one world."""
-    return [generate(settings, True) for settings in jobs]
-
-
 @pytest.fixture(scope="module")
 def videos(tmp_path_factory):
-    """{(model, layout): the sample leader's report}, "single" being one process."""
+    """{(model, layout): the sample leader's report, with every rank's attention lengths under "lengths"}, "single"
+    being one process."""
+    from variant_generate_checks import generate_recording
+
     tmp = tmp_path_factory.mktemp("families")
     reports = {(model, "single"): generate(_settings(tmp, model, "single"), True) for model in MODELS}
     worlds: dict[int, list] = {}
@@ -61,11 +60,11 @@ def videos(tmp_path_factory):
         for model in MODELS:
             worlds.setdefault(world, []).append(((model, layout), _settings(tmp, model, layout, **flags)))
     for world, jobs in worlds.items():
-        by_rank = spawn(run_jobs, world, args=([settings for _, settings in jobs],), timeout=300)
+        by_rank = spawn(generate_recording, world, args=([settings for _, settings in jobs],), timeout=300)
         for i, (key, _) in enumerate(jobs):
             leaders = [rank_reports[i] for rank_reports in by_rank if "out" in rank_reports[i]]
             assert len(leaders) == 1, f"{key}: exactly one rank writes the output"
-            reports[key] = leaders[0]
+            reports[key] = leaders[0] | {"lengths": [rank_reports[i]["attention_lengths"] for rank_reports in by_rank]}
     return reports
 
 
@@ -78,6 +77,9 @@ def test_every_layout_gives_the_same_video(videos, model, layout):
     latents, ref_latents = torch.load(report["latents"]), torch.load(reference["latents"])
     assert (latents - ref_latents).abs().max() <= 1e-4
     assert reference["frames"].std() > 0.01  # a real video, not a constant
+    world, flags = LAYOUTS[layout]
+    local = -(-VIDEO_TOKENS // (flags.get("ring", 1) * flags.get("ulysses", 1)))  # the sequence really split
+    assert report["lengths"] == [[local]] * world, f"each rank's attention saw {report['lengths']}, not {local}"
 
 
 @pytest.mark.parametrize("model", MODELS)

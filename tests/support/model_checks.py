@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from ltx_mochi_inputs import ltx_mochi_inputs_of
+from ltx_mochi_inputs import ltx_mochi_inputs_of, record_attention_tokens
 
 from dit_sp import ParallelConfig, init_parallel, parallelize
 from dit_sp.zoo import build_tiny
@@ -111,8 +111,10 @@ def check_transformer(
     setup: Callable[[torch.nn.Module], None] | None = None,
     inputs: dict | None = None,
 ) -> dict[str, dict]:
-    """Per layout: max abs errors of output, input grads and parameter grads vs. one process, and
-    whether unparallelize restores bit-identical outputs. ``relative``: a gradient's error is divided by its
+    """Per layout: max abs errors of output, input grads and parameter grads vs. one process, whether
+    unparallelize restores bit-identical outputs, and ``local_tokens``: the sorted distinct query lengths the
+    family's split attention modules saw on this rank (``record_attention_tokens``: ceil(S / sp) when the sequence
+    really is split). ``relative``: a gradient's error is divided by its
     magnitude where that is above 1 (fp32 rounds a gradient of 172, Mochi's RoPE frequencies, in steps of 1.5e-5).
     ``setup``: configures the built model (as a pipeline would); ``inputs``: instead of ``model_inputs``."""
     model = build_tiny(family, "transformer").float()
@@ -124,10 +126,15 @@ def check_transformer(
     for dp, ring, ulysses in layouts:
         parallel = init_parallel(ParallelConfig(dp=dp, ring=ring, ulysses=ulysses))
         errors = {}
+        seen: list[int] = []
+        hooks = record_attention_tokens(model, seen)
         with parallelize(model, parallel, verify_inputs=True):
             # Every rank computes the same loss from the gathered output: with the exact-adjoint gather,
             # each rank's share is 1/sp of it and summing the partial gradients over SP gives the total.
             out, grads = outputs_and_grads(model, inputs, 1.0 / parallel.sp)
+        for hook in hooks:
+            hook.remove()
+        errors["local_tokens"] = sorted(set(seen))
         errors["out"] = (out - ref_out).abs().max().item()
         errors |= worst_grad_errors(grads, ref_grads, parallel, relative)
         restored, _ = outputs_and_grads(model, inputs, 1.0)
