@@ -229,8 +229,9 @@ def _as_references(stock: type, video: list[Any]) -> dict[str, Any]:
 @contextlib.contextmanager
 def _steps_recorded(pipe: Any, on_step_end: Callable, needed: bool) -> Iterator[None]:
     """For a pipeline without ``callback_on_step_end`` (HunyuanVideo-1.5), ``on_step_end`` after each scheduler step,
-    with the latents it returns: the scheduler's ``step`` is wrapped on this instance for the call."""
-    if not needed:
+    with the latents it returns: the scheduler's ``step`` is wrapped on this instance for the call. A pipeline without
+    a scheduler (Echo's modular blocks re-noise in their own loop) records no steps: its latents are its output's."""
+    if not needed or getattr(pipe, "scheduler", None) is None:
         yield
         return
     scheduler, done = pipe.scheduler, [0]
