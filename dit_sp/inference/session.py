@@ -187,7 +187,8 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
     steps = [b - a for a, b in zip([start, *step_times[:-1]], step_times)]
     if modular:  # its outputs by name: the decoded videos and the final (unpacked) latents; Wan-Animate-2 frees its
         # segments' latents after decoding them: the scheduler's last step's (``_steps_recorded``)
-        frames = result["videos"][0]
+        videos = result["videos"]  # a batch of videos; Cosmos 3's modular decoder gives the one video, (F, H, W, 3)
+        frames = videos if getattr(videos, "ndim", 0) == 4 else videos[0]
         if result["latents"] is not None:
             final["latents"] = result["latents"].detach().cpu()
     elif hasattr(result, "frames"):  # (B, F, H, W, 3); Sana-WM's output (with its camera poses, c2w) is one video

@@ -37,20 +37,24 @@ def save_repository(model: str, directory: Path, *, distilled: bool = False, ind
     return directory
 
 
-def save_blocks_repository(model: str, blocks: str, directory: Path, **components: object) -> Path:
+def save_blocks_repository(model: str, blocks: str, directory: Path, config: dict | None = None,
+                           **components: object) -> Path:  # fmt: skip
     """The built-in ``model``'s components (``tiny-ltx2``'s for Echo), with ``components`` replacing or adding some,
-    run by the Modular Diffusers ``blocks`` (``EchoBlocks``) and saved in ``directory`` as a downloaded repository of
-    that modular pipeline (each spec pointing at a Hub id): a modular-only pipeline of a transformer whose classic
-    pipelines have a built-in model, at that model's shapes."""
+    run by the Modular Diffusers ``blocks`` (``EchoBlocks``) with the pipeline ``config`` (saved in the index: Cosmos 3
+    distilled's ``distilled_sigmas``) and saved in ``directory`` as a downloaded repository of that modular pipeline
+    (each spec pointing at a Hub id): a modular-only pipeline of a transformer whose classic pipelines have a built-in
+    model, at that model's shapes."""
     import diffusers
 
     from dit_sp.zoo import build_tiny
 
     built = build_tiny(model)
+    built.text_tokenizer = getattr(built, "text_tokenizer", None)  # (Cosmos 3's tokenizer)
     pipe = getattr(diffusers, blocks)().init_pipeline()
     parts = {name: getattr(built, name, None) for name in pipe.component_names} | components
     pipe.update_components(**{name: part for name, part in parts.items() if part is not None})
-    pipe.save_pretrained(str(directory))
+    pipe.register_to_config(**(config or {}))
+    pipe.save_pretrained(str(directory), overwrite_modular_index=True)
     file = directory / "modular_model_index.json"
     index = json.loads(file.read_text())
     for value in index.values():
