@@ -196,12 +196,11 @@ MODULAR_DEFAULTS = {
     # guidance is baked into the weights (the blocks refuse a guidance_scale other than 1)
     "Cosmos3DistilledModularPipeline": generation_defaults(189, 720, 1280, 4, 1.0, 512) | {"fps": 24},
 }
-MODULAR_POLICY_REFUSED = {
-    "Cosmos3DistilledModularPipeline": (
-        "it is a few-step distilled sampler on a fixed sigma schedule (distilled_sigmas), with guidance baked into "
-        "the weights, over the omni transformer's packed per-sample sequence, for which no policy is written"
-    ),
-}
+DISTILLED_POLICY_REFUSED = (
+    "it is a few-step distilled sampler on a fixed sigma schedule (distilled_sigmas), with guidance baked into the "
+    "weights, not the many-step Euler ODE that the policy's SDE wraps"
+)
+"""Why GRPO does not train ``Cosmos3DistilledModularPipeline``."""
 
 COSMOS3 = ModelFamily(
     name="cosmos3",
@@ -223,15 +222,15 @@ COSMOS3 = ModelFamily(
     modular_pipelines=MODULAR_PIPELINES,
     checkpoint_defaults={"Cosmos3OmniPipeline": generation_defaults(189, 720, 1280, 35, 6.0, 512) | {"fps": 24}}
     | MODULAR_DEFAULTS,
-    vae_factors=dict.fromkeys(("Cosmos3OmniPipeline", *MODULAR_PIPELINES), _vae_factors),
+    vae_factors={"Cosmos3OmniPipeline": _vae_factors},
     architectures=_ARCHITECTURES,
-    policy_refused=MODULAR_POLICY_REFUSED
-    | {
+    policy_refused={
         "Cosmos3OmniPipeline": (
             "no policy is written for it yet: its omni transformer takes one sample's packed sequence per "
             "call (the prompt's tokens as a causal prefix, then video, sound and action tokens; no batch "
             "dimension), the conditional and unconditional branches packed to different lengths and its "
             "predictions masked per branch, and its guardrail would not be run on rollouts"
         ),
+        "Cosmos3DistilledModularPipeline": DISTILLED_POLICY_REFUSED,
     },
 )

@@ -339,7 +339,7 @@ LTX2 = ModelFamily(
     | dict.fromkeys(_DISTILLED, generation_defaults(121, 512, 768, 8, 1.0, 1024) | {"fps": 24})
     | MODULAR_DEFAULTS,
     vae=LTX2_VAE,
-    vae_factors=dict.fromkeys(_PIPELINES + _DISTILLED + MODULAR_PIPELINES, _vae_factors),
+    vae_factors=dict.fromkeys(_PIPELINES + _DISTILLED, _vae_factors),
     architectures=_ARCHITECTURES,
     # two streams, video and audio: a skipped block passes its audio_hidden_states argument through (not the text)
     block_outputs={"LTX2VideoTransformerBlock": (0, 1, "hidden_states", "audio_hidden_states")},
