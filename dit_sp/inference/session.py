@@ -170,7 +170,8 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
     for key in ("causal_block_size", "ar_step"):  # SkyReels-V2 diffusion forcing's asynchronous mode
         if getattr(config, key) is not None:
             arguments[key] = getattr(config, key)
-    if "pyramid_num_inference_steps_list" in inspect.signature(stock.__call__).parameters:  # Helios pyramid
+    blocks = {param.name for param in pipe.blocks.inputs} if _is_modular(pipe) else set()  # a modular one's inputs
+    if "pyramid_num_inference_steps_list" in {*inspect.signature(stock.__call__).parameters, *blocks}:  # Helios pyramid
         arguments["pyramid_num_inference_steps_list"] = [config.steps] * pipe.scheduler.config.stages  # per stage
     arguments |= call_arguments(config.model)  # a built-in model's fixed call arguments (its spec's ``call:``)
     if config.camera is not None:  # Sana-WM's camera path and intrinsics (a built-in model's spec has its own)

@@ -68,8 +68,6 @@ MODULAR_NOT_YET = {
     "conditioner (AnimaTextConditioner): no tiny model of it yet",
     "LTX25ModularPipeline": "LTX-2's guided blocks decoding with LTX-2.5's diffusion decoder, whose flex "
     "neighborhood attention takes minutes on a CPU even tiny: no test of it fits the suite's time",
-    "HeliosPyramidDistilledModularPipeline": "its pyramid DMD sampler (HeliosDMDScheduler) runs on tiny-helios-pyramid "
-    "but costs more test time than the budget left",
 }
 """Modular-only pipelines of supported transformers that ``generate`` does not run yet, each with why."""
 
@@ -90,7 +88,11 @@ def test_every_modular_pipeline_of_a_supported_transformer_is_registered_or_acco
                             f"{unaccounted}"  # fmt: skip
     registered = {name for f in FAMILIES for name in f.modular_pipelines}
     assert registered <= found.keys(), registered - found.keys()  # no stale entries
-    assert {"EchoModularPipeline", "Cosmos3DistilledModularPipeline", "MiniMaxH3ModularPipeline"} <= registered
+    assert {
+        "EchoModularPipeline",
+        "Cosmos3DistilledModularPipeline",
+        "HeliosPyramidDistilledModularPipeline",
+    } <= registered
     for name, classic in MODULAR_FORMS.items():  # the classic form is a pipeline of the same family
         assert name not in registered and classic in family_pipelines(found[name]), (name, classic)
     assert not (registered | MODULAR_FORMS.keys()) & MODULAR_NOT_YET.keys()
