@@ -93,6 +93,22 @@ def test_the_distilled_pyramid_gives_the_one_process_video_from_a_split_sequence
     assert first == second and len(first) == 3 and 144 // 2 <= first[-1] < 144, report["lengths"]
 
 
+def test_the_distilled_pyramid_takes_guidance_through_its_guider():
+    """Its blocks take no guidance argument: ``--guidance`` sets its guider's scale (default 1: unguided, one call a
+    step; the blocks' own default would be 5), never dropped with the arguments the blocks do not take."""
+    import diffusers
+
+    from dit_sp.inference import guidance_arguments
+    from dit_sp.zoo import build_tiny
+
+    pipe = diffusers.HeliosPyramidDistilledAutoBlocks().init_pipeline()
+    pipe.update_components(transformer=build_tiny("tiny-helios", "transformer"))
+    assert pipe.guider.guidance_scale == 5.0
+    for scale in (1.0, 3.0):
+        settings = GenerateConfig.load(overrides={"model": "tiny-helios", "guidance": scale})
+        assert guidance_arguments(pipe, settings) == {} and pipe.guider.guidance_scale == scale
+
+
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("model", list(MODELS))
 def test_every_layout_gives_the_same_video_from_a_split_sequence(videos, model, layout):
