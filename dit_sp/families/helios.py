@@ -104,7 +104,7 @@ HELIOS = ModelFamily(
         "HeliosPipeline": generation_defaults(129, 384, 640, 50, 5.0, 512) | {"fps": 24},
         # generate's steps are each pyramid stage's: the pipeline's default [10, 10, 10]
         "HeliosPyramidPipeline": generation_defaults(129, 384, 640, 10, 5.0, 512) | {"fps": 24},
-        # the distilled blocks' defaults: 2 steps a stage ([2, 2, 2]), unguided (their guider's scale 1)
+        # few-step: 2 steps a stage (the blocks default to the base pyramid's [10, 10, 10]), unguided (the guider at 1)
         "HeliosPyramidDistilledModularPipeline": generation_defaults(129, 384, 640, 2, 1.0, 512) | {"fps": 24},
     },
     vae_factors=dict.fromkeys(PIPELINES, _vae_factors),
