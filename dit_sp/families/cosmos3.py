@@ -342,6 +342,22 @@ _ARCHITECTURES = {
 }
 """The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
 
+MODULAR_PIPELINES = ("Cosmos3DistilledModularPipeline",)
+"""Modular Diffusers pipelines of the Cosmos 3 transformer that ``generate`` runs from a repository
+(``dit_sp.zoo.modular``): the distilled one (``Cosmos3DistilledBlocks``: one transformer call a step, no guidance, the
+steps fixed by the index's ``distilled_sigmas``, which give ``generate``'s default steps), whose calls are the omni
+blocks' own, so the family's seams split its generation tokens as for ``Cosmos3OmniPipeline``."""
+MODULAR_DEFAULTS = {
+    # the omni pipeline's size and rate; the steps are the index's distilled_sigmas (dit_sp.zoo.model_defaults); the
+    # guidance is baked into the weights (the blocks refuse a guidance_scale other than 1)
+    "Cosmos3DistilledModularPipeline": generation_defaults(189, 720, 1280, 4, 1.0, 512) | {"fps": 24},
+}
+DISTILLED_POLICY_REFUSED = (
+    "it is a few-step distilled sampler on a fixed sigma schedule (distilled_sigmas), with guidance baked into the "
+    "weights, not the many-step Euler ODE that the policy's SDE wraps"
+)
+"""Why GRPO does not train ``Cosmos3DistilledModularPipeline``."""
+
 COSMOS3 = ModelFamily(
     name="cosmos3",
     class_names=("Cosmos3OmniTransformer",),
@@ -359,9 +375,12 @@ COSMOS3 = ModelFamily(
     cache_branches=BranchCalls(prompt="input_ids", timestep="vision_timesteps"),
     teacache_probe=_teacache_probe,
     tiny_models=("tiny-cosmos3",),
-    checkpoint_defaults={"Cosmos3OmniPipeline": generation_defaults(189, 720, 1280, 35, 6.0, 512) | {"fps": 24}},
+    modular_pipelines=MODULAR_PIPELINES,
+    checkpoint_defaults={"Cosmos3OmniPipeline": generation_defaults(189, 720, 1280, 35, 6.0, 512) | {"fps": 24}}
+    | MODULAR_DEFAULTS,
     vae_factors={"Cosmos3OmniPipeline": _vae_factors},
     architectures=_ARCHITECTURES,
     pipelines=("Cosmos3OmniPipeline",),
     policy=Cosmos3Policy,
+    policy_refused={"Cosmos3DistilledModularPipeline": DISTILLED_POLICY_REFUSED},
 )

@@ -78,6 +78,10 @@ _ARCHITECTURES = {
 """The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
 
 PIPELINES = ("HeliosPipeline", "HeliosPyramidPipeline")
+MODULAR_PIPELINES = ("HeliosPyramidDistilledModularPipeline",)
+"""Modular Diffusers pipelines of the Helios transformer that ``generate`` runs from a repository
+(``dit_sp.zoo.modular``): the pyramid's distilled blocks (``HeliosPyramidDistilledAutoBlocks``, a DMD sampler:
+``HeliosDMDScheduler``), whose transformer calls are the pyramid pipeline's, split by the same plan."""
 
 NOT_TRAINED = (
     "it generates the video chunk by chunk, each chunk denoised from fresh noise while conditioned on the clean "
@@ -100,8 +104,11 @@ HELIOS = ModelFamily(
         "HeliosPipeline": generation_defaults(129, 384, 640, 50, 5.0, 512) | {"fps": 24},
         # generate's steps are each pyramid stage's: the pipeline's default [10, 10, 10]
         "HeliosPyramidPipeline": generation_defaults(129, 384, 640, 10, 5.0, 512) | {"fps": 24},
+        # few-step: 2 steps a stage (the blocks default to the base pyramid's [10, 10, 10]), unguided (the guider at 1)
+        "HeliosPyramidDistilledModularPipeline": generation_defaults(129, 384, 640, 2, 1.0, 512) | {"fps": 24},
     },
     vae_factors=dict.fromkeys(PIPELINES, _vae_factors),
     architectures=_ARCHITECTURES,
-    policy_refused=dict.fromkeys(PIPELINES, NOT_TRAINED),
+    policy_refused=dict.fromkeys(PIPELINES + MODULAR_PIPELINES, NOT_TRAINED),
+    modular_pipelines=MODULAR_PIPELINES,
 )

@@ -276,6 +276,35 @@ REFINE_PYTHON_ONLY = (
 """Why ``generate`` refuses ``LTX2DFRTemporalRefinePipeline`` (one line); ``parallelize`` splits it exactly."""
 
 
+MODULAR_PIPELINES = ("EchoModularPipeline",)
+"""Modular Diffusers pipelines of the LTX-2 transformer (``generate`` runs their repositories: ``dit_sp.zoo.modular``).
+Echo (``EchoBlocks``): reference-to-video of video and audio, its clean first-frame tokens and ordered image and
+audio memory tokens prepended to the noisy ones (per-token timesteps 0), one transformer call a step (no guidance,
+``use_cross_timestep``), a stochastic DMD schedule of 8 sigmas (``sigmas``) re-noised from its ``generator``: every
+rank draws the same noise, so the split sequence gives the one-process video."""
+MODULAR_DEFAULTS = {
+    # Echo's blocks' defaults: 241 frames of 512 x 704 at 25 fps, its 8-step DMD schedule, unguided
+    "EchoModularPipeline": generation_defaults(241, 512, 704, 8, 1.0, 1024) | {"fps": 25},
+}
+DIFFUSION_DECODE_REFUSED = (
+    "it is LTX-2.5's decode stage, not a video sampler: its LTX2VideoDiffusionDecoderModel turns given latents into "
+    "frames (a one-step diffusion decoder) and has no transformer to split, and its 3D neighborhood attention (windows "
+    "of up to 11 latent cells a side) has no row-split adapter in the parallel VAE (dit_sp.vae); run it on one process "
+    "on the latents of a split LTX-2 run (output_type='latent')"
+)
+"""Why ``parallelize`` and ``generate`` refuse ``LTX2VideoDiffusionDecodePipeline`` (one line)."""
+MODULAR_POLICY_REFUSED = {
+    "LTX2VideoDiffusionDecodePipeline": (
+        "it samples no video: it decodes given latents to frames (LTX-2.5's diffusion decoder), so there is no "
+        "trajectory of a video velocity to train"
+    ),
+    "EchoModularPipeline": (
+        "it is a few-step DMD-distilled sampler (8 fixed sigmas, each step predicts x0 and re-noises it with fresh "
+        "noise) that denoises video and audio jointly with cross-modal timesteps, not the Euler ODE of one "
+        "video velocity that the policy's SDE wraps"
+    ),
+}
+
 _PIPELINES = ("LTX2Pipeline", "LTX2ImageToVideoPipeline", "LTX2ConditionPipeline", "LTX2InContextPipeline")
 _DISTILLED = ("LTX2HDRPipeline", "LTX2DFRPipeline")
 """Pipelines whose checkpoints are distilled: 8 steps without guidance (their pipelines' defaults)."""
@@ -306,8 +335,11 @@ LTX2 = ModelFamily(
         "tiny-ltx2-dfr-refine",
     ),
     python_only={"LTX2DFRTemporalRefinePipeline": REFINE_PYTHON_ONLY},
+    refused_pipelines={"LTX2VideoDiffusionDecodePipeline": DIFFUSION_DECODE_REFUSED},
+    modular_pipelines=MODULAR_PIPELINES,
     checkpoint_defaults=dict.fromkeys(_PIPELINES, generation_defaults(121, 512, 768, 30, 3.0, 1024) | {"fps": 24})
-    | dict.fromkeys(_DISTILLED, generation_defaults(121, 512, 768, 8, 1.0, 1024) | {"fps": 24}),
+    | dict.fromkeys(_DISTILLED, generation_defaults(121, 512, 768, 8, 1.0, 1024) | {"fps": 24})
+    | MODULAR_DEFAULTS,
     vae=LTX2_VAE,
     vae_factors=dict.fromkeys(_PIPELINES + _DISTILLED, _vae_factors),
     architectures=_ARCHITECTURES,
@@ -335,5 +367,6 @@ LTX2 = ModelFamily(
             "every sample needs a reference video (encoded to in-context tokens concatenated to the noise, "
             "e.g. a pose video), which a GRPO prompt file (a prompt and at most one image) cannot supply"
         ),
-    },
+    }
+    | MODULAR_POLICY_REFUSED,
 )

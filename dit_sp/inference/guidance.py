@@ -36,6 +36,11 @@ def guidance_arguments(pipe: Any, config: GenerateConfig) -> dict[str, float]:
         pipe.guider = guider.new(guidance_scale=config.guidance)
         return {}
     blocks = getattr(pipe, "blocks", None)  # a Modular Diffusers pipeline: it takes its blocks' inputs
+    if blocks is not None and cfg_argument not in {p.name for p in blocks.inputs} and hasattr(guider, "new"):
+        # Helios' distilled pyramid guides through its guider alone (blocks with no guidance input): its scale is set
+        # here (1 turns its unconditional branch off), never dropped with the arguments the blocks do not take
+        pipe.update_components(guider=guider.new(guidance_scale=config.guidance))
+        return {}
     if blocks is not None and guider is None and cfg_argument not in {param.name for param in blocks.inputs}:
         # MiniMax-H3: guidance-distilled, one transformer call a step (no guider, no guidance argument)
         if config.guidance != 1 or config.embedded_guidance is not None or config.guidance_2 is not None:

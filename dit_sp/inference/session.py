@@ -199,7 +199,8 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
     for key in ("causal_block_size", "ar_step"):  # SkyReels-V2 diffusion forcing's asynchronous mode
         if getattr(config, key) is not None:
             arguments[key] = getattr(config, key)
-    if "pyramid_num_inference_steps_list" in inspect.signature(stock.__call__).parameters:  # Helios pyramid
+    blocks = {param.name for param in pipe.blocks.inputs} if _is_modular(pipe) else set()  # a modular one's inputs
+    if "pyramid_num_inference_steps_list" in {*inspect.signature(stock.__call__).parameters, *blocks}:  # Helios pyramid
         arguments["pyramid_num_inference_steps_list"] = [config.steps] * pipe.scheduler.config.stages  # per stage
     arguments |= call_arguments(config.model)  # a built-in model's fixed call arguments (its spec's ``call:``)
     if config.camera is not None:  # Sana-WM's camera path and intrinsics (a built-in model's spec has its own)
@@ -216,7 +217,8 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
     steps = [b - a for a, b in zip([start, *step_times[:-1]], step_times)]
     if modular:  # its outputs by name: the decoded videos and the final (unpacked) latents; Wan-Animate-2 frees its
         # segments' latents after decoding them: the scheduler's last step's (``_steps_recorded``)
-        frames = result["videos"][0]
+        videos = result["videos"]  # a batch of videos; Cosmos 3's modular decoder gives the one video, (F, H, W, 3)
+        frames = videos if getattr(videos, "ndim", 0) == 4 else videos[0]
         if result["latents"] is not None:
             final["latents"] = result["latents"].detach().cpu()
     elif hasattr(result, "frames"):  # (B, F, H, W, 3); Sana-WM's output (with its camera poses, c2w) is one video
@@ -258,8 +260,9 @@ def _as_references(stock: type, video: list[Any]) -> dict[str, Any]:
 @contextlib.contextmanager
 def _steps_recorded(pipe: Any, on_step_end: Callable, needed: bool) -> Iterator[None]:
     """For a pipeline without ``callback_on_step_end`` (HunyuanVideo-1.5), ``on_step_end`` after each scheduler step,
-    with the latents it returns: the scheduler's ``step`` is wrapped on this instance for the call."""
-    if not needed:
+    with the latents it returns: the scheduler's ``step`` is wrapped on this instance for the call. A pipeline without
+    a scheduler (Echo's modular blocks re-noise in their own loop) records no steps: its latents are its output's."""
+    if not needed or getattr(pipe, "scheduler", None) is None:
         yield
         return
     scheduler, done = pipe.scheduler, [0]

@@ -17,7 +17,7 @@ import torch
 
 from dit_sp.cache import CacheSpec, enable_cache
 from dit_sp.errors import ConfigError
-from dit_sp.families import PARALLELIZED_TRANSFORMERS, ModelFamily, family_of, vae_plan_of
+from dit_sp.families import PARALLELIZED_TRANSFORMERS, ModelFamily, family_of, refused_pipelines, vae_plan_of
 from dit_sp.parallel.comm import GatherGrad
 from dit_sp.parallel.state import ParallelState
 from dit_sp.sp.guidance import GuidancePair
@@ -169,13 +169,13 @@ def parallelize(
         else:
             transformers = [getattr(obj, n, None) for n in PARALLELIZED_TRANSFORMERS]
             transformers = [t for t in transformers if t is not None]
+            if type(obj).__name__ in refused_pipelines():  # also one without a transformer (a decode stage)
+                raise ConfigError(f"{type(obj).__name__}: {refused_pipelines()[type(obj).__name__]}")
             if not transformers:
                 raise TypeError(
                     f"{type(obj).__name__} is neither a diffusers transformer nor a pipeline with a `transformer`"
                 )
             family = family_of(transformers[0])
-            if type(obj).__name__ in family.refused_pipelines:
-                raise ConfigError(f"{type(obj).__name__}: {family.refused_pipelines[type(obj).__name__]}")
             if parallel.cfg == 2 and family.cfg_refused:
                 raise ConfigError(f"cfg parallelism (cfg=2) for {type(obj).__name__}: {family.cfg_refused}")
             if parallel.cfg == 2 and _is_modular(obj) and family.cfg_mode != "sequential":

@@ -20,7 +20,7 @@ from dit_sp.io.bundled import ASSET_DIR, asset_path
 from dit_sp.zoo.files import check_component, has_class, json_object
 from dit_sp.zoo.hub import cached_snapshot, is_hub_id
 from dit_sp.zoo.image import as_image_to_video, image_class  # noqa: F401 (as_image_to_video: re-exported)
-from dit_sp.zoo.modular import is_modular, pipeline_of
+from dit_sp.zoo.modular import is_modular, pipeline_of, read_index
 from dit_sp.zoo.sample import read_sample_settings
 from dit_sp.zoo.tokenizers import (
     clip_byte_vocab,
@@ -252,7 +252,10 @@ def model_defaults(model: str) -> dict[str, Any]:
             )
         except (OSError, ValueError, AttributeError, ConfigError):
             name = None  # load_pipeline reports what is wrong with the directory
-        return dict(CHECKPOINT_DEFAULTS.get(name, CHECKPOINT_DEFAULTS["WanPipeline"])) | read_sample_settings(path)
+        defaults = dict(CHECKPOINT_DEFAULTS.get(name, CHECKPOINT_DEFAULTS["WanPipeline"]))
+        if name is not None and is_modular(path) and (sigmas := read_index(path).get("distilled_sigmas")):
+            defaults["steps"] = len(sigmas)  # a distilled schedule fixed by the index (Cosmos 3's distilled)
+        return defaults | read_sample_settings(path)
     return dict(model_spec(model).get("defaults", {}))
 
 

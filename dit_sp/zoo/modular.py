@@ -42,12 +42,17 @@ def pipeline_of(path: Path, index: dict[str, Any] | None = None) -> str:
     """The modular pipeline class ``generate`` runs the repository ``path`` as: among the modular pipelines of the
     family of its ``_class_name``, the one whose default blocks are its ``_blocks_class_name`` (absent: its
     ``_class_name``'s own), so that a ``WanAnimate2ModularPipeline`` index of distilled blocks runs as
-    ``WanAnimate2DistilledModularPipeline``. A ``ConfigError`` names any other pipeline or blocks."""
+    ``WanAnimate2DistilledModularPipeline``; an unregistered ``_class_name`` (``Cosmos3OmniModularPipeline``, the
+    classic pipeline's form) whose blocks are a registered pipeline's own (``Cosmos3DistilledBlocks``) runs as that
+    pipeline. A ``ConfigError`` names any other pipeline or blocks."""
     import diffusers
 
     index = read_index(path) if index is None else index
     name, blocks = index.get("_class_name"), index.get("_blocks_class_name")
     supported = [p for f in FAMILIES for p in f.modular_pipelines]
+    by_own_blocks = {getattr(diffusers, p).default_blocks_name: p for p in supported}
+    if name not in supported and blocks in by_own_blocks:  # Cosmos 3's distilled blocks under the omni pipeline
+        name = by_own_blocks[blocks]  # (Cosmos3DistilledBlocks().init_pipeline() is a Cosmos3OmniModularPipeline)
     family = next((f for f in FAMILIES if name in f.modular_pipelines), None)
     if family is None:
         raise ConfigError(f"{path / MODULAR_INDEX}: _class_name {name!r} (blocks {blocks!r}) is not a Modular "

@@ -14,7 +14,7 @@ import json
 from functools import cache
 
 from dit_sp.families import FAMILIES, supported_vaes
-from dit_sp.families.family import TRANSFORMERS, ModelFamily
+from dit_sp.families.family import PARALLELIZED_TRANSFORMERS, TRANSFORMERS, ModelFamily
 from dit_sp.io.bundled import asset_path
 from dit_sp.vae.leader import AUDIO_DECODE_REASONS, LEADER_DECODE_REASONS
 from dit_sp.zoo import model_spec
@@ -58,6 +58,28 @@ def diffusers_pipelines() -> dict[str, tuple[str, ...]]:
         for component in TRANSFORMERS:
             for cls in components.get(component, ()):
                 by_transformer.setdefault(cls, set()).add(pipeline)
+    return {transformer: tuple(sorted(names)) for transformer, names in by_transformer.items()}
+
+
+@cache
+def diffusers_modular_pipelines() -> dict[str, tuple[str, ...]]:
+    """Every Modular Diffusers pipeline class of the installed diffusers (a ``*ModularPipeline`` with default blocks)
+    by the transformer class its default blocks expect (``transformer``, ``transformer_2``, ``transformer_ref``),
+    sorted: read from diffusers, so a modular pipeline that a new release adds for a supported transformer is found
+    without anyone listing it (``tests/zoo/test_family_table.py`` requires each to be registered or accounted for)."""
+    import diffusers
+
+    by_transformer: dict[str, set[str]] = {}
+    for name in dir(diffusers):
+        if not name.endswith("ModularPipeline") or name == "ModularPipeline":
+            continue
+        try:
+            blocks = getattr(diffusers, getattr(diffusers, name).default_blocks_name)()
+        except (ImportError, AttributeError, TypeError, ValueError):  # an optional backend is missing
+            continue
+        for spec in blocks.expected_components:
+            if spec.name in PARALLELIZED_TRANSFORMERS:
+                by_transformer.setdefault(getattr(spec.type_hint, "__name__", str(spec.type_hint)), set()).add(name)
     return {transformer: tuple(sorted(names)) for transformer, names in by_transformer.items()}
 
 
@@ -161,11 +183,12 @@ def _pipeline_class(model: str) -> str | None:
 
 def family_pipelines(family: ModelFamily) -> list[str]:
     """Every pipeline class of the family, sorted: the diffusers pipelines of its transformers (as their ``__init__``
-    annotates them), its built-in models' and its Modular Diffusers pipelines (what the table's column lists)."""
+    annotates them), its built-in models', its Modular Diffusers pipelines and those it refuses (LTX-2.5's diffusion
+    decode stage, which has no transformer) (what the table's column lists)."""
     tested = {_pipeline_class(name) for name in family.tiny_models} - {None}
     by_transformer = diffusers_pipelines()
     names = {p for cls in family.class_names for p in by_transformer.get(cls, ())} | tested
-    return sorted(names | set(family.modular_pipelines))
+    return sorted(names | set(family.modular_pipelines) | set(family.refused_pipelines))
 
 
 def _pipelines(family: ModelFamily) -> str:

@@ -1,12 +1,14 @@
 """Cosmos 3 through ``generate``: the built-in ``tiny-cosmos3`` (``Cosmos3OmniPipeline``), text-to-video on Ulysses 2
 and ring 2, image-to-video (the image's latents a clean first frame) on Ulysses 2 and video-to-video (the video's
 first two latent frames clean) on ring 2, gives the frames and latents of one process, each rank's attention holding
-the whole prompt prefix and half of the video's tokens (CFG parallelism's refusal: tests/families/test_cosmos3.py).
-One spawn runs both layouts."""
+the whole prompt prefix and half of the video's tokens (CFG parallelism's refusal: tests/families/test_cosmos3.py);
+so does Cosmos 3's distilled modular pipeline (``Cosmos3DistilledModularPipeline``, modular only) from a saved tiny
+repository, on both layouts. One spawn runs every layout."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -48,14 +50,55 @@ def videos(tmp_path_factory):
     reports = {(kind, "single"): generate(_settings(tmp, f"{kind}-single", inputs), True)
                for kind, inputs in INPUTS.items()}  # fmt: skip
     settings = [_settings(tmp, f"{kind}-{layout}", INPUTS[kind], **LAYOUTS[layout]) for kind, layout in JOBS]
+    distilled = _distilled_settings(tmp)
+    reports[("distilled", "single")] = generate(distilled("distilled-single"), True)
+    settings += [distilled(f"distilled-{layout}", **flags) for layout, flags in LAYOUTS.items()]
     by_rank = spawn(generate_recording, 2, args=(settings,), timeout=300)
-    for i, key in enumerate(JOBS):
+    for i, key in enumerate(JOBS + [("distilled", layout) for layout in LAYOUTS]):
         leaders = [reports_of_rank[i] for reports_of_rank in by_rank if "out" in reports_of_rank[i]]
         assert len(leaders) == 1, f"{key}: exactly one rank writes the output"
         reports[key] = leaders[0] | {"every_rank_lengths": [r[i]["lengths"] for r in by_rank]}
     pipe = build_tiny(MODEL)
     cond, uncond = pipe.tokenize_prompt(settings[0].prompt, "", num_frames=9, height=16, width=40)
     return reports | {"prefix_lengths": {len(cond), len(uncond)}}  # the conditional and unconditional calls'
+
+
+def _distilled_settings(tmp):
+    """Settings of ``generate`` on a tiny repository of Cosmos 3's distilled modular pipeline
+    (``Cosmos3DistilledModularPipeline``: ``Cosmos3DistilledBlocks``), saved in ``tmp``: ``tiny-cosmos3``'s transformer,
+    VAE and tokenizer with a flow-match scheduler and 4 distilled sigmas in its index (``generate``'s default steps)."""
+    import diffusers
+    from modular_repos import save_blocks_repository
+
+    repo = save_blocks_repository("tiny-cosmos3", "Cosmos3DistilledBlocks", tmp / "distilled-repo",
+                                  config={"distilled_sigmas": [1.0, 0.75, 0.5, 0.25], "enable_safety_checker": False},
+                                  scheduler=diffusers.FlowMatchEulerDiscreteScheduler())  # fmt: skip
+
+    def settings(name: str, **flags) -> GenerateConfig:
+        return GenerateConfig.load(overrides={"model": str(repo), "out": str(tmp / f"{name}.mp4"), "frames": 9,
+                                              "height": 16, "width": 40, "save_latents": str(tmp / f"{name}.pt"),
+                                              "verify_inputs": True, **flags})  # fmt: skip
+
+    return settings
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_the_distilled_modular_pipeline_gives_the_one_process_video_from_a_split_sequence(videos, layout):
+    """Cosmos 3 distilled (modular only) from a saved repository: its 4 unguided steps (the index's sigmas:
+    ``generate``'s default steps) on Ulysses 2 and ring 2 give frames and latents within 1e-4 of one process's, each
+    rank's attention holding the whole prompt prefix and half of the 9 video tokens."""
+    from dit_sp.zoo import model_defaults
+
+    reference, report = videos[("distilled", "single")], videos[("distilled", layout)]
+    assert reference["frames"].shape == report["frames"].shape == (9, 16, 40, 3)
+    assert np.abs(report["frames"] - reference["frames"]).max() <= 1e-4
+    latents, ref_latents = torch.load(report["latents"]), torch.load(reference["latents"])
+    assert ref_latents.shape == (1, 4, 3, 2, 5) and (latents - ref_latents).abs().max() <= 1e-4
+    assert reference["frames"].std() > 0.01
+    (first,), (second,) = report["every_rank_lengths"]  # one call a step: one prompt prefix, no unconditional branch
+    assert first == second and first[1] == math.ceil(GEN_TOKENS / 2) and first[0] > GEN_TOKENS, first
+    repo = Path(report["out"]).parent / "distilled-repo"
+    assert (model_defaults(str(repo))["steps"], model_defaults(str(repo))["guidance"]) == (4, 1.0)
 
 
 @pytest.mark.parametrize(("kind", "layout"), JOBS, ids=lambda x: x)

@@ -5,7 +5,9 @@ image-to-video, the latter with a SigLIP image encoder) and Helios (a chunk of c
 three scales; each rank told its own count of current tokens; text-, image- and video-to-video) through ``generate``:
 the same frames and latents on Ulysses 2, ring 2 and CFG parallel (the guidance pair split over two processes:
 EasyAnimate's and Allegro's batched call, HunyuanVideo-1.5's two guider calls, Helios' two calls) as on one process,
-with the attention of each rank holding half of the video tokens. One spawn runs them all."""
+with the attention of each rank holding half of the video tokens; and Helios' distilled pyramid
+(``HeliosPyramidDistilledModularPipeline``, modular only) from a saved tiny repository on Ulysses 2 and ring 2. One
+spawn runs them all."""
 
 from __future__ import annotations
 
@@ -63,7 +65,59 @@ def videos(tmp_path_factory):
     reports = {(model, "single"): generate(_settings(tmp, model, "single"), True) for model in MODELS}
     jobs = [((model, layout), _settings(tmp, model, layout, **flags)) for layout, flags in LAYOUTS.items()
             for model in MODELS]  # fmt: skip
+    distilled = _distilled_settings(tmp)
+    reports[("distilled", "single")] = generate(distilled("single"), True)
+    jobs += [(("distilled", layout), distilled(layout, **LAYOUTS[layout])) for layout in ("1x2", "2x1")]
     return reports | layout_reports(jobs)
+
+
+def _distilled_settings(tmp):
+    """Settings of ``generate`` on a tiny repository of Helios' distilled pyramid
+    (``HeliosPyramidDistilledModularPipeline``, modular only), saved in ``tmp``: ``tiny-helios-pyramid``'s components
+    with a 3-stage ``HeliosDMDScheduler``; one chunk of 33 frames of 64 x 64 (9 x 8 x 8 latents, patch 2: 144 current
+    tokens at the last stage), one step a stage (``--steps``: each stage's, as for the classic pyramid)."""
+    import diffusers
+    from modular_repos import save_blocks_repository
+
+    scheduler = diffusers.HeliosDMDScheduler(stages=3, gamma=0.25, use_dynamic_shifting=True)  # tiny-helios-pyramid's
+    repo = save_blocks_repository("tiny-helios-pyramid", "HeliosPyramidDistilledAutoBlocks", tmp / "distilled-repo",
+                                  scheduler=scheduler)  # fmt: skip
+
+    def settings(name: str, **flags) -> GenerateConfig:
+        return GenerateConfig.load(overrides={"model": str(repo), "out": str(tmp / f"distilled-{name}.mp4"),
+                                              "frames": 33, "height": 64, "width": 64, "steps": 1,
+                                              "max_sequence_length": 16, "verify_inputs": True,
+                                              "save_latents": str(tmp / f"distilled-{name}.pt"), **flags})  # fmt: skip
+
+    return settings
+
+
+@pytest.mark.parametrize("layout", ["1x2", "2x1"])
+def test_the_distilled_pyramid_gives_the_one_process_video_from_a_split_sequence(videos, layout):
+    """Helios' distilled pyramid (modular only; a DMD sampler, unguided) from a saved repository on Ulysses 2 and
+    ring 2: frames and latents within 1e-4 of one process's, each rank's attention holding half of each of the 3 stages'
+    sequences (the last stage's 144 current tokens and the history behind them)."""
+    reference, report = videos[("distilled", "single")], videos[("distilled", layout)]
+    assert_same_video(report, reference)
+    assert torch.load(reference["latents"]).shape == (1, 4, 9, 8, 8) and reference["frames"].shape == (33, 64, 64, 3)
+    first, second = report["lengths"]
+    assert first == second and len(first) == 3 and 144 // 2 <= first[-1] < 144, report["lengths"]
+
+
+def test_the_distilled_pyramid_takes_guidance_through_its_guider():
+    """Its blocks take no guidance argument: ``--guidance`` sets its guider's scale (default 1: unguided, one call a
+    step; the blocks' own default would be 5), never dropped with the arguments the blocks do not take."""
+    import diffusers
+
+    from dit_sp.inference import guidance_arguments
+    from dit_sp.zoo import build_tiny
+
+    pipe = diffusers.HeliosPyramidDistilledAutoBlocks().init_pipeline()
+    pipe.update_components(transformer=build_tiny("tiny-helios", "transformer"))
+    assert pipe.guider.guidance_scale == 5.0
+    for scale in (1.0, 3.0):
+        settings = GenerateConfig.load(overrides={"model": "tiny-helios", "guidance": scale})
+        assert guidance_arguments(pipe, settings) == {} and pipe.guider.guidance_scale == scale
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))

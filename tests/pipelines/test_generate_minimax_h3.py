@@ -3,8 +3,9 @@
 holding half of the one packed sequence (text, video and audio rows), and the video VAE's decoder calls (one a clip)
 shared out over the ranks; CFG parallelism and guidance are refused in one line (the model is guidance-distilled). Its
 first-and-last-frame workflow (``fl2va``: ``--last-image``, with ``--image`` the first frame) on Ulysses 2 gives the
-one-process video from a split sequence too; contradictory workflow flags are refused in one line before loading. One
-spawn runs the three jobs."""
+one-process video from a split sequence too; contradictory workflow flags are refused in one line before loading.
+Echo (``EchoModularPipeline``, modular only, on LTX-2's transformer), from a saved tiny repository, on Ulysses 2 and
+ring 2 gives its one-process video too. One spawn runs the five jobs."""
 
 from __future__ import annotations
 
@@ -51,10 +52,30 @@ def videos(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("minimax_h3")
     keyframes = _keyframes(tmp)
-    single, fl2va = generate_recording([_settings(tmp, "single"), _settings(tmp, "fl2va", **keyframes)])
+    echo = _echo_settings(tmp)
+    single, fl2va, echo_single = generate_recording([_settings(tmp, "single"), _settings(tmp, "fl2va", **keyframes),
+                                                     echo("echo")])  # fmt: skip
     jobs = [(layout, _settings(tmp, layout, **flags)) for layout, flags in LAYOUTS.items()]
     jobs.append(("fl2va-1x2", _settings(tmp, "fl2va-1x2", ulysses=2, **keyframes)))
-    return {"single": single, "fl2va": fl2va} | layout_reports(jobs)
+    jobs += [(f"echo-{layout}", echo(f"echo-{layout}", **flags)) for layout, flags in LAYOUTS.items()]
+    return {"single": single, "fl2va": fl2va, "echo": echo_single} | layout_reports(jobs)
+
+
+def _echo_settings(tmp):
+    """Settings of ``generate`` on a tiny Echo repository (``EchoModularPipeline``, modular only: the LTX-2
+    transformer), saved in ``tmp``: ``tiny-ltx2``'s components run by ``EchoBlocks``; 5 frames of 32 x 32 (2 latent
+    frames of 8 x 8)."""
+    from modular_repos import save_blocks_repository
+
+    repo = save_blocks_repository("tiny-ltx2", "EchoBlocks", tmp / "echo-repo")
+
+    def settings(name: str, **flags) -> GenerateConfig:
+        return GenerateConfig.load(overrides={"model": str(repo), "out": str(tmp / f"{name}.mp4"), "frames": 5,
+                                              "height": 32, "width": 32, "max_sequence_length": 32,
+                                              "save_latents": str(tmp / f"{name}.pt"), "verify_inputs": True,
+                                              **flags})  # fmt: skip
+
+    return settings
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -95,6 +116,21 @@ def test_the_keyframe_workflow_on_ulysses_2_gives_the_one_process_video(videos):
     assert len(lengths) == 2 and lengths[0] == lengths[1] and len(lengths[0]) == 1, lengths
     # (measured: 318 rows a rank, text to video's 238: the keyframes' rows and their labels in the text)
     assert lengths[0][0] > text_lengths[0][0], (lengths, text_lengths)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_echo_on_every_layout_gives_the_one_process_video_from_a_split_sequence(videos, layout):
+    """Echo (``EchoModularPipeline``: LTX-2's transformer under Echo's DMD blocks, one call a step, fresh noise each
+    step from the generator every rank shares) from a saved repository: frames and latents within 1e-4 of one
+    process's, each rank's video self-attention holding half of the 2 x 8 x 8 video tokens, the VAE split by rows."""
+    from variant_generate_checks import assert_same_video
+
+    one, split = videos["echo"], videos[f"echo-{layout}"]
+    assert torch.load(one["latents"]).shape == (1, 4, 2, 8, 8)
+    assert_same_video(split, one)
+    # each rank's video attention: half the 128 video tokens (its video-to-audio attention: the 5 audio queries, whole)
+    assert split["lengths"] == [[5, 64], [5, 64]], split["lengths"]
+    assert split["vae_rows"] < one["vae_rows"]  # the decoder's rows split (a halo beside each half)
 
 
 def test_contradictory_workflow_flags_are_refused_in_one_line_before_loading(tmp_path):
@@ -158,7 +194,8 @@ def test_cfg_parallel_is_refused_in_one_line_before_loading(tmp_path):
 
 
 def test_guidance_is_refused_for_the_distilled_model():
-    """The pipeline takes no guidance argument and has no guider: ``guidance`` 1 passes nothing, others are refused."""
+    """The pipeline takes no guidance argument and has no guider: ``guidance`` 1 passes nothing, others are refused;
+    Echo's blocks too."""
     from diffusers import MiniMaxH3Blocks
 
     from dit_sp.errors import ConfigError
@@ -170,6 +207,14 @@ def test_guidance_is_refused_for_the_distilled_model():
     assert guidance_arguments(pipe, GenerateConfig.load(overrides={"model": MODEL})) == {}
     with pytest.raises(ConfigError, match="takes no guidance .*guidance-distilled"):
         guidance_arguments(pipe, GenerateConfig.load(overrides={"model": MODEL, "guidance": 3.0}))
+    # Echo's blocks (LTX-2's transformer) neither: so --guidance, and with it --cfg-parallel, is refused in one line
+    from diffusers import EchoBlocks
+
+    echo = EchoBlocks().init_pipeline()
+    echo.update_components(transformer=build_tiny("tiny-ltx2", "transformer"))
+    assert guidance_arguments(echo, GenerateConfig.load(overrides={"model": "tiny-ltx2", "guidance": 1.0})) == {}
+    with pytest.raises(ConfigError, match="^EchoModularPipeline takes no guidance .*drop --guidance or set it to 1$"):
+        guidance_arguments(echo, GenerateConfig.load(overrides={"model": "tiny-ltx2", "guidance": 3.0}))
 
 
 def test_the_tiny_processor_finds_the_encoders_vision_markers():

@@ -35,3 +35,30 @@ def save_repository(model: str, directory: Path, *, distilled: bool = False, ind
         index["_blocks_class_name"] = "WanAnimate2DistilledBlocks"
     file.write_text(json.dumps(index, indent=2))
     return directory
+
+
+def save_blocks_repository(model: str, blocks: str, directory: Path, config: dict | None = None,
+                           **components: object) -> Path:  # fmt: skip
+    """The built-in ``model``'s components (``tiny-ltx2``'s for Echo), with ``components`` replacing or adding some,
+    run by the Modular Diffusers ``blocks`` (``EchoBlocks``) with the pipeline ``config`` (saved in the index: Cosmos 3
+    distilled's ``distilled_sigmas``) and saved in ``directory`` as a downloaded repository of that modular pipeline
+    (each spec pointing at a Hub id): a modular-only pipeline of a transformer whose classic pipelines have a built-in
+    model, at that model's shapes."""
+    import diffusers
+
+    from dit_sp.zoo import build_tiny
+
+    built = build_tiny(model)
+    built.text_tokenizer = getattr(built, "text_tokenizer", None)  # (Cosmos 3's tokenizer)
+    pipe = getattr(diffusers, blocks)().init_pipeline()
+    parts = {name: getattr(built, name, None) for name in pipe.component_names} | components
+    pipe.update_components(**{name: part for name, part in parts.items() if part is not None})
+    pipe.register_to_config(**(config or {}))
+    pipe.save_pretrained(str(directory), overwrite_modular_index=True)
+    file = directory / "modular_model_index.json"
+    index = json.loads(file.read_text())
+    for value in index.values():
+        if isinstance(value, list) and len(value) == 3 and value[0] is not None and isinstance(value[2], dict):
+            value[2]["pretrained_model_name_or_path"] = HUB_ID
+    file.write_text(json.dumps(index, indent=2))
+    return directory
