@@ -56,8 +56,7 @@ LAYOUT_RUNS: dict[str, tuple[str, str]] = {
     "tiny-easyanimate": _EASY,
     "tiny-easyanimate-inpaint": _INPAINT,
     "tiny-allegro": _EASY,
-    # generate --cache on Ulysses 2 against one process with the same cache (frames and latents within 1e-4)
-    "tiny-skyreels-v2": ("cache/test_family_caches.py", "test_the_step_cache_decides_as_one_process"),
+    "tiny-skyreels-v2": _VARIANTS,
     "tiny-skyreels-v2-i2v": _SKYREELS,
     "tiny-skyreels-v2-df": _VARIANTS,
     "tiny-skyreels-v2-df-i2v": _SKYREELS,
