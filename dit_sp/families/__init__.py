@@ -160,6 +160,12 @@ def python_only_pipelines() -> dict[str, str]:
     return {pipeline: why for family in FAMILIES for pipeline, why in family.python_only.items()}
 
 
+def video_tensor_pipelines() -> dict[str, Any]:
+    """The pipeline classes that take ``--video`` as one ``(1, T, 3, H, W)`` tensor in [0, 1], each with the lengths
+    it takes (``ModelFamily.video_tensor``), over all families."""
+    return {pipeline: lengths for family in FAMILIES for pipeline, lengths in family.video_tensor.items()}
+
+
 def architectures() -> dict[str, dict[str, Any]]:
     """The real checkpoints the memory planner knows, over all families."""
     return {name: arch for family in FAMILIES for name, arch in family.architectures.items()}
@@ -215,4 +221,5 @@ __all__ = [
     "tiny_models",
     "vae_factors",
     "vae_plan_of",
+    "video_tensor_pipelines",
 ]

@@ -156,6 +156,17 @@ def _shape_check(config: Any, settings: dict[str, Any], name: Any, vae: tuple[in
                           f"{name('frames')} {(sum(chunks) - 1) * vae[0] + 1}")  # fmt: skip
 
 
+def video_lengths(config: dict[str, Any], temporal: int) -> tuple[tuple[int, ...], str]:
+    """The ``--video`` lengths ``AnyFlowFARPipeline`` takes (its ``video``: ``(B, T, 3, H, W)`` in [0, 1]), from the
+    transformer's ``config``: a video's latent frames (``(T - 1) / temporal + 1``, ``T = temporal * n + 1``) are kept
+    as the first chunks of ``chunk_partition`` (chunks it covers are not denoised, so it must fill each whole: the
+    rest of one would stay zero), and at least the last chunk is made; with why."""
+    chunks = list(config["chunk_partition"])
+    lengths = tuple((sum(chunks[:k]) - 1) * temporal + 1 for k in range(1, len(chunks)))
+    return lengths, (f"it keeps the video's latent frames as whole chunks of its chunk_partition {chunks} and makes "
+                     "the rest, at least the last")  # fmt: skip
+
+
 def kv_cache(config: dict[str, Any], latent_frames: int, height: int, width: int, guidance: bool,
              ulysses: int) -> tuple[str, int]:  # fmt: skip
     """The KV cache ``AnyFlowFARPipeline`` allocates before its first transformer call, in elements (of the
@@ -192,6 +203,7 @@ ANYFLOW_FAR = ModelFamily(
     ring_refused=RING_REFUSAL,
     cfg_mode="batched",  # one call on [unconditional, conditional]
     cfg_batched_args=("hidden_states", "timestep", "r_timestep", "encoder_hidden_states"),
+    video_tensor={"AnyFlowFARPipeline": video_lengths},  # --video: (1, T, 3, H, W) in [0, 1] of whole chunks
     tiny_models=("tiny-anyflow-far",),
     checkpoint_defaults={"AnyFlowFARPipeline": generation_defaults(81, 480, 832, 4, 1.0, 512) | {"fps": 16}},
     vae_factors={"AnyFlowFARPipeline": wan_vae_factors},

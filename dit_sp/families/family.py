@@ -220,6 +220,13 @@ class ModelFamily:
     """Pipeline classes of the family that keep ``--video``'s latent frames as the first of the video they make
     (``AnyFlowPipeline``'s ``video``): ``generate`` refuses, before loading, a video of more latent frames than
     ``--frames`` makes (the pipeline would fail on a tensor size)."""
+    video_tensor: dict[str, Callable[[dict[str, Any], int], tuple[tuple[int, ...], str]]] = field(
+        default_factory=dict, hash=False
+    )
+    """Pipeline classes of the family that take ``--video`` as one ``(1, T, 3, H, W)`` tensor in [0, 1], not a list
+    of frames (``AnyFlowFARPipeline``'s ``video``), each with the lengths ``T`` it takes, from its transformer's
+    config and its VAE's temporal factor, and why those: ``generate`` passes the frames so, and refuses a video of
+    another length before loading."""
     step_cache_refused: str = ""
     """Why the step caches cannot run exactly on the family's blocks (empty: they can: diffusers has block metadata for
     them, or ``block_outputs`` gives it, and what runs between blocks is nothing the hooks would skip wrongly, or

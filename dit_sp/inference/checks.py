@@ -9,7 +9,7 @@ import inspect
 from typing import Any
 
 from dit_sp.errors import ConfigError, MissingFileError
-from dit_sp.families import FAMILIES, python_only_pipelines, refused_pipelines
+from dit_sp.families import FAMILIES, python_only_pipelines, refused_pipelines, video_tensor_pipelines
 from dit_sp.inference.config import GenerateConfig
 from dit_sp.inference.guidance import GUIDER, guidance_arguments  # noqa: F401 (imported from here too)
 from dit_sp.inference.inpaint import takes_inpaint
@@ -165,7 +165,7 @@ def check_image_inputs(config: GenerateConfig, info: Any | None = None) -> None:
     if takes_conditions(takes):
         check_condition_inputs(config, name)
         return
-    check_video_input(config, name, takes, info if family is not None and name in family.video_prefix else None)
+    check_video_input(config, name, takes, info)
     check_motion_videos(config, name, takes)
     check_camera(config, name, takes)
     if "image" not in takes:
@@ -310,10 +310,12 @@ def check_diffusion_forcing(config: GenerateConfig, name: str, takes: Any) -> No
                           "--ring")  # fmt: skip
 
 
-def check_video_input(config: GenerateConfig, name: str, takes: Any, prefix: Any | None = None) -> None:
+def check_video_input(config: GenerateConfig, name: str, takes: Any, info: Any | None = None) -> None:
     """``--video`` against the pipeline's ``__call__`` parameters ``takes`` (``name``: its class), and the file; with
-    ``prefix`` (``shape_info``: its VAE's factors), for a pipeline that keeps the video's latent frames as the first of
-    the video it makes (``ModelFamily.video_prefix``: AnyFlow's), no more of them than ``--frames`` makes."""
+    ``info`` (``shape_info``: its VAE's factors, its transformer's config), for a pipeline that keeps the video's latent
+    frames as the first of the video it makes (``ModelFamily.video_prefix``: AnyFlow's), no more of them than
+    ``--frames`` makes, and for one that takes it as one tensor (``ModelFamily.video_tensor``: AnyFlow FAR's), a length
+    it takes."""
     if "video" not in takes:
         if config.video:
             raise ConfigError(f"--video: {config.model} ({name}) takes no input video; use a video-to-video model "
@@ -326,8 +328,14 @@ def check_video_input(config: GenerateConfig, name: str, takes: Any, prefix: Any
     if not config.video:
         return
     frames = len(read_video(config.video))
-    if prefix is not None:  # AnyFlow: the video's latent frames are the output's first ones
-        temporal = prefix.vae_scale_factor_temporal  # a causal VAE: the first frame, then one latent per `temporal`
+    if name in video_tensor_pipelines() and info is not None and info.transformer.config:
+        fits, why = video_tensor_pipelines()[name](info.transformer.config, info.vae_scale_factor_temporal)
+        if frames not in fits:
+            raise ConfigError(f"--video {config.video}: {frames} frames; {name} takes a video of "
+                              f"{' or '.join(map(str, fits)) or 'no'} frames ({why}): trim it to one of "
+                              "them")  # fmt: skip
+    if info is not None and any(name in family.video_prefix for family in FAMILIES):  # AnyFlow: the output's first
+        temporal = info.vae_scale_factor_temporal  # a causal VAE: the first frame, then one latent per `temporal`
         given, made = (frames - 1) // temporal + 1, (config.frames - 1) // temporal + 1
         if given > made:
             raise ConfigError(f"--video {config.video}: {frames} frames encode to {given} latent frames, more than the "

@@ -22,8 +22,8 @@ def inpaint_inputs(images: dict[str, Any], frames: int, height: int, width: int)
     import torch
 
     if "video" in images:
-        video = _frames_tensor(images["video"][:frames], height, width)
-        mask = _frames_tensor([m.convert("L") for m in images["mask_video"][:frames]], height, width)
+        video = frames_tensor(images["video"][:frames], height, width)
+        mask = frames_tensor([m.convert("L") for m in images["mask_video"][:frames]], height, width)
         return {"video": video, "mask_video": (mask > 0.5).to(torch.float32) * 255}
     from diffusers.pipelines.easyanimate.pipeline_easyanimate_inpaint import get_image_to_video_latent
 
@@ -32,7 +32,7 @@ def inpaint_inputs(images: dict[str, Any], frames: int, height: int, width: int)
     return {"video": video, "mask_video": mask}
 
 
-def _frames_tensor(frames: list[Any], height: int, width: int) -> Any:
+def frames_tensor(frames: list[Any], height: int, width: int) -> Any:
     """PIL frames resized to ``height`` x ``width`` as ``(1, C, F, H, W)`` in [0, 1] (C: 3 for RGB, 1 for L)."""
     import numpy as np
     import torch

@@ -16,7 +16,7 @@ import torch
 
 from dit_sp.cache import StepCache, enable_cache
 from dit_sp.errors import ConfigError
-from dit_sp.families import check_shape
+from dit_sp.families import check_shape, video_tensor_pipelines
 from dit_sp.inference.checks import (
     MOTION_VIDEOS,
     VIDEO_HISTORY,
@@ -26,7 +26,7 @@ from dit_sp.inference.checks import (
     takes_conditions,
 )
 from dit_sp.inference.config import GenerateConfig
-from dit_sp.inference.inpaint import inpaint_inputs, takes_inpaint
+from dit_sp.inference.inpaint import frames_tensor, inpaint_inputs, takes_inpaint
 from dit_sp.io.console import plain_tracebacks, quiet_followers
 from dit_sp.parallel import ParallelState, check_ranks_agree, init_layout
 from dit_sp.sp import parallelize
@@ -156,6 +156,8 @@ def sample(pipe: Any, config: GenerateConfig, guidance: dict[str, float], seed: 
         images["video"] = read_video(config.video)
         if "overlap_history" in inspect.signature(stock.__call__).parameters:
             images["overlap_history"] = min(len(images["video"]), VIDEO_HISTORY)
+        if stock.__name__ in video_tensor_pipelines():  # AnyFlow FAR: (1, T, 3, H, W) in [0, 1]
+            images["video"] = frames_tensor(images["video"], config.height, config.width).transpose(1, 2)
     for key in MOTION_VIDEOS:  # Wan Animate: the input videos; the output is made in segments of `frames`
         if path := getattr(config, key):
             images[key] = read_video(path, "--" + key.replace("_", "-"))

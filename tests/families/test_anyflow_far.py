@@ -3,8 +3,10 @@ Ulysses, against one process. The transformer in its three modes (training with 
 frames, the cache prefill, the denoising call reading the cache): outputs and every gradient within 1e-5 (with a dense
 stand-in for flex attention, which has no CPU backward; equal to it in forward), each rank's cache (prefilled with flex
 attention) holding its head group, the attention seeing its shard. The whole pipeline through ``generate`` (flex
-attention) on Ulysses 2 and with CFG parallelism: frames and latents within 1e-4. A ring refused in one line, at
-``parallelize`` and before loading. One spawn runs the pipelines and then the transformer checks."""
+attention) on Ulysses 2 and with CFG parallelism: frames and latents within 1e-4; so with ``--video`` (a 5-frame
+clip, the first two chunks kept: ``AnyFlowFARPipeline`` takes it as one ``(1, T, 3, H, W)`` tensor), which changes the
+video; a length it cannot take refused before loading. A ring refused in one line, at ``parallelize`` and before
+loading. One spawn runs the pipelines and then the transformer checks."""
 
 from __future__ import annotations
 
@@ -17,12 +19,14 @@ from dit_sp import GenerateConfig, generate
 
 MODEL = "tiny-anyflow-far"
 TOL = 1e-5
-LAYOUTS = {"1x2": {"ulysses": 2}, "cfg2": {"cfg_parallel": True}}  # cfg2: a guidance branch per process
+# cfg2: a guidance branch per process; video: tmp/clip, 5 frames (2 latent frames: the first two chunks)
+LAYOUTS = {"1x2": {"ulysses": 2}, "cfg2": {"cfg_parallel": True}, "1x2-video": {"ulysses": 2, "video": "clip"}}
 # tokens per rank: each chunk's 9 when denoised, 9 and 10 (a compressed token in front) when its cache is prefilled
-LENGTHS = {"1x2": [5], "cfg2": [9, 10]}
+LENGTHS = {"1x2": [5], "cfg2": [9, 10], "1x2-video": [5]}
 
 
 def _settings(tmp, name: str, **flags) -> GenerateConfig:
+    flags = flags | ({"video": str(tmp / flags["video"])} if "video" in flags else {})
     return GenerateConfig.load(overrides={"model": MODEL, "out": str(tmp / f"{name}.mp4"),
                                           "save_latents": str(tmp / f"{name}.pt"), "verify_inputs": True, "steps": 1,
                                           **flags})  # fmt: skip
@@ -30,14 +34,18 @@ def _settings(tmp, name: str, **flags) -> GenerateConfig:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    """{"single", "1x2", "cfg2": the sample leader's generate report; "far": the transformer checks (rank 0's)}."""
+    """{"single", "single-video", "1x2", "cfg2", "1x2-video": the sample leader's generate report; "far": the
+    transformer checks (rank 0's)}."""
     from anyflow_far_checks import check_far_layouts
-    from variant_generate_checks import layout_reports
+    from variant_generate_checks import layout_reports, write_random_inputs
 
     tmp = tmp_path_factory.mktemp("far")
+    write_random_inputs(tmp, 5, (48, 48))
     reports = layout_reports([(name, _settings(tmp, name, **flags)) for name, flags in LAYOUTS.items()],
                              then=check_far_layouts)  # fmt: skip
-    return reports | {"single": generate(_settings(tmp, "single"), True), "far": reports["then"][0]}
+    single = {"single": generate(_settings(tmp, "single"), True),
+              "single-video": generate(_settings(tmp, "single-video", video="clip"), True)}  # fmt: skip
+    return reports | single | {"far": reports["then"][0]}
 
 
 @pytest.mark.slow
@@ -71,9 +79,40 @@ def test_ring_is_refused_in_one_line_at_parallelize(results):
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_generate_gives_one_process_video_from_a_split_sequence(results, layout):
-    reference, report = results["single"], results[layout]
+    reference, report = results["single-video" if "video" in layout else "single"], results[layout]
     assert_same_video(report, reference)
     assert report["lengths"] == [LENGTHS[layout]] * 2, f"each rank's attention saw {report['lengths']}"
+
+
+@pytest.mark.slow
+def test_the_input_video_conditions_the_output(results):
+    """The clip's two latent frames are kept as the first two chunks: the video differs from the one without it."""
+    plain, video = results["single"]["frames"], results["single-video"]["frames"]
+    assert plain.shape == video.shape == (9, 48, 48, 3)
+    assert abs(plain - video).max() > 0.05
+
+
+def test_video_lengths_are_whole_chunks_before_loading(tmp_path):
+    """chunk_partition [1, 1, 1]: a video of 1 or 5 frames (1 or 2 latent frames, whole chunks, the last made) is
+    taken; 3 (not 4k + 1) and 9 (every chunk: none to make) are refused in one line (the bad-input table's row)."""
+    from PIL import Image
+
+    from dit_sp.errors import ConfigError
+    from dit_sp.inference.checks import check_before_loading
+
+    clip = tmp_path / "clip"
+    clip.mkdir()
+    config = GenerateConfig.load(overrides={"model": MODEL, "out": str(tmp_path / "v.mp4"), "video": str(clip)})
+    for frames in range(10):
+        Image.new("RGB", (48, 48)).save(clip / f"{frames:02d}.png")
+        if frames + 1 in (1, 5):
+            check_before_loading(config)
+        else:
+            with pytest.raises(ConfigError, match=rf"^--video .*clip: {frames + 1} frames; AnyFlowFARPipeline takes a "
+                                                  r"video of 1 or 5 frames \(it keeps the video's latent frames as "
+                                                  r"whole chunks of its chunk_partition \[1, 1, 1\] and makes the "
+                                                  r"rest, at least the last\): trim it to one of them$"):  # fmt: skip
+                check_before_loading(config)
 
 
 @pytest.mark.slow  # runs the CLI

@@ -2,8 +2,8 @@
 attention's token sums, the temporal convolution's halo of frames) forward and backward; the transformer's output
 and gradients on 1x2 (Ulysses) and 2x1 (ring) with an uneven frame count, per-token timesteps and a rank holding
 only padding; ``generate`` with the built-in ``tiny-sana-video`` (1x2, 2x1, CFG parallel) and
-``tiny-sana-video-i2v`` with ``--image`` (1x2, 2x1), frames and latents. Each checks that the linear attention saw
-this rank's tokens only (the sequence really is split). All of it in one 2-process spawn."""
+``tiny-sana-video-i2v`` with ``--image`` (1x2, 2x1, CFG parallel), frames and latents. Each checks that the linear
+attention saw this rank's tokens only (the sequence really is split). All of it in one 2-process spawn."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ JOBS = {  # (model, layout): flags
     ("tiny-sana-video", "1x2"): {"ulysses": 2}, ("tiny-sana-video", "2x1"): {"ring": 2},
     ("tiny-sana-video", "cfg2"): {"cfg_parallel": True},
     ("tiny-sana-video-i2v", "1x2"): {"ulysses": 2} | IMAGE, ("tiny-sana-video-i2v", "2x1"): {"ring": 2} | IMAGE,
+    ("tiny-sana-video-i2v", "cfg2"): {"cfg_parallel": True} | IMAGE,
 }  # fmt: skip
 PIPELINE_TOKENS = {"1x2": [16], "2x1": [16], "cfg2": [24]}
 """The linear attention's tokens per rank: 9 frames -> 3 latent frames of 2 x 4 patches (32 x 64 pixels); split, 2

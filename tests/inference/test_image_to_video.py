@@ -1,5 +1,6 @@
 """Image-to-video through ``generate --image`` (and ``--last-image``): Wan 2.1 I2V and FLF2V, Wan 2.2 TI2V
-(per-token timesteps, clean first frame), a SANA-Video text-to-video checkpoint (run as ``SanaImageToVideoPipeline``),
+(per-token timesteps, clean first frame), a SANA-Video text-to-video checkpoint (run as ``SanaImageToVideoPipeline``;
+on CFG parallel too, its batched guidance halved over the ranks),
 CogVideoX I2V and HunyuanVideo I2V (a Llava text encoder that sees
 the image), from saved model directories, give the same video on every layout; the image conditions the
 video; a batch takes an image per prompt."""
@@ -33,8 +34,10 @@ MODELS = {  # built-in name: (settings, with a last frame)
     "tiny-sana-video": ({}, False),
 }
 LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}  # cfg2: a branch per rank
-CFG_MODELS = ("tiny-wan-i2v", "tiny-wan-flf2v", "tiny-wan2.2-ti2v", "tiny-cogvideox-i2v", "tiny-hunyuanvideo-i2v")
-"""The guided image-to-video pipelines also run with their two guidance branches on the two ranks."""
+CFG_MODELS = ("tiny-wan-i2v", "tiny-wan-flf2v", "tiny-wan2.2-ti2v", "tiny-cogvideox-i2v", "tiny-hunyuanvideo-i2v",
+              "tiny-sana-video")  # fmt: skip
+"""The guided image-to-video pipelines also run with their two guidance branches on the two ranks (SANA-Video's
+batched pair: one call on both branches, halved over the ranks)."""
 SP = {"1x2": 2, "2x1": 2, "cfg2": 1}  # processes per guidance branch
 
 
@@ -104,6 +107,13 @@ def test_every_layout_gives_the_one_process_video(videos, model, layout):
     assert np.abs(report["frames"] - reference["frames"]).max() <= 1e-4
     frames = list(iio.imiter(report["out"]))  # 9, or 5 for HunyuanVideo I2V (its first 4 repeat the image)
     assert len(frames) == len(reference["frames"]) in (5, 9) and frames[0].shape[:2] == reference["frames"].shape[1:3]
+
+
+def test_cfg_parallel_halves_sana_videos_batched_guidance(videos):
+    """SANA-Video I2V guides in one call on ``[uncond, cond]``: every split attention call takes the batch of 2 on
+    Ulysses 2, and one branch (batch 1) on each rank of CFG parallel, whose video is the one-process one (above)."""
+    assert videos[("tiny-sana-video", "1x2")]["batches"] == [[2], [2]]
+    assert videos[("tiny-sana-video", "cfg2")]["batches"] == [[1], [1]]
 
 
 def test_a_text_to_video_checkpoint_runs_as_its_image_to_video_class(videos):

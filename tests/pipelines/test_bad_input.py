@@ -64,6 +64,11 @@ CASES = [
      r"--video .*clip: 13 frames encode to 4 latent frames, more than the 3 of the --frames 9 to make "
      r"\(AnyFlowPipeline keeps the video's latent frames as the first of its output\); give --frames 13 or more, or "
      r"a video of at most 12 frames"),
+    ("gen-anyflow-far-video-length", "generate", ["--model", "tiny-anyflow-far", "--video", "{tmp}/clip"],
+     {"clip": lambda path: _write_clip(path, 3)},
+     r"--video .*clip: 3 frames; AnyFlowFARPipeline takes a video of 1 or 5 frames \(it keeps the video's latent "
+     r"frames as whole chunks of its chunk_partition \[1, 1, 1\] and makes the rest, at least the last\): trim it "
+     r"to one of them"),
     ("gen-image-missing", "generate", ["--model", "tiny-cogvideox-i2v", "--image", "{tmp}/none.png"], {},
      r"--image .*none.png: no such file"),
     ("gen-image-unreadable", "generate", ["--model", "tiny-wan-i2v", "--image", "{tmp}/a.png"], {"a.png": "text\n"},

@@ -1,4 +1,5 @@
-"""Group B's pipelines through ``generate``: SkyReels-V2 diffusion forcing (a timestep per latent frame), Wan
+"""Group B's pipelines through ``generate``: SkyReels-V2's text-to-video pipeline and its diffusion forcing (a
+timestep per latent frame), Wan
 VACE (control hints per token), ChronoEdit (an image), AnyFlow (two timesteps per frame, batched guidance) and
 HunyuanVideo Framepack (history latents packed in front of the video) give the same frames and latents on
 Ulysses 2 and ring 2 as on one process, with the attention of each rank holding half of the tokens, and with
@@ -19,8 +20,8 @@ from dit_sp import GenerateConfig, generate
 pytestmark = pytest.mark.slow  # spawns worker processes
 
 # model: video tokens per forward
-MODELS = {"tiny-skyreels-v2-df": 18, "tiny-wan-vace": 18, "tiny-chronoedit": 12, "tiny-anyflow": 18,
-          "tiny-hunyuanvideo-framepack": 72}  # fmt: skip
+MODELS = {"tiny-skyreels-v2": 18, "tiny-skyreels-v2-df": 18, "tiny-wan-vace": 18, "tiny-chronoedit": 12,
+          "tiny-anyflow": 18, "tiny-hunyuanvideo-framepack": 72}  # fmt: skip
 # ChronoEdit and Framepack take an image; Framepack (guidance-distilled) runs true CFG with guidance > 1
 OVERRIDES = {"tiny-chronoedit": {"image": True}, "tiny-hunyuanvideo-framepack": {"image": True, "guidance": 4.0}}
 LAYOUTS = {"1x2": {"ulysses": 2}, "2x1": {"ring": 2}, "cfg2": {"cfg_parallel": True}}  # cfg2: a branch per rank

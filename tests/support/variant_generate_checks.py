@@ -15,7 +15,8 @@ from dit_sp import GenerateConfig, generate, spawn
 
 def generate_recording(jobs: list[GenerateConfig], then: Callable[[], Any] | None = None) -> list[Any]:
     """``generate`` per job; each report gains ``attention_lengths``: the sorted distinct ``hidden_states``
-    lengths of the modules whose processor dit-sp made sequence-parallel; and ``vae_rows``: the most rows a VAE
+    lengths of the modules whose processor dit-sp made sequence-parallel, and ``attention_batches``: their sorted
+    distinct batch sizes (1 on each rank of a CFG-parallel pair: its one branch); and ``vae_rows``: the most rows a VAE
     convolution (a diffusers autoencoder's ``*Conv*`` module, or a torch convolution inside an image VAE's encoder or
     decoder, ``diffusers.models.autoencoders.vae``; not one of one row, as the 1 x 1 ``post_quant_conv``, which runs
     whole beside the split decoder) took on this rank, 0 if none ran (a VAE split by rows takes its own rows and a
@@ -30,12 +31,15 @@ def generate_recording(jobs: list[GenerateConfig], then: Callable[[], Any] | Non
 
     for settings in jobs:
         seen: set[int] = set()
+        batches: set[int] = set()
         rows = [0]
         calls = [0]
 
-        def record(module, args, kwargs, output, seen=seen, rows=rows, calls=calls):
+        def record(module, args, kwargs, output, seen=seen, batches=batches, rows=rows, calls=calls):
             if type(getattr(module, "processor", None)).__name__.startswith("SequenceParallel"):
-                seen.add((args[0] if args else kwargs["hidden_states"]).shape[1])
+                hidden = args[0] if args else kwargs["hidden_states"]
+                seen.add(hidden.shape[1])
+                batches.add(hidden.shape[0])
             kind = type(module)
             calls[0] += kind.__name__ in CALL_MARKERS
             in_vae = kind.__module__.startswith("diffusers.models.autoencoders") or module in image_vae
@@ -51,7 +55,8 @@ def generate_recording(jobs: list[GenerateConfig], then: Callable[[], Any] | Non
         finally:
             for handle in handles:
                 handle.remove()
-        reports.append(report | {"attention_lengths": sorted(seen), "vae_rows": max(rows), "vae_calls": calls[0]})
+        reports.append(report | {"attention_lengths": sorted(seen), "attention_batches": sorted(batches),
+                                 "vae_rows": max(rows), "vae_calls": calls[0]})  # fmt: skip
     return reports if then is None else [*reports, then()]
 
 
@@ -62,7 +67,8 @@ decoder's rotary embedding): in a shared call that another rank ran, they do not
 
 def layout_reports(jobs: list[tuple[object, GenerateConfig]], then: Callable[[], Any] | None = None) -> dict:
     """Each ``(key, settings)`` job run on 2 workers (one spawn for all): per key, the report of the one rank
-    that wrote the output, with every rank's attention lengths under ``"lengths"``, its ``vae_calls`` under
+    that wrote the output, with every rank's attention lengths under ``"lengths"`` (and batch sizes under
+    ``"batches"``), its ``vae_calls`` under
     ``"vae_calls"`` and its step cache's report (None without one) under ``"caches"``; with ``then`` (a module-level
     check run after the jobs in the same workers), its result on each rank under ``"then"``."""
     by_rank = spawn(generate_recording, 2, args=([settings for _, settings in jobs], then), timeout=300)
@@ -72,6 +78,7 @@ def layout_reports(jobs: list[tuple[object, GenerateConfig]], then: Callable[[],
         assert len(leaders) == 1, f"{key}: exactly one rank writes the output"
         reports[key] = leaders[0] | {
             "lengths": [rank_reports[i]["attention_lengths"] for rank_reports in by_rank],
+            "batches": [rank_reports[i]["attention_batches"] for rank_reports in by_rank],
             "vae_calls": [rank_reports[i]["vae_calls"] for rank_reports in by_rank],
             "caches": [rank_reports[i].get("cache") for rank_reports in by_rank],
         }

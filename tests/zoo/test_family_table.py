@@ -124,3 +124,35 @@ def test_an_unregistered_transformer_is_told_what_is_supported_and_how_to_add_it
 
     with pytest.raises(TypeError, match=r"supported transformers: .*WanTransformer3DModel.*section 8: Model families"):
         family_of(torch.nn.Linear(2, 2))
+
+
+def test_every_code_pipeline_has_its_tiny_models_run_whole_on_a_layout():
+    """The table's `code` claim: every built-in tiny model of a pipeline shown in `code` has a layout run against one
+    process in ``layout_runs.LAYOUT_RUNS`` (or ``SAME_PIPELINE_AS`` a model with one), naming a test function that
+    exists in a test module that names the model (there or in a tests/support module it imports) and a layout. Read
+    from the files only: nothing runs."""
+    import ast
+
+    from layout_runs import LAYOUT_RUNS, SAME_PIPELINE_AS
+
+    from dit_sp.zoo.table import _pipeline_class
+
+    root = Path(__file__).resolve().parents[2]
+    pipelines = {model: _pipeline_class(model) for family in FAMILIES for model in family.tiny_models}
+    shown = {model for model, pipeline in pipelines.items() if pipeline is not None}
+    listed = set(LAYOUT_RUNS) | set(SAME_PIPELINE_AS)
+    assert not shown - listed, f"tiny models of `code` pipelines without a layout run: {sorted(shown - listed)}"
+    assert not listed - shown, f"layout runs of models that are not built-in ones: {sorted(listed - shown)}"
+    for model, other in SAME_PIPELINE_AS.items():
+        assert other in LAYOUT_RUNS and pipelines[model] == pipelines[other], (model, other)
+    for model, (path, function) in LAYOUT_RUNS.items():
+        where, source = f"tests/{path}::{function}", (root / "tests" / path).read_text()
+        tree = ast.parse(source)
+        tests = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+        assert function.startswith("test_") and function in tests, f"{model}: {where} names no test function"
+        modules = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        modules |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+        support = [root / "tests" / "support" / f"{name}.py" for name in modules]
+        text = "\n".join([source, *(p.read_text() for p in support if p.exists())])
+        assert f'"{model}"' in text, f"{model}: {path} (and the tests/support modules it imports) never names it"
+        assert re.search(r"\"ulysses\"|\"ring\"|\"cfg_parallel\"|ulysses=|--ulysses", text), f"{model}: no layout"
