@@ -184,6 +184,13 @@ def family_configs(hunyuanvideo15: str, images: str, **layout) -> list:
         tiny_config(model="tiny-cosmos3", height=32, width=48, **{"sample.max_sequence_length": 256}, **common),
         # image-to-video: the image's latents (the VAE's mode) are the clean first frame (no timestep, no prediction)
         tiny_config(model="tiny-cosmos3", **{"sample.max_sequence_length": 256}, **with_images),
+        # Kandinsky 5 image editing: the source image's latents and mask in channels, the prompt and the negative
+        # prompt each encoded with the image (its 64 tokens in ~250 text tokens); one frame at the tiny's one size
+        tiny_config(
+            model="tiny-kandinsky5-i2i",
+            **{"sample.max_sequence_length": 512},
+            **with_images | {"frames": 1, "height": 64, "width": 64},
+        ),
     ]
 
 
