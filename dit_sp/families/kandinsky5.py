@@ -76,10 +76,9 @@ class Kandinsky5Policy(FirstFrameImagePolicy):
     the decode is ``(B, 1, C, H, W)``, one frame. The pipeline moves a size off its ``resolutions`` to the nearest of
     them, so other sizes are refused in one line.
 
-    Image editing (``Kandinsky5I2IPipeline``, ``edit``): text-to-image with the source image's latents (the VAE's
-    posterior drawn by the pipeline's ``prepare_latents`` at ``policy.IMAGE_SEED``, scaled) and a mask of ones in
-    channels, clean at every step; and the Qwen2.5-VL encoder reads the source image (halved) inside the prompt's
-    template, the negative prompt's too (``prompt_reads_image``: the text is each (prompt, image) pair's,
+    Image editing (``Kandinsky5I2IPipeline``, ``edit``): text-to-image with the source image's latents (drawn by the
+    pipeline's ``prepare_latents`` at ``policy.IMAGE_SEED``) and a mask of ones in channels, clean throughout; the
+    Qwen2.5-VL encoder reads the image inside the prompt's template, the negative prompt's too (``prompt_reads_image``,
     ``encode_pairs``). Conditioning is ``((text, lengths, pooled), image_latents)``, the latents ``(B, C, 1, H, W)``."""
 
     NORMALIZED_FRAMES = 4
@@ -90,8 +89,7 @@ class Kandinsky5Policy(FirstFrameImagePolicy):
         super().__init__(pipe, transformer, **kwargs)
         self.height, self.width = kwargs["height"], kwargs["width"]
         self.image = type(pipe).__name__ in IMAGE_PIPELINES
-        self.edit = type(pipe).__name__ == EDIT_PIPELINE
-        """Image editing: the source image's latents in channels, its tokens in the prompt's text."""
+        self.edit = type(pipe).__name__ == EDIT_PIPELINE  # image editing
         sizes = [tuple(size) for size in getattr(pipe, "resolutions", [])]
         if self.image and (self.width, self.height) not in sizes:
             raise ConfigError(f"{type(pipe).__name__} samples at its resolutions alone (width x height: "
@@ -158,8 +156,7 @@ class Kandinsky5Policy(FirstFrameImagePolicy):
 
     @no_grad
     def _encode_pairs(self, prompts: list[str], images: list[Any]) -> tuple[Any, Any | None]:
-        """Editing: each prompt and the negative prompt encoded with the sample's source image, as the pipeline
-        encodes both."""
+        """Editing: the prompts and the negative prompt, each with its sample's source image (as the pipeline)."""
         negative = [self.negative_prompt] * len(prompts)
         return self._texts(prompts, images), self._texts(negative, images) if self.guided else None
 
@@ -171,8 +168,15 @@ class Kandinsky5Policy(FirstFrameImagePolicy):
         tokens, pooled, lengths = [], [], []
         for i, text in enumerate(texts):  # one at a time: a batch would pad the shorter ones, padding is not masked
             image = {} if images is None else {"image": images[i]}
-            embeds, clip, _ = self.pipe.encode_prompt(prompt=[text], max_sequence_length=self.max_sequence_length,
-                                                      device=self.device, **image)  # fmt: skip
+            try:
+                embeds, clip, _ = self.pipe.encode_prompt(prompt=[text], max_sequence_length=self.max_sequence_length,
+                                                          device=self.device, **image)  # fmt: skip
+            except ValueError as e:  # the stock pipeline's truncation cut the image's tokens out of the template
+                if "image_pad" not in str(e):
+                    raise
+                raise ConfigError(f"max_sequence_length {self.max_sequence_length} cannot hold the source image's "
+                                  f"tokens and the prompt {text!r} ({EDIT_PIPELINE} reads the image in the prompt's "
+                                  "template); raise sample.max_sequence_length (default 1024)") from e  # fmt: skip
             padded = embeds.new_zeros(1, self.max_sequence_length, embeds.shape[-1])
             padded[:, : embeds.shape[1]] = embeds
             tokens.append(padded)

@@ -65,7 +65,8 @@ def test_kandinsky5_image_edit_policy_ode_and_decode_are_the_pipelines(tmp_path)
     prepare_latents at IMAGE_SEED) and a mask of ones in channels, clean throughout; the prompt and the negative prompt
     each encoded with the source image (Qwen2.5-VL reads it inside the template: its 64 tokens in the text). The
     policy's Euler ODE over the one latent frame is the stock pipeline's sampling (guidance 4) and its decode the
-    pipeline's image; another source image changes the text, the image latents and the velocity."""
+    pipeline's image; another source image changes the text, the image latents and the velocity. A text length the
+    image's tokens do not fit in is refused in one line (the stock pipeline fails in its processor)."""
     from PIL import Image
 
     from dit_sp.families.policy import IMAGE_SEED
@@ -102,6 +103,11 @@ def test_kandinsky5_image_edit_policy_ode_and_decode_are_the_pipelines(tmp_path)
         assert (other[branch][0][0] - cond[branch][0][0]).abs().max() > 1e-3
     assert (other[0][1] - cond[0][1]).abs().max() > 1e-3
     assert (policy.velocity(ours, 1.0, other) - policy.velocity(ours, 1.0, cond)).abs().max() > 1e-3
+    short = Kandinsky5Policy(pipe, pipe.transformer, frames=1, height=64, width=64, guidance=4.0,
+                             max_sequence_length=128)  # fmt: skip
+    with pytest.raises(ValueError, match=r"^max_sequence_length 128 cannot hold the source image's tokens and the "
+                                         r"prompt 'a red circle' .* raise sample.max_sequence_length"):  # fmt: skip
+        short.encode(["a red circle"], [paths[0]])
 
 
 def _first_order(pipe) -> None:
