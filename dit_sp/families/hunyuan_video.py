@@ -191,9 +191,9 @@ HUNYUAN_VIDEO = ModelFamily(
     policy_refused={
         "HunyuanVideoImageToVideoPipeline": (
             "its sampler starts from 0.999 noise + 0.001 the image's latents (every frame), not from pure noise "
-            "where GRPO's trajectories start, and its Llava text encoder reads the image (the negative prompt a "
-            "black image), so a prompt's embeddings are not the prompt's alone; its token_replace variant is not "
-            "sequence-parallel either"
+            "where GRPO's trajectories start, and its token_replace variant is not sequence-parallel either; its "
+            "Llava text encoder reading the image (the negative prompt a black image) is no obstacle by itself: GRPO "
+            "keeps the text of each (prompt, image) pair (DiffusersPolicy.prompt_reads_image, as for Kandinsky 5 I2I)"
         ),
     },
 )

@@ -74,7 +74,12 @@ class Kandinsky5Policy(FirstFrameImagePolicy):
     Text-to-image (``Kandinsky5T2IPipeline``, ``image``): the same with one latent frame of an image VAE
     (``AutoencoderKL``, x8 in space), rotary scale 1 and no sparse attention (as that pipeline calls its transformer);
     the decode is ``(B, 1, C, H, W)``, one frame. The pipeline moves a size off its ``resolutions`` to the nearest of
-    them, so other sizes are refused in one line."""
+    them, so other sizes are refused in one line.
+
+    Image editing (``Kandinsky5I2IPipeline``, ``edit``): text-to-image with the source image's latents (drawn by the
+    pipeline's ``prepare_latents`` at ``policy.IMAGE_SEED``) and a mask of ones in channels, clean throughout; the
+    Qwen2.5-VL encoder reads the image inside the prompt's template, the negative prompt's too (``prompt_reads_image``,
+    ``encode_pairs``). Conditioning is ``((text, lengths, pooled), image_latents)``, the latents ``(B, C, 1, H, W)``."""
 
     NORMALIZED_FRAMES = 4
     """The latent frames ``Kandinsky5I2VPipeline.normalize_first_frame`` normalizes to the statistics of those after
@@ -84,11 +89,24 @@ class Kandinsky5Policy(FirstFrameImagePolicy):
         super().__init__(pipe, transformer, **kwargs)
         self.height, self.width = kwargs["height"], kwargs["width"]
         self.image = type(pipe).__name__ in IMAGE_PIPELINES
+        self.edit = type(pipe).__name__ == EDIT_PIPELINE  # image editing
         sizes = [tuple(size) for size in getattr(pipe, "resolutions", [])]
         if self.image and (self.width, self.height) not in sizes:
             raise ConfigError(f"{type(pipe).__name__} samples at its resolutions alone (width x height: "
                               f"{', '.join(f'{w}x{h}' for w, h in sizes)}) and moves {self.width}x{self.height} to the "
                               "nearest; set sample.width and sample.height to one of them")  # fmt: skip
+
+    @classmethod
+    def prompt_reads_image(cls, pipeline: str | None) -> bool:
+        return pipeline == EDIT_PIPELINE
+
+    @classmethod
+    def image_first_frame(cls, pipeline: type) -> bool:
+        return pipeline.__name__ != EDIT_PIPELINE and super().image_first_frame(pipeline)
+
+    @property
+    def takes_images(self) -> bool:
+        return self.edit or self.image_in_front
 
     def _compression(self, pipe: Any) -> tuple[int, int]:
         return getattr(pipe, "vae_scale_factor_temporal", 1), pipe.vae_scale_factor_spatial  # image pipelines: 1
@@ -108,13 +126,16 @@ class Kandinsky5Policy(FirstFrameImagePolicy):
 
     def _image_parts(self, image: Any) -> tuple[Tensor, ...]:
         """``(image_frame,)`` ``(1, C, 1, H, W)``: the first frame of the pipeline's ``prepare_latents`` (which draws
-        the noise, then the image's posterior sample, from its generator)."""
+        the noise, then the image's posterior sample, from its generator); editing: the source image's latents, its
+        channels after the noise's."""
         import torch
 
         (channels, _, height, width), spatial = self.shape, self._compression(self.pipe)[1]
-        latents = self.pipe.prepare_latents(image, 1, channels, height * spatial, width * spatial, self.pixel_frames,
+        frames = () if self.edit else (self.pixel_frames,)  # editing: (1, 1, H, W, 2C + 1), noise, image, mask
+        latents = self.pipe.prepare_latents(image, 1, channels, height * spatial, width * spatial, *frames,
                                             torch.float32, self.device, self.image_generator())  # fmt: skip
-        return (latents[:, :1, :, :, :channels].permute(0, 4, 1, 2, 3),)
+        part = latents[..., channels : 2 * channels] if self.edit else latents[:, :1, :, :, :channels]
+        return (part.permute(0, 4, 1, 2, 3),)
 
     def clean(self, latents: Tensor, cond: tuple[Any, Any | None] | None = None) -> Tensor:
         """The image frame in front and the pipeline's ``normalize_first_frame`` applied (image-to-video), to each
@@ -123,38 +144,58 @@ class Kandinsky5Policy(FirstFrameImagePolicy):
         import torch
 
         latents = super().clean(latents, cond)
-        if cond is None or not self.takes_images:
+        if cond is None or not self.image_in_front:
             return latents
         normalize = self.pipe.normalize_first_frame
         return torch.cat([normalize(video.permute(0, 2, 3, 4, 1)).permute(0, 4, 1, 2, 3) for video in latents.split(1)])
 
     @no_grad
     def _encode(self, prompts: list[str]) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...] | None]:
+        negative = [self.negative_prompt] * len(prompts)
+        return self._texts(prompts), self._texts(negative) if self.guided else None
+
+    @no_grad
+    def _encode_pairs(self, prompts: list[str], images: list[Any]) -> tuple[Any, Any | None]:
+        """Editing: the prompts and the negative prompt, each with its sample's source image (as the pipeline)."""
+        negative = [self.negative_prompt] * len(prompts)
+        return self._texts(prompts, images), self._texts(negative, images) if self.guided else None
+
+    def _texts(self, texts: list[str], images: list[Any] | None = None) -> tuple[Tensor, ...]:
+        """``(tokens, lengths, pooled)``: each text encoded alone (with its image when given: editing), its tokens
+        zero-padded to ``max_sequence_length`` ``(B, L, D)``, their counts ``(B,)`` and CLIP's ``(B, D2)``."""
         import torch
 
-        def encode(texts: list[str]) -> tuple[Tensor, ...]:
-            tokens, pooled, lengths = [], [], []
-            for text in texts:  # one at a time: a batch would pad the shorter prompts, and padding is not masked
+        tokens, pooled, lengths = [], [], []
+        for i, text in enumerate(texts):  # one at a time: a batch would pad the shorter ones, padding is not masked
+            image = {} if images is None else {"image": images[i]}
+            try:
                 embeds, clip, _ = self.pipe.encode_prompt(prompt=[text], max_sequence_length=self.max_sequence_length,
-                                                          device=self.device)  # fmt: skip
-                padded = embeds.new_zeros(1, self.max_sequence_length, embeds.shape[-1])
-                padded[:, : embeds.shape[1]] = embeds
-                tokens.append(padded)
-                pooled.append(clip)
-                lengths.append(embeds.shape[1])
-            return torch.cat(tokens), torch.tensor(lengths, device=self.device), torch.cat(pooled)
-
-        return encode(prompts), encode([self.negative_prompt] * len(prompts)) if self.guided else None
+                                                          device=self.device, **image)  # fmt: skip
+            except ValueError as e:  # the stock pipeline's truncation cut the image's tokens out of the template
+                if "image_pad" not in str(e):
+                    raise
+                raise ConfigError(f"max_sequence_length {self.max_sequence_length} cannot hold the source image's "
+                                  f"tokens and the prompt {text!r} ({EDIT_PIPELINE} reads the image in the prompt's "
+                                  "template); raise sample.max_sequence_length (default 1024)") from e  # fmt: skip
+            padded = embeds.new_zeros(1, self.max_sequence_length, embeds.shape[-1])
+            padded[:, : embeds.shape[1]] = embeds
+            tokens.append(padded)
+            pooled.append(clip)
+            lengths.append(embeds.shape[1])
+        return torch.cat(tokens), torch.tensor(lengths, device=self.device), torch.cat(pooled)
 
     def _forward(self, model: Any, hidden: Tensor, timestep: Tensor, cond: tuple[Tensor, ...]) -> Tensor:
         import torch
 
         image = cond[1].to(hidden.dtype) if isinstance(cond[0], tuple) else None
         text, lengths, pooled = cond[0] if image is not None else cond
-        if image is not None:  # the clean image frame in front
+        front = image is not None and not self.edit
+        if front:  # the clean image frame in front
             hidden = torch.cat([image, hidden], dim=2)
         x = hidden.permute(0, 2, 3, 4, 1)  # (B, F, H, W, C)
-        if model.config.visual_cond:  # zero latents; the mask is one on the image's frame (none in text-to-video)
+        if self.edit:  # the source image's latents and a mask of ones
+            x = torch.cat([x, image.permute(0, 2, 3, 4, 1), torch.ones_like(x[..., :1])], dim=-1)
+        elif model.config.visual_cond:  # zero latents; the mask is one on the image's frame (none in text-to-video)
             mask = x.new_zeros(*x.shape[:-1], 1)
             if image is not None:
                 mask[:, :1] = 1
@@ -174,7 +215,7 @@ class Kandinsky5Policy(FirstFrameImagePolicy):
             parts.append(out)
             order.append(index)
         out = torch.cat(parts)[torch.cat(order).argsort()].permute(0, 4, 1, 2, 3)  # back in the batch's order
-        return out if image is None else out[:, :, 1:]
+        return out[:, :, 1:] if front else out
 
     def _unscale(self, latents: Tensor) -> Tensor:
         return latents / self.pipe.vae.config.scaling_factor
@@ -376,6 +417,7 @@ _ARCHITECTURES = {
 
 PIPELINES = ("Kandinsky5T2VPipeline", "Kandinsky5I2VPipeline")
 IMAGE_PIPELINES = ("Kandinsky5T2IPipeline", "Kandinsky5I2IPipeline")  # one frame, an image VAE (AutoencoderKL)
+EDIT_PIPELINE = "Kandinsky5I2IPipeline"
 
 KANDINSKY5 = ModelFamily(
     name="kandinsky5",
@@ -400,13 +442,6 @@ KANDINSKY5 = ModelFamily(
     vae_factors=dict.fromkeys(PIPELINES, hunyuan_video_vae_factors)
     | dict.fromkeys(IMAGE_PIPELINES, _image_vae_factors),
     architectures=_ARCHITECTURES,
-    pipelines=("Kandinsky5T2VPipeline", "Kandinsky5I2VPipeline", "Kandinsky5T2IPipeline"),
+    pipelines=("Kandinsky5T2VPipeline", "Kandinsky5I2VPipeline", "Kandinsky5T2IPipeline", "Kandinsky5I2IPipeline"),
     policy=Kandinsky5Policy,
-    policy_refused={
-        "Kandinsky5I2IPipeline": (
-            "its Qwen2.5-VL prompt encoder reads the source image with the prompt (the image's tokens inside the "
-            "template, the negative prompt's too), so a prompt's embeddings are not the prompt's alone, and GRPO "
-            "encodes each prompt once, keeps the embeddings by prompt and drops the text encoders"
-        ),
-    },
 )

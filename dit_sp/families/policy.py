@@ -43,6 +43,15 @@ class DiffusersPolicy:
     embeddings (``dit_sp.rl.embeddings.PromptEmbeddings``), so that the encoders can be dropped; the policy reads it
     from there (``embeddings``)."""
 
+    @classmethod
+    def prompt_reads_image(cls, pipeline: str | None) -> bool:
+        """Whether the pipeline class named ``pipeline`` encodes each prompt with its sample's image (Kandinsky 5
+        I2I's Qwen2.5-VL reads the image inside the prompt's template, the negative prompt's too): its text
+        conditioning is then a (prompt, image) pair's (``encode_pairs``), which a trainer computes while it has the
+        encoders loaded and keeps on disk keyed by both (``dit_sp.rl.embeddings.PromptEmbeddings.compute_pairs``);
+        False by default (a prompt's embeddings are the prompt's alone)."""
+        return False
+
     conditions_with_vae: bool = False
     """Whether the conditioning runs the VAE on every rank, images or not (Wan VACE's zero context): every rank of
     a trainer then loads the VAE (``policy_loads_vae``)."""
@@ -126,16 +135,32 @@ class DiffusersPolicy:
         """``(positive, negative)`` conditioning, each as ``_forward`` takes it; negative is None unguided.
         The text part is read from ``self.embeddings`` (``dit_sp.rl.embeddings.PromptEmbeddings``) when it
         is set: then the text encoders may be gone. ``images``: each prompt's conditioning image (a path),
-        for an image-to-video pipeline (collective over a split VAE's group: it encodes them)."""
-        text = self.embeddings.read(prompts, self.device) if self.embeddings is not None else self._encode(prompts)
+        for an image-to-video pipeline (collective over a split VAE's group: it encodes them); one whose prompt encoder
+        reads the image (``prompt_reads_image``) reads or encodes the text of each (prompt, image) pair."""
         if not self.takes_images:
             if images is not None and any(image is not None for image in images):
                 raise ConfigError(f"{type(self.pipe).__name__} is text-to-video: its prompts take no image")
-            return text
+            return self.embeddings.read(prompts, self.device) if self.embeddings is not None else self._encode(prompts)
         if images is None or any(image is None for image in images):
             raise ConfigError(f"{type(self.pipe).__name__} is image-to-video: every prompt needs an image "
                               "(a JSONL prompt file with an 'image' per line)")  # fmt: skip
+        stored = self.embeddings
+        if not self.prompt_reads_image(type(self.pipe).__name__):
+            text = stored.read(prompts, self.device) if stored is not None else self._encode(prompts)
+        else:  # the text of each (prompt, image) pair
+            pairs = (prompts, images)
+            text = stored.read_pairs(*pairs, self.device) if stored is not None else self.encode_pairs(*pairs)
         return self._with_images(text, images)
+
+    @no_grad
+    def encode_pairs(self, prompts: list[str], images: list[str]) -> tuple[Any, Any | None]:
+        """The text conditioning ``(positive, negative)`` of each prompt with its image (the path ``images[i]``), from
+        the text encoders, for a pipeline whose prompt encoder reads the image (``prompt_reads_image``)."""
+        return self._encode_pairs(prompts, [_read_image(path) for path in images])
+
+    def _encode_pairs(self, prompts: list[str], images: list[Any]) -> tuple[Any, Any | None]:
+        """``encode_pairs`` of PIL images: what ``_encode`` returns, each prompt encoded with its image."""
+        raise NotImplementedError
 
     def _with_images(self, text: tuple[Any, Any | None], images: list[str]) -> tuple[Any, Any | None]:
         """The text conditioning ``(positive, negative)`` joined with each sample's image conditioning: each branch

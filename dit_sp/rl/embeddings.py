@@ -60,7 +60,9 @@ class PromptEmbeddings:
     """One ``.pt`` file per prompt in ``directory``, keyed by the model, the prompt and the text settings; and, for a
     policy whose images are partly encoded by the text encoders (``DiffusersPolicy.images_need_text_encoders``),
     one per image, keyed by the same settings, ``image_settings`` (the video size the image is resized to) and the
-    image file's content (SHA-256)."""
+    image file's content (SHA-256); and, for a policy whose prompt encoder reads the image with the prompt
+    (``DiffusersPolicy.prompt_reads_image``: Kandinsky 5 I2I), one per (prompt, image) pair in place of the prompt's,
+    keyed by the prompt and that image's key (``pair_key``)."""
 
     def __init__(self, directory: str | Path, settings: dict[str, Any], image_settings: dict[str, Any] | None = None):
         self.directory = Path(directory)
@@ -95,6 +97,32 @@ class PromptEmbeddings:
     def read_image(self, image: str, device: torch.device) -> tuple[torch.Tensor, ...]:
         """The encoder parts of the image file ``image`` (batch 1) on ``device`` (``read``)."""
         return self.read([self.image_key(image)], device)
+
+    def pair_key(self, prompt: str, image: str) -> str:
+        """The key of the text conditioning of ``prompt`` encoded with the image file ``image`` (what ``path`` takes
+        in place of a prompt): the prompt and the image's key (``image_key``: its content)."""
+        return json.dumps({"prompt": prompt, "image": self.image_key(image)}, sort_keys=True)
+
+    def missing_pairs(self, prompts: Sequence[str], images: Sequence[str]) -> list[tuple[str, str]]:
+        """The distinct (prompt, image path) pairs of ``zip(prompts, images)`` whose text conditioning has no usable
+        file yet (``missing``)."""
+        keys = {self.pair_key(prompt, image): (prompt, image) for prompt, image in dict.fromkeys(zip(prompts, images))}
+        return [keys[key] for key in self.missing(list(keys))]
+
+    def compute_pairs(self, pairs: Sequence[tuple[str, str]], encode: Callable[[list[str], list[str]], Conditioning],
+                      write: bool = True) -> None:  # fmt: skip
+        """Each (prompt, image path) pair's text conditioning (``encode(prompts, images)``, as a policy's
+        ``encode_pairs``) written to its file, as ``compute`` writes a prompt's."""
+        keys = {self.pair_key(*pair): pair for pair in pairs}
+
+        def encode_keys(chunk: list[str]) -> Conditioning:
+            return encode([keys[key][0] for key in chunk], [keys[key][1] for key in chunk])
+
+        self.compute(list(keys), encode_keys, write=write)
+
+    def read_pairs(self, prompts: Sequence[str], images: Sequence[str], device: torch.device) -> Conditioning:
+        """The batched text conditioning of each prompt with its image on ``device`` (``read``)."""
+        return self.read([self.pair_key(prompt, image) for prompt, image in zip(prompts, images)], device)
 
     def missing(self, prompts: Sequence[str]) -> list[str]:
         """The distinct prompts of ``prompts`` that have no usable file yet, in order: a damaged one (not the

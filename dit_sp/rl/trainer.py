@@ -147,9 +147,9 @@ class GRPOTrainer:
         if config.overwrite and self.is_leader:
             clear_run(self.output_dir)
 
-    def _load(self, pipeline: Any | None) -> list[str]:
-        """The pipeline (``config.model``'s unless given) and its transformers; returns the prompts that lack
-        an embedding."""
+    def _load(self, pipeline: Any | None) -> list[Any]:
+        """The pipeline (``config.model``'s unless given) and its transformers; returns the prompts (or (prompt,
+        image) pairs) that lack an embedding."""
         config = self.config
         source = checkpoint_dir(config.model) if pipeline is None else None
         self._loaded_checkpoint = source is not None
@@ -162,9 +162,13 @@ class GRPOTrainer:
             | ({"text_encoder_dtype": config.mixed_precision} if config.mixed_precision else {}),
             {"height": config.sample.height, "width": config.sample.width},
         )  # fmt: skip
-        missing = self._agreed(self.embeddings.missing(self.prompts))
         class_name = type(pipeline).__name__ if pipeline is not None else pipeline_class_name(config.model)
         policy = policy_named(class_name)
+        self._pairs = self.images is not None and policy is not None and policy.prompt_reads_image(class_name)
+        """Whether the text is each (prompt, image) pair's (``DiffusersPolicy.prompt_reads_image``): then ``missing``
+        lists the pairs whose text is not on disk yet."""
+        missing = self._agreed(self.embeddings.missing_pairs(self.prompts, self.images) if self._pairs
+                               else self.embeddings.missing(self.prompts))  # fmt: skip
         needs_images = self.images is not None and policy is not None and policy.images_need_text_encoders
         self._missing_images = self._agreed(self.embeddings.missing_images(self.images)) if needs_images else []
         """The images whose text-encoder parts (Motif-Video I2V's SigLIP tokens) are not on disk yet."""
@@ -271,18 +275,21 @@ class GRPOTrainer:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    def _encode_prompts(self, missing: list[str], free_encoders: bool) -> None:
+    def _encode_prompts(self, missing: list[Any], free_encoders: bool) -> None:
         """Every prompt's embedding on disk (the ranks share the missing ones), and every image's parts that the text
         encoders compute (``DiffusersPolicy.images_need_text_encoders``), read from there from now on; then the text
         encoders of a loaded checkpoint are dropped."""
         images, embeddings = self._missing_images, self.embeddings
+        # (prompt, image) pairs where the prompt encoder reads the image (prompt_reads_image)
+        compute = embeddings.compute_pairs if self._pairs else embeddings.compute
+        encode = self.policy.encode_pairs if self._pairs else self.policy._encode
         if missing or images:
             parallel = self.parallel
             if self._sharded_encoders:  # collective: every rank encodes every prompt, rank 0 writes the files
-                embeddings.compute(missing, self.policy._encode, write=self.is_leader)
+                compute(missing, encode, write=self.is_leader)
                 embeddings.compute_images(images, self.policy.encoder_image_parts, write=self.is_leader)
             else:  # whole encoders: the ranks share the prompts
-                embeddings.compute(missing[parallel.rank :: parallel.world_size], self.policy._encode)
+                compute(missing[parallel.rank :: parallel.world_size], encode)
                 share = images[parallel.rank :: parallel.world_size]
                 embeddings.compute_images(share, self.policy.encoder_image_parts)
             if parallel.world_size > 1:

@@ -374,7 +374,7 @@ def test_policy_steps_equal_single_process_on_1x2_and_2x1(hunyuanvideo15, prompt
                 "Kandinsky5Policy", "HunyuanVideoPolicy", "WanVACEPolicy",
                 "LTX2Policy", "EasyAnimatePolicy", "MotifVideoPolicy", "Kandinsky5Policy", "SkyReelsV2Policy",
                 "SkyReelsV2Policy", "LTX2Policy",
-                "Cosmos3Policy", "Cosmos3Policy"]  # fmt: skip
+                "Cosmos3Policy", "Cosmos3Policy", "Kandinsky5Policy"]  # fmt: skip
     assert [r["policy"] for r in single] == policies
     for one in single:
         assert one["ratio"] == (1.0, 1.0) and (one["log_probs"] != 0).all(), one["policy"]

@@ -1,6 +1,6 @@
 """GRPO policies of pipelines whose sampler is one trajectory from pure noise in one mode: Kandinsky 5 text-to-image
-(one frame) and SkyReels-V2 diffusion forcing, synchronous and in one chunk. Their GRPO step on 1x2 and 2x1 is in
-test_family_policies.py's layout test (``policy_checks.family_configs``)."""
+and image editing (one frame) and SkyReels-V2 diffusion forcing, synchronous and in one chunk. Their GRPO step on 1x2
+and 2x1 is in test_family_policies.py's layout test (``policy_checks.family_configs``)."""
 
 from __future__ import annotations
 
@@ -56,6 +56,58 @@ def test_kandinsky5_text_to_image_policy_ode_and_decode_are_the_pipelines(tmp_pa
                                          "and sample.frames 1 makes one frame"):  # fmt: skip
         check_before_loading(tiny_config(**image_run, reward={"brightness": 1.0, "temporal_smoothness": 1.0}), 1)
     check_before_loading(tiny_config(**image_run, reward="brightness"), 1)
+
+
+@pytest.mark.slow  # runs the stock pipeline
+@torch.no_grad()
+def test_kandinsky5_image_edit_policy_ode_and_decode_are_the_pipelines(tmp_path):
+    """Kandinsky5I2IPipeline (image editing): the source image's latents (the VAE's posterior, drawn by the pipeline's
+    prepare_latents at IMAGE_SEED) and a mask of ones in channels, clean throughout; the prompt and the negative prompt
+    each encoded with the source image (Qwen2.5-VL reads it inside the template: its 64 tokens in the text). The
+    policy's Euler ODE over the one latent frame is the stock pipeline's sampling (guidance 4) and its decode the
+    pipeline's image; another source image changes the text, the image latents and the velocity. A text length the
+    image's tokens do not fit in is refused in one line (the stock pipeline fails in its processor)."""
+    from PIL import Image
+
+    from dit_sp.families.policy import IMAGE_SEED
+
+    pipe = build_tiny("tiny-kandinsky5-i2i")
+    policy = Kandinsky5Policy(pipe, pipe.transformer, frames=1, height=64, width=64, guidance=4.0,
+                              max_sequence_length=512)  # fmt: skip
+    assert policy.takes_images and policy.latent_shape() == (4, 1, 8, 8) and policy.prompt_reads_image(
+        "Kandinsky5I2IPipeline")  # fmt: skip
+    paths = [str(tmp_path / f"{name}.png") for name in "ab"]
+    for seed, path in enumerate(paths):
+        Image.fromarray((np.random.RandomState(seed).rand(40, 30, 3) * 255).astype("uint8")).save(path)
+    prepared, stock_prepare = [], pipe.prepare_latents
+    pipe.prepare_latents = lambda *args, **kwargs: (
+        prepared.append(stock_prepare(*args, **kwargs)) or prepared[-1].clone()
+    )
+    call = {"prompt": "a red circle", "negative_prompt": "", "image": Image.open(paths[0]), "height": 64, "width": 64,
+            "num_inference_steps": 2, "guidance_scale": 4.0, "max_sequence_length": 512}  # fmt: skip
+    steps = []  # the latents after each step (B, 1, H, W, 2C + 1)
+    image = pipe(output_type="pt", generator=torch.Generator().manual_seed(IMAGE_SEED), **call,
+                 callback_on_step_end=lambda p, i, t, kw: steps.append(kw["latents"].clone()) or {}).image  # fmt: skip
+    stock = steps[-1][..., :4]
+    cond = policy.encode(["a red circle"], [paths[0]])
+    start = prepared[0].permute(0, 4, 1, 2, 3)  # (B, 2C + 1, 1, H, W): noise, the image's latents, the mask
+    torch.testing.assert_close(cond[0][1], start[:, 4:8], atol=1e-6, rtol=0)
+    assert cond[0][0][1].item() > cond[1][0][1].item() > 64  # both texts hold the image's 64 tokens
+    ours = _euler(policy, start[:, :4], pipe.scheduler.sigmas[:-1].tolist(), cond)
+    assert stock.abs().max() > 1
+    print(f"Kandinsky5Policy I2I: ODE vs stock {(ours.permute(0, 2, 3, 4, 1) - stock).abs().max():.2e}")
+    torch.testing.assert_close(ours.permute(0, 2, 3, 4, 1), stock, atol=1e-5, rtol=0)
+    torch.testing.assert_close(policy.decode(ours, cond)[:, 0], image, atol=1e-5, rtol=0)
+    other = policy.encode(["a red circle"], [paths[1]])
+    for branch in range(2):  # the source image is in each branch's text
+        assert (other[branch][0][0] - cond[branch][0][0]).abs().max() > 1e-3
+    assert (other[0][1] - cond[0][1]).abs().max() > 1e-3
+    assert (policy.velocity(ours, 1.0, other) - policy.velocity(ours, 1.0, cond)).abs().max() > 1e-3
+    short = Kandinsky5Policy(pipe, pipe.transformer, frames=1, height=64, width=64, guidance=4.0,
+                             max_sequence_length=128)  # fmt: skip
+    with pytest.raises(ValueError, match=r"^max_sequence_length 128 cannot hold the source image's tokens and the "
+                                         r"prompt 'a red circle' .* raise sample.max_sequence_length"):  # fmt: skip
+        short.encode(["a red circle"], [paths[0]])
 
 
 def _first_order(pipe) -> None:

@@ -64,6 +64,7 @@ def test_stated_latents_and_tokens_follow_from_the_settings(path):
      ("grpo_easyanimate_v5.1_12b_inp", "easyanimate-v5.1-12b-inp", 8),
      ("grpo_motif_video_2b_i2v", "motif-video-2b-i2v", 8),
      ("grpo_kandinsky5_t2i_lite", "kandinsky5-t2i-lite", 8),
+     ("grpo_kandinsky5_i2i_lite", "kandinsky5-i2i-lite", 8),
      ("grpo_skyreels_v2_df_1.3b", "skyreels-v2-df-1.3b-540p", 8),
      ("grpo_cosmos3_nano", "cosmos3-nano", 8)],
 )  # fmt: skip

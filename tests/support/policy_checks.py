@@ -184,6 +184,13 @@ def family_configs(hunyuanvideo15: str, images: str, **layout) -> list:
         tiny_config(model="tiny-cosmos3", height=32, width=48, **{"sample.max_sequence_length": 256}, **common),
         # image-to-video: the image's latents (the VAE's mode) are the clean first frame (no timestep, no prediction)
         tiny_config(model="tiny-cosmos3", **{"sample.max_sequence_length": 256}, **with_images),
+        # Kandinsky 5 image editing: the source image's latents and mask in channels, the prompt and the negative
+        # prompt each encoded with the image (its 64 tokens in ~250 text tokens); one frame at the tiny's one size
+        tiny_config(
+            model="tiny-kandinsky5-i2i",
+            **{"sample.max_sequence_length": 512},
+            **with_images | {"frames": 1, "height": 64, "width": 64},
+        ),
     ]
 
 
@@ -239,27 +246,40 @@ def refusal_when_built_elsewhere(config: TrainConfig, other_image: str | None) -
 
 
 def image_tokens_through_runs(configs: list[TrainConfig]) -> list[dict]:
-    """Trainers of ``configs`` built in turn (a checkpoint directory of Motif-Video I2V), each after the one before
-    saved its checkpoint at step 0 and was dropped (the later ones resume): for each, the images whose SigLIP tokens it
-    encoded, whether its pipeline still holds a text encoder and how many T5Gemma2 encoders are alive, and the tokens
-    its policy conditions each prompt's image on."""
+    """Trainers of ``configs`` built in turn (a checkpoint directory: Motif-Video I2V, Kandinsky 5 I2I), each after the
+    one before saved its checkpoint at step 0 and was dropped (the later ones resume): for each, the images whose
+    text-encoder parts it encoded (Motif's SigLIP tokens) and the (prompt, image) pairs whose text it encoded (a prompt
+    encoder that reads the image), whether its pipeline still holds a text encoder and how many of their text encoders
+    (T5Gemma2's encoder, Qwen2.5-VL) are alive, and the conditioning its policy gives each prompt with its image."""
     import gc
     import warnings
 
-    from transformers import T5Gemma2Encoder
+    from transformers import Qwen2_5_VLForConditionalGeneration, T5Gemma2Encoder
 
+    from dit_sp.rl.embeddings import PromptEmbeddings
+
+    pairs, stock_compute = [], PromptEmbeddings.compute_pairs
+
+    def compute_pairs(self, todo, *args, **kwargs):
+        pairs.extend((prompt, Path(image).name) for prompt, image in todo)
+        return stock_compute(self, todo, *args, **kwargs)
+
+    PromptEmbeddings.compute_pairs = compute_pairs
     results = []
     for config in configs:
+        pairs.clear()
         trainer = GRPOTrainer(config)
         gc.collect()
         with warnings.catch_warnings():  # looking at every object touches deprecated torch attributes
             warnings.simplefilter("ignore")
-            alive = sum(isinstance(thing, T5Gemma2Encoder) for thing in gc.get_objects())
-        pairs = zip(trainer.prompts, trainer.images)
-        tokens = [trainer.policy.encode([prompt], [image])[0][2] for prompt, image in pairs]
+            encoders = (T5Gemma2Encoder, Qwen2_5_VLForConditionalGeneration)
+            alive = sum(isinstance(thing, encoders) for thing in gc.get_objects())
+        cond = [trainer.policy.encode([prompt], [image]) for prompt, image in zip(trainer.prompts, trainer.images)]
         results.append({"encoded": [Path(image).name for image in trainer._missing_images], "alive": alive,
-                        "text_encoder": trainer.pipe.text_encoder is not None, "tokens": tokens})  # fmt: skip
+                        "pairs": list(pairs), "text_encoder": trainer.pipe.text_encoder is not None,
+                        "cond": cond})  # fmt: skip
         trainer.save_checkpoint()
         del trainer
         gc.collect()
+    PromptEmbeddings.compute_pairs = stock_compute
     return results
