@@ -339,10 +339,6 @@ SANA_VIDEO = ModelFamily(
     policy=SanaVideoPolicy,
     # SANA-Video 2B ships as SanaVideoPipeline; diffusers runs the same checkpoint as SanaImageToVideoPipeline
     image_to_video={"SanaVideoPipeline": "SanaImageToVideoPipeline"},
-    compile_note=(
-        "the frame halo of its feed-forward's temporal convolution (dit_sp.parallel.comm.halo: "
-        "point-to-point isend/irecv, which Dynamo does not compile) runs eagerly"
-    ),
     tiny_models=("tiny-sana-video", "tiny-sana-video-i2v"),
     checkpoint_defaults=dict.fromkeys(PIPELINES, generation_defaults(81, 480, 832, 50, 6.0, 300)),
     vae_factors=dict.fromkeys(PIPELINES, _vae_factors),

@@ -330,10 +330,6 @@ SANA_WM = ModelFamily(
     ring_refused=RING_REFUSAL,
     block_outputs={"SanaVideoMSCamCtrlBlock": (0, None, "x")},  # each block takes the video as x, returns it alone
     teacache_probe=_teacache_probe,
-    compile_note=(
-        "the frame halos of its temporal short and feed-forward convolutions "
-        "(dit_sp.parallel.comm.halo: point-to-point isend/irecv, which Dynamo does not compile) run eagerly"
-    ),
     tiny_models=("tiny-sana-wm",),
     checkpoint_defaults={"SanaWMPipeline": generation_defaults(161, 704, 1280, 60, 5.0, 300)},
     vae_factors={"SanaWMPipeline": _vae_factors},

@@ -18,8 +18,9 @@ pytestmark = pytest.mark.slow  # traces every family's blocks
 
 MODELS = tiny_models()
 LAYOUTS = {"ulysses2": {"ulysses": 2}, "ring2": {"ring": 2}}
-GRADS_OF = ("wan", "hunyuan_video")
-"""Families whose input gradients through compiled blocks are checked too (text joined in front, padded)."""
+GRADS_OF = ("hunyuan_video",)
+"""Families whose input gradients through compiled blocks are checked too (joint text in front, padded per sample):
+the attention op has no backward, so Dynamo runs it eagerly there (``grad_breaks``), and the gradients are exact."""
 
 
 def test_every_splittable_family_has_a_tiny_transformer_to_compile():
