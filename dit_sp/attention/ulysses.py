@@ -178,7 +178,7 @@ def attend_whole_sequence(
     local_len = tensors[0].shape[1]
     seq_len = true_length(seq_len, local_len, parallel, "attend_whole_sequence")
     blocks = scatter_heads(tensors, parallel)
-    out = attend(*(block[:, :seq_len] for block in blocks))
+    out = attend(*[block[:, :seq_len] for block in blocks])  # a list: dynamo cannot pass on a generator
     expected = (blocks[0].shape[0], seq_len, blocks[0].shape[2])
     if not isinstance(out, Tensor) or out.dim() != 4 or tuple(out.shape[:3]) != expected:
         got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__

@@ -204,6 +204,10 @@ ANYFLOW_FAR = ModelFamily(
     cfg_mode="batched",  # one call on [unconditional, conditional]
     cfg_batched_args=("hidden_states", "timestep", "r_timestep", "encoder_hidden_states"),
     video_tensor={"AnyFlowFARPipeline": video_lengths},  # --video: (1, T, 3, H, W) in [0, 1] of whole chunks
+    compile_note=(
+        "its FAR attention runs eagerly (dit-sp wraps its SequenceParallelFARProcessor in "
+        "torch.compiler.disable: the block-mask flex call, KV cache and collectives stay out of the graph)"
+    ),
     tiny_models=("tiny-anyflow-far",),
     checkpoint_defaults={"AnyFlowFARPipeline": generation_defaults(81, 480, 832, 4, 1.0, 512) | {"fps": 16}},
     vae_factors={"AnyFlowFARPipeline": wan_vae_factors},

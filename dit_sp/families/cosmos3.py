@@ -374,6 +374,10 @@ COSMOS3 = ModelFamily(
     cache_token_dim=0,
     cache_branches=BranchCalls(prompt="input_ids", timestep="vision_timesteps"),
     teacache_probe=_teacache_probe,
+    compile_note=(
+        "its attention runs eagerly (dit-sp wraps its routed Cosmos3AttnProcessor in "
+        "torch.compiler.disable: the und/gen attention pair and its collectives stay out of the graph)"
+    ),
     tiny_models=("tiny-cosmos3",),
     modular_pipelines=MODULAR_PIPELINES,
     checkpoint_defaults={"Cosmos3OmniPipeline": generation_defaults(189, 720, 1280, 35, 6.0, 512) | {"fps": 24}}

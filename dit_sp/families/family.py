@@ -233,6 +233,11 @@ class ModelFamily:
     declared: ``cache_between_blocks``, ``cache_layout``);
     ``enable_cache`` and ``generate --cache`` (before loading) refuse with it, the family table shows "refused", and
     ``tests/zoo/test_family_table.py`` checks it against the tiny models."""
+    compile_note: str = ""
+    """Where and why regional compile (``dit_sp.sp.compile``) breaks the graph of the family's blocks under sequence
+    parallelism, as measured (Dynamo's reason and its cause: a stock processor's data-dependent shape, a collective
+    outside dit-sp's attention op); empty: the blocks compile without a graph break on Ulysses and on a ring. The
+    family table's compile column shows it; tests/families/test_compile_families.py checks it both ways."""
     cache_refused_args: dict[str, str] = field(default_factory=dict, hash=False)
     """Transformer arguments a step-cached call must not carry (None or absent), each with why: what the model adds
     between its blocks from them lies outside what diffusers' cache hooks skip, so a skipped step would add it on top

@@ -153,6 +153,10 @@ MOCHI = ModelFamily(
     # caches tell a new schedule inside one call by a timestep that fell (dit_sp.cache.contexts)
     cache_branches=BranchCalls(rising=True),
     vae=MOCHI_VAE,
+    compile_note=(
+        "diffusers' MochiAttnProcessor2_0 selects each sample's real prompt tokens with torch.nonzero in "
+        "a loop (a data-dependent shape), so Dynamo runs its attention eagerly, on one process too"
+    ),
     tiny_models=("tiny-mochi",),
     # the MochiPipeline's VAE factors are fixed (x6 in time, x8 in space), whatever the VAE's config
     checkpoint_defaults={"MochiPipeline": generation_defaults(85, 480, 848, 64, 4.5, 256) | {"fps": 30}},

@@ -16,6 +16,7 @@ time, where the stock processor finds it too.
 from __future__ import annotations
 
 import importlib
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +50,9 @@ class NablaOps:
         (the names the stock processor calls, from its module, so that a test's stand-in reaches both)."""
         from diffusers.models.attention_dispatch import AttentionBackendName
 
-        stock = importlib.import_module(self.module)
+        stock = sys.modules.get(self.module)  # what compiled blocks trace (importlib.import_module is a graph break)
+        if stock is None:
+            stock = importlib.import_module(self.module)
         q, k = (query.transpose(1, 2), key.transpose(1, 2)) if self.heads_first else (query, key)
         mask = getattr(stock, self.mask)(q, k, sparse_params["sta_mask"], thr=sparse_params[self.threshold])
         return stock.dispatch_attention_fn(query, key, value, attn_mask=mask, backend=AttentionBackendName.FLEX)

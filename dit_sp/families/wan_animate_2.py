@@ -137,6 +137,10 @@ WAN_ANIMATE_2 = ModelFamily(
         "WanAnimate2ModularPipeline": generation_defaults(81, 720, 1280, 40, 3.0, 512) | {"fps": 24},
         "WanAnimate2DistilledModularPipeline": generation_defaults(81, 720, 1280, 10, 1.0, 512) | {"fps": 24},
     },
+    compile_note=(
+        "diffusers' rope_apply loops over grid_sizes.tolist() (a data-dependent value), so "
+        "Dynamo runs it eagerly, on one process too"
+    ),
     tiny_models=("tiny-wan-animate-2",),
     architectures=_ARCHITECTURES,
     plan=_plan,

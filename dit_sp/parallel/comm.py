@@ -363,4 +363,22 @@ def halo(x: torch.Tensor, group: dist.ProcessGroup | None, dim: int, width: int 
     if _group_size(group) == 1:
         pad = [0, 0] * (x.dim() - dim - 1) + [width, width]
         return F.pad(x, pad)
+    if torch.compiler.is_compiling() and not (torch.is_grad_enabled() and x.requires_grad):
+        # in a compiled block: one opaque op (Dynamo does not compile point-to-point sends; with autograd it runs
+        # them eagerly, a graph break)
+        return torch.ops.dit_sp.halo(x, group.group_name, dim, width)
     return Halo.apply(x, group, dim, width)
+
+
+@torch.library.custom_op("dit_sp::halo", mutates_args=())
+def _halo_op(x: torch.Tensor, group_name: str, dim: int, width: int) -> torch.Tensor:
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    return Halo.apply(x, _resolve_process_group(group_name), dim, width)
+
+
+@_halo_op.register_fake
+def _(x: torch.Tensor, group_name: str, dim: int, width: int) -> torch.Tensor:
+    shape = list(x.shape)
+    shape[dim] += 2 * width
+    return x.new_empty(shape)

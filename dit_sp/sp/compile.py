@@ -4,6 +4,8 @@ Identical blocks share one compiled graph, so compiling costs one block's worth 
 and the hooks that split and gather the sequence, the guidance pair and the step cache's decisions stay
 outside every graph. Under ``parallelize`` the sequence-parallel attention is one opaque op in the graph
 (``dit_sp.sp.processor``): no graph break inside attention, and the collectives run as they do eagerly.
+The breaks some families' blocks still have under sequence parallelism (a stock processor's data-dependent shape, an
+attention dit-sp runs eagerly on purpose) are measured and named in ``ModelFamily.compile_note``.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ _COMPILED = "_dit_sp_compiled"
 def compile_blocks(transformer: torch.nn.Module, **options: Any) -> Callable[[], None]:
     """Compile each block of a diffusers video transformer (``torch.compile(block.forward, **options)``;
     default: inductor, ``dynamic=False``). Call it before ``enable_cache``, so that the cache's hooks wrap
-    the compiled blocks (their decisions are host-side). Inference: compiled sequence-parallel attention
-    has no backward. Returns the undo."""
+    the compiled blocks (their decisions are host-side). Inference: the sequence-parallel attention op has no
+    backward, so with autograd Dynamo runs it eagerly (graph breaks; the gradients are exact). Returns the undo."""
     blocks = transformer_blocks(transformer, cached=False)
     for block in blocks:
         registry = hook_registry(block)

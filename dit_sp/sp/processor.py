@@ -8,7 +8,8 @@ processor call, to ``usp_attention``: the local tokens are this rank's video sha
 tokens the processor concatenated in front or behind.
 
 Under ``torch.compile`` the routed call is one custom op, ``dit_sp::usp_attention``, opaque to the
-compiler: a compiled block has no graph break inside attention, and its collectives run as they do eagerly.
+compiler: a compiled block has no graph break inside attention, and its collectives run as they do eagerly
+(the gathered-key attention below too).
 
 Attention whose queries are whole on every rank while its keys and values are this rank's shard of the split
 sequence (LTX-2's audio queries over the video, ``ModelFamily.gathered_key_modules``) gathers the keys and values
@@ -157,11 +158,6 @@ def _attend_gathered_keys(ctx: SequenceContext, query: Tensor, key: Tensor, valu
     the queries reach the shard that holds them."""
     if attn_mask is not None:
         raise NotImplementedError("attention over gathered keys takes no mask: its keys are the split video tokens")
-    if torch.compiler.is_compiling():
-        raise NotImplementedError(
-            "attention of whole queries over the split sequence (LTX-2's video-to-audio attention) gathers its keys "
-            "eagerly only: run this model without compile"
-        )
     key, value = (gather_sequence(x.contiguous(), ctx.parallel, dim=2, seq_len=ctx.seq_len, grad=ctx.gather_grad)
                   for x in (key, value))  # fmt: skip
     return F.scaled_dot_product_attention(query, key, value, scale=scale)
@@ -174,13 +170,16 @@ registered by ``sequence_parallel_processor``; an entry goes when its model does
 
 @torch.library.custom_op("dit_sp::usp_attention", mutates_args=())
 def _usp_attention_op(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None, context: int,
-                      scale: float | None, streams: int = 1) -> Tensor:  # fmt: skip
-    return _attend(_CONTEXTS[context], query, key, value, attn_mask, scale, streams).contiguous()  # the fake's layout
+                      scale: float | None, streams: int = 1, gather_keys: bool = False) -> Tensor:  # fmt: skip
+    ctx = _CONTEXTS[context]
+    if gather_keys:  # whole queries: the output is the queries' shape, as for the split ones
+        return _attend_gathered_keys(ctx, query, key, value, attn_mask, scale).contiguous()
+    return _attend(ctx, query, key, value, attn_mask, scale, streams).contiguous()  # the fake's layout
 
 
 @_usp_attention_op.register_fake
 def _(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None, context: int, scale: float | None,
-      streams: int = 1):  # fmt: skip
+      streams: int = 1, gather_keys: bool = False):  # fmt: skip
     return torch.empty_like(query, memory_format=torch.contiguous_format)
 
 
@@ -222,16 +221,17 @@ class RouteAttention(TorchFunctionMode):
         """``(B, H, S, D)`` in and out, as ``scaled_dot_product_attention``."""
         if is_causal or dropout_p or enable_gqa:
             raise NotImplementedError("sequence-parallel attention is non-causal, without dropout or GQA")
-        if self.gather_keys:
-            return _attend_gathered_keys(self.ctx, query, key, value, attn_mask, scale)
         if not torch.compiler.is_compiling():
+            if self.gather_keys:
+                return _attend_gathered_keys(self.ctx, query, key, value, attn_mask, scale)
             return _attend(self.ctx, query, key, value, attn_mask, scale, self.streams)
         if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value)):
             raise NotImplementedError(
                 "compiled sequence-parallel attention is for inference (no autograd through the compiled op): "
                 "sample under torch.no_grad(), or train without compile"
             )
-        return torch.ops.dit_sp.usp_attention(query, key, value, attn_mask, id(self.ctx), scale, self.streams)
+        return torch.ops.dit_sp.usp_attention(query, key, value, attn_mask, id(self.ctx), scale, self.streams,
+                                              self.gather_keys)  # fmt: skip
 
 
 @functools.cache

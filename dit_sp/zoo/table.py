@@ -221,9 +221,15 @@ def _row(family: ModelFamily) -> list[str]:
         "refused" if family.cfg_refused else f"yes ({family.cfg_mode})",
         _vaes(family),
         ", ".join(cache) if family.step_cache else "refused",
-        "regional",  # every splittable family's blocks: tests/families/test_compile_families.py
+        _compile(family),
         _names(family.pipelines) if family.policy is not None else "no",
     ]
+
+
+def _compile(family: ModelFamily) -> str:
+    """Regional compile, with the graph breaks its blocks have under SP where it has any (measured by
+    tests/families/test_compile_families.py, which checks ``compile_note`` both ways)."""
+    return f"regional (graph breaks under SP: {family.compile_note})" if family.compile_note else "regional"
 
 
 def _names(names: tuple[str, ...]) -> str:

@@ -1,40 +1,26 @@
 """Regional compile (``compile_blocks``) traces every registered family's blocks and computes what eager does: the
 family table's "compile" column. The ``eager`` backend checks what Dynamo captures without Inductor's C++ build
-(the Inductor path under USP is tested on the original families in tests/cache)."""
+(the Inductor path under USP is tested on tiny-wan in tests/cache): on one process, and under sequence parallelism
+on Ulysses 2 and on a ring of 2, where the graph breaks Dynamo counts must be the registry's
+(``ModelFamily.compile_note``: none where it is empty)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from kandinsky_cosmos_checks import TINY, build, inputs
-from model_checks import model_inputs
+from compile_sp_checks import compiled_under_sp, flat, tiny_models
 
+from dit_sp import spawn
 from dit_sp.families import FAMILIES
 from dit_sp.sp.compile import compile_blocks
-from dit_sp.zoo import build_tiny
 
 pytestmark = pytest.mark.slow  # traces every family's blocks
 
-
-def _models() -> dict[str, tuple]:
-    """family -> (build, inputs) of a tiny transformer: a built-in model, or one of the test-built ones."""
-    found = {}
-    for family in FAMILIES:
-        for name in family.tiny_models:
-            try:
-                model_inputs(name)
-            except (ValueError, KeyError):
-                continue
-            found.setdefault(
-                family.name, (lambda n=name: build_tiny(n, "transformer").float(), lambda n=name: model_inputs(n))
-            )
-        test_built = [name for name in TINY if name.split("-")[0] == family.name]
-        if test_built:
-            found.setdefault(family.name, (lambda n=test_built[0]: build(n), lambda n=test_built[0]: inputs(n)))
-    return found
-
-
-MODELS = _models()
+MODELS = tiny_models()
+LAYOUTS = {"ulysses2": {"ulysses": 2}, "ring2": {"ring": 2}}
+GRADS_OF = ("hunyuan_video",)
+"""Families whose input gradients through compiled blocks are checked too (joint text in front, padded per sample):
+the attention op has no backward, so Dynamo runs it eagerly there (``grad_breaks``), and the gradients are exact."""
 
 
 def test_every_splittable_family_has_a_tiny_transformer_to_compile():
@@ -42,18 +28,50 @@ def test_every_splittable_family_has_a_tiny_transformer_to_compile():
     assert splittable <= set(MODELS), f"no tiny transformer to check compile on: {sorted(splittable - set(MODELS))}"
 
 
-def _tensor(output):
-    """A model's first output as one tensor (Cosmos 3 returns a list of per-item videos)."""
-    return torch.cat([x.flatten() for x in output]) if isinstance(output, list) else output
-
-
 @pytest.mark.parametrize("family", sorted(MODELS))
 def test_compiled_blocks_compute_what_eager_does(family):
     make, make_inputs = MODELS[family]
     model, kwargs = make(), make_inputs()
     with torch.no_grad():
-        reference = _tensor(model(**kwargs, return_dict=False)[0])
+        reference = flat(model(**kwargs, return_dict=False))
         undo = compile_blocks(model, backend="eager")
-        compiled = _tensor(model(**kwargs, return_dict=False)[0])
+        compiled = flat(model(**kwargs, return_dict=False))
         undo()
     assert torch.equal(compiled, reference) or (compiled - reference).abs().max() <= 1e-6
+
+
+@pytest.fixture(scope="module")
+def under_sp() -> list[dict]:
+    """Both ranks' records (``compiled_under_sp``): one spawn for every family and both layouts."""
+    return spawn(compiled_under_sp, 2, args=(sorted(MODELS), LAYOUTS, GRADS_OF), timeout=600)
+
+
+def test_compiled_blocks_under_sp_compute_what_the_same_layout_does_eagerly(under_sp):
+    ring_refused = {f.name for f in FAMILIES if f.ring_refused}
+    checked = 0
+    for rank, records in enumerate(under_sp):
+        for family, layouts in records.items():
+            for layout, record in layouts.items():
+                where = f"{family} on {layout} (rank {rank})"
+                if "refused" in record:  # only Ulysses splits it: refused as eagerly (tests/families)
+                    assert layout == "ring2" and family in ring_refused, f"{where}: {record['refused']}"
+                    continue
+                assert "error" not in record, f"{where}: {record.get('error')}"
+                assert record["out"] <= 1e-5, where
+                if family in GRADS_OF:
+                    assert record["grad"] <= 1e-5, where
+                checked += 1
+    assert checked >= 2 * (2 * len(MODELS) - len(ring_refused))
+
+
+def test_graph_breaks_under_sp_are_the_ones_the_registry_names(under_sp):
+    """A family without a ``compile_note`` compiles its blocks under SP without a graph break on either layout; one
+    with a note breaks on at least one (a note that no longer holds fails too)."""
+    notes = {f.name: f.compile_note for f in FAMILIES}
+    for family in MODELS:
+        breaks = {layout: record["graph_breaks"] for layout, record in under_sp[0][family].items()
+                  if "graph_breaks" in record}  # fmt: skip
+        if notes[family]:
+            assert any(breaks.values()), f"{family}'s compile_note ({notes[family]!r}) names breaks, none measured"
+        else:
+            assert not any(breaks.values()), f"{family}: graph breaks under SP, fix them or name them: {breaks}"
