@@ -70,8 +70,10 @@ def _run(model: torch.nn.Module, kwargs: dict, grads: bool) -> tuple[torch.Tenso
 
 
 def compiled_under_sp(families: list[str], layouts: dict[str, dict[str, int]], grads_of: tuple[str, ...] = (),
-                      backend: str = "eager") -> dict[str, dict[str, dict[str, Any]]]:  # fmt: skip
-    """Per family and layout (``init_layout``'s keywords): ``out``, the largest difference between the outputs of
+                      backend: str = "eager", only: dict[str, tuple[str, ...]] | None = None,
+                      ) -> dict[str, dict[str, dict[str, Any]]]:  # fmt: skip
+    """Per family and layout (``init_layout``'s keywords; ``only``: layout -> the families run on it, default all):
+    ``out``, the largest difference between the outputs of
     the model parallelized with its blocks compiled (``compile_blocks``, ``backend``) and parallelized eagerly, and
     ``graph_breaks`` and ``graphs`` (``graph_breaks``), or ``error`` (the compiled call raised), or ``refused`` (the
     layout is); ``seconds``. For the families of ``grads_of``, ``grad``: the same of the input gradients, and
@@ -83,6 +85,8 @@ def compiled_under_sp(families: list[str], layouts: dict[str, dict[str, int]], g
     for layout_name, layout in layouts.items():
         parallel = init_layout(**layout)
         for family in families:
+            if only is not None and layout_name in only and family not in only[layout_name]:
+                continue
             make, make_inputs = models[family]
             model, kwargs = make(), make_inputs()
             start = time.perf_counter()
