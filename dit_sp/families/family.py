@@ -199,6 +199,10 @@ class ModelFamily:
     """Per workflow of ``modular_workflows`` (or ``modular_workflow``), the inputs it takes in place of
     ``modular_inputs`` (MiniMax-H3's ``fl2va``: ``image`` as its first frame and ``last_image`` as its last, under their
     own names; ``t2va``: none); ``inputs_for`` reads it."""
+    modular_unused: tuple[str, ...] = ()
+    """Components of the family's modular blocks that ``generate`` never runs, neither required in nor loaded from a
+    repository (LTX-2.5's ``prompt_enhancer`` and its ``processor``: no prompt enhancement; its ``duration_head``:
+    ``generate`` always passes the frame count)."""
     modular_arguments: Callable[[dict[str, Any]], dict[str, Any]] = lambda arguments: arguments
     """``generate``'s call arguments, under the blocks' names, as the blocks take them (MiniMax-H3: its ``references``
     image as the list of one ``MiniMaxH3ImageReference`` its ``ref2va`` blocks take)."""

@@ -276,15 +276,22 @@ REFINE_PYTHON_ONLY = (
 """Why ``generate`` refuses ``LTX2DFRTemporalRefinePipeline`` (one line); ``parallelize`` splits it exactly."""
 
 
-MODULAR_PIPELINES = ("EchoModularPipeline",)
+MODULAR_PIPELINES = ("EchoModularPipeline", "LTX25ModularPipeline")
 """Modular Diffusers pipelines of the LTX-2 transformer (``generate`` runs their repositories: ``dit_sp.zoo.modular``).
 Echo (``EchoBlocks``): reference-to-video of video and audio, its clean first-frame tokens and ordered image and
 audio memory tokens prepended to the noisy ones (per-token timesteps 0), one transformer call a step (no guidance,
 ``use_cross_timestep``), a stochastic DMD schedule of 8 sigmas (``sigmas``) re-noised from its ``generator``: every
-rank draws the same noise, so the split sequence gives the one-process video."""
+rank draws the same noise, so the split sequence gives the one-process video.
+LTX-2.5 (``LTX25AutoBlocks``): LTX-2's guided blocks (``LTX2Guidance``: conditional, unconditional, modality-isolated
+and spatio-temporal passes, each a transformer call of batch 1) whose video decode is LTX-2.5's diffusion decoder
+(``LTX2VideoDiffusionDecoderModel``), run whole by every rank of a sample on the gathered latents (its noise drawn
+from the shared generator: every rank decodes the same frames); ``generate`` runs no prompt enhancement and always
+passes the frame count (``MODULAR_UNUSED``)."""
 MODULAR_DEFAULTS = {
     # Echo's blocks' defaults: 241 frames of 512 x 704 at 25 fps, its 8-step DMD schedule, unguided
     "EchoModularPipeline": generation_defaults(241, 512, 704, 8, 1.0, 1024) | {"fps": 25},
+    # LTX-2.5's blocks' defaults: 512 x 704 at 24 fps, 30 steps, video guidance 3 (frames: 121, LTX-2's)
+    "LTX25ModularPipeline": generation_defaults(121, 512, 704, 30, 3.0, 1024) | {"fps": 24},
 }
 DIFFUSION_DECODE_REFUSED = (
     "it is LTX-2.5's decode stage, not a video sampler: its LTX2VideoDiffusionDecoderModel turns given latents into "
@@ -293,10 +300,18 @@ DIFFUSION_DECODE_REFUSED = (
     "on the latents of a split LTX-2 run (output_type='latent')"
 )
 """Why ``parallelize`` and ``generate`` refuse ``LTX2VideoDiffusionDecodePipeline`` (one line)."""
+MODULAR_UNUSED = ("prompt_enhancer", "processor", "duration_head")
+"""LTX-2.5's components ``generate`` never runs (``ModelFamily.modular_unused``): its Gemma prompt enhancer and
+processor (no prompt enhancement) and its duration head (the frame count is always given)."""
 MODULAR_POLICY_REFUSED = {
     "LTX2VideoDiffusionDecodePipeline": (
         "it samples no video: it decodes given latents to frames (LTX-2.5's diffusion decoder), so there is no "
         "trajectory of a video velocity to train"
+    ),
+    "LTX25ModularPipeline": (
+        "its guided blocks denoise video and audio jointly (LTX2Guidance: conditional, unconditional, modality and "
+        "spatio-temporal passes a step) and its video decode is a diffusion decoder drawing its own noise, not the "
+        "Euler ODE of one video velocity and the deterministic VAE decode that the LTX-2 policy wraps"
     ),
     "EchoModularPipeline": (
         "it is a few-step DMD-distilled sampler (8 fixed sigmas, each step predicts x0 and re-noises it with fresh "
@@ -337,6 +352,7 @@ LTX2 = ModelFamily(
     python_only={"LTX2DFRTemporalRefinePipeline": REFINE_PYTHON_ONLY},
     refused_pipelines={"LTX2VideoDiffusionDecodePipeline": DIFFUSION_DECODE_REFUSED},
     modular_pipelines=MODULAR_PIPELINES,
+    modular_unused=MODULAR_UNUSED,
     checkpoint_defaults=dict.fromkeys(_PIPELINES, generation_defaults(121, 512, 768, 30, 3.0, 1024) | {"fps": 24})
     | dict.fromkeys(_DISTILLED, generation_defaults(121, 512, 768, 8, 1.0, 1024) | {"fps": 24})
     | MODULAR_DEFAULTS,

@@ -268,18 +268,21 @@ def _steps_recorded(pipe: Any, on_step_end: Callable, needed: bool) -> Iterator[
         yield
         return
     scheduler, done = pipe.scheduler, [0]
+    stock = type(scheduler)
 
-    def step(*args: Any, **kwargs: Any) -> Any:
-        out = type(scheduler).step(scheduler, *args, **kwargs)
-        on_step_end(pipe, done[0], None, {"latents": out[0] if isinstance(out, tuple) else out.prev_sample})
-        done[0] += 1
-        return out
+    class Recorded(stock):  # a class, not an instance attribute: a copy made in the call (LTX-2 modular blocks' audio
+        def step(self, *args: Any, **kwargs: Any) -> Any:  # scheduler) steps itself and records nothing
+            out = stock.step(self, *args, **kwargs)
+            if self is scheduler:
+                on_step_end(pipe, done[0], None, {"latents": out[0] if isinstance(out, tuple) else out.prev_sample})
+                done[0] += 1
+            return out
 
-    scheduler.step = step
+    scheduler.__class__ = Recorded
     try:
         yield
     finally:
-        del scheduler.step
+        scheduler.__class__ = stock
 
 
 def progress_bars(pipe: Any, disable: bool) -> None:

@@ -35,3 +35,13 @@ AUDIO_DECODE_REASONS: dict[str, str] = {
 }
 """Why each audio decoder class (a pipeline's ``audio_vae`` or ``vocoder``) runs whole on every rank of a sample, by
 class name (one line each): the README's family table shows them in the VAE column and prints these under it."""
+
+WHOLE_DECODE_REASONS: dict[str, str] = {
+    "LTX2VideoDiffusionDecoderModel": "LTX-2.5's diffusion video decoder (LTX25ModularPipeline's decode stage): every "
+    "rank of a sample runs it whole on the gathered latents, its pixel noise drawn from the generator every rank "
+    "shares, so all decode the same frames; its 3D neighborhood attention (flex BlockMask windows of up to 11 cells a "
+    "side) has no row-split adapter in dit_sp.vae",
+}
+"""Why each video decoder class that is not a pipeline's ``vae`` (a modular pipeline's ``diffusion_decoder``) runs
+whole on every rank of a sample, by class name (one line each): the README's family table shows them in the VAE
+column and prints these under it."""

@@ -74,14 +74,17 @@ def workflow_of(pipeline: str | None, settings: dict[str, Any]) -> str | None:
 
 def needed_components(pipeline: str, workflow: str | None = None) -> list[str]:
     """The components (``from_pretrained`` ones: models, tokenizers, schedulers) that the blocks of ``pipeline``
-    expect, in ``workflow`` (default: the one its family's ``generate`` runs, ``ModelFamily.modular_workflow``)."""
+    expect, in ``workflow`` (default: the one its family's ``generate`` runs, ``ModelFamily.modular_workflow``), but
+    those its family never runs (``ModelFamily.modular_unused``)."""
     import diffusers
 
     blocks = getattr(diffusers, getattr(diffusers, pipeline).default_blocks_name)()
-    workflow = workflow or next(f.modular_workflow for f in FAMILIES if pipeline in f.modular_pipelines)
+    family = next(f for f in FAMILIES if pipeline in f.modular_pipelines)
+    workflow = workflow or family.modular_workflow
     if workflow:
         blocks = blocks.get_workflow(workflow)
-    return [spec.name for spec in blocks.expected_components if spec.default_creation_method == "from_pretrained"]
+    return [spec.name for spec in blocks.expected_components if spec.default_creation_method == "from_pretrained"
+            and spec.name not in family.modular_unused]  # fmt: skip
 
 
 def folders(index: dict[str, Any]) -> dict[str, str]:

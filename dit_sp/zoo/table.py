@@ -16,7 +16,7 @@ from functools import cache
 from dit_sp.families import FAMILIES, supported_vaes
 from dit_sp.families.family import PARALLELIZED_TRANSFORMERS, TRANSFORMERS, ModelFamily
 from dit_sp.io.bundled import asset_path
-from dit_sp.vae.leader import AUDIO_DECODE_REASONS, LEADER_DECODE_REASONS
+from dit_sp.vae.leader import AUDIO_DECODE_REASONS, LEADER_DECODE_REASONS, WHOLE_DECODE_REASONS
 from dit_sp.zoo import model_spec
 
 START, END = "<!-- families:start -->", "<!-- families:end -->"
@@ -130,10 +130,23 @@ def _vaes(family: ModelFamily) -> str:
     plans = {name: f.vae for f in FAMILIES if f.vae is not None for name in f.vae.class_names}
     kind = {name: "split" if plan.parts else TILES_SHARED for name, plan in plans.items()}
     shown = [f"`{v}` {kind[v]}" if v in kind else f"`{v}` leader decode" for v in family_vaes(family)]
+    shown += [f"`{d}` whole on every rank" for d in _family_components(family, DECODER_COMPONENTS)]
     audio = family_audio_decoders(family)
     if audio:
         shown.append(f"audio: {', '.join(f'`{a}`' for a in audio)} whole on every rank")
     return ", ".join(shown) or "none"
+
+
+DECODER_COMPONENTS = ("diffusion_decoder",)
+"""Video decoders of modular blocks that are not a ``vae`` (LTX-2.5's diffusion decoder): whole on every rank."""
+
+
+def _whole_reasons() -> list[str]:
+    """Under the table: why each video decoder of ``DECODER_COMPONENTS`` runs whole (``dit_sp.vae.leader``)."""
+    shown = sorted({d for f in FAMILIES for d in _family_components(f, DECODER_COMPONENTS)})
+    lines = ["", "Video decoders run whole on every rank of a sample, and why:", ""] if shown else []
+    missing = "(no reason recorded: add one to dit_sp/vae/leader.py)"
+    return lines + [f"- `{d}`: {WHOLE_DECODE_REASONS.get(d, missing)}." for d in shown]
 
 
 def audio_decoders() -> list[str]:
@@ -240,7 +253,9 @@ def family_table() -> str:
     """The Markdown table of every registered family (one row each, in registry order), between the markers."""
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(_row(family)) + " |" for family in FAMILIES]
-    return "\n".join([START, *lines, *_leader_reasons(), *_audio_reasons(), *_refused_reasons(), END])
+    return "\n".join(
+        [START, *lines, *_leader_reasons(), *_whole_reasons(), *_audio_reasons(), *_refused_reasons(), END]
+    )
 
 
 if __name__ == "__main__":

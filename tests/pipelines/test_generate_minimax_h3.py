@@ -5,7 +5,9 @@ shared out over the ranks; CFG parallelism and guidance are refused in one line 
 first-and-last-frame workflow (``fl2va``: ``--last-image``, with ``--image`` the first frame) on Ulysses 2 gives the
 one-process video from a split sequence too; contradictory workflow flags are refused in one line before loading.
 Echo (``EchoModularPipeline``, modular only, on LTX-2's transformer), from a saved tiny repository, on Ulysses 2 and
-ring 2 gives its one-process video too. One spawn runs the five jobs."""
+ring 2 gives its one-process video too, and so does LTX-2.5 (``LTX25ModularPipeline``: LTX-2's guided blocks, its
+diffusion decoder run whole on every rank), whose CFG parallelism is refused in one line. One spawn runs the seven
+jobs."""
 
 from __future__ import annotations
 
@@ -52,13 +54,33 @@ def videos(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("minimax_h3")
     keyframes = _keyframes(tmp)
-    echo = _echo_settings(tmp)
-    single, fl2va, echo_single = generate_recording([_settings(tmp, "single"), _settings(tmp, "fl2va", **keyframes),
-                                                     echo("echo")])  # fmt: skip
+    echo, ltx25 = _echo_settings(tmp), _ltx25_settings(tmp)
+    single, fl2va, echo_single, ltx25_single = generate_recording(
+        [_settings(tmp, "single"), _settings(tmp, "fl2va", **keyframes), echo("echo"), ltx25("ltx25")]
+    )
     jobs = [(layout, _settings(tmp, layout, **flags)) for layout, flags in LAYOUTS.items()]
     jobs.append(("fl2va-1x2", _settings(tmp, "fl2va-1x2", ulysses=2, **keyframes)))
     jobs += [(f"echo-{layout}", echo(f"echo-{layout}", **flags)) for layout, flags in LAYOUTS.items()]
-    return {"single": single, "fl2va": fl2va, "echo": echo_single} | layout_reports(jobs)
+    jobs += [(f"ltx25-{layout}", ltx25(f"ltx25-{layout}", **flags)) for layout, flags in LAYOUTS.items()]
+    return {"single": single, "fl2va": fl2va, "echo": echo_single, "ltx25": ltx25_single} | layout_reports(jobs)
+
+
+def _ltx25_settings(tmp):
+    """Settings of ``generate`` on a tiny LTX-2.5 repository (``LTX25ModularPipeline``: LTX-2's guided blocks, the
+    diffusion decoder), saved in ``tmp``: ``tiny-ltx2``'s components and ``tiny_diffusion_decoder`` under
+    ``LTX25AutoBlocks``; 5 frames of 32 x 32 (2 latent frames of 8 x 8), 2 steps at the default guidance 3."""
+    from modular_repos import save_blocks_repository, tiny_diffusion_decoder
+
+    repo = save_blocks_repository("tiny-ltx2", "LTX25AutoBlocks", tmp / "ltx25-repo",
+                                  diffusion_decoder=tiny_diffusion_decoder())  # fmt: skip
+
+    def settings(name: str, **flags) -> GenerateConfig:
+        return GenerateConfig.load(overrides={"model": str(repo), "out": str(tmp / f"{name}.mp4"), "frames": 5,
+                                              "height": 32, "width": 32, "max_sequence_length": 32, "steps": 2,
+                                              "save_latents": str(tmp / f"{name}.pt"), "verify_inputs": True,
+                                              **flags})  # fmt: skip
+
+    return settings
 
 
 def _echo_settings(tmp):
@@ -133,6 +155,20 @@ def test_echo_on_every_layout_gives_the_one_process_video_from_a_split_sequence(
     assert split["vae_rows"] < one["vae_rows"]  # the decoder's rows split (a halo beside each half)
 
 
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_ltx25_on_every_layout_gives_the_one_process_video_from_a_split_sequence(videos, layout):
+    """LTX-2.5 (``LTX25ModularPipeline``: LTX-2's guided blocks, guidance 3, then the diffusion decoder run whole on
+    every rank) from a saved repository: frames and latents within 1e-4 of one process's, each rank's video
+    self-attention holding half of the 2 x 8 x 8 video tokens."""
+    from variant_generate_checks import assert_same_video
+
+    one, split = videos["ltx25"], videos[f"ltx25-{layout}"]
+    assert torch.load(one["latents"]).shape == (1, 128, 4)  # packed: 2 x 8 x 8 tokens of 4 channels
+    assert_same_video(split, one)
+    assert split["batches"] == [[1], [1]], split["batches"]  # each guidance pass its own call of batch 1
+    assert split["lengths"] == [[5, 64], [5, 64]], split["lengths"]
+
+
 def test_contradictory_workflow_flags_are_refused_in_one_line_before_loading(tmp_path):
     """``--workflow`` against the inputs (the flags a workflow does not take, one it needs, a name it does not have,
     a model without workflows), each one line before loading; the CLI says it with exit status 2."""
@@ -190,6 +226,24 @@ def test_cfg_parallel_is_refused_in_one_line_before_loading(tmp_path):
         "step makes one transformer call a step (no guider, no unconditional branch), so there is no guidance pair "
         "to split; use cfg=1"
     ]
+    assert not (tmp_path / "v.mp4").exists()
+
+
+def test_ltx25_cfg_parallel_is_refused_in_one_line_before_loading(tmp_path):
+    """LTX-2.5's blocks guide through LTX2Guidance, one call of batch 1 a pass; the ltx2 family's cfg parallelism
+    splits its classic pipelines' one batched call, so ``--cfg-parallel`` is refused (``MODULAR_BATCHED_REFUSED``)."""
+    from modular_repos import save_blocks_repository, tiny_diffusion_decoder
+
+    from dit_sp import generate
+    from dit_sp.errors import ConfigError
+    from dit_sp.sp.pipeline import MODULAR_BATCHED_REFUSED
+
+    repo = save_blocks_repository("tiny-ltx2", "LTX25AutoBlocks", tmp_path / "repo",
+                                  diffusion_decoder=tiny_diffusion_decoder())  # fmt: skip
+    settings = GenerateConfig.load(overrides={"model": str(repo), "out": str(tmp_path / "v.mp4"), "cfg_parallel": True})
+    with pytest.raises(ConfigError) as refused:
+        generate(settings)
+    assert str(refused.value) == f"--cfg-parallel for LTX25ModularPipeline: {MODULAR_BATCHED_REFUSED}"
     assert not (tmp_path / "v.mp4").exists()
 
 

@@ -62,3 +62,23 @@ def save_blocks_repository(model: str, blocks: str, directory: Path, config: dic
             value[2]["pretrained_model_name_or_path"] = HUB_ID
     file.write_text(json.dumps(index, indent=2))
     return directory
+
+
+def tiny_diffusion_decoder() -> object:
+    """A tiny LTX-2.5 diffusion decoder (``LTX2VideoDiffusionDecoderModel``) at ``tiny-ltx2``'s VAE factors (x4 in
+    space and time, 4 latent channels), seeded: x4 in time from two temporal upsamples and x4 in space from its pixel
+    patch (patch 4, no spatial upsample), 3 x 3 x 3 neighborhoods. Its stage-5 grid is the pixel grid over the patch
+    (5 x 8 x 8 cells for 5 frames of 32 x 32): the unfused flex attention a CPU runs materializes every query-key
+    pair, so the stock strides with patch 1 (17 x 64 x 64 cells for a 2 x 8 x 8 latent) take minutes and tens of GiB
+    (decodes here in about 0.04 s)."""
+    import diffusers
+    import torch
+
+    torch.manual_seed(0)
+    return diffusers.LTX2VideoDiffusionDecoderModel(
+        latent_channels=4, patch_size=4, decoder_head_dim=8, decoder_stage_channels=(16, 16, 16, 16, 8),
+        decoder_stage_depths=(1, 1, 1, 1, 1), decoder_stage_kernels=((3, 3, 3),) * 4, decoder_stage5_kernel=(3, 3, 3),
+        decoder_upsample_strides=((1, 1, 1), (1, 1, 1), (2, 1, 1), (2, 1, 1)),
+        decoder_upsample_channel_reductions=(1, 1, 1, 2), decoder_t_emb_dim=16, spatial_compression_ratio=4,
+        temporal_compression_ratio=4,
+    )  # fmt: skip

@@ -66,8 +66,6 @@ components and sampler; ``generate`` runs those checkpoints as the classic class
 MODULAR_NOT_YET = {
     "AnimaModularPipeline": "a text-to-image pipeline on Cosmos-Predict2's transformer with its own Qwen3 text "
     "conditioner (AnimaTextConditioner): no tiny model of it yet",
-    "LTX25ModularPipeline": "LTX-2's guided blocks decoding with LTX-2.5's diffusion decoder, whose flex "
-    "neighborhood attention takes minutes on a CPU even tiny: no test of it fits the suite's time",
 }
 """Modular-only pipelines of supported transformers that ``generate`` does not run yet, each with why."""
 
@@ -91,6 +89,7 @@ def test_every_modular_pipeline_of_a_supported_transformer_is_registered_or_acco
     assert {
         "EchoModularPipeline",
         "Cosmos3DistilledModularPipeline",
+        "LTX25ModularPipeline",
         "HeliosPyramidDistilledModularPipeline",
     } <= registered
     for name, classic in MODULAR_FORMS.items():  # the classic form is a pipeline of the same family
