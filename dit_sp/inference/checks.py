@@ -83,9 +83,12 @@ def check_modular(config: GenerateConfig, name: str) -> bool:
                           f"{' or '.join('--' + k.replace('_', '-') for k in taken)} in it; add one")  # fmt: skip
     import diffusers
 
+    from dit_sp.zoo.modular import check_fixed
+
     blocks = getattr(diffusers, getattr(diffusers, name).default_blocks_name)()
     params = {param.name: param for param in blocks.inputs}
     check_diffusion_forcing(config, name, params)  # flags the blocks do not take, refused as for other pipelines
+    check_fixed(name, config, GenerateConfig.load(overrides={"model": config.model}))  # what its blocks fix
     check_camera(config, name, params)
     if config.negative_prompt and "negative_prompt" not in params:  # MiniMax-H3's: it would be passed over silently
         raise ConfigError(f"--negative-prompt: {config.model} ({name}) takes no negative prompt (its blocks have no "
