@@ -378,6 +378,7 @@ COSMOS3 = ModelFamily(
     modular_pipelines=MODULAR_PIPELINES,
     modular_fixed={
         "Cosmos3DistilledModularPipeline": {
+            "steps": "its schedule is the index's distilled_sigmas",
             "guidance": "guidance is distilled into its weights (one transformer call a step)",
             "max_sequence_length": "its blocks take no text length",
         }

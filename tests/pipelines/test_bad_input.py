@@ -36,6 +36,9 @@ CASES = [
      r"use --steps 8 or drop --steps"),
     ("gen-echo-guidance", "generate", ["--model", "{tmp}/echo", "--guidance", "3"], {"echo": lambda path: _modular(path, "echo")},
      r"--guidance 3.0: .*/echo \(EchoModularPipeline\) runs at --guidance 1.0 only \(no guider, no guidance input"),
+    ("gen-cosmos3-distilled-steps", "generate", ["--model", "{tmp}/c3", "--steps", "6"], {"c3": lambda path: _modular(path, "cosmos3")},
+     r"--steps 6: .*/c3 \(Cosmos3DistilledModularPipeline\) runs at --steps 4 only \(its schedule is the index's "
+     r"distilled_sigmas\); use --steps 4 or drop --steps"),
     ("gen-cosmos3-distilled-guidance", "generate", ["--model", "{tmp}/c3", "--guidance", "3"], {"c3": lambda path: _modular(path, "cosmos3")},
      r"--guidance 3.0: .*/c3 \(Cosmos3DistilledModularPipeline\) runs at --guidance 1.0 only \(guidance is distilled"),
     ("gen-text-len", "generate", ["--max-sequence-length", "0"], {}, r"max_sequence_length must be >= 1"),

@@ -307,7 +307,7 @@ def test_every_setting_a_modular_pipeline_would_drop_is_fixed_at_its_default():
     """The survey of the registered modular pipelines: a setting whose input (under the family's name for it) the
     blocks do not take would be passed over silently, so its family fixes it (``ModelFamily.modular_fixed``: refused
     before loading at another value); Cosmos 3 distilled takes ``guidance_scale`` but only 1 (its blocks raise after
-    loading otherwise)."""
+    loading otherwise), and a schedule of the index's sigmas."""
     import diffusers
 
     from dit_sp.families import FAMILIES
@@ -328,7 +328,7 @@ def test_every_setting_a_modular_pipeline_would_drop_is_fixed_at_its_default():
                        "MiniMaxH3ModularPipeline": {"guidance", "max_sequence_length"},
                        "Cosmos3DistilledModularPipeline": {"max_sequence_length"}}  # fmt: skip
     cosmos3 = next(f for f in FAMILIES if "Cosmos3DistilledModularPipeline" in f.modular_pipelines)
-    assert "guidance" in cosmos3.modular_fixed["Cosmos3DistilledModularPipeline"]
+    assert {"steps", "guidance"} <= set(cosmos3.modular_fixed["Cosmos3DistilledModularPipeline"])
 
 
 @pytest.mark.parametrize(
