@@ -380,6 +380,13 @@ COSMOS3 = ModelFamily(
     ),
     tiny_models=("tiny-cosmos3",),
     modular_pipelines=MODULAR_PIPELINES,
+    modular_fixed={
+        "Cosmos3DistilledModularPipeline": {
+            "steps": "its schedule is the index's distilled_sigmas",
+            "guidance": "guidance is distilled into its weights (one transformer call a step)",
+            "max_sequence_length": "its blocks take no text length",
+        }
+    },
     checkpoint_defaults={"Cosmos3OmniPipeline": generation_defaults(189, 720, 1280, 35, 6.0, 512) | {"fps": 24}}
     | MODULAR_DEFAULTS,
     vae_factors={"Cosmos3OmniPipeline": _vae_factors},

@@ -206,6 +206,10 @@ class ModelFamily:
     modular_arguments: Callable[[dict[str, Any]], dict[str, Any]] = lambda arguments: arguments
     """``generate``'s call arguments, under the blocks' names, as the blocks take them (MiniMax-H3: its ``references``
     image as the list of one ``MiniMaxH3ImageReference`` its ``ref2va`` blocks take)."""
+    modular_fixed: dict[str, dict[str, str]] = field(default_factory=dict, hash=False)
+    """Per modular pipeline, the ``generate`` settings its blocks fix at the repository's defaults
+    (``dit_sp.zoo.model_defaults``: Echo's ``steps``, its 8 sigmas), each with why: another value would be ignored, or
+    fail in diffusers after loading, so ``generate`` refuses it before loading (``dit_sp.zoo.modular.check_fixed``)."""
     refiners: dict[str, str] = field(default_factory=dict, hash=False)
     """Pipeline classes of the family whose output a second pipeline refines (``generate --refine``), each with that
     refiner's class (Sana-WM's stage 2, ``SanaWMLTX2Refiner``: loaded by ``dit_sp.zoo.refiner``)."""

@@ -353,6 +353,12 @@ LTX2 = ModelFamily(
     refused_pipelines={"LTX2VideoDiffusionDecodePipeline": DIFFUSION_DECODE_REFUSED},
     modular_pipelines=MODULAR_PIPELINES,
     modular_unused=MODULAR_UNUSED,
+    modular_fixed={
+        "EchoModularPipeline": {
+            "steps": "its blocks run their 8 fixed DMD sigmas",
+            "guidance": "no guider, no guidance input: one transformer call a step",
+        }
+    },
     checkpoint_defaults=dict.fromkeys(_PIPELINES, generation_defaults(121, 512, 768, 30, 3.0, 1024) | {"fps": 24})
     | dict.fromkeys(_DISTILLED, generation_defaults(121, 512, 768, 8, 1.0, 1024) | {"fps": 24})
     | MODULAR_DEFAULTS,

@@ -80,6 +80,12 @@ MINIMAX_H3 = ModelFamily(
     teacache_probe=_teacache_probe,
     class_names=("MiniMaxH3Transformer3DModel",),
     modular_pipelines=("MiniMaxH3ModularPipeline",),
+    modular_fixed={
+        "MiniMaxH3ModularPipeline": {
+            "guidance": "it is guidance-distilled: one transformer call a step, no guider",
+            "max_sequence_length": "its blocks take no text length",
+        }
+    },
     modular_workflow="t2va",  # generate runs text to video and audio: a repository's transformer_ref is not loaded
     # ... with --last-image, first and last frame to video and audio (--image: the first frame), on transformer; and
     # with --image alone (a reference image: its `references`), reference to video and audio on transformer_ref;

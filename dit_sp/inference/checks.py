@@ -8,11 +8,12 @@ import importlib.util
 import inspect
 from typing import Any
 
-from dit_sp.errors import ConfigError, MissingFileError
+from dit_sp.errors import ConfigError
 from dit_sp.families import FAMILIES, python_only_pipelines, refused_pipelines, video_tensor_pipelines
 from dit_sp.inference.config import GenerateConfig
 from dit_sp.inference.guidance import GUIDER, guidance_arguments  # noqa: F401 (imported from here too)
 from dit_sp.inference.inpaint import takes_inpaint
+from dit_sp.inference.media import read_image, read_video
 from dit_sp.io.video import check_output, check_writable
 
 
@@ -83,9 +84,12 @@ def check_modular(config: GenerateConfig, name: str) -> bool:
                           f"{' or '.join('--' + k.replace('_', '-') for k in taken)} in it; add one")  # fmt: skip
     import diffusers
 
+    from dit_sp.zoo.modular import check_fixed
+
     blocks = getattr(diffusers, getattr(diffusers, name).default_blocks_name)()
     params = {param.name: param for param in blocks.inputs}
     check_diffusion_forcing(config, name, params)  # flags the blocks do not take, refused as for other pipelines
+    check_fixed(name, config, GenerateConfig.load(overrides={"model": config.model}))  # what its blocks fix
     check_camera(config, name, params)
     if config.negative_prompt and "negative_prompt" not in params:  # MiniMax-H3's: it would be passed over silently
         raise ConfigError(f"--negative-prompt: {config.model} ({name}) takes no negative prompt (its blocks have no "
@@ -367,37 +371,6 @@ def check_motion_videos(config: GenerateConfig, name: str, takes: Any) -> None:
             read_video(path, flag)
 
 
-VIDEO_HISTORY = 17
-"""Frames of an input video's end that SkyReels-V2's video extension continues from (its ``overlap_history``, as
-its model card runs it); a shorter video gives all of its frames."""
-
-
-def read_video(path: str, flag: str = "--video") -> list[Any]:
-    """The frames of the video at ``path`` (an .mp4 or .gif file, or a directory of image frames in name order) as
-    RGB images (PIL)."""
-    from pathlib import Path
-
-    from dit_sp.io.bundled import asset_path
-
-    found = asset_path(path)
-    if found is None or not found.exists():
-        raise MissingFileError(f"{flag} {path}: no such file or directory")
-    if found.is_dir():
-        files = sorted(f for f in found.iterdir() if f.suffix.lower() in (".png", ".jpg", ".jpeg", ".webp"))
-        if not files:
-            raise ConfigError(f"{flag} {path}: a directory without image frames (.png, .jpg, .webp)")
-        return [read_image(str(f), flag) for f in files]
-    from diffusers.utils import load_video
-
-    try:
-        frames = load_video(str(Path(found)))
-    except (OSError, ValueError, RuntimeError) as e:
-        raise ConfigError(f"{flag} {path}: not a video this machine can read ({e})") from e
-    if not frames:
-        raise ConfigError(f"{flag} {path}: the video has no frames")
-    return [frame.convert("RGB") for frame in frames]
-
-
 def check_camera(config: GenerateConfig, name: str, takes: Any) -> None:
     """``--camera`` and ``--intrinsics`` go to a camera-controlled pipeline (Sana-WM's ``action`` and ``intrinsics``),
     which needs both (or its built-in model's spec fixes them)."""
@@ -432,19 +405,3 @@ def _check_camera_path(path: str, frames: int) -> None:
         raise ConfigError(f"--camera {path!r} poses {poses} frames (its {poses - 1} moves and the first), fewer than "
                           f"--frames {frames}, and the pipeline would cut the video to them: give a path of at least "
                           f"{frames - 1} frames, or fewer --frames")  # fmt: skip
-
-
-def read_image(path: str, flag: str) -> Any:
-    """The image at ``path`` (or a bundled asset of that name, e.g. ``first_frame.png``) as RGB (PIL)."""
-    from PIL import Image, UnidentifiedImageError
-
-    from dit_sp.io.bundled import asset_path
-
-    found = asset_path(path)
-    if found is None or not found.is_file():
-        raise MissingFileError(f"{flag} {path}: no such file")
-    try:
-        with Image.open(found) as image:
-            return image.convert("RGB")
-    except (UnidentifiedImageError, OSError) as e:
-        raise ConfigError(f"{flag} {path}: not an image this machine can read ({e})") from e

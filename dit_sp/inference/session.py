@@ -17,16 +17,10 @@ import torch
 from dit_sp.cache import StepCache, enable_cache
 from dit_sp.errors import ConfigError
 from dit_sp.families import check_shape, video_tensor_pipelines
-from dit_sp.inference.checks import (
-    MOTION_VIDEOS,
-    VIDEO_HISTORY,
-    guidance_arguments,
-    read_image,
-    read_video,
-    takes_conditions,
-)
+from dit_sp.inference.checks import MOTION_VIDEOS, guidance_arguments, takes_conditions
 from dit_sp.inference.config import GenerateConfig
 from dit_sp.inference.inpaint import frames_tensor, inpaint_inputs, takes_inpaint
+from dit_sp.inference.media import VIDEO_HISTORY, read_image, read_video
 from dit_sp.io.console import plain_tracebacks, quiet_followers
 from dit_sp.parallel import ParallelState, check_ranks_agree, init_layout
 from dit_sp.sp import parallelize

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -36,6 +37,10 @@ class GuidancePair:
     def __init__(self, parallel: ParallelState, family: ModelFamily):
         self.parallel, self.family = parallel, family
         self.pending: tuple | None = None
+        self.unpaired: Callable[[], bool] = lambda: False
+        """Whether a ``sequential`` call starting a pair is no pair's: a modular pipeline's guider makes one call at
+        this step (Helios' distilled pyramid: its first chunk's amplified steps past the guider's step count); it
+        runs whole on both cfg ranks, as on one process."""
 
     def reset(self) -> None:
         self.pending = None
@@ -46,6 +51,8 @@ class GuidancePair:
         return both
 
     def sequential(self, model: torch.nn.Module, forward, args: tuple, kwargs: dict) -> Any:
+        if self.pending is None and self.unpaired():  # one call at this step: the same on both ranks
+            return forward(*args, **kwargs)
         if self.pending is None:
             hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
             if getattr(self.family, "channels_last", False):  # (Kandinsky 5: latents (B, F, H, W, C))

@@ -36,7 +36,8 @@ def _swap_pipeline_class(pipe: Any, family: ModelFamily, parallel: ParallelState
             if parallel.cfg == 2 and _is_modular(self):  # it takes keywords and guides through its guider component
                 if why := _modular_guider_refusal(self):
                     raise ConfigError(f"cfg parallelism (cfg=2) for {stock.__name__}: {why}")
-                guidance.reset()
+                guidance.reset()  # a step its guider runs unguided (one call) runs whole on both ranks
+                guidance.unpaired = lambda: getattr(self.guider, "num_conditions", 2) == 1
             elif parallel.cfg == 2:
                 bound = signature.bind(self, *args, **kwargs)
                 bound.apply_defaults()

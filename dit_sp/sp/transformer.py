@@ -4,6 +4,7 @@ USP processors on the attention modules over the video, and the guidance pair's 
 from __future__ import annotations
 
 import fnmatch
+import inspect
 
 import torch
 import torch.distributed as dist
@@ -114,4 +115,5 @@ def parallelize_transformer(
             wrapped = lambda *args, **kwargs: guidance.sequential(model, forward, args, kwargs)
         else:
             wrapped = lambda *args, **kwargs: guidance.batched(forward, args, kwargs)
+        wrapped.__signature__ = inspect.signature(forward)  # blocks that pass what it takes read it (Helios' modular)
         set_instance_attr(model, "forward", wrapped, handle)

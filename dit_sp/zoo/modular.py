@@ -94,6 +94,26 @@ def folders(index: dict[str, Any]) -> dict[str, str]:
             and isinstance(value[2], dict)}  # fmt: skip
 
 
+def check_fixed(pipeline: str, settings: Any, defaults: Any) -> None:
+    """``generate``'s ``settings`` (a ``GenerateConfig``) for the modular ``pipeline`` of its model, before loading:
+    each setting its family's blocks fix (``ModelFamily.modular_fixed``) at its value in ``defaults`` (the model's
+    ``GenerateConfig`` of no flags: Echo's 8 steps, a Cosmos 3 distilled index's count of ``distilled_sigmas``), and no
+    ``embedded_guidance`` / ``guidance_2`` (HunyuanVideo's, Wan 2.2 A14B's: no modular pipeline takes them). A
+    ``ConfigError`` names the flag and the value to use."""
+    for key in ("embedded_guidance", "guidance_2"):
+        if getattr(settings, key) is not None:
+            flag = "--" + key.replace("_", "-")
+            raise ConfigError(
+                f"{flag}: {settings.model} ({pipeline}) takes none (its blocks have no such input); drop {flag}"
+            )
+    family = next(f for f in FAMILIES if pipeline in f.modular_pipelines)
+    for key, why in family.modular_fixed.get(pipeline, {}).items():
+        if (value := getattr(settings, key)) != (default := getattr(defaults, key)):
+            flag = "--" + key.replace("_", "-")
+            raise ConfigError(f"{flag} {value}: {settings.model} ({pipeline}) runs at {flag} {default} only ({why}); "
+                              f"use {flag} {default} or drop {flag}")  # fmt: skip
+
+
 def check_repository(path: Path, workflow: str | None = None) -> dict[str, Any]:
     """The repository ``path`` checked from its files alone, before anything loads: its index (a pipeline and blocks
     that ``generate`` runs: ``pipeline_of``), every component its workflow (``needed_components``) needs listed, with

@@ -11,7 +11,8 @@ from PIL import Image
 
 from dit_sp import GenerateConfig
 from dit_sp.errors import ConfigError, MissingFileError
-from dit_sp.inference.checks import check_before_loading, read_video
+from dit_sp.inference.checks import check_before_loading
+from dit_sp.inference.media import read_video
 from dit_sp.io.video import save_video
 
 

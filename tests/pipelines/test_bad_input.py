@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -30,6 +31,16 @@ CASES = [
     ("gen-cfg", "generate", ["--cfg-parallel", "--guidance", "1"], {}, r"guidance 1.0 turns guidance off"),
     ("gen-cfg-unguided", "generate", ["--model", "tiny-kandinsky6-sr", "--cfg-parallel", "--guidance", "4"], {},
      r"--cfg-parallel for Kandinsky6SRPipeline: Kandinsky6SRPipeline does not guide .*; use cfg=1"),
+    ("gen-echo-steps", "generate", ["--model", "{tmp}/echo", "--steps", "4"], {"echo": lambda path: _modular(path, "echo")},
+     r"--steps 4: .*/echo \(EchoModularPipeline\) runs at --steps 8 only \(its blocks run their 8 fixed DMD sigmas\); "
+     r"use --steps 8 or drop --steps"),
+    ("gen-echo-guidance", "generate", ["--model", "{tmp}/echo", "--guidance", "3"], {"echo": lambda path: _modular(path, "echo")},
+     r"--guidance 3.0: .*/echo \(EchoModularPipeline\) runs at --guidance 1.0 only \(no guider, no guidance input"),
+    ("gen-cosmos3-distilled-steps", "generate", ["--model", "{tmp}/c3", "--steps", "6"], {"c3": lambda path: _modular(path, "cosmos3")},
+     r"--steps 6: .*/c3 \(Cosmos3DistilledModularPipeline\) runs at --steps 4 only \(its schedule is the index's "
+     r"distilled_sigmas\); use --steps 4 or drop --steps"),
+    ("gen-cosmos3-distilled-guidance", "generate", ["--model", "{tmp}/c3", "--guidance", "3"], {"c3": lambda path: _modular(path, "cosmos3")},
+     r"--guidance 3.0: .*/c3 \(Cosmos3DistilledModularPipeline\) runs at --guidance 1.0 only \(guidance is distilled"),
     ("gen-text-len", "generate", ["--max-sequence-length", "0"], {}, r"max_sequence_length must be >= 1"),
     ("gen-no-model", "generate", ["--model", "/nonexistent/model"], {}, r"model directory /nonexistent/model does not exist"),
     ("gen-unknown-model", "generate", ["--model", "tiny-nope"], {}, r"unknown model 'tiny-nope': built-in models are"),
@@ -157,6 +168,30 @@ def _save_consisid(path: Path) -> None:
     from consisid_checks import consisid_pipeline
 
     consisid_pipeline().save_pretrained(path)
+
+
+_MODULAR: dict[str, Path] = {}
+_MODULAR_LOCK = threading.Lock()
+
+
+def _modular(path: Path, kind: str) -> None:
+    """A tiny modular repository at ``path`` (``modular_repos.save_blocks_repository``): ``echo``, Echo's blocks over
+    ``tiny-ltx2``; ``cosmos3``, Cosmos 3's distilled blocks over ``tiny-cosmos3`` with 4 ``distilled_sigmas``. Built once
+    per kind, then copied (the cases run on two threads)."""
+    import shutil
+
+    import diffusers
+    from modular_repos import save_blocks_repository
+
+    with _MODULAR_LOCK:
+        if kind in _MODULAR:
+            shutil.copytree(_MODULAR[kind], path)
+        elif kind == "echo":
+            _MODULAR[kind] = save_blocks_repository("tiny-ltx2", "EchoBlocks", path)
+        else:
+            _MODULAR[kind] = save_blocks_repository("tiny-cosmos3", "Cosmos3DistilledBlocks", path,
+                                                    config={"distilled_sigmas": [1.0, 0.75, 0.5, 0.25]},
+                                                    scheduler=diffusers.FlowMatchEulerDiscreteScheduler())  # fmt: skip
 
 
 def _write_clip(path: Path, frames: int) -> None:

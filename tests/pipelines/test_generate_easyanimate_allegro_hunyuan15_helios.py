@@ -6,8 +6,9 @@ three scales; each rank told its own count of current tokens; text-, image- and 
 the same frames and latents on Ulysses 2, ring 2 and CFG parallel (the guidance pair split over two processes:
 EasyAnimate's and Allegro's batched call, HunyuanVideo-1.5's two guider calls, Helios' two calls) as on one process,
 with the attention of each rank holding half of the video tokens; and Helios' distilled pyramid
-(``HeliosPyramidDistilledModularPipeline``, modular only) from a saved tiny repository on Ulysses 2 and ring 2. One
-spawn runs them all."""
+(``HeliosPyramidDistilledModularPipeline``, modular only) from a saved tiny repository on Ulysses 2 and ring 2. In
+the same spawn, from Python, the modular forms with a ``ClassifierFreeGuidance`` guider on CFG parallel
+(``HunyuanVideo15ModularPipeline``, ``HeliosModularPipeline``, the distilled pyramid guided). One spawn runs all."""
 
 from __future__ import annotations
 
@@ -68,7 +69,9 @@ def videos(tmp_path_factory):
     distilled = _distilled_settings(tmp)
     reports[("distilled", "single")] = generate(distilled("single"), True)
     jobs += [(("distilled", layout), distilled(layout, **LAYOUTS[layout])) for layout in ("1x2", "2x1")]
-    return reports | layout_reports(jobs)
+    from modular_cfg_checks import check_guider_pairs
+
+    return reports | layout_reports(jobs, then=check_guider_pairs)  # and the modular forms on cfg=2, from Python
 
 
 def _distilled_settings(tmp):
@@ -118,6 +121,29 @@ def test_the_distilled_pyramid_takes_guidance_through_its_guider():
     for scale in (1.0, 3.0):
         settings = GenerateConfig.load(overrides={"model": "tiny-helios", "guidance": scale})
         assert guidance_arguments(pipe, settings) == {} and pipe.guider.guidance_scale == scale
+
+
+GUIDER_CALLS = {
+    "HunyuanVideo15AutoBlocks": (4, 2),
+    "HeliosAutoBlocks": (2, 1),
+    "HeliosPyramidDistilledAutoBlocks": (9, 6),
+}
+"""The first transformer block's runs on one process and on each cfg rank: a guided step's pair is one run a rank; the
+distilled pyramid's first chunk amplifies each stage's step (3 stages: 3 guided steps, then 3 its guider runs unguided,
+one call each, whole on both ranks): 3 x 2 + 3 on one process, 3 + 3 a rank."""
+
+
+@pytest.mark.parametrize("blocks", list(GUIDER_CALLS))
+def test_a_modular_form_runs_its_guiders_pair_on_cfg_parallel(videos, blocks):
+    """HunyuanVideo-1.5's and Helios' modular forms (``modular_cfg_checks.GUIDER_PAIRS``: the tiny models' components
+    under their blocks, guided at 3) and Helios' distilled pyramid guided (``generate --guidance 3``'s guider) on cfg=2
+    from Python: the video and the final latents within 1e-4 of one process's (measured: HunyuanVideo-1.5 4.8e-7 /
+    8.9e-7, Helios 0 / 0, the distilled pyramid 3e-7 / 0), each rank running one call of each guided pair."""
+    for rank in videos["then"]:
+        checked = rank[blocks]
+        assert checked["scale"] > 0.1 and checked["error"] <= 1e-4, checked
+        assert checked["latent_scale"] > 0.1 and checked["latent_error"] <= 1e-4, checked
+        assert checked["calls"] == GUIDER_CALLS[blocks], checked["calls"]
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))

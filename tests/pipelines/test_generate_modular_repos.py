@@ -294,3 +294,63 @@ def test_a_repository_without_a_pipeline_name_is_refused_in_one_line(tmp_path):
     (tmp_path / "modular_model_index.json").write_text("{}")
     with pytest.raises(ConfigError, match=r"_class_name None \(blocks None\) is not a Modular Diffusers pipeline"):
         check_checkpoint(tmp_path)
+
+
+SETTINGS = {"steps": ("num_inference_steps", "pyramid_num_inference_steps_list"), "frames": ("num_frames",),
+            "height": ("height",), "width": ("width",), "max_sequence_length": ("max_sequence_length",),
+            "guidance": ("guidance_scale", "guider")}  # fmt: skip
+"""``generate``'s settings that go to a modular pipeline's blocks, each with the blocks' inputs (or component: the
+guider, whose scale ``--guidance`` sets) that take it."""
+
+
+def test_every_setting_a_modular_pipeline_would_drop_is_fixed_at_its_default():
+    """The survey of the registered modular pipelines: a setting whose input (under the family's name for it) the
+    blocks do not take would be passed over silently, so its family fixes it (``ModelFamily.modular_fixed``: refused
+    before loading at another value); Cosmos 3 distilled takes ``guidance_scale`` but only 1 (its blocks raise after
+    loading otherwise), and a schedule of the index's sigmas."""
+    import diffusers
+
+    from dit_sp.families import FAMILIES
+
+    dropped = {}
+    for family in FAMILIES:
+        for name in family.modular_pipelines:
+            blocks = getattr(diffusers, getattr(diffusers, name).default_blocks_name)()
+            taken = {p.name for p in blocks.inputs} | {c.name for c in blocks.expected_components}
+            for setting, inputs in SETTINGS.items():
+                names = {family.modular_inputs.get(i, i) for i in inputs}  # Wan-Animate-2's segment_frame_length
+                if not names & taken:
+                    dropped.setdefault(name, set()).add(setting)
+            fixed = set(family.modular_fixed.get(name, {}))
+            assert dropped.get(name, set()) <= fixed, (name, dropped.get(name), fixed)
+            assert fixed <= set(SETTINGS), fixed
+    assert dropped == {"EchoModularPipeline": {"steps", "guidance"},
+                       "MiniMaxH3ModularPipeline": {"guidance", "max_sequence_length"},
+                       "Cosmos3DistilledModularPipeline": {"max_sequence_length"}}  # fmt: skip
+    cosmos3 = next(f for f in FAMILIES if "Cosmos3DistilledModularPipeline" in f.modular_pipelines)
+    assert {"steps", "guidance"} <= set(cosmos3.modular_fixed["Cosmos3DistilledModularPipeline"])
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"guidance": 3.0}, r"--guidance 3.0: \S+ \(MiniMaxH3ModularPipeline\) runs at --guidance 1.0 only \(it is "
+                            r"guidance-distilled: .*\); use --guidance 1.0 or drop --guidance$"),
+        ({"max_sequence_length": 64}, r"--max-sequence-length 64: .* runs at --max-sequence-length 16 only \(its "
+                                      r"blocks take no text length\)"),
+        ({"embedded_guidance": 6.0}, r"--embedded-guidance: \S+ \(MiniMaxH3ModularPipeline\) takes none .*; drop "
+                                     r"--embedded-guidance$"),
+    ],
+)  # fmt: skip
+def test_a_setting_the_blocks_fix_or_take_none_of_is_refused_in_one_line_before_loading(repos, tmp_path, flags,
+                                                                                        message):  # fmt: skip
+    """MiniMax-H3's blocks take no guidance and no text length: another value than the repository's default would be
+    dropped silently (or, for guidance, refused after loading); refused from the files alone."""
+    from dit_sp.inference import check_before_loading
+
+    settings = {"model": str(repos["tiny-minimax-h3"]), "out": str(tmp_path / "v.mp4"), "frames": 124, "height": 32,
+                "width": 32}  # fmt: skip
+    check_before_loading(GenerateConfig.load(overrides=settings))  # the defaults pass
+    with pytest.raises(ConfigError, match=message) as refused:
+        check_before_loading(GenerateConfig.load(overrides=settings | flags))
+    assert "\n" not in str(refused.value)

@@ -207,7 +207,7 @@ def check_sr_pipeline(video_dir: str) -> tuple[dict[str, Any], dict[str, torch.T
     latents, their spread, the token counts the NABLA attention took, the rows the K-VAE's parts ran (split by rows);
     and an unsplit run with the stock (eager) flex attention, what ``generate`` calls (seed 0, ``resolution_scale`` 2,
     2 steps)."""
-    from dit_sp.inference.checks import read_video
+    from dit_sp.inference.media import read_video
 
     pipe, video = build_tiny(MODEL), read_video(video_dir)
     stock = _run_pipeline(pipe, video)
