@@ -264,8 +264,9 @@ def _broken(repos, tmp_path, change) -> Path:
     [
         (lambda path, index: index.update(_class_name="FluxModularPipeline", _blocks_class_name="FluxAutoBlocks"),
          ConfigError, r"_class_name 'FluxModularPipeline' \(blocks 'FluxAutoBlocks'\) is not a Modular Diffusers "
-                      r"pipeline that generate runs; it runs EchoModularPipeline, MiniMaxH3ModularPipeline, "
-                      r"(\w+ModularPipeline, )*WanAnimate2DistilledModularPipeline$"),  # every family's, in order
+                      r"pipeline that generate runs; it runs EchoModularPipeline, (\w+ModularPipeline, )*"
+                      r"MiniMaxH3ModularPipeline, (\w+ModularPipeline, )*WanAnimate2DistilledModularPipeline$"),
+        # every family's, in registry order
         (lambda path, index: index.update(_blocks_class_name="WanAnimate2Blocks"), ConfigError,
          r"_blocks_class_name 'WanAnimate2Blocks' is not blocks that generate runs MiniMaxH3ModularPipeline with; "
          r"it runs MiniMaxH3Blocks$"),
