@@ -15,8 +15,23 @@ inputs: no built-in model runs it whole (``tiny-consisid`` is the transformer on
 
 from __future__ import annotations
 
+from dit_sp.families.cogvideox import _ARCHITECTURES as _COGVIDEOX
 from dit_sp.families.cogvideox import COGVIDEOX_VAE, _plan, _shape_check, _teacache_probe
 from dit_sp.families.family import ModelFamily
+
+_I2V = _COGVIDEOX["cogvideox-5b-i2v"]
+_ARCHITECTURES = {
+    # BestWishYsh/ConsisID-preview: CogVideoX-5B-I2V's transformer (the face image's latents in channels: in_channels
+    # 32, learned positional embeddings) with the face adapters at diffusers' defaults, which are the released ones
+    # (LocalFacialExtractor: depth 10, 32 queries, output 2048; a PerceiverCrossAttention of 16 x 128 after every
+    # second block); its VAE and T5-XXL are CogVideoX's. The face models (insightface, facexlib, EVA-CLIP) are not
+    # counted: the pipeline does not hold them, the caller makes the identity inputs with them before the call.
+    "consisid-preview": _I2V
+    | {"transformers": {"transformer": ("ConsisIDTransformer3DModel", _I2V["transformers"]["transformer"][1]
+                                        | {"is_train_face": True, "is_kps": False})},
+       "names": ("consisid", "consisid-preview")},
+}  # fmt: skip
+"""The real checkpoint, for the memory planner (``ModelFamily.architectures``)."""
 
 PYTHON_ONLY = (
     "every sample needs face-identity inputs, id_cond and id_vit_hidden, made from a face image by the insightface, "
@@ -37,6 +52,7 @@ CONSISID = ModelFamily(
     # id_cond and id_vit_hidden: one entry for both guidance branches (the pipeline does not double them)
     cfg_batched_args=("hidden_states", "encoder_hidden_states", "timestep"),
     vae=COGVIDEOX_VAE,
+    architectures=_ARCHITECTURES,
     shape_check=_shape_check,
     tiny_models=("tiny-consisid",),
     python_only={"ConsisIDPipeline": PYTHON_ONLY},

@@ -47,6 +47,10 @@ PUBLISHED = {
     "hunyuanvideo-1.5-480p_i2v": (8.2e9, 8.4e9, 54),  # HunyuanVideo-1.5: "8.3B parameters"
     # Wan 2.2 A14B: "27B total, 14B active per step": two experts of 14.29e9 each (28.6e9 counted)
     "wan2.2-t2v-a14b": (13e9, 15e9, 40), "wan2.2-i2v-a14b": (13e9, 15e9, 40),
+    # ConsisID-preview: no parameter count published (its paper: built on CogVideoX-5B); CogVideoX-5B-I2V's 5.57e9
+    # and its face adapters (LocalFacialExtractor, 21 perceiver cross-attentions) at their released sizes: 6.16e9
+    # counted on meta
+    "consisid-preview": (6.1e9, 6.2e9, 42),
 }  # fmt: skip
 
 
@@ -67,7 +71,8 @@ def test_more_architectures_have_their_published_sizes(name):
     ("Wan-AI/Wan2.1-FLF2V-14B-720P-diffusers", "wan2.1-flf2v-14b"), ("Wan2.1-FLF2V-14B-720P", "wan2.1-flf2v-14b"),
     ("/models/Wan2.1-I2V-14B-720P-Diffusers", "wan2.1-i2v-14b"),
     ("Skywork/SkyReels-V2-DF-14B-720P", "skyreels-v2-df-14b-720p"),
-    ("SkyReels-V2-DF-1.3B-540P-Diffusers", "skyreels-v2-df-1.3b-540p")])  # fmt: skip
+    ("SkyReels-V2-DF-1.3B-540P-Diffusers", "skyreels-v2-df-1.3b-540p"),
+    ("BestWishYsh/ConsisID-preview", "consisid-preview"), ("ConsisID", "consisid-preview")])  # fmt: skip
 def test_published_repository_names_resolve_to_their_architectures(model, arch):
     """Offline, from the name alone (the longest key in it, or an architecture's whole ``names``: ``LTX-2``)."""
     from dit_sp.memory.planner import architecture_name
