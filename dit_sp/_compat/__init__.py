@@ -31,6 +31,7 @@ from dit_sp._compat.diffusers_api import (
     check_cp_plan,
     child_hook_registries,
     context_parallel_types,
+    cosmos3_conditioning_image,
     first_block_cache_hooks,
     hook_registry,
     install_cosmos_resize,
@@ -61,6 +62,7 @@ from dit_sp._compat.distributed_api import (
     group_options,
     local_region,
     p2p_op,
+    process_group_named,
 )
 from dit_sp._compat.model_seams import set_context_parallel_seams
 from dit_sp._compat.torch_api import (
@@ -90,6 +92,7 @@ __all__ = [
     "check_environment",
     "child_hook_registries",
     "context_parallel_types",
+    "cosmos3_conditioning_image",
     "conv_forward_attr",
     "custom_op_function",
     "device_mesh",
@@ -108,6 +111,7 @@ __all__ = [
     "model_parallel_config",
     "register_block_metadata",
     "p2p_op",
+    "process_group_named",
     "quiet_bare_progress_bars",
     "record_decoded_latents",
     "replace_first_block_decision",

@@ -367,3 +367,15 @@ def _disabled(bar: type) -> type:
 
     Disabled.__name__ = Disabled.__qualname__ = bar.__name__
     return Disabled
+
+
+def cosmos3_conditioning_image(image: Any, height: int, width: int) -> torch.Tensor:
+    """Cosmos 3's conditioning image as its pipeline prepares it (resized to cover ``height`` x ``width``,
+    centre-cropped, in [-1, 1]), ``(1, 3, H, W)``: diffusers' private ``_preprocess_conditioning_image``."""
+    try:
+        from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _preprocess_conditioning_image
+    except ImportError:
+        raise _error(
+            "diffusers", "diffusers.pipelines.cosmos.pipeline_cosmos3_omni._preprocess_conditioning_image"
+        ) from None
+    return _preprocess_conditioning_image(image, height=height, width=width)

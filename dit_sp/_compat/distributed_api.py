@@ -111,3 +111,14 @@ def p2p_op(op: Callable, tensor: torch.Tensor, group: Any, group_peer: int, tag:
     if _p2p_takes_group_peer():
         return dist.P2POp(op, tensor, group=group, tag=tag, group_peer=group_peer)
     return dist.P2POp(op, tensor, dist.get_global_rank(group, group_peer), group=group, tag=tag)
+
+
+def process_group_named(name: str) -> Any:
+    """The process group whose ``group_name`` is ``name`` (how a custom op, which takes no group objects, finds its
+    group again): torch's ``distributed_c10d._resolve_process_group``."""
+    from torch.distributed import distributed_c10d
+
+    resolve = getattr(distributed_c10d, "_resolve_process_group", None)
+    if resolve is None:
+        raise _error("torch", "torch.distributed.distributed_c10d._resolve_process_group")
+    return resolve(name)

@@ -257,9 +257,10 @@ class Cosmos3Policy(FirstFrameImagePolicy):
         video alone, so this is the first latent frame of the pipeline's encoding of the image repeated over every
         frame."""
         import torch
-        from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _preprocess_conditioning_image
 
-        pixels = _preprocess_conditioning_image(image, height=self.height, width=self.width)
+        from dit_sp._compat import cosmos3_conditioning_image
+
+        pixels = cosmos3_conditioning_image(image, height=self.height, width=self.width)
         with torch.no_grad():
             return (self.pipe._encode_video(pixels.to(self.device).unsqueeze(2)).float(),)
 

@@ -372,9 +372,9 @@ def halo(x: torch.Tensor, group: dist.ProcessGroup | None, dim: int, width: int 
 
 @torch.library.custom_op("dit_sp::halo", mutates_args=())
 def _halo_op(x: torch.Tensor, group_name: str, dim: int, width: int) -> torch.Tensor:
-    from torch.distributed.distributed_c10d import _resolve_process_group
+    from dit_sp._compat import process_group_named
 
-    return Halo.apply(x, _resolve_process_group(group_name), dim, width)
+    return Halo.apply(x, process_group_named(group_name), dim, width)
 
 
 @_halo_op.register_fake
