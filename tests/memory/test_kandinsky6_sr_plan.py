@@ -93,6 +93,18 @@ def test_a_480p_video_plans_one_tile_call_its_segmented_decode_and_the_canvas():
     assert plan.fits and 15 * GiB < plan.peak < 25 * GiB
 
 
+def test_the_k_vae_counts_the_planned_parameters_on_meta():
+    """The K-VAE at diffusers' defaults (the released one): 1.74e9 parameters counted on meta, the plan's VAE."""
+    import diffusers
+
+    from dit_sp.weights import parameters_on_meta
+
+    with parameters_on_meta(), torch.device("meta"):
+        vae = diffusers.Kandinsky6SRVAE()
+    assert abs(sum(p.numel() for p in vae.parameters()) - ARCHITECTURES[ARCH]["vae"]) < 0.005e9
+    assert (vae.temporal_compression_ratio, vae.spatial_compression_ratio) == ARCHITECTURES[ARCH]["compression"]
+
+
 def test_a_ring_and_an_input_smaller_than_a_tile_are_refused_in_one_line():
     with pytest.raises(ConfigError, match="^ring 2: Kandinsky 6 SR's NABLA") as e:
         plan_sampling(SamplingSettings(ARCH, frames=121, height=480, width=848, ring=2, guidance=False), 2)
