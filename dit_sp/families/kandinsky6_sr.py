@@ -136,6 +136,65 @@ def _teacache_probe(block: torch.nn.Module, meta: Any, args: tuple, kwargs: dict
     return block_argument(meta, "temb", args, kwargs), False
 
 
+def tile_call(config: dict[str, Any], frames: int, height: int, width: int, spatial: int) -> dict[str, Any]:
+    """What one call of ``Kandinsky6SRPipeline`` holds for a ``frames x height x width`` input video, at the pipeline's
+    own defaults (``resolution_scale``, ``min_overlap``, ``tiles_batch_size``, read from its ``__call__``): its tile
+    grid (``_tile_positions``, called) over the input (pre-upscaled 1.125x on the 2.25x route, to multiples of
+    ``spatial``, the K-VAE's spatial factor), and the trained tile size (``config["tile_sizes"]``, the transformer's
+    default where absent) closest to its aspect. An input smaller than a tile is refused in one line.
+
+    Returns ``tiles`` (a denoising call's tiles: ``min(tiles_batch_size, grid)``), ``tile`` (one tile's
+    ``(frames, rows, columns)`` pixels: the trained tile size, the video's frames), ``input`` and ``output`` (the
+    ``(frames, rows, columns)`` of the input video as denoised and of the output canvas, ``tiling_scale`` x its size)
+    and ``segment_frames``: the pixel frames the K-VAE decodes at once (its first causal segment, ``SEGMENT_FRAMES +
+    1``)."""
+    import inspect
+
+    from diffusers import Kandinsky6SRPipeline, Kandinsky6SRTransformer3DModel
+    from diffusers.models.autoencoders.autoencoder_kandinsky6_sr import SEGMENT_FRAMES
+    from diffusers.pipelines.kandinsky6.pipeline_kandinsky6_sr import _tile_positions
+
+    call = inspect.signature(Kandinsky6SRPipeline.__call__).parameters
+    scale, overlap, batch = (call[name].default for name in ("resolution_scale", "min_overlap", "tiles_batch_size"))
+    tiling, snap = (2 if scale == 2.25 else int(scale)), spatial
+    if scale == 2.25:  # the pipeline's bilinear pre-upscale
+        height, width = round(height * 1.125 / snap) * snap, round(width * 1.125 / snap) * snap
+    sizes = config.get("tile_sizes") or inspect.signature(Kandinsky6SRTransformer3DModel.__init__).parameters[
+        "tile_sizes"].default  # fmt: skip
+    base_height, base_width = min((tuple(s) for s in sizes), key=lambda hw: abs(hw[1] / hw[0] - width / height))
+    if height < base_height // tiling or width < base_width // tiling:
+        from dit_sp.errors import ConfigError
+
+        raise ConfigError(
+            f"Kandinsky 6 SR at resolution_scale {scale}: the input video must be at least "
+            f"{base_height // tiling}x{base_width // tiling} pixels (one tile), got {height}x{width}"
+        )
+    grid = len(_tile_positions(height, base_height // tiling, overlap, snap))
+    grid *= len(_tile_positions(width, base_width // tiling, overlap, snap))
+    return {
+        "tiles": min(batch, grid),
+        "tile": (frames, base_height, base_width),
+        "input": (frames, height, width),
+        "output": (frames, height * tiling, width * tiling),
+        "segment_frames": SEGMENT_FRAMES + 1,
+    }
+
+
+_ARCHITECTURES = {
+    # Kandinsky 6.0 VSR (kandinskylab/Kandinsky-6.0-VSR-distilled2steps-5s-Diffusers): the SR DiT at diffusers' defaults
+    # (1.41e9 parameters counted on meta; published: 1.4B), the K-VAE at its defaults (1.74e9 counted on meta); no text.
+    # Planned per denoising call and per tile's decode (``tile_call``), not over the whole video.
+    "kandinsky-6.0-vsr": {
+        "transformers": {"transformer": ("Kandinsky6SRTransformer3DModel", {
+            "patch_size": [1, 1, 1], "model_dim": 1792, "ff_dim": 7168, "num_visual_blocks": 32,
+            "axes_dims": [16, 24, 24], "tile_sizes": [[512, 512], [512, 768], [768, 512]]})},
+        "text_encoders": 0, "vae": 1.74e9, "compression": (4, 16), "text_tokens": 0, "joint": False,
+        "tile_call": tile_call,
+    },
+}  # fmt: skip
+"""The real checkpoints, for the memory planner (``ModelFamily.architectures``)."""
+
+
 KANDINSKY6_SR = ModelFamily(
     name="kandinsky6_sr",
     class_names=("Kandinsky6SRTransformer3DModel",),
@@ -155,6 +214,7 @@ KANDINSKY6_SR = ModelFamily(
     checkpoint_defaults={PIPELINE: generation_defaults(121, 512, 768, 4, 1.0, 512) | {"fps": 24}},
     vae_factors={PIPELINE: _vae_factors},
     vae=KANDINSKY6_SR_VAE,
+    architectures=_ARCHITECTURES,
     frames_used=(PIPELINE,),  # it blends its decoded tiles (Hann windows) on every rank
     policy_refused={
         "Kandinsky6SRPipeline": (

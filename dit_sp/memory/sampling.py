@@ -28,6 +28,10 @@ resident weights plus that phase's working set:
 - **VAE decode activations** (``vae_decode_bytes``): an estimate from the decoder's full-resolution width and
   the decoded size, rows split over a sample's processes with the parallel VAE; a VAE whose calls (tiles, clips)
   are shared out whole (an architecture's ``vae_call``: Allegro, MiniMax-H3) holds one call at a time on a rank.
+- **tiles** (an architecture's ``tile_call``: Kandinsky 6 SR, which denoises and decodes one trained-size tile at a
+  time): the tokens of one denoising call's tiles, not the video's; the decode of that call's tiles (each in the
+  K-VAE's causal segments, rows split); the output canvas and the input video (float32), whole on every rank in both
+  phases.
 - **a ControlNet** (Cosmos-Transfer2.5, an architecture's ``controlnet``): its weights whole; it is split as the
   transformer is, so its working set is one of its blocks at the transformer's tokens per rank, one guidance branch
   at a time, plus what it holds whole: its control and base tokens before the split and its blocks' residuals,
@@ -234,9 +238,17 @@ def plan_sampling(
     encoders = {
         f"{TEXT_ENCODERS} ({s.dtype}, {share}, {kept})": int(spec["text_encoders"] * size) // (n if sharded else 1)
     }
+    encoders = encoders if spec["text_encoders"] else {}  # Kandinsky 6 SR: no text
     if not s.free_text_encoders:
         resident |= encoders
-    video = tokens(shape, s.frames, s.height, s.width, spec["compression"])
+    # Kandinsky 6 SR: one denoising call's tiles at the trained tile size, not the whole video (``tile_call``)
+    tiled = (
+        spec["tile_call"](config, s.frames, s.height, s.width, spec["compression"][1]) if "tile_call" in spec else None
+    )
+    if tiled is not None:
+        video = tiled["tiles"] * tokens(shape, *tiled["tile"], spec["compression"])
+    else:
+        video = tokens(shape, s.frames, s.height, s.width, spec["compression"])
     # Wan-Animate-2: a segment's latent frames and the reference image's (``extra_latent_frames``)
     video += spec.get("extra_latent_frames", 0) * tokens(shape, 1, s.height, s.width, spec["compression"])
     total = video + conditioning_tokens(spec)
@@ -254,6 +266,14 @@ def plan_sampling(
     if call is not None:
         extent = "x".join(str(min(a, b)) for a, b in zip(call, (s.frames, s.height, s.width)))
         decode_label = f"one call of {extent} frames x rows x columns at a time, whole on a rank"
+    canvas = {}
+    if tiled is not None:  # each call's tiles decoded, rows split, in causal segments; the canvas whole on every rank
+        rows = tiled["tile"]
+        decode = tiled["tiles"] * vae_decode_bytes(*rows, size, split, tiled["segment_frames"])
+        extent = "x".join(map(str, rows))
+        decode_label = f"{tiled['tiles']} tile(s) of {extent}, {tiled['segment_frames']} frames at once, rows 1/{split}"
+        canvas = {"output canvas (float32, whole)": math.prod(tiled["output"]) * 3 * 4,
+                  "input video (float32, whole)": math.prod(tiled["input"]) * 3 * 4}  # fmt: skip
     working = {f"activations (one block, {sequences} seq x {per_rank} tokens)": block}
     if s.ulysses > 1:
         exchange = exchange_bytes(shape, s.ulysses, per_rank, sequences, size)
@@ -269,8 +289,8 @@ def plan_sampling(
         working[f"ControlNet (one block at {per_rank} tokens; residuals whole)"] = per_token * size * per_rank + whole
     phases = {
         ENCODING: resident | encoders,
-        DENOISING: resident | working,
-        DECODING: resident | {f"VAE decode activations ({decode_label})": decode},
+        DENOISING: resident | canvas | working,
+        DECODING: resident | canvas | {f"VAE decode activations ({decode_label})": decode},
     }
     plan = SamplingPlan(f"Sampling ({s.arch})", s, phases, int(gpu_memory_gb * GiB))
     plan.notes = [note] if (note := padding_note(shape, s.ulysses)) else []

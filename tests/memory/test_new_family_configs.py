@@ -1,7 +1,7 @@
 """The bundled generate configs of EasyAnimate V5.1 12B, Allegro, HunyuanVideo-1.5 480p, Helios 14B, the variant
 pipelines' checkpoints (Lucy Edit Dev, SkyReels-V1 HunyuanVideo I2V, Kandinsky 5.0 I2V Pro), Kandinsky 6.0 Pro and
 MiniMax-H3 (Modular Diffusers; its packed sequence counted with MiniMax-H3's 17 n + 5 -> 5 n + 2 frames), Motif-Video
-2B (its decoder layers split) and
+2B (its decoder layers split), Kandinsky 6.0 VSR (planned by tile: tests/memory/test_kandinsky6_sr_plan.py) and
 Wan-Animate-2 (Modular Diffusers; its reference KV cache: tests/memory/test_kv_caches.py): each loads as a generate
 config, names its architecture for the planner (the longest key in its name: HunyuanVideo-1.5's holds HunyuanVideo's),
 holds a transformer of the published size, and plans on its own layout."""
@@ -19,7 +19,7 @@ CONFIGS = {"easyanimate-v5.1-12b": (12e9, 48), "allegro": (2.8e9, 24), "hunyuanv
            "helios-14b": (14e9, 40), "lucy-edit-dev": (5e9, 24), "skyreels-v1-hunyuan-i2v": (13e9, 24),
            "kandinsky5-i2v-pro": (19e9, 32), "minimax-h3": (33.1e9, 56), "kandinsky5-t2i-lite": (6e9, 20),
            "easyanimate-v5.1-12b-inp": (12e9, 48), "kandinsky5-i2i-lite": (6e9, 20),
-           "kandinsky-6.0-pro": (29e9, 32), "motif-video-2b": (2e9, 12),
+           "kandinsky-6.0-pro": (29e9, 32), "motif-video-2b": (2e9, 12), "kandinsky-6.0-vsr": (1.4e9, 28),
            # named "14B", Wan 2.1 I2V 14B's shape (16.4e9, as SkyReels-V2 I2V 14B's): its research repository's 82.5 GB
            # are two such bf16 DiTs (base and distilled) and UMT5-XXL, CLIP ViT-H and the VAE (16.7 GB)
            "wan2.2-animate-2-14b": (16.4e9, 40)}  # fmt: skip

@@ -51,6 +51,8 @@ PUBLISHED = {
     # and its face adapters (LocalFacialExtractor, 21 perceiver cross-attentions) at their released sizes: 6.16e9
     # counted on meta
     "consisid-preview": (6.1e9, 6.2e9, 42),
+    # Kandinsky 6.0 VSR: "1.4B" SR DiT, diffusers' default Kandinsky6SRTransformer3DModel (1.41e9 counted on meta)
+    "kandinsky-6.0-vsr": (1.40e9, 1.42e9, 32),
 }  # fmt: skip
 
 
@@ -72,7 +74,8 @@ def test_more_architectures_have_their_published_sizes(name):
     ("/models/Wan2.1-I2V-14B-720P-Diffusers", "wan2.1-i2v-14b"),
     ("Skywork/SkyReels-V2-DF-14B-720P", "skyreels-v2-df-14b-720p"),
     ("SkyReels-V2-DF-1.3B-540P-Diffusers", "skyreels-v2-df-1.3b-540p"),
-    ("BestWishYsh/ConsisID-preview", "consisid-preview"), ("ConsisID", "consisid-preview")])  # fmt: skip
+    ("BestWishYsh/ConsisID-preview", "consisid-preview"), ("ConsisID", "consisid-preview"),
+    ("kandinskylab/Kandinsky-6.0-VSR-distilled2steps-5s-Diffusers", "kandinsky-6.0-vsr")])  # fmt: skip
 def test_published_repository_names_resolve_to_their_architectures(model, arch):
     """Offline, from the name alone (the longest key in it, or an architecture's whole ``names``: ``LTX-2``)."""
     from dit_sp.memory.planner import architecture_name
