@@ -379,3 +379,13 @@ def cosmos3_conditioning_image(image: Any, height: int, width: int) -> torch.Ten
             "diffusers", "diffusers.pipelines.cosmos.pipeline_cosmos3_omni._preprocess_conditioning_image"
         ) from None
     return _preprocess_conditioning_image(image, height=height, width=width)
+
+
+def kandinsky6_sr_tile_positions(size: int, tile: int, overlap: float, snap: int) -> list:
+    """Where Kandinsky 6 SR's pipeline places its tiles along one axis of ``size`` (tiles of ``tile``, at least
+    ``overlap`` shared, starts on multiples of ``snap``): diffusers' private ``_tile_positions``."""
+    try:
+        from diffusers.pipelines.kandinsky6.pipeline_kandinsky6_sr import _tile_positions
+    except ImportError:
+        raise _error("diffusers", "diffusers.pipelines.kandinsky6.pipeline_kandinsky6_sr._tile_positions") from None
+    return _tile_positions(size, tile, overlap, snap)

@@ -152,7 +152,8 @@ def tile_call(config: dict[str, Any], frames: int, height: int, width: int, spat
 
     from diffusers import Kandinsky6SRPipeline, Kandinsky6SRTransformer3DModel
     from diffusers.models.autoencoders.autoencoder_kandinsky6_sr import SEGMENT_FRAMES
-    from diffusers.pipelines.kandinsky6.pipeline_kandinsky6_sr import _tile_positions
+
+    from dit_sp._compat import kandinsky6_sr_tile_positions as _tile_positions
 
     call = inspect.signature(Kandinsky6SRPipeline.__call__).parameters
     scale, overlap, batch = (call[name].default for name in ("resolution_scale", "min_overlap", "tiles_batch_size"))
